@@ -1,0 +1,28 @@
+//! The shared vocabulary of the fencing lock service.
+//!
+//! Every program of the project (lockd, lockctl, fence-proxy, verify) speaks in these types, so
+//! that a token, a resource name or a lease id means the same thing, with the same limits, on
+//! every side of every wire. The crate holds:
+//!
+//! - [`FencingToken`]: the monotone number handed out with every grant (1 ..= `i64::MAX`, so that
+//!   it fits a PostgreSQL `bigint` unchanged);
+//! - [`ResourceName`]: a validated, bounded name of the thing a lock protects;
+//! - [`LeaseId`]: 128 random bits naming one grant, the capability needed to renew or release;
+//! - [`check`]: the fencing rule itself (lower token rejected, equal accepted, higher raises);
+//! - [`wire`]: the names under which resource and token travel (SQL settings, HTTP headers,
+//!   environment variables).
+//!
+//! It deliberately does no I/O, generates no randomness and depends on nothing but `std` and
+//! `serde`: the verifier depends on this crate alone, so it cannot share a bug with the
+//! implementation it checks.
+
+mod lease_id;
+mod resource;
+mod rule;
+mod token;
+pub mod wire;
+
+pub use lease_id::{LeaseId, ParseLeaseIdError};
+pub use resource::{RESOURCE_NAME_LEN_MAX, ResourceName, ResourceNameError};
+pub use rule::{Decision, check};
+pub use token::{FencingToken, ParseTokenError};

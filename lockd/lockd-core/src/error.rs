@@ -1,0 +1,118 @@
+//! Errors of the core, one type per operation. Busy locks, timed-out waits and releases of
+//! leases that are no longer held are *outcomes*, not errors (see `outcome`); what is here is a
+//! request that cannot be served as asked. Every message says what was wrong and what to do.
+
+use fencing::{FencingToken, ResourceName, ResourceNameError};
+use thiserror::Error;
+
+/// A request field outside what lockd accepts. Maps to gRPC `INVALID_ARGUMENT`.
+#[derive(Clone, Debug, PartialEq, Eq, Error)]
+pub enum InvalidArgument {
+    #[error("invalid resource name: {0}")]
+    Resource(#[from] ResourceNameError),
+    #[error(
+        "ttl_ms {requested_ms} is outside the allowed range {min_ms} ..= {max_ms} ms (0 means the server default)"
+    )]
+    Ttl {
+        requested_ms: u64,
+        min_ms: u64,
+        max_ms: u64,
+    },
+    #[error(
+        "wait_timeout_ms {requested_ms} is above the maximum {max_ms} ms (0 means try once); wait again after it ends"
+    )]
+    Wait { requested_ms: u64, max_ms: u64 },
+    #[error("request_id is {len} bytes long; the limit is {max} bytes")]
+    RequestIdTooLong { len: usize, max: usize },
+    #[error("request_id must be printable ASCII without spaces (a UUID is a good choice)")]
+    RequestIdCharacters,
+    #[error("holder is {len} bytes long; the limit is {max} bytes")]
+    HolderTooLong { len: usize, max: usize },
+    #[error("holder must not contain control characters")]
+    HolderCharacters,
+    #[error("lease_id is not a lease id: {0}")]
+    LeaseId(String),
+}
+
+/// Why an Acquire was refused (not: why it was not granted; that is an outcome).
+#[derive(Clone, Debug, PartialEq, Eq, Error)]
+pub enum AcquireError {
+    #[error(transparent)]
+    Invalid(#[from] InvalidArgument),
+    /// The same request id was already used for another resource: a client bug.
+    #[error(
+        "request_id {request_id:?} was already used to acquire {original}; use a new request id for {requested}"
+    )]
+    RequestIdReused {
+        request_id: String,
+        original: ResourceName,
+        requested: ResourceName,
+    },
+    #[error(
+        "the wait queue of {resource} is full ({max} waiters); retry later with backoff, or try-lock"
+    )]
+    QueueFull { resource: ResourceName, max: usize },
+    #[error("lockd holds the maximum number of waiters ({max}); retry later with backoff")]
+    WaitersExhausted { max: usize },
+    #[error(
+        "lockd holds the maximum number of leases ({max}); release unused locks or raise limits.leases_max"
+    )]
+    LeasesExhausted { max: usize },
+    #[error(
+        "lockd remembers the maximum number of request ids ({max}); retry later, or raise limits.requests_max"
+    )]
+    RequestsExhausted { max: usize },
+    /// 2^63 - 1 tokens have been issued. Unreachable in practice (300 years at a billion grants
+    /// per second), but it must not wrap.
+    #[error("the fencing token space is exhausted; lockd can issue no more grants")]
+    TokensExhausted,
+}
+
+/// Why a Renew failed. Maps to gRPC `FAILED_PRECONDITION`: the holder must stop working.
+#[derive(Clone, Debug, PartialEq, Eq, Error)]
+pub enum RenewError {
+    #[error(transparent)]
+    Invalid(#[from] InvalidArgument),
+    #[error("{}", not_current_message(resource, *current))]
+    NotCurrent {
+        resource: ResourceName,
+        current: Option<FencingToken>,
+    },
+}
+
+fn not_current_message(resource: &ResourceName, current: Option<FencingToken>) -> String {
+    let now = match current {
+        Some(t) => format!("it is now held with token {t}"),
+        None => "it is not held now".to_string(),
+    };
+    format!(
+        "the lease is not the current lease of {resource} (it expired or was released; {now}); stop working under it and acquire again"
+    )
+}
+
+/// The persisted state cannot be loaded into a consistent core. lockd refuses to start.
+#[derive(Clone, Debug, PartialEq, Eq, Error)]
+pub enum RecoverError {
+    #[error(
+        "stored lease of {resource} has token {token}, above the stored token high-water {last_token:?}"
+    )]
+    TokenAboveHighWater {
+        resource: ResourceName,
+        token: FencingToken,
+        last_token: Option<FencingToken>,
+    },
+    #[error("two stored leases for {resource}")]
+    DuplicateResource { resource: ResourceName },
+    #[error("two stored leases with token {token}")]
+    DuplicateToken { token: FencingToken },
+    #[error("stored record of {resource} is invalid: {reason}")]
+    InvalidRecord {
+        resource: ResourceName,
+        reason: String,
+    },
+}
+
+/// The configured limits contradict each other.
+#[derive(Clone, Debug, PartialEq, Eq, Error)]
+#[error("invalid limits: {0}")]
+pub struct LimitsError(pub String);

@@ -1,0 +1,33 @@
+//! The core of lockd: locks, leases, FIFO waiters, request-id de-duplication and token issue,
+//! as a state machine without I/O.
+//!
+//! The machine ([`Core`]) is told the time with every call and returns what must happen as
+//! [`Effect`]s: records to persist, waiters to answer. It never reads a clock, touches a disk or
+//! a socket, or draws randomness (lease ids come from an injected [`LeaseIdSource`]); the server
+//! crate drives it. That makes every behaviour testable from data, and simulable.
+//!
+//! What it guarantees, for the calls it is given (DESIGN.md section 2):
+//! - at most one lease per resource (invariant 1);
+//! - every grant's token above every earlier one, across [`Core::recover`] (invariant 2);
+//! - renew and release only with the current lease id (invariant 5);
+//! - a retried request id returns its original grant (invariant 6);
+//! - FIFO hand-off to waiters when a lease is released or expires.
+//!
+//! What it does not do: durability (the driver must make each `Op::Grant` durable before
+//! answering it), parsing of wire messages, or deciding what time it is.
+
+mod error;
+pub mod limits;
+mod machine;
+mod outcome;
+mod persist;
+mod types;
+
+pub use error::{AcquireError, InvalidArgument, LimitsError, RecoverError, RenewError};
+pub use limits::Limits;
+pub use machine::{AcquireRequest, Core, LeaseIdSource, Stats};
+pub use outcome::{
+    AcquireOutcome, Busy, Description, Effect, Grant, HeldBy, ReleaseOutcome, Renewed,
+};
+pub use persist::{LeaseRecord, Op, Snapshot};
+pub use types::{Holder, Millis, RequestId, WaiterId};

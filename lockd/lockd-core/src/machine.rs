@@ -1,0 +1,745 @@
+//! The lock state machine.
+//!
+//! # States of a resource
+//!
+//! - **free**: no lease, no waiters (and no entry in any map: free resources cost nothing);
+//! - **held**: one lease (invariant 1) and a FIFO queue of zero or more waiters.
+//!
+//! A resource with waiters is always held: whenever a lease ends (release or expiry) the head
+//! of the queue is granted at once (hand-off), so no client ever races another for a free lock
+//! that has waiters, and no wake-up storm happens.
+//!
+//! # Irreversible steps
+//!
+//! - Issuing a token: `last_token` only grows; a token is never issued twice (invariant 2).
+//! - Ending a lease (release or expiry): the lease id is dead for good, a later renew or
+//!   release with it is refused or ignored (invariant 5).
+//! - A request id's grant: until its retention ends, the same id returns the same grant
+//!   (invariant 6).
+//!
+//! # Time
+//!
+//! Every call takes `now` and first *advances* the machine to it: lease expiries and wait
+//! deadlines that fell due are processed in deadline order, as if each had been processed at its
+//! own time (so a lease that expired at 5 is handed to a waiter whose deadline is 8 even when the
+//! first call after both is at 10). At equal deadlines a lease expiry comes before a waiter's
+//! timeout, so a waiter still waiting at the instant the lock frees gets it. Grants made while
+//! advancing are given their full TTL from `now`, the moment the driver can actually deliver
+//! them.
+
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+
+use fencing::{FencingToken, LeaseId, ResourceName};
+
+use crate::error::{AcquireError, RecoverError, RenewError};
+use crate::limits::Limits;
+use crate::outcome::{
+    AcquireOutcome, Busy, Description, Effect, Grant, HeldBy, ReleaseOutcome, Renewed,
+};
+use crate::persist::{LeaseRecord, Op, Snapshot};
+use crate::types::{Holder, Millis, RequestId, WaiterId};
+
+/// Where lease ids come from. The server draws them from the operating system's CSPRNG
+/// (invariant 5: unguessable); tests use a counter so that transcripts are stable.
+pub trait LeaseIdSource: Send {
+    fn next_lease_id(&mut self) -> LeaseId;
+}
+
+impl<F: FnMut() -> LeaseId + Send> LeaseIdSource for F {
+    fn next_lease_id(&mut self) -> LeaseId {
+        self()
+    }
+}
+
+/// An Acquire whose text fields have been validated by the caller.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AcquireRequest {
+    pub resource: ResourceName,
+    pub request_id: Option<RequestId>,
+    pub holder: Holder,
+    /// 0 = the default TTL.
+    pub ttl_ms: u64,
+    /// 0 = try-lock.
+    pub wait_ms: u64,
+}
+
+/// Sizes, for metrics and tests.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Stats {
+    pub leases: usize,
+    pub waiters: usize,
+    pub requests: usize,
+}
+
+struct Lease {
+    lease_id: LeaseId,
+    token: FencingToken,
+    holder: Holder,
+    ttl_ms: u64,
+    expires_at: Millis,
+}
+
+struct Waiter {
+    resource: ResourceName,
+    request_id: Option<RequestId>,
+    holder: Holder,
+    ttl_ms: u64,
+    deadline: Millis,
+}
+
+/// What a request id is remembered with (enough to answer a retry).
+struct Remembered {
+    resource: ResourceName,
+    lease_id: LeaseId,
+    token: FencingToken,
+    ttl_ms: u64,
+}
+
+/// Something that falls due at a time. The variant order is the tie-break at equal times:
+/// lease expiries before waiter timeouts (see the module docs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Due {
+    Lease(FencingToken),
+    Waiter(WaiterId),
+}
+
+/// The lock state machine. See the module documentation.
+pub struct Core {
+    limits: Limits,
+    ids: Box<dyn LeaseIdSource>,
+    now: Millis,
+    last_token: Option<FencingToken>,
+    leases: HashMap<ResourceName, Lease>,
+    /// Only resources with waiters have an entry; every entry is non-empty.
+    queues: HashMap<ResourceName, VecDeque<WaiterId>>,
+    waiters: HashMap<WaiterId, Waiter>,
+    waiting_requests: HashMap<RequestId, WaiterId>,
+    next_waiter: u64,
+    /// Every lease expiry and waiter deadline, each exactly once (entries are removed eagerly
+    /// when a lease is renewed or ends, or a waiter leaves).
+    deadlines: BTreeMap<(Millis, Due), ResourceName>,
+    requests: HashMap<RequestId, Remembered>,
+    /// Request ids in the order their retention started (a FIFO, because time only grows).
+    request_order: VecDeque<(Millis, RequestId)>,
+}
+
+impl Core {
+    /// An empty machine, as for a new data directory. `limits` must have been validated.
+    pub fn new(limits: Limits, ids: Box<dyn LeaseIdSource>) -> Core {
+        Core {
+            limits,
+            ids,
+            now: 0,
+            last_token: None,
+            leases: HashMap::new(),
+            queues: HashMap::new(),
+            waiters: HashMap::new(),
+            waiting_requests: HashMap::new(),
+            next_waiter: 1,
+            deadlines: BTreeMap::new(),
+            requests: HashMap::new(),
+            request_order: VecDeque::new(),
+        }
+    }
+
+    /// Rebuilds the machine from persisted state after a restart. Every lease gets its full
+    /// TTL from `now` and every request id a full retention: lockd cannot know how long it was
+    /// down, so it errs on the side of the old holder, never of granting early.
+    pub fn recover(
+        limits: Limits,
+        ids: Box<dyn LeaseIdSource>,
+        snapshot: Snapshot,
+        now: Millis,
+    ) -> Result<Core, RecoverError> {
+        let mut core = Core::new(limits, ids);
+        core.now = now;
+        core.last_token = snapshot.last_token;
+        let mut tokens = HashSet::new();
+        for rec in snapshot.leases {
+            let invalid = |reason: &str| RecoverError::InvalidRecord {
+                resource: rec.resource.clone(),
+                reason: reason.to_string(),
+            };
+            if Some(rec.token) > snapshot.last_token {
+                return Err(RecoverError::TokenAboveHighWater {
+                    resource: rec.resource,
+                    token: rec.token,
+                    last_token: snapshot.last_token,
+                });
+            }
+            if !tokens.insert(rec.token) {
+                return Err(RecoverError::DuplicateToken { token: rec.token });
+            }
+            if core.leases.contains_key(&rec.resource) {
+                return Err(RecoverError::DuplicateResource {
+                    resource: rec.resource,
+                });
+            }
+            if rec.ttl_ms == 0 {
+                return Err(invalid("ttl_ms is 0"));
+            }
+            if rec
+                .request_id
+                .as_deref()
+                .is_some_and(|id| RequestId::from_persisted(id).is_none())
+            {
+                return Err(invalid("bad request id"));
+            }
+            let expires_at = now.saturating_add(rec.ttl_ms);
+            core.deadlines
+                .insert((expires_at, Due::Lease(rec.token)), rec.resource.clone());
+            core.leases.insert(
+                rec.resource,
+                Lease {
+                    lease_id: rec.lease_id,
+                    token: rec.token,
+                    holder: Holder::from_persisted(&rec.holder),
+                    ttl_ms: rec.ttl_ms,
+                    expires_at,
+                },
+            );
+        }
+        for rec in snapshot.requests {
+            let id = rec
+                .request_id
+                .as_deref()
+                .and_then(RequestId::from_persisted);
+            let Some(id) = id else {
+                return Err(RecoverError::InvalidRecord {
+                    resource: rec.resource,
+                    reason: "remembered request without a valid request id".to_string(),
+                });
+            };
+            if Some(rec.token) > snapshot.last_token {
+                return Err(RecoverError::TokenAboveHighWater {
+                    resource: rec.resource,
+                    token: rec.token,
+                    last_token: snapshot.last_token,
+                });
+            }
+            core.requests.insert(
+                id.clone(),
+                Remembered {
+                    resource: rec.resource,
+                    lease_id: rec.lease_id,
+                    token: rec.token,
+                    ttl_ms: rec.ttl_ms,
+                },
+            );
+            core.request_order.push_back((now, id));
+        }
+        Ok(core)
+    }
+
+    pub fn limits(&self) -> &Limits {
+        &self.limits
+    }
+
+    /// The latest time the machine has been advanced to.
+    pub fn now(&self) -> Millis {
+        self.now
+    }
+
+    /// The highest token issued so far.
+    pub fn last_token(&self) -> Option<FencingToken> {
+        self.last_token
+    }
+
+    pub fn stats(&self) -> Stats {
+        Stats {
+            leases: self.leases.len(),
+            waiters: self.waiters.len(),
+            requests: self.requests.len(),
+        }
+    }
+
+    /// When the driver must call [`Core::tick`] next (the earliest lease expiry or wait
+    /// deadline), if anything is pending. Request-id retention is not a deadline: forgetting is
+    /// done on the way, by whatever call comes next.
+    pub fn next_deadline(&self) -> Option<Millis> {
+        self.deadlines.first_key_value().map(|(&(at, _), _)| at)
+    }
+
+    /// Advances the machine to `now`: expires leases, hands locks to waiters, ends waits.
+    pub fn tick(&mut self, now: Millis, fx: &mut Vec<Effect>) {
+        self.advance(now, fx);
+    }
+
+    /// Asks for the lock of a resource.
+    pub fn acquire(
+        &mut self,
+        now: Millis,
+        req: AcquireRequest,
+        fx: &mut Vec<Effect>,
+    ) -> Result<AcquireOutcome, AcquireError> {
+        self.advance(now, fx);
+        let ttl_ms = self.limits.ttl(req.ttl_ms)?;
+        let wait_ms = self.limits.wait(req.wait_ms)?;
+        if let Some(id) = &req.request_id {
+            if let Some(rem) = self.requests.get(id) {
+                return self.duplicate(id, rem, &req.resource);
+            }
+            if let Some(&waiter) = self.waiting_requests.get(id) {
+                return self.rejoin(waiter, req, ttl_ms, wait_ms);
+            }
+        }
+        if self.leases.contains_key(&req.resource) {
+            if wait_ms == 0 {
+                return Ok(AcquireOutcome::Busy(
+                    self.busy(&req.resource).expect("held"),
+                ));
+            }
+            return self.enqueue(req, ttl_ms, wait_ms);
+        }
+        if self.leases.len() >= self.limits.leases_max {
+            return Err(AcquireError::LeasesExhausted {
+                max: self.limits.leases_max,
+            });
+        }
+        self.check_request_room(&req)?;
+        let grant = self.grant(&req.resource, req.request_id, req.holder, ttl_ms, fx)?;
+        Ok(AcquireOutcome::Granted(grant))
+    }
+
+    /// Extends the lease by its TTL from `now`, if `lease_id` is the current lease.
+    pub fn renew(
+        &mut self,
+        now: Millis,
+        resource: &ResourceName,
+        lease_id: LeaseId,
+        fx: &mut Vec<Effect>,
+    ) -> Result<Renewed, RenewError> {
+        self.advance(now, fx);
+        match self.leases.get_mut(resource) {
+            Some(lease) if lease.lease_id == lease_id => {
+                let old = (lease.expires_at, Due::Lease(lease.token));
+                lease.expires_at = self.now.saturating_add(lease.ttl_ms);
+                let removed = self.deadlines.remove(&old);
+                debug_assert!(removed.is_some(), "a held lease always has its deadline");
+                self.deadlines.insert(
+                    (lease.expires_at, Due::Lease(lease.token)),
+                    resource.clone(),
+                );
+                Ok(Renewed {
+                    expires_at: lease.expires_at,
+                    ttl_ms: lease.ttl_ms,
+                })
+            }
+            other => Err(RenewError::NotCurrent {
+                resource: resource.clone(),
+                current: other.map(|l| l.token),
+            }),
+        }
+    }
+
+    /// Ends the lease if `lease_id` is current, and hands the lock to the next waiter.
+    pub fn release(
+        &mut self,
+        now: Millis,
+        resource: &ResourceName,
+        lease_id: LeaseId,
+        fx: &mut Vec<Effect>,
+    ) -> ReleaseOutcome {
+        self.advance(now, fx);
+        match self.leases.get(resource) {
+            Some(lease) if lease.lease_id == lease_id => {}
+            other => {
+                return ReleaseOutcome::NotHeld {
+                    current: other.map(|l| l.token),
+                };
+            }
+        }
+        let lease = self.end_lease(resource, fx);
+        self.hand_off(resource, fx);
+        ReleaseOutcome::Released { token: lease.token }
+    }
+
+    /// Takes a waiter out of its queue (its client cancelled or disconnected). Returns `false`
+    /// when it was no longer waiting: already granted, timed out, or unknown.
+    pub fn cancel(&mut self, now: Millis, waiter: WaiterId, fx: &mut Vec<Effect>) -> bool {
+        self.advance(now, fx);
+        match self.waiters.remove(&waiter) {
+            None => false,
+            Some(w) => {
+                self.forget_waiter(waiter, &w);
+                true
+            }
+        }
+    }
+
+    /// Reports who holds a resource and how many wait for it.
+    pub fn describe(
+        &mut self,
+        now: Millis,
+        resource: &ResourceName,
+        fx: &mut Vec<Effect>,
+    ) -> Description {
+        self.advance(now, fx);
+        Description {
+            held: self.leases.get(resource).map(|l| HeldBy {
+                holder: l.holder.clone(),
+                token: l.token,
+                expires_at: l.expires_at,
+                ttl_ms: l.ttl_ms,
+            }),
+            waiters: self.queues.get(resource).map_or(0, VecDeque::len),
+        }
+    }
+
+    // ---- internals -------------------------------------------------------------------------
+
+    fn advance(&mut self, now: Millis, fx: &mut Vec<Effect>) {
+        self.now = self.now.max(now);
+        while let Some(entry) = self.deadlines.first_entry() {
+            let (at, due) = *entry.key();
+            if at > self.now {
+                break;
+            }
+            let resource = entry.remove();
+            match due {
+                Due::Lease(token) => self.expire(&resource, token, fx),
+                Due::Waiter(waiter) => self.time_out(waiter, fx),
+            }
+        }
+        self.forget_requests(fx);
+    }
+
+    fn expire(&mut self, resource: &ResourceName, token: FencingToken, fx: &mut Vec<Effect>) {
+        let lease = self
+            .leases
+            .remove(resource)
+            .expect("a lease deadline always names a held lease");
+        assert_eq!(
+            lease.token, token,
+            "a lease deadline names the current lease"
+        );
+        fx.push(Effect::Persist(Op::Remove {
+            resource: resource.clone(),
+            lease_id: lease.lease_id,
+        }));
+        fx.push(Effect::Expired {
+            resource: resource.clone(),
+            token,
+            holder: lease.holder,
+        });
+        self.hand_off(resource, fx);
+    }
+
+    fn time_out(&mut self, waiter: WaiterId, fx: &mut Vec<Effect>) {
+        let w = self
+            .waiters
+            .remove(&waiter)
+            .expect("a wait deadline always names a waiter");
+        self.unqueue(&w.resource, waiter);
+        if let Some(id) = &w.request_id {
+            self.waiting_requests.remove(id);
+        }
+        let busy = self.busy(&w.resource);
+        debug_assert!(busy.is_some(), "waiters wait only on held resources");
+        fx.push(Effect::WaitTimedOut { waiter, busy });
+    }
+
+    /// Removes the current lease of `resource` (which must exist) and records the removal.
+    fn end_lease(&mut self, resource: &ResourceName, fx: &mut Vec<Effect>) -> Lease {
+        let lease = self
+            .leases
+            .remove(resource)
+            .expect("end_lease of a held resource");
+        let removed = self
+            .deadlines
+            .remove(&(lease.expires_at, Due::Lease(lease.token)));
+        debug_assert!(removed.is_some(), "a held lease always has its deadline");
+        fx.push(Effect::Persist(Op::Remove {
+            resource: resource.clone(),
+            lease_id: lease.lease_id,
+        }));
+        lease
+    }
+
+    /// Grants the freed lock of `resource` to the head of its queue, if any.
+    fn hand_off(&mut self, resource: &ResourceName, fx: &mut Vec<Effect>) {
+        let Some(queue) = self.queues.get_mut(resource) else {
+            return;
+        };
+        let waiter = queue.pop_front().expect("queues in the map are non-empty");
+        if queue.is_empty() {
+            self.queues.remove(resource);
+        }
+        let w = self
+            .waiters
+            .remove(&waiter)
+            .expect("queued waiters are known");
+        self.deadlines.remove(&(w.deadline, Due::Waiter(waiter)));
+        if let Some(id) = &w.request_id {
+            self.waiting_requests.remove(id);
+        }
+        match self.grant(resource, w.request_id, w.holder, w.ttl_ms, fx) {
+            Ok(grant) => fx.push(Effect::Granted { waiter, grant }),
+            Err(_) => {
+                // Only token exhaustion can fail a grant: nobody can be granted any more, so
+                // every waiter of the resource ends its wait now rather than wait in vain.
+                fx.push(Effect::WaitTimedOut { waiter, busy: None });
+                for other in self.queues.remove(resource).unwrap_or_default() {
+                    if let Some(w) = self.waiters.remove(&other) {
+                        self.deadlines.remove(&(w.deadline, Due::Waiter(other)));
+                        if let Some(id) = &w.request_id {
+                            self.waiting_requests.remove(id);
+                        }
+                    }
+                    fx.push(Effect::WaitTimedOut {
+                        waiter: other,
+                        busy: None,
+                    });
+                }
+            }
+        }
+    }
+
+    /// Makes a new lease on a free resource: the only place tokens are issued.
+    fn grant(
+        &mut self,
+        resource: &ResourceName,
+        request_id: Option<RequestId>,
+        holder: Holder,
+        ttl_ms: u64,
+        fx: &mut Vec<Effect>,
+    ) -> Result<Grant, AcquireError> {
+        let token = match self.last_token {
+            None => FencingToken::MIN,
+            Some(last) => last.next().ok_or(AcquireError::TokensExhausted)?,
+        };
+        self.last_token = Some(token);
+        let lease_id = self.ids.next_lease_id();
+        let expires_at = self.now.saturating_add(ttl_ms);
+        if let Some(id) = &request_id {
+            self.requests.insert(
+                id.clone(),
+                Remembered {
+                    resource: resource.clone(),
+                    lease_id,
+                    token,
+                    ttl_ms,
+                },
+            );
+            self.request_order.push_back((self.now, id.clone()));
+        }
+        fx.push(Effect::Persist(Op::Grant(LeaseRecord {
+            resource: resource.clone(),
+            lease_id,
+            token,
+            holder: holder.as_str().to_string(),
+            ttl_ms,
+            request_id: request_id.as_ref().map(|id| id.as_str().to_string()),
+        })));
+        self.deadlines
+            .insert((expires_at, Due::Lease(token)), resource.clone());
+        let previous = self.leases.insert(
+            resource.clone(),
+            Lease {
+                lease_id,
+                token,
+                holder,
+                ttl_ms,
+                expires_at,
+            },
+        );
+        // Invariant 1 (single holder). A breach is a bug: stop rather than hand out a second lock.
+        assert!(previous.is_none(), "granted {resource} while it was held");
+        Ok(Grant {
+            resource: resource.clone(),
+            lease_id,
+            token,
+            ttl_ms,
+            expires_at,
+        })
+    }
+
+    fn duplicate(
+        &self,
+        id: &RequestId,
+        rem: &Remembered,
+        resource: &ResourceName,
+    ) -> Result<AcquireOutcome, AcquireError> {
+        if rem.resource != *resource {
+            return Err(AcquireError::RequestIdReused {
+                request_id: id.as_str().to_string(),
+                original: rem.resource.clone(),
+                requested: resource.clone(),
+            });
+        }
+        let current = self
+            .leases
+            .get(&rem.resource)
+            .filter(|l| l.token == rem.token);
+        let grant = Grant {
+            resource: rem.resource.clone(),
+            lease_id: rem.lease_id,
+            token: rem.token,
+            ttl_ms: rem.ttl_ms,
+            expires_at: current.map_or(self.now, |l| l.expires_at),
+        };
+        Ok(AcquireOutcome::Duplicate {
+            grant,
+            held: current.is_some(),
+        })
+    }
+
+    fn rejoin(
+        &mut self,
+        waiter: WaiterId,
+        req: AcquireRequest,
+        ttl_ms: u64,
+        wait_ms: u64,
+    ) -> Result<AcquireOutcome, AcquireError> {
+        let w = self
+            .waiters
+            .get_mut(&waiter)
+            .expect("waiting request ids name waiters");
+        if w.resource != req.resource {
+            return Err(AcquireError::RequestIdReused {
+                request_id: req
+                    .request_id
+                    .map(|id| id.as_str().to_string())
+                    .unwrap_or_default(),
+                original: w.resource.clone(),
+                requested: req.resource,
+            });
+        }
+        let resource = self
+            .deadlines
+            .remove(&(w.deadline, Due::Waiter(waiter)))
+            .expect("waiters have deadlines");
+        w.deadline = self.now.saturating_add(wait_ms);
+        w.ttl_ms = ttl_ms;
+        w.holder = req.holder;
+        self.deadlines
+            .insert((w.deadline, Due::Waiter(waiter)), resource);
+        let position = self.position(&req.resource, waiter);
+        Ok(AcquireOutcome::Rejoined { waiter, position })
+    }
+
+    fn enqueue(
+        &mut self,
+        req: AcquireRequest,
+        ttl_ms: u64,
+        wait_ms: u64,
+    ) -> Result<AcquireOutcome, AcquireError> {
+        let queued = self.queues.get(&req.resource).map_or(0, VecDeque::len);
+        if queued >= self.limits.waiters_per_resource_max {
+            return Err(AcquireError::QueueFull {
+                resource: req.resource,
+                max: self.limits.waiters_per_resource_max,
+            });
+        }
+        if self.waiters.len() >= self.limits.waiters_total_max {
+            return Err(AcquireError::WaitersExhausted {
+                max: self.limits.waiters_total_max,
+            });
+        }
+        self.check_request_room(&req)?;
+        let waiter = WaiterId(self.next_waiter);
+        self.next_waiter += 1;
+        let deadline = self.now.saturating_add(wait_ms);
+        self.deadlines
+            .insert((deadline, Due::Waiter(waiter)), req.resource.clone());
+        if let Some(id) = &req.request_id {
+            self.waiting_requests.insert(id.clone(), waiter);
+        }
+        let queue = self.queues.entry(req.resource.clone()).or_default();
+        queue.push_back(waiter);
+        let position = queue.len();
+        self.waiters.insert(
+            waiter,
+            Waiter {
+                resource: req.resource,
+                request_id: req.request_id,
+                holder: req.holder,
+                ttl_ms,
+                deadline,
+            },
+        );
+        Ok(AcquireOutcome::Queued { waiter, position })
+    }
+
+    /// Remembering a request id must not push the table past its limit. Waiters are checked
+    /// when they queue, so the table can exceed `requests_max` by at most the waiters granted
+    /// later (bounded by `waiters_total_max`).
+    fn check_request_room(&self, req: &AcquireRequest) -> Result<(), AcquireError> {
+        if req.request_id.is_some() && self.requests.len() >= self.limits.requests_max {
+            return Err(AcquireError::RequestsExhausted {
+                max: self.limits.requests_max,
+            });
+        }
+        Ok(())
+    }
+
+    fn forget_waiter(&mut self, waiter: WaiterId, w: &Waiter) {
+        self.deadlines.remove(&(w.deadline, Due::Waiter(waiter)));
+        self.unqueue(&w.resource, waiter);
+        if let Some(id) = &w.request_id {
+            self.waiting_requests.remove(id);
+        }
+    }
+
+    fn unqueue(&mut self, resource: &ResourceName, waiter: WaiterId) {
+        let queue = self
+            .queues
+            .get_mut(resource)
+            .expect("a waiter's resource has a queue");
+        // Queues are bounded by `waiters_per_resource_max`, so a linear search is fine.
+        let at = queue
+            .iter()
+            .position(|&w| w == waiter)
+            .expect("a waiter is in its resource's queue");
+        queue.remove(at);
+        if queue.is_empty() {
+            self.queues.remove(resource);
+        }
+    }
+
+    fn position(&self, resource: &ResourceName, waiter: WaiterId) -> usize {
+        let queue = &self.queues[resource];
+        queue
+            .iter()
+            .position(|&w| w == waiter)
+            .expect("a waiter is in its resource's queue")
+            + 1
+    }
+
+    fn busy(&self, resource: &ResourceName) -> Option<Busy> {
+        let lease = self.leases.get(resource)?;
+        Some(Busy {
+            holder: lease.holder.clone(),
+            token: lease.token,
+            expires_at: lease.expires_at,
+            waiters: self.queues.get(resource).map_or(0, VecDeque::len),
+        })
+    }
+
+    /// Forgets request ids whose retention ended, except those whose lease is still held
+    /// (a retry must keep finding its own lease rather than queue behind it).
+    fn forget_requests(&mut self, fx: &mut Vec<Effect>) {
+        let retention = self.limits.request_retention_ms;
+        while let Some(&(since, _)) = self.request_order.front() {
+            if since.saturating_add(retention) > self.now {
+                break;
+            }
+            let (_, id) = self.request_order.pop_front().expect("front exists");
+            let Some(rem) = self.requests.get(&id) else {
+                continue;
+            };
+            let held = self
+                .leases
+                .get(&rem.resource)
+                .is_some_and(|l| l.token == rem.token);
+            if held {
+                self.request_order.push_back((self.now, id));
+            } else {
+                self.requests.remove(&id);
+                fx.push(Effect::Persist(Op::ForgetRequest {
+                    request_id: id.as_str().to_string(),
+                }));
+            }
+        }
+    }
+}

@@ -1,0 +1,101 @@
+//! What the core answers and what it asks the driver to do.
+
+use fencing::{FencingToken, LeaseId, ResourceName};
+
+use crate::persist::Op;
+use crate::types::{Holder, Millis, WaiterId};
+
+/// A lease as handed to a client.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Grant {
+    pub resource: ResourceName,
+    pub lease_id: LeaseId,
+    pub token: FencingToken,
+    pub ttl_ms: u64,
+    /// When the lease ends unless renewed, on the core's clock.
+    pub expires_at: Millis,
+}
+
+/// Who holds a lock that was asked for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Busy {
+    pub holder: Holder,
+    pub token: FencingToken,
+    pub expires_at: Millis,
+    /// Waiters queued on the resource.
+    pub waiters: usize,
+}
+
+/// The answer to an Acquire that was served.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AcquireOutcome {
+    /// A new lease. The driver must make the `Op::Grant` effect durable before answering.
+    Granted(Grant),
+    /// A retry of a request id that was granted before: the original grant, unchanged. `held`
+    /// says whether that lease is still the current one (it may have expired or been released).
+    Duplicate { grant: Grant, held: bool },
+    /// Try-lock on a held resource.
+    Busy(Busy),
+    /// The request waits in the resource's FIFO queue at `position` (1 = next). Its answer comes
+    /// later as an [`Effect::Granted`] or [`Effect::WaitTimedOut`] naming `waiter`.
+    Queued { waiter: WaiterId, position: usize },
+    /// A retry of a request id that is still waiting: the retry takes over the original's place
+    /// in the queue (and its wait deadline becomes the retry's). The driver must tell the
+    /// original caller, if still connected, that it was superseded.
+    Rejoined { waiter: WaiterId, position: usize },
+}
+
+/// The answer to a Release.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ReleaseOutcome {
+    /// The lease was current and has ended.
+    Released { token: FencingToken },
+    /// The lease was not current (already released, expired, or never existed); nothing
+    /// changed. Releasing is idempotent, so this is not an error.
+    NotHeld { current: Option<FencingToken> },
+}
+
+/// The answer to a successful Renew.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Renewed {
+    pub expires_at: Millis,
+    pub ttl_ms: u64,
+}
+
+/// What Describe reports about a resource.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Description {
+    pub held: Option<HeldBy>,
+    pub waiters: usize,
+}
+
+/// The current lease of a resource, without its lease id (that is the holder's capability and
+/// is never shown to others).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HeldBy {
+    pub holder: Holder,
+    pub token: FencingToken,
+    pub expires_at: Millis,
+    pub ttl_ms: u64,
+}
+
+/// Something the driver must do as a consequence of a core call, in order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Effect {
+    /// Persist this change (see `persist` for which must be durable before what).
+    Persist(Op),
+    /// A queued waiter got the lock (hand-off). Its answer must wait for the grant's durability.
+    Granted { waiter: WaiterId, grant: Grant },
+    /// A queued waiter's wait ended without a grant. `busy` is who holds the lock now (`None`
+    /// only when no grant can ever be made again: the token space is exhausted).
+    WaitTimedOut {
+        waiter: WaiterId,
+        busy: Option<Busy>,
+    },
+    /// A lease ran out without being renewed (for logs and metrics).
+    Expired {
+        resource: ResourceName,
+        token: FencingToken,
+        holder: Holder,
+    },
+}

@@ -1,0 +1,378 @@
+//! A driver for the core that records a readable transcript, and a store that keeps the
+//! persisted ops so that `restart` can rebuild the core from them.
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+
+use expect_test::Expect;
+use fencing::{FencingToken, LeaseId, ResourceName};
+use lockd_core::{
+    AcquireOutcome, AcquireRequest, Core, Description, Effect, Holder, LeaseRecord, Limits, Millis,
+    Op, ReleaseOutcome, RequestId, Snapshot, WaiterId,
+};
+
+/// Lease ids for tests: a counter in the last bytes, printed as `L<n>`.
+pub fn lease_id(n: u64) -> LeaseId {
+    let mut b = [0u8; 16];
+    b[8..].copy_from_slice(&n.to_be_bytes());
+    LeaseId::from_bytes(b)
+}
+
+pub fn lease_name(id: LeaseId) -> String {
+    let n = u64::from_be_bytes(id.as_bytes()[8..].try_into().unwrap());
+    format!("L{n}")
+}
+
+fn counter_ids(start: u64) -> Box<dyn lockd_core::LeaseIdSource> {
+    let mut next = start;
+    Box::new(move || {
+        next += 1;
+        lease_id(next)
+    })
+}
+
+/// What a store would hold after applying the ops: `durable` up to the last grant (a grant is
+/// synced, and a sync makes everything before it durable), `all` including lazy ops after it.
+#[derive(Default, Clone)]
+pub struct MemStore {
+    pub last_token: Option<FencingToken>,
+    pub leases: BTreeMap<ResourceName, LeaseRecord>,
+    pub requests: BTreeMap<String, LeaseRecord>,
+}
+
+impl MemStore {
+    pub fn apply(&mut self, op: &Op) {
+        match op {
+            Op::Grant(rec) => {
+                assert!(
+                    Some(rec.token) > self.last_token,
+                    "tokens persist in increasing order"
+                );
+                self.last_token = Some(rec.token);
+                assert!(
+                    self.leases
+                        .insert(rec.resource.clone(), rec.clone())
+                        .is_none(),
+                    "grant of a held resource"
+                );
+                if let Some(id) = &rec.request_id {
+                    self.requests.insert(id.clone(), rec.clone());
+                }
+            }
+            Op::Remove { resource, lease_id } => {
+                let rec = self
+                    .leases
+                    .remove(resource)
+                    .expect("remove of a stored lease");
+                assert_eq!(rec.lease_id, *lease_id);
+            }
+            Op::ForgetRequest { request_id } => {
+                self.requests
+                    .remove(request_id)
+                    .expect("forget of a remembered request");
+            }
+        }
+    }
+
+    pub fn snapshot(&self) -> Snapshot {
+        Snapshot {
+            last_token: self.last_token,
+            leases: self.leases.values().cloned().collect(),
+            requests: self.requests.values().cloned().collect(),
+        }
+    }
+}
+
+/// A core plus everything needed to restart it like lockd would.
+pub struct Rig {
+    pub core: Core,
+    pub limits: Limits,
+    pub now: Millis,
+    /// State as of the last synced op.
+    pub durable: MemStore,
+    /// State including ops after the last sync.
+    pub latest: MemStore,
+    ids_issued: u64,
+}
+
+impl Rig {
+    pub fn new(limits: Limits) -> Rig {
+        limits.validate().unwrap();
+        Rig {
+            core: Core::new(limits.clone(), counter_ids(0)),
+            limits,
+            now: 0,
+            durable: MemStore::default(),
+            latest: MemStore::default(),
+            ids_issued: 0,
+        }
+    }
+
+    /// Feeds effects' persist ops to the stores and returns the effects.
+    pub fn persist(&mut self, fx: &[Effect]) {
+        for e in fx {
+            if let Effect::Persist(op) = e {
+                self.latest.apply(op);
+                if op.needs_sync() {
+                    self.durable = self.latest.clone();
+                }
+                if let Op::Grant(rec) = op {
+                    let n = u64::from_be_bytes(rec.lease_id.as_bytes()[8..].try_into().unwrap());
+                    self.ids_issued = self.ids_issued.max(n);
+                }
+            }
+        }
+    }
+
+    /// Restarts from the stored state; `lose_unsynced` drops the lazy ops after the last sync
+    /// (what a crash may do), otherwise a clean shutdown is modelled (everything flushed).
+    pub fn restart(&mut self, lose_unsynced: bool) {
+        if lose_unsynced {
+            self.latest = self.durable.clone();
+        } else {
+            self.durable = self.latest.clone();
+        }
+        self.core = Core::recover(
+            self.limits.clone(),
+            counter_ids(self.ids_issued),
+            self.latest.snapshot(),
+            self.now,
+        )
+        .expect("recover");
+    }
+
+    pub fn acquire(
+        &mut self,
+        resource: &str,
+        holder: &str,
+        request_id: Option<&str>,
+        ttl_ms: u64,
+        wait_ms: u64,
+        fx: &mut Vec<Effect>,
+    ) -> Result<AcquireOutcome, lockd_core::AcquireError> {
+        let req = AcquireRequest {
+            resource: ResourceName::new(resource).unwrap(),
+            request_id: request_id.map(|id| RequestId::new(id, &self.limits).unwrap()),
+            holder: Holder::new(holder, &self.limits).unwrap(),
+            ttl_ms,
+            wait_ms,
+        };
+        self.core.acquire(self.now, req, fx)
+    }
+}
+
+// ---- transcripts -----------------------------------------------------------------------------
+
+/// Runs a script and compares the transcript with `expect`.
+///
+/// Script lines (blank lines and `#` comments are skipped):
+///
+/// ```text
+/// @T                       set the time to T (ms); may prefix a command: `@T acquire ...`
+/// acquire RES [holder=H] [req=ID] [ttl=MS] [wait=MS]
+/// renew RES L<n>           release RES L<n>        cancel w<n>        describe RES
+/// tick                     restart                 crash (restart losing unsynced ops)
+/// limits KEY=VALUE...      (only before the first command)
+/// ```
+pub fn check(script: &str, expect: Expect) {
+    let mut limits = Limits::default();
+    let mut rig: Option<Rig> = None;
+    let mut out = String::new();
+    for raw in script.lines() {
+        let line = raw.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let mut words: Vec<&str> = line.split_whitespace().collect();
+        if words[0] == "limits" {
+            assert!(rig.is_none(), "`limits` must come before the first command");
+            for kv in &words[1..] {
+                let (k, v) = kv.split_once('=').unwrap();
+                set_limit(&mut limits, k, v.parse().unwrap());
+            }
+            continue;
+        }
+        let rig = rig.get_or_insert_with(|| Rig::new(limits.clone()));
+        if let Some(t) = words[0].strip_prefix('@') {
+            rig.now = t.parse().unwrap();
+            words.remove(0);
+        }
+        if words.is_empty() {
+            continue;
+        }
+        writeln!(out, "@{} {}", rig.now, words.join(" ")).unwrap();
+        let mut fx = Vec::new();
+        let result = run(rig, &words, &mut fx);
+        writeln!(out, "  => {result}").unwrap();
+        rig.persist(&fx);
+        for e in &fx {
+            writeln!(out, "  ! {}", effect(e)).unwrap();
+        }
+    }
+    expect.assert_eq(&out);
+}
+
+fn set_limit(l: &mut Limits, key: &str, v: u64) {
+    match key {
+        "ttl_min_ms" => l.ttl_min_ms = v,
+        "ttl_max_ms" => l.ttl_max_ms = v,
+        "ttl_default_ms" => l.ttl_default_ms = v,
+        "wait_max_ms" => l.wait_max_ms = v,
+        "waiters_per_resource_max" => l.waiters_per_resource_max = v as usize,
+        "waiters_total_max" => l.waiters_total_max = v as usize,
+        "leases_max" => l.leases_max = v as usize,
+        "request_retention_ms" => l.request_retention_ms = v,
+        "requests_max" => l.requests_max = v as usize,
+        other => panic!("unknown limit {other}"),
+    }
+}
+
+fn arg<'a>(words: &[&'a str], key: &str) -> Option<&'a str> {
+    words
+        .iter()
+        .find_map(|w| w.strip_prefix(key).and_then(|r| r.strip_prefix('=')))
+}
+
+fn lease_arg(word: &str) -> LeaseId {
+    lease_id(
+        word.strip_prefix('L')
+            .expect("lease ids are written L<n>")
+            .parse()
+            .unwrap(),
+    )
+}
+
+fn run(rig: &mut Rig, words: &[&str], fx: &mut Vec<Effect>) -> String {
+    let now = rig.now;
+    let res = |i: usize| ResourceName::new(words[i]).unwrap();
+    match words[0] {
+        "acquire" => {
+            let num = |k: &str| arg(words, k).map_or(0, |v| v.parse().unwrap());
+            let outcome = rig.acquire(
+                words[1],
+                arg(words, "holder").unwrap_or(""),
+                arg(words, "req"),
+                num("ttl"),
+                num("wait"),
+                fx,
+            );
+            match outcome {
+                Ok(o) => acquire_outcome(&o),
+                Err(e) => format!("error: {e}"),
+            }
+        }
+        "renew" => match rig.core.renew(now, &res(1), lease_arg(words[2]), fx) {
+            Ok(r) => format!("renewed expires={} ttl={}", r.expires_at, r.ttl_ms),
+            Err(e) => format!("error: {e}"),
+        },
+        "release" => match rig.core.release(now, &res(1), lease_arg(words[2]), fx) {
+            ReleaseOutcome::Released { token } => format!("released token={token}"),
+            ReleaseOutcome::NotHeld { current } => format!("not held (current token {current:?})"),
+        },
+        "cancel" => {
+            let w = WaiterId(words[1].strip_prefix('w').unwrap().parse().unwrap());
+            format!("cancelled={}", rig.core.cancel(now, w, fx))
+        }
+        "describe" => describe(&rig.core.describe(now, &res(1), fx)),
+        "tick" => {
+            rig.core.tick(now, fx);
+            format!("next deadline {:?}", rig.core.next_deadline())
+        }
+        "restart" | "crash" => {
+            rig.restart(words[0] == "crash");
+            let s = rig.core.stats();
+            format!(
+                "recovered leases={} requests={} last_token={:?}",
+                s.leases,
+                s.requests,
+                rig.core.last_token().map(|t| t.get())
+            )
+        }
+        other => panic!("unknown command {other}"),
+    }
+}
+
+pub fn acquire_outcome(o: &AcquireOutcome) -> String {
+    match o {
+        AcquireOutcome::Granted(g) => {
+            format!(
+                "granted token={} lease={} expires={}",
+                g.token,
+                lease_name(g.lease_id),
+                g.expires_at
+            )
+        }
+        AcquireOutcome::Duplicate { grant: g, held } => format!(
+            "duplicate token={} lease={} expires={} held={held}",
+            g.token,
+            lease_name(g.lease_id),
+            g.expires_at
+        ),
+        AcquireOutcome::Busy(b) => {
+            format!(
+                "busy holder={:?} token={} expires={} waiters={}",
+                b.holder.as_str(),
+                b.token,
+                b.expires_at,
+                b.waiters
+            )
+        }
+        AcquireOutcome::Queued { waiter, position } => {
+            format!("queued w{} position={position}", waiter.0)
+        }
+        AcquireOutcome::Rejoined { waiter, position } => {
+            format!("rejoined w{} position={position}", waiter.0)
+        }
+    }
+}
+
+fn describe(d: &Description) -> String {
+    match &d.held {
+        Some(h) => format!(
+            "held holder={:?} token={} expires={} ttl={} waiters={}",
+            h.holder.as_str(),
+            h.token,
+            h.expires_at,
+            h.ttl_ms,
+            d.waiters
+        ),
+        None => format!("free waiters={}", d.waiters),
+    }
+}
+
+pub fn effect(e: &Effect) -> String {
+    match e {
+        Effect::Persist(Op::Grant(r)) => format!(
+            "persist grant {} token={} lease={} holder={:?} ttl={} req={}",
+            r.resource,
+            r.token,
+            lease_name(r.lease_id),
+            r.holder,
+            r.ttl_ms,
+            r.request_id.as_deref().unwrap_or("-")
+        ),
+        Effect::Persist(Op::Remove { resource, lease_id }) => {
+            format!("persist remove {resource} {}", lease_name(*lease_id))
+        }
+        Effect::Persist(Op::ForgetRequest { request_id }) => format!("persist forget {request_id}"),
+        Effect::Granted { waiter, grant: g } => format!(
+            "hand-off w{}: token={} lease={} expires={}",
+            waiter.0,
+            g.token,
+            lease_name(g.lease_id),
+            g.expires_at
+        ),
+        Effect::WaitTimedOut { waiter, busy } => match busy {
+            Some(b) => format!("wait timed out w{}: held with token {}", waiter.0, b.token),
+            None => format!("wait timed out w{}: no grant possible", waiter.0),
+        },
+        Effect::Expired {
+            resource,
+            token,
+            holder,
+        } => format!(
+            "expired {resource} token={token} holder={:?}",
+            holder.as_str()
+        ),
+    }
+}

@@ -1,0 +1,8 @@
+//! Tests of the core state machine, from data.
+//!
+//! - `transcripts`: scripted calls in, outcomes and effects out, through one `check` helper;
+//! - `model`: random interleavings against a simple reference model (proptest).
+
+mod harness;
+mod model;
+mod transcripts;

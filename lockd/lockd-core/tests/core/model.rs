@@ -1,0 +1,644 @@
+//! The core against a simple reference model, over random interleavings of acquire, renew,
+//! release, expiry (time passing), cancellation (disconnect) and restart (clean or crash).
+//!
+//! The model is written for obviousness, not speed: leases in a map, all waiters in one list in
+//! arrival order (a resource's queue is that list filtered by resource), deadlines found by a
+//! linear scan. After every step the core's answer and effects must equal the model's, and
+//! across the whole run:
+//! - at most one lease per resource (the model's map cannot hold two, and the core must agree);
+//! - every grant's token is above every earlier grant's, restarts included;
+//! - hand-offs go to waiters in FIFO order (the model grants the first waiter of the list).
+
+use std::collections::BTreeMap;
+
+use fencing::{FencingToken, LeaseId, ResourceName};
+use lockd_core::{
+    AcquireError, AcquireOutcome, Busy, Effect, Grant, Holder, LeaseRecord, Limits, Op,
+    ReleaseOutcome, RenewError, Renewed, WaiterId,
+};
+use proptest::prelude::*;
+
+use crate::harness::{Rig, lease_id};
+
+const RESOURCES: [&str; 4] = ["r0", "r1", "r2", "r3"];
+
+fn limits() -> Limits {
+    Limits {
+        ttl_min_ms: 100,
+        ttl_default_ms: 200,
+        ttl_max_ms: 1_000,
+        wait_max_ms: 1_000,
+        waiters_per_resource_max: 3,
+        waiters_total_max: 6,
+        leases_max: 3,
+        request_retention_ms: 700,
+        requests_max: 5,
+        ..Limits::default()
+    }
+}
+
+#[derive(Clone, Debug)]
+enum Step {
+    Acquire {
+        resource: usize,
+        holder: u8,
+        request: Option<u8>,
+        ttl_ms: u64,
+        wait_ms: u64,
+    },
+    Renew {
+        resource: usize,
+        pick: usize,
+    },
+    Release {
+        resource: usize,
+        pick: usize,
+    },
+    Cancel {
+        pick: usize,
+    },
+    Describe {
+        resource: usize,
+    },
+    Advance {
+        ms: u64,
+    },
+    Restart {
+        crash: bool,
+    },
+}
+
+fn step() -> impl Strategy<Value = Step> {
+    prop_oneof![
+        6 => (0..RESOURCES.len(), 0u8..4, proptest::option::of(0u8..8), prop_oneof![Just(0u64), Just(100), Just(250), Just(600)],
+              prop_oneof![Just(0u64), Just(50), Just(300), Just(1000)])
+            .prop_map(|(resource, holder, request, ttl_ms, wait_ms)| Step::Acquire { resource, holder, request, ttl_ms, wait_ms }),
+        3 => (0..RESOURCES.len(), any::<usize>()).prop_map(|(resource, pick)| Step::Renew { resource, pick }),
+        3 => (0..RESOURCES.len(), any::<usize>()).prop_map(|(resource, pick)| Step::Release { resource, pick }),
+        1 => any::<usize>().prop_map(|pick| Step::Cancel { pick }),
+        1 => (0..RESOURCES.len()).prop_map(|resource| Step::Describe { resource }),
+        4 => (0u64..400).prop_map(|ms| Step::Advance { ms }),
+        1 => any::<bool>().prop_map(|crash| Step::Restart { crash }),
+    ]
+}
+
+// ---- the reference model ---------------------------------------------------------------------
+
+#[derive(Clone)]
+struct MLease {
+    lease_id: LeaseId,
+    token: FencingToken,
+    holder: String,
+    ttl: u64,
+    expires: u64,
+}
+
+struct MWaiter {
+    id: u64,
+    resource: String,
+    request: Option<String>,
+    holder: String,
+    ttl: u64,
+    deadline: u64,
+}
+
+#[derive(Clone)]
+struct MRequest {
+    resource: String,
+    lease_id: LeaseId,
+    token: FencingToken,
+    ttl: u64,
+    since: u64,
+    seq: u64,
+}
+
+#[derive(Clone, Default)]
+struct MStore {
+    last_token: Option<FencingToken>,
+    leases: BTreeMap<String, (LeaseId, FencingToken, String, u64)>,
+    requests: BTreeMap<String, (String, LeaseId, FencingToken, u64)>,
+}
+
+struct Model {
+    limits: Limits,
+    now: u64,
+    last_token: Option<FencingToken>,
+    leases_issued: u64,
+    next_waiter: u64,
+    next_seq: u64,
+    leases: BTreeMap<String, MLease>,
+    waiters: Vec<MWaiter>,
+    requests: BTreeMap<String, MRequest>,
+    latest: MStore,
+    durable: MStore,
+}
+
+fn name(r: &str) -> ResourceName {
+    ResourceName::new(r).unwrap()
+}
+
+fn holder(h: &str) -> Holder {
+    Holder::new(h, &Limits::default()).unwrap()
+}
+
+impl Model {
+    fn new(limits: Limits) -> Model {
+        Model {
+            limits,
+            now: 0,
+            last_token: None,
+            leases_issued: 0,
+            next_waiter: 1,
+            next_seq: 0,
+            leases: BTreeMap::new(),
+            waiters: Vec::new(),
+            requests: BTreeMap::new(),
+            latest: MStore::default(),
+            durable: MStore::default(),
+        }
+    }
+
+    fn queue_len(&self, resource: &str) -> usize {
+        self.waiters
+            .iter()
+            .filter(|w| w.resource == resource)
+            .count()
+    }
+
+    fn busy(&self, resource: &str) -> Busy {
+        let l = &self.leases[resource];
+        Busy {
+            holder: holder(&l.holder),
+            token: l.token,
+            expires_at: l.expires,
+            waiters: self.queue_len(resource),
+        }
+    }
+
+    fn advance(&mut self, now: u64, fx: &mut Vec<Effect>) {
+        self.now = self.now.max(now);
+        loop {
+            // (time, 0 = lease / 1 = waiter, tie-break id)
+            let lease = self
+                .leases
+                .iter()
+                .filter(|(_, l)| l.expires <= self.now)
+                .map(|(r, l)| (l.expires, 0, l.token.get(), r.clone()));
+            let waiter = self
+                .waiters
+                .iter()
+                .filter(|w| w.deadline <= self.now)
+                .map(|w| (w.deadline, 1, w.id, w.resource.clone()));
+            let Some((_, kind, id, resource)) = lease.chain(waiter).min() else {
+                break;
+            };
+            if kind == 0 {
+                let l = self.leases.remove(&resource).unwrap();
+                self.store_remove(&resource, l.lease_id, fx);
+                fx.push(Effect::Expired {
+                    resource: name(&resource),
+                    token: l.token,
+                    holder: holder(&l.holder),
+                });
+                self.hand_off(&resource, fx);
+            } else {
+                let at = self.waiters.iter().position(|w| w.id == id).unwrap();
+                self.waiters.remove(at);
+                fx.push(Effect::WaitTimedOut {
+                    waiter: WaiterId(id),
+                    busy: Some(self.busy(&resource)),
+                });
+            }
+        }
+        let mut due: Vec<(u64, u64, String)> = self
+            .requests
+            .iter()
+            .filter(|(_, r)| r.since + self.limits.request_retention_ms <= self.now)
+            .map(|(id, r)| (r.since, r.seq, id.clone()))
+            .collect();
+        due.sort();
+        for (_, _, id) in due {
+            let r = &self.requests[&id];
+            let held = self
+                .leases
+                .get(&r.resource)
+                .is_some_and(|l| l.token == r.token);
+            if held {
+                let seq = self.seq();
+                let r = self.requests.get_mut(&id).unwrap();
+                r.since = self.now;
+                r.seq = seq;
+            } else {
+                self.requests.remove(&id);
+                self.latest.requests.remove(&id);
+                fx.push(Effect::Persist(Op::ForgetRequest { request_id: id }));
+            }
+        }
+    }
+
+    fn seq(&mut self) -> u64 {
+        self.next_seq += 1;
+        self.next_seq
+    }
+
+    fn store_remove(&mut self, resource: &str, lease_id: LeaseId, fx: &mut Vec<Effect>) {
+        self.latest.leases.remove(resource);
+        fx.push(Effect::Persist(Op::Remove {
+            resource: name(resource),
+            lease_id,
+        }));
+    }
+
+    fn grant(
+        &mut self,
+        resource: &str,
+        request: Option<String>,
+        holder_: String,
+        ttl: u64,
+        fx: &mut Vec<Effect>,
+    ) -> Grant {
+        let token = FencingToken::new(self.last_token.map_or(1, |t| t.get() + 1)).unwrap();
+        self.last_token = Some(token);
+        self.leases_issued += 1;
+        let lid = lease_id(self.leases_issued);
+        let expires = self.now + ttl;
+        if let Some(id) = &request {
+            let seq = self.seq();
+            self.requests.insert(
+                id.clone(),
+                MRequest {
+                    resource: resource.to_string(),
+                    lease_id: lid,
+                    token,
+                    ttl,
+                    since: self.now,
+                    seq,
+                },
+            );
+            self.latest
+                .requests
+                .insert(id.clone(), (resource.to_string(), lid, token, ttl));
+        }
+        self.latest.last_token = Some(token);
+        self.latest
+            .leases
+            .insert(resource.to_string(), (lid, token, holder_.clone(), ttl));
+        self.durable = self.latest.clone();
+        fx.push(Effect::Persist(Op::Grant(LeaseRecord {
+            resource: name(resource),
+            lease_id: lid,
+            token,
+            holder: holder_.clone(),
+            ttl_ms: ttl,
+            request_id: request,
+        })));
+        assert!(
+            self.leases
+                .insert(
+                    resource.to_string(),
+                    MLease {
+                        lease_id: lid,
+                        token,
+                        holder: holder_,
+                        ttl,
+                        expires
+                    }
+                )
+                .is_none()
+        );
+        Grant {
+            resource: name(resource),
+            lease_id: lid,
+            token,
+            ttl_ms: ttl,
+            expires_at: expires,
+        }
+    }
+
+    fn hand_off(&mut self, resource: &str, fx: &mut Vec<Effect>) {
+        if let Some(at) = self.waiters.iter().position(|w| w.resource == resource) {
+            let w = self.waiters.remove(at);
+            let grant = self.grant(resource, w.request, w.holder, w.ttl, fx);
+            fx.push(Effect::Granted {
+                waiter: WaiterId(w.id),
+                grant,
+            });
+        }
+    }
+
+    fn acquire(
+        &mut self,
+        resource: &str,
+        holder_: String,
+        request: Option<String>,
+        ttl: u64,
+        wait: u64,
+        fx: &mut Vec<Effect>,
+    ) -> Result<AcquireOutcome, AcquireError> {
+        self.advance(self.now, fx);
+        let ttl = if ttl == 0 {
+            self.limits.ttl_default_ms
+        } else {
+            ttl
+        };
+        if let Some(id) = &request {
+            if let Some(r) = self.requests.get(id) {
+                if r.resource != resource {
+                    return Err(AcquireError::RequestIdReused {
+                        request_id: id.clone(),
+                        original: name(&r.resource),
+                        requested: name(resource),
+                    });
+                }
+                let current = self.leases.get(resource).filter(|l| l.token == r.token);
+                let grant = Grant {
+                    resource: name(resource),
+                    lease_id: r.lease_id,
+                    token: r.token,
+                    ttl_ms: r.ttl,
+                    expires_at: current.map_or(self.now, |l| l.expires),
+                };
+                return Ok(AcquireOutcome::Duplicate {
+                    grant,
+                    held: current.is_some(),
+                });
+            }
+            if let Some(at) = self
+                .waiters
+                .iter()
+                .position(|w| w.request.as_ref() == Some(id))
+            {
+                let w = &mut self.waiters[at];
+                if w.resource != resource {
+                    return Err(AcquireError::RequestIdReused {
+                        request_id: id.clone(),
+                        original: name(&w.resource),
+                        requested: name(resource),
+                    });
+                }
+                w.deadline = self.now + wait;
+                w.ttl = ttl;
+                w.holder = holder_;
+                let id = w.id;
+                let position = self.waiters[..=at]
+                    .iter()
+                    .filter(|w| w.resource == resource)
+                    .count();
+                return Ok(AcquireOutcome::Rejoined {
+                    waiter: WaiterId(id),
+                    position,
+                });
+            }
+        }
+        if self.leases.contains_key(resource) {
+            if wait == 0 {
+                return Ok(AcquireOutcome::Busy(self.busy(resource)));
+            }
+            if self.queue_len(resource) >= self.limits.waiters_per_resource_max {
+                return Err(AcquireError::QueueFull {
+                    resource: name(resource),
+                    max: self.limits.waiters_per_resource_max,
+                });
+            }
+            if self.waiters.len() >= self.limits.waiters_total_max {
+                return Err(AcquireError::WaitersExhausted {
+                    max: self.limits.waiters_total_max,
+                });
+            }
+            if request.is_some() && self.requests.len() >= self.limits.requests_max {
+                return Err(AcquireError::RequestsExhausted {
+                    max: self.limits.requests_max,
+                });
+            }
+            let id = self.next_waiter;
+            self.next_waiter += 1;
+            self.waiters.push(MWaiter {
+                id,
+                resource: resource.to_string(),
+                request,
+                holder: holder_,
+                ttl,
+                deadline: self.now + wait,
+            });
+            return Ok(AcquireOutcome::Queued {
+                waiter: WaiterId(id),
+                position: self.queue_len(resource),
+            });
+        }
+        if self.leases.len() >= self.limits.leases_max {
+            return Err(AcquireError::LeasesExhausted {
+                max: self.limits.leases_max,
+            });
+        }
+        if request.is_some() && self.requests.len() >= self.limits.requests_max {
+            return Err(AcquireError::RequestsExhausted {
+                max: self.limits.requests_max,
+            });
+        }
+        Ok(AcquireOutcome::Granted(
+            self.grant(resource, request, holder_, ttl, fx),
+        ))
+    }
+
+    fn renew(
+        &mut self,
+        resource: &str,
+        lid: LeaseId,
+        fx: &mut Vec<Effect>,
+    ) -> Result<Renewed, RenewError> {
+        self.advance(self.now, fx);
+        let now = self.now;
+        match self.leases.get_mut(resource) {
+            Some(l) if l.lease_id == lid => {
+                l.expires = now + l.ttl;
+                Ok(Renewed {
+                    expires_at: l.expires,
+                    ttl_ms: l.ttl,
+                })
+            }
+            other => Err(RenewError::NotCurrent {
+                resource: name(resource),
+                current: other.map(|l| l.token),
+            }),
+        }
+    }
+
+    fn release(&mut self, resource: &str, lid: LeaseId, fx: &mut Vec<Effect>) -> ReleaseOutcome {
+        self.advance(self.now, fx);
+        match self.leases.get(resource) {
+            Some(l) if l.lease_id == lid => {
+                let l = self.leases.remove(resource).unwrap();
+                self.store_remove(resource, l.lease_id, fx);
+                self.hand_off(resource, fx);
+                ReleaseOutcome::Released { token: l.token }
+            }
+            other => ReleaseOutcome::NotHeld {
+                current: other.map(|l| l.token),
+            },
+        }
+    }
+
+    fn cancel(&mut self, id: u64, fx: &mut Vec<Effect>) -> bool {
+        self.advance(self.now, fx);
+        match self.waiters.iter().position(|w| w.id == id) {
+            Some(at) => {
+                self.waiters.remove(at);
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn restart(&mut self, crash: bool) {
+        if crash {
+            self.latest = self.durable.clone();
+        } else {
+            self.durable = self.latest.clone();
+        }
+        self.last_token = self.latest.last_token;
+        self.waiters.clear();
+        self.next_waiter = 1;
+        let now = self.now;
+        self.leases = self
+            .latest
+            .leases
+            .iter()
+            .map(|(r, (lid, token, h, ttl))| {
+                (
+                    r.clone(),
+                    MLease {
+                        lease_id: *lid,
+                        token: *token,
+                        holder: h.clone(),
+                        ttl: *ttl,
+                        expires: now + ttl,
+                    },
+                )
+            })
+            .collect();
+        self.requests.clear();
+        let stored: Vec<_> = self.latest.requests.clone().into_iter().collect();
+        for (id, (resource, lid, token, ttl)) in stored {
+            let seq = self.seq();
+            self.requests.insert(
+                id,
+                MRequest {
+                    resource,
+                    lease_id: lid,
+                    token,
+                    ttl,
+                    since: now,
+                    seq,
+                },
+            );
+        }
+    }
+}
+
+// ---- the property ----------------------------------------------------------------------------
+
+fn run(steps: Vec<Step>) -> Result<(), TestCaseError> {
+    let mut rig = Rig::new(limits());
+    let mut model = Model::new(limits());
+    let mut seen_leases: Vec<LeaseId> = Vec::new();
+    let mut last_granted: Option<FencingToken> = None;
+    for (i, step) in steps.into_iter().enumerate() {
+        let mut fx_core = Vec::new();
+        let mut fx_model = Vec::new();
+        let now = rig.now;
+        let current = |m: &Model, r: &str| m.leases.get(r).map(|l| l.lease_id);
+        let pick_lease = |m: &Model, r: &str, pick: usize, seen: &[LeaseId]| match current(m, r) {
+            Some(l) if pick % 2 == 0 || seen.is_empty() => l,
+            _ if seen.is_empty() => lease_id(999_999),
+            _ => seen[pick / 2 % seen.len()],
+        };
+        match &step {
+            Step::Acquire {
+                resource,
+                holder: h,
+                request,
+                ttl_ms,
+                wait_ms,
+            } => {
+                let r = RESOURCES[*resource];
+                let h = format!("c{h}");
+                let req = request.map(|q| format!("q{q}"));
+                let core = rig.acquire(r, &h, req.as_deref(), *ttl_ms, *wait_ms, &mut fx_core);
+                let model = model.acquire(r, h, req, *ttl_ms, *wait_ms, &mut fx_model);
+                prop_assert_eq!(core, model, "step {}: {:?}", i, step);
+            }
+            Step::Renew { resource, pick } => {
+                let r = RESOURCES[*resource];
+                let lid = pick_lease(&model, r, *pick, &seen_leases);
+                let core = rig.core.renew(now, &name(r), lid, &mut fx_core);
+                let model = model.renew(r, lid, &mut fx_model);
+                prop_assert_eq!(core, model, "step {}: {:?}", i, step);
+            }
+            Step::Release { resource, pick } => {
+                let r = RESOURCES[*resource];
+                let lid = pick_lease(&model, r, *pick, &seen_leases);
+                let core = rig.core.release(now, &name(r), lid, &mut fx_core);
+                let model = model.release(r, lid, &mut fx_model);
+                prop_assert_eq!(core, model, "step {}: {:?}", i, step);
+            }
+            Step::Cancel { pick } => {
+                let id = if model.waiters.is_empty() {
+                    1_000 + *pick as u64 % 5
+                } else {
+                    model.waiters[pick % model.waiters.len()].id
+                };
+                let core = rig.core.cancel(now, WaiterId(id), &mut fx_core);
+                let model = model.cancel(id, &mut fx_model);
+                prop_assert_eq!(core, model, "step {}: {:?}", i, step);
+            }
+            Step::Describe { resource } => {
+                let r = RESOURCES[*resource];
+                let d = rig.core.describe(now, &name(r), &mut fx_core);
+                model.advance(now, &mut fx_model);
+                prop_assert_eq!(
+                    d.held.map(|h| (h.token, h.expires_at)),
+                    model.leases.get(r).map(|l| (l.token, l.expires))
+                );
+                prop_assert_eq!(d.waiters, model.queue_len(r));
+            }
+            Step::Advance { ms } => {
+                rig.now += ms;
+                rig.core.tick(rig.now, &mut fx_core);
+                model.advance(rig.now, &mut fx_model);
+            }
+            Step::Restart { crash } => {
+                rig.restart(*crash);
+                model.restart(*crash);
+            }
+        }
+        prop_assert_eq!(&fx_core, &fx_model, "effects of step {}: {:?}", i, step);
+        rig.persist(&fx_core);
+        for e in &fx_core {
+            if let Effect::Persist(Op::Grant(rec)) = e {
+                prop_assert!(
+                    Some(rec.token) > last_granted,
+                    "token {} after {:?}",
+                    rec.token,
+                    last_granted
+                );
+                last_granted = Some(rec.token);
+                seen_leases.push(rec.lease_id);
+            }
+        }
+        let stats = rig.core.stats();
+        prop_assert_eq!(stats.leases, model.leases.len());
+        prop_assert_eq!(stats.waiters, model.waiters.len());
+        prop_assert_eq!(stats.requests, model.requests.len());
+        prop_assert_eq!(rig.core.last_token(), model.last_token);
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+    #[test]
+    fn core_matches_the_reference_model(steps in proptest::collection::vec(step(), 1..120)) {
+        run(steps)?;
+    }
+}

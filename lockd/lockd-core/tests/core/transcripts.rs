@@ -1,0 +1,488 @@
+//! Scripted scenarios: calls in, outcomes and effects out. Each transcript was reviewed by hand
+//! against DESIGN.md sections 2 and 3; `UPDATE_EXPECT=1` rewrites them after an intended change,
+//! and the diff is then the review.
+
+use expect_test::expect;
+
+use crate::harness::check;
+
+#[test]
+fn grant_busy_release_and_regrant_with_a_higher_token() {
+    check(
+        r#"
+        @0 acquire inventory:sku-1 holder=a ttl=1000
+        @10 acquire inventory:sku-1 holder=b ttl=1000
+        @20 describe inventory:sku-1
+        @30 release inventory:sku-1 L1
+        @40 acquire inventory:sku-1 holder=b ttl=1000
+        # tokens are global: another resource gets the next one
+        @50 acquire other holder=c
+        "#,
+        expect![[r#"
+            @0 acquire inventory:sku-1 holder=a ttl=1000
+              => granted token=1 lease=L1 expires=1000
+              ! persist grant inventory:sku-1 token=1 lease=L1 holder="a" ttl=1000 req=-
+            @10 acquire inventory:sku-1 holder=b ttl=1000
+              => busy holder="a" token=1 expires=1000 waiters=0
+            @20 describe inventory:sku-1
+              => held holder="a" token=1 expires=1000 ttl=1000 waiters=0
+            @30 release inventory:sku-1 L1
+              => released token=1
+              ! persist remove inventory:sku-1 L1
+            @40 acquire inventory:sku-1 holder=b ttl=1000
+              => granted token=2 lease=L2 expires=1040
+              ! persist grant inventory:sku-1 token=2 lease=L2 holder="b" ttl=1000 req=-
+            @50 acquire other holder=c
+              => granted token=3 lease=L3 expires=30050
+              ! persist grant other token=3 lease=L3 holder="c" ttl=30000 req=-
+        "#]],
+    );
+}
+
+#[test]
+fn waiters_are_served_in_fifo_order_on_release() {
+    check(
+        r#"
+        @0 acquire r holder=a ttl=1000
+        @1 acquire r holder=b ttl=1000 wait=5000
+        @2 acquire r holder=c ttl=1000 wait=5000
+        @3 acquire r holder=d ttl=1000 wait=5000
+        @4 describe r
+        @10 release r L1
+        @20 release r L2
+        @30 describe r
+        "#,
+        expect![[r#"
+            @0 acquire r holder=a ttl=1000
+              => granted token=1 lease=L1 expires=1000
+              ! persist grant r token=1 lease=L1 holder="a" ttl=1000 req=-
+            @1 acquire r holder=b ttl=1000 wait=5000
+              => queued w1 position=1
+            @2 acquire r holder=c ttl=1000 wait=5000
+              => queued w2 position=2
+            @3 acquire r holder=d ttl=1000 wait=5000
+              => queued w3 position=3
+            @4 describe r
+              => held holder="a" token=1 expires=1000 ttl=1000 waiters=3
+            @10 release r L1
+              => released token=1
+              ! persist remove r L1
+              ! persist grant r token=2 lease=L2 holder="b" ttl=1000 req=-
+              ! hand-off w1: token=2 lease=L2 expires=1010
+            @20 release r L2
+              => released token=2
+              ! persist remove r L2
+              ! persist grant r token=3 lease=L3 holder="c" ttl=1000 req=-
+              ! hand-off w2: token=3 lease=L3 expires=1020
+            @30 describe r
+              => held holder="c" token=3 expires=1020 ttl=1000 waiters=1
+        "#]],
+    );
+}
+
+#[test]
+fn an_expired_lease_goes_to_the_head_of_the_queue() {
+    check(
+        r#"
+        @0 acquire r holder=a ttl=100
+        @50 acquire r holder=b ttl=100 wait=1000
+        # a tick at the expiry instant: lease expiry comes before waits ending at the same time
+        @100 tick
+        @150 describe r
+        "#,
+        expect![[r#"
+            @0 acquire r holder=a ttl=100
+              => granted token=1 lease=L1 expires=100
+              ! persist grant r token=1 lease=L1 holder="a" ttl=100 req=-
+            @50 acquire r holder=b ttl=100 wait=1000
+              => queued w1 position=1
+            @100 tick
+              => next deadline Some(200)
+              ! persist remove r L1
+              ! expired r token=1 holder="a"
+              ! persist grant r token=2 lease=L2 holder="b" ttl=100 req=-
+              ! hand-off w1: token=2 lease=L2 expires=200
+            @150 describe r
+              => held holder="b" token=2 expires=200 ttl=100 waiters=0
+        "#]],
+    );
+}
+
+#[test]
+fn deadlines_are_processed_in_time_order_even_when_noticed_late() {
+    // The lease expires at 100; waiter b's wait ends at 130; c's at 2000. Nothing happens
+    // until 500: b must still get the lock (it was waiting when the lock freed), and c must get
+    // it when b's lease expires at 600 (b's grant counts its TTL from 500, when it is made).
+    check(
+        r#"
+        @0 acquire r holder=a ttl=100
+        @30 acquire r holder=b ttl=100 wait=100
+        @40 acquire r holder=c ttl=100 wait=2000
+        @500 tick
+        @600 tick
+        "#,
+        expect![[r#"
+            @0 acquire r holder=a ttl=100
+              => granted token=1 lease=L1 expires=100
+              ! persist grant r token=1 lease=L1 holder="a" ttl=100 req=-
+            @30 acquire r holder=b ttl=100 wait=100
+              => queued w1 position=1
+            @40 acquire r holder=c ttl=100 wait=2000
+              => queued w2 position=2
+            @500 tick
+              => next deadline Some(600)
+              ! persist remove r L1
+              ! expired r token=1 holder="a"
+              ! persist grant r token=2 lease=L2 holder="b" ttl=100 req=-
+              ! hand-off w1: token=2 lease=L2 expires=600
+            @600 tick
+              => next deadline Some(700)
+              ! persist remove r L2
+              ! expired r token=2 holder="b"
+              ! persist grant r token=3 lease=L3 holder="c" ttl=100 req=-
+              ! hand-off w2: token=3 lease=L3 expires=700
+        "#]],
+    );
+}
+
+#[test]
+fn waits_end_on_timeout_and_on_cancellation() {
+    check(
+        r#"
+        @0 acquire r holder=a ttl=10000
+        @0 acquire r holder=b wait=100
+        @0 acquire r holder=c wait=5000
+        @0 acquire r holder=d wait=5000
+        @100 tick
+        @200 cancel w2
+        @200 cancel w2
+        @200 describe r
+        @300 release r L1
+        "#,
+        expect![[r#"
+            @0 acquire r holder=a ttl=10000
+              => granted token=1 lease=L1 expires=10000
+              ! persist grant r token=1 lease=L1 holder="a" ttl=10000 req=-
+            @0 acquire r holder=b wait=100
+              => queued w1 position=1
+            @0 acquire r holder=c wait=5000
+              => queued w2 position=2
+            @0 acquire r holder=d wait=5000
+              => queued w3 position=3
+            @100 tick
+              => next deadline Some(5000)
+              ! wait timed out w1: held with token 1
+            @200 cancel w2
+              => cancelled=true
+            @200 cancel w2
+              => cancelled=false
+            @200 describe r
+              => held holder="a" token=1 expires=10000 ttl=10000 waiters=1
+            @300 release r L1
+              => released token=1
+              ! persist remove r L1
+              ! persist grant r token=2 lease=L2 holder="d" ttl=30000 req=-
+              ! hand-off w3: token=2 lease=L2 expires=30300
+        "#]],
+    );
+}
+
+#[test]
+fn renew_extends_only_the_current_lease() {
+    check(
+        r#"
+        @0 acquire r holder=a ttl=1000
+        @900 renew r L1
+        @1800 renew r L1
+        # not renewed for a full TTL: gone, and the renewal after it fails
+        @2800 renew r L1
+        @2800 acquire r holder=b ttl=1000
+        # the old holder's lease id neither renews nor releases the new lease
+        @2900 renew r L1
+        @2900 release r L1
+        @2900 describe r
+        "#,
+        expect![[r#"
+            @0 acquire r holder=a ttl=1000
+              => granted token=1 lease=L1 expires=1000
+              ! persist grant r token=1 lease=L1 holder="a" ttl=1000 req=-
+            @900 renew r L1
+              => renewed expires=1900 ttl=1000
+            @1800 renew r L1
+              => renewed expires=2800 ttl=1000
+            @2800 renew r L1
+              => error: the lease is not the current lease of r (it expired or was released; it is not held now); stop working under it and acquire again
+              ! persist remove r L1
+              ! expired r token=1 holder="a"
+            @2800 acquire r holder=b ttl=1000
+              => granted token=2 lease=L2 expires=3800
+              ! persist grant r token=2 lease=L2 holder="b" ttl=1000 req=-
+            @2900 renew r L1
+              => error: the lease is not the current lease of r (it expired or was released; it is now held with token 2); stop working under it and acquire again
+            @2900 release r L1
+              => not held (current token Some(FencingToken(2)))
+            @2900 describe r
+              => held holder="b" token=2 expires=3800 ttl=1000 waiters=0
+        "#]],
+    );
+}
+
+#[test]
+fn release_is_idempotent() {
+    check(
+        r#"
+        @0 acquire r holder=a
+        @1 release r L1
+        @2 release r L1
+        @3 release never-held L1
+        "#,
+        expect![[r#"
+            @0 acquire r holder=a
+              => granted token=1 lease=L1 expires=30000
+              ! persist grant r token=1 lease=L1 holder="a" ttl=30000 req=-
+            @1 release r L1
+              => released token=1
+              ! persist remove r L1
+            @2 release r L1
+              => not held (current token None)
+            @3 release never-held L1
+              => not held (current token None)
+        "#]],
+    );
+}
+
+#[test]
+fn a_retried_request_id_returns_the_original_grant() {
+    check(
+        r#"
+        @0 acquire r holder=a req=req-1 ttl=1000
+        @5 acquire r holder=a req=req-1 ttl=1000
+        @6 renew r L1
+        @7 acquire r holder=a req=req-1 ttl=1000
+        # reusing the id for another resource is a client bug
+        @8 acquire elsewhere holder=a req=req-1
+        @9 release r L1
+        # after the release the retry still gets the original (no longer held), never a new lease
+        @10 acquire r holder=a req=req-1 ttl=1000
+        @11 describe r
+        "#,
+        expect![[r#"
+            @0 acquire r holder=a req=req-1 ttl=1000
+              => granted token=1 lease=L1 expires=1000
+              ! persist grant r token=1 lease=L1 holder="a" ttl=1000 req=req-1
+            @5 acquire r holder=a req=req-1 ttl=1000
+              => duplicate token=1 lease=L1 expires=1000 held=true
+            @6 renew r L1
+              => renewed expires=1006 ttl=1000
+            @7 acquire r holder=a req=req-1 ttl=1000
+              => duplicate token=1 lease=L1 expires=1006 held=true
+            @8 acquire elsewhere holder=a req=req-1
+              => error: request_id "req-1" was already used to acquire r; use a new request id for elsewhere
+            @9 release r L1
+              => released token=1
+              ! persist remove r L1
+            @10 acquire r holder=a req=req-1 ttl=1000
+              => duplicate token=1 lease=L1 expires=10 held=false
+            @11 describe r
+              => free waiters=0
+        "#]],
+    );
+}
+
+#[test]
+fn a_retried_waiting_request_keeps_its_place_in_the_queue() {
+    check(
+        r#"
+        @0 acquire r holder=a ttl=1000
+        @1 acquire r holder=b req=b-1 wait=100
+        @2 acquire r holder=c req=c-1 wait=5000
+        # b's retry takes over b's place (first) with the retry's deadline
+        @50 acquire r holder=b req=b-1 wait=5000
+        @200 tick
+        @300 release r L1
+        "#,
+        expect![[r#"
+            @0 acquire r holder=a ttl=1000
+              => granted token=1 lease=L1 expires=1000
+              ! persist grant r token=1 lease=L1 holder="a" ttl=1000 req=-
+            @1 acquire r holder=b req=b-1 wait=100
+              => queued w1 position=1
+            @2 acquire r holder=c req=c-1 wait=5000
+              => queued w2 position=2
+            @50 acquire r holder=b req=b-1 wait=5000
+              => rejoined w1 position=1
+            @200 tick
+              => next deadline Some(1000)
+            @300 release r L1
+              => released token=1
+              ! persist remove r L1
+              ! persist grant r token=2 lease=L2 holder="b" ttl=30000 req=b-1
+              ! hand-off w1: token=2 lease=L2 expires=30300
+        "#]],
+    );
+}
+
+#[test]
+fn request_ids_are_forgotten_after_retention_unless_still_held() {
+    check(
+        r#"
+        limits request_retention_ms=1000 ttl_max_ms=100000
+        @0 acquire short req=s ttl=100
+        @0 acquire long req=l ttl=100000
+        @1000 tick
+        # `s` was forgotten: the same id is a new request now
+        @1000 acquire short req=s ttl=100
+        # `l` is still held, so it is still remembered
+        @1001 acquire long req=l ttl=100000
+        "#,
+        expect![[r#"
+            @0 acquire short req=s ttl=100
+              => granted token=1 lease=L1 expires=100
+              ! persist grant short token=1 lease=L1 holder="" ttl=100 req=s
+            @0 acquire long req=l ttl=100000
+              => granted token=2 lease=L2 expires=100000
+              ! persist grant long token=2 lease=L2 holder="" ttl=100000 req=l
+            @1000 tick
+              => next deadline Some(100000)
+              ! persist remove short L1
+              ! expired short token=1 holder=""
+              ! persist forget s
+            @1000 acquire short req=s ttl=100
+              => granted token=3 lease=L3 expires=1100
+              ! persist grant short token=3 lease=L3 holder="" ttl=100 req=s
+            @1001 acquire long req=l ttl=100000
+              => duplicate token=2 lease=L2 expires=100000 held=true
+        "#]],
+    );
+}
+
+#[test]
+fn invalid_arguments_and_full_queues_are_refused() {
+    check(
+        r#"
+        limits waiters_per_resource_max=2 waiters_total_max=3 leases_max=2 wait_max_ms=60000
+        @0 acquire r ttl=50
+        @0 acquire r ttl=99999999
+        @0 acquire r wait=60001
+        @0 acquire r holder=a
+        @0 acquire r holder=b wait=1000
+        @0 acquire r holder=c wait=1000
+        @0 acquire r holder=d wait=1000
+        @0 acquire s holder=e
+        @0 acquire s holder=f wait=1000
+        @0 acquire s holder=g wait=1000
+        @0 acquire t holder=h
+        "#,
+        expect![[r#"
+            @0 acquire r ttl=50
+              => error: ttl_ms 50 is outside the allowed range 100 ..= 3600000 ms (0 means the server default)
+            @0 acquire r ttl=99999999
+              => error: ttl_ms 99999999 is outside the allowed range 100 ..= 3600000 ms (0 means the server default)
+            @0 acquire r wait=60001
+              => error: wait_timeout_ms 60001 is above the maximum 60000 ms (0 means try once); wait again after it ends
+            @0 acquire r holder=a
+              => granted token=1 lease=L1 expires=30000
+              ! persist grant r token=1 lease=L1 holder="a" ttl=30000 req=-
+            @0 acquire r holder=b wait=1000
+              => queued w1 position=1
+            @0 acquire r holder=c wait=1000
+              => queued w2 position=2
+            @0 acquire r holder=d wait=1000
+              => error: the wait queue of r is full (2 waiters); retry later with backoff, or try-lock
+            @0 acquire s holder=e
+              => granted token=2 lease=L2 expires=30000
+              ! persist grant s token=2 lease=L2 holder="e" ttl=30000 req=-
+            @0 acquire s holder=f wait=1000
+              => queued w3 position=1
+            @0 acquire s holder=g wait=1000
+              => error: lockd holds the maximum number of waiters (3); retry later with backoff
+            @0 acquire t holder=h
+              => error: lockd holds the maximum number of leases (2); release unused locks or raise limits.leases_max
+        "#]],
+    );
+}
+
+#[test]
+fn restart_keeps_leases_with_a_full_ttl_and_tokens_rising() {
+    check(
+        r#"
+        @0 acquire r holder=a req=ra ttl=1000
+        @0 acquire s holder=b ttl=1000
+        @100 acquire r holder=c wait=5000
+        @900 release s L2
+        @900 restart
+        # the lease of r was granted at 0 but counts its full TTL from the restart at 900
+        @900 describe r
+        @1899 renew r L1
+        @1900 describe s
+        @1900 acquire r holder=a req=ra
+        @1900 acquire t holder=d
+        "#,
+        expect![[r#"
+            @0 acquire r holder=a req=ra ttl=1000
+              => granted token=1 lease=L1 expires=1000
+              ! persist grant r token=1 lease=L1 holder="a" ttl=1000 req=ra
+            @0 acquire s holder=b ttl=1000
+              => granted token=2 lease=L2 expires=1000
+              ! persist grant s token=2 lease=L2 holder="b" ttl=1000 req=-
+            @100 acquire r holder=c wait=5000
+              => queued w1 position=1
+            @900 release s L2
+              => released token=2
+              ! persist remove s L2
+            @900 restart
+              => recovered leases=1 requests=1 last_token=Some(2)
+            @900 describe r
+              => held holder="a" token=1 expires=1900 ttl=1000 waiters=0
+            @1899 renew r L1
+              => renewed expires=2899 ttl=1000
+            @1900 describe s
+              => free waiters=0
+            @1900 acquire r holder=a req=ra
+              => duplicate token=1 lease=L1 expires=2899 held=true
+            @1900 acquire t holder=d
+              => granted token=3 lease=L3 expires=31900
+              ! persist grant t token=3 lease=L3 holder="d" ttl=30000 req=-
+        "#]],
+    );
+}
+
+#[test]
+fn a_crash_can_bring_back_a_lazily_released_lease_but_never_lose_a_grant() {
+    check(
+        r#"
+        @0 acquire r holder=a ttl=1000
+        @0 acquire s holder=b ttl=1000
+        @10 release s L2
+        @20 crash
+        # the release of s was not synced: s is held again until its TTL runs out
+        @20 describe s
+        @1020 tick
+        @1020 acquire s holder=c
+        "#,
+        expect![[r#"
+            @0 acquire r holder=a ttl=1000
+              => granted token=1 lease=L1 expires=1000
+              ! persist grant r token=1 lease=L1 holder="a" ttl=1000 req=-
+            @0 acquire s holder=b ttl=1000
+              => granted token=2 lease=L2 expires=1000
+              ! persist grant s token=2 lease=L2 holder="b" ttl=1000 req=-
+            @10 release s L2
+              => released token=2
+              ! persist remove s L2
+            @20 crash
+              => recovered leases=2 requests=0 last_token=Some(2)
+            @20 describe s
+              => held holder="b" token=2 expires=1020 ttl=1000 waiters=0
+            @1020 tick
+              => next deadline None
+              ! persist remove r L1
+              ! expired r token=1 holder="a"
+              ! persist remove s L2
+              ! expired s token=2 holder="b"
+            @1020 acquire s holder=c
+              => granted token=3 lease=L3 expires=31020
+              ! persist grant s token=3 lease=L3 holder="c" ttl=30000 req=-
+        "#]],
+    );
+}
