@@ -1,0 +1,88 @@
+//! The preconditions of a batch, checked the same way by every store before anything of it is
+//! applied (so a refused batch changes nothing).
+
+use std::collections::HashMap;
+
+use fencing::{FencingToken, LeaseId, ResourceName};
+use lockd_core::Op;
+
+use crate::StoreError;
+
+/// Read access to the state a batch applies to.
+pub(crate) trait View {
+    fn lease(&self, resource: &ResourceName) -> Result<Option<LeaseId>, StoreError>;
+    fn has_request(&self, request_id: &str) -> Result<bool, StoreError>;
+    fn last_token(&self) -> Result<Option<FencingToken>, StoreError>;
+}
+
+/// Checks `ops` in order against `view` plus the effects of the ops before each one. Returns
+/// the high-water after the batch.
+pub(crate) fn check_batch(
+    view: &impl View,
+    ops: &[Op],
+) -> Result<Option<FencingToken>, StoreError> {
+    let mut leases: HashMap<&ResourceName, Option<LeaseId>> = HashMap::new();
+    let mut requests: HashMap<&str, bool> = HashMap::new();
+    let mut last = view.last_token()?;
+    for op in ops {
+        match op {
+            Op::Grant(rec) => {
+                let current = match leases.get(&rec.resource) {
+                    Some(l) => *l,
+                    None => view.lease(&rec.resource)?,
+                };
+                if current.is_some() {
+                    return Err(StoreError::GrantWhileHeld {
+                        resource: rec.resource.clone(),
+                    });
+                }
+                if Some(rec.token) <= last {
+                    return Err(StoreError::TokenNotIncreasing {
+                        token: rec.token,
+                        last,
+                    });
+                }
+                last = Some(rec.token);
+                leases.insert(&rec.resource, Some(rec.lease_id));
+                if let Some(id) = &rec.request_id {
+                    let known = match requests.get(id.as_str()) {
+                        Some(k) => *k,
+                        None => view.has_request(id)?,
+                    };
+                    if known {
+                        return Err(StoreError::RequestRemembered {
+                            request_id: id.clone(),
+                        });
+                    }
+                    requests.insert(id, true);
+                }
+            }
+            Op::Remove { resource, lease_id } => {
+                let current = match leases.get(resource) {
+                    Some(l) => *l,
+                    None => view.lease(resource)?,
+                };
+                if current != Some(*lease_id) {
+                    return Err(StoreError::RemoveNotStored {
+                        resource: resource.clone(),
+                        lease_id: *lease_id,
+                    });
+                }
+                leases.insert(resource, None);
+            }
+            Op::ForgetRequest { request_id } => {
+                let known = match requests.get(request_id.as_str()) {
+                    Some(k) => *k,
+                    None => view.has_request(request_id)?,
+                };
+                if !known {
+                    return Err(StoreError::ForgetUnknown {
+                        request_id: request_id.clone(),
+                    });
+                }
+                requests.insert(request_id, false);
+            }
+        }
+    }
+    Ok(last)
+}

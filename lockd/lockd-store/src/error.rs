@@ -1,0 +1,71 @@
+//! Store errors. A precondition breach means the caller (the core) has a bug; an I/O error
+//! means the store's state is unknown. Either way the server stops.
+
+use fencing::{FencingToken, LeaseId, ResourceName};
+use thiserror::Error;
+
+#[derive(Debug, Error)]
+pub enum StoreError {
+    #[error(
+        "refused a grant of {resource} while the store holds a lease of it (single-holder check)"
+    )]
+    GrantWhileHeld { resource: ResourceName },
+    #[error(
+        "refused token {token}: not above the stored high-water {last:?} (monotone-token check)"
+    )]
+    TokenNotIncreasing {
+        token: FencingToken,
+        last: Option<FencingToken>,
+    },
+    #[error("refused removal of lease {lease_id} of {resource}: it is not the stored lease")]
+    RemoveNotStored {
+        resource: ResourceName,
+        lease_id: LeaseId,
+    },
+    #[error(
+        "refused a grant remembered under request id {request_id:?}: that id is remembered already"
+    )]
+    RequestRemembered { request_id: String },
+    #[error("refused to forget request id {request_id:?}: it is not remembered")]
+    ForgetUnknown { request_id: String },
+    #[error(
+        "the data directory {path} is in use by another lockd process (or another program); stop it first"
+    )]
+    Locked { path: String },
+    #[error(
+        "the data file {path} was written by an unsupported format version {found}; this lockd reads version {supported}"
+    )]
+    Version {
+        path: String,
+        found: u64,
+        supported: u64,
+    },
+    #[error("stored data is corrupt: {0}")]
+    Corrupt(String),
+    #[error("storage I/O failed: {0}")]
+    Io(String),
+}
+
+impl From<redb::Error> for StoreError {
+    fn from(e: redb::Error) -> StoreError {
+        StoreError::Io(e.to_string())
+    }
+}
+
+macro_rules! redb_errors {
+    ($($t:ty),*) => {$(
+        impl From<$t> for StoreError {
+            fn from(e: $t) -> StoreError {
+                StoreError::from(redb::Error::from(e))
+            }
+        }
+    )*};
+}
+
+redb_errors!(
+    redb::TransactionError,
+    redb::TableError,
+    redb::StorageError,
+    redb::CommitError,
+    redb::SetDurabilityError
+);

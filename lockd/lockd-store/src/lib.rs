@@ -1,0 +1,43 @@
+//! Persistence for lockd: the [`Store`] trait, two implementations, and the conformance suite.
+//!
+//! A store is a log applier, not a lock service: it applies the core's [`Op`]s in order, in
+//! atomic batches, checks the preconditions that protect the invariants once more at the disk's
+//! edge (a grant never lands on a held resource, tokens only rise, only the stored lease is
+//! removed), and gives everything back as a [`Snapshot`] on open. It makes no decisions.
+//!
+//! - [`MemoryStore`]: for tests and simulations; a "crash" loses exactly the unsynced batches.
+//! - [`RedbStore`]: the embedded, durable default (one file in the data directory).
+//! - [`conformance`]: the behaviour every store must show, as a suite that each implementation
+//!   runs from its own tests (the etcd store of a later issue will too).
+//!
+//! # Assumptions about the disk
+//!
+//! A synced commit (`fdatasync` under redb's commit) is on stable storage when the call
+//! returns: the device honours flushes (no volatile write cache that lies) and the file system
+//! does not lose synced data. Without that no embedded store can keep invariant 8. Unsynced
+//! commits may be lost in a crash; redb then recovers to the last durable commit or a later one,
+//! never to a torn mix. A failed write or sync leaves the store state unknown, so the server
+//! stops (fail-stop) rather than continue with a state it cannot trust.
+
+mod check;
+pub mod conformance;
+mod encoding;
+mod error;
+mod memory;
+mod redb_store;
+
+pub use error::StoreError;
+pub use lockd_core::{LeaseRecord, Op, Snapshot};
+pub use memory::MemoryStore;
+pub use redb_store::{RedbStore, RedbStoreOptions};
+
+/// Where the core's decisions are kept.
+pub trait Store: Send {
+    /// Everything persisted so far (called once, when the server starts).
+    fn load(&mut self) -> Result<Snapshot, StoreError>;
+
+    /// Applies `ops` in order, all or none. Refuses the whole batch when an op breaks a
+    /// precondition (see [`Op`]). With `sync`, this batch and every earlier one are durable
+    /// when the call returns; without, they may be lost in a crash (but not torn).
+    fn commit(&mut self, ops: &[Op], sync: bool) -> Result<(), StoreError>;
+}
