@@ -1,0 +1,255 @@
+//! `lockctl`: the command line client of lockd.
+//!
+//! Exit codes (stable, documented in `lockctl --help` and docs/lockctl.md):
+//! 0 success · 1 error · 2 usage error · 3 not granted within the wait · 4 lease lost or not
+//! current. `run` exits with the command's own status when it ran to completion under the
+//! lock (128 + signal number when a signal ended it).
+
+mod run;
+
+use std::process::ExitCode;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use clap::{Args, Parser, Subcommand};
+use lockd_client::{
+    AcquireOptions, Acquired, Client, ClientError, DEFAULT_ENDPOINT, NotGranted, NotGrantedReason,
+};
+use serde_json::json;
+
+/// Exit status: not granted within the wait.
+pub const EXIT_NOT_GRANTED: u8 = 3;
+/// Exit status: the lease was lost (run) or is not current (renew).
+pub const EXIT_LEASE_LOST: u8 = 4;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "lockctl",
+    version,
+    about = "Command line client of lockd: acquire, renew, release and describe locks, or run a command under one.",
+    after_help = "Exit codes: 0 success, 1 error, 2 usage error, 3 not granted within the wait, \
+                  4 lease lost (run) or not current (renew). `run` otherwise exits with the \
+                  command's status (128+N when signal N ended it)."
+)]
+struct Cli {
+    /// lockd's gRPC endpoint.
+    #[arg(long, global = true, env = "LOCKD_ENDPOINT", default_value = DEFAULT_ENDPOINT)]
+    endpoint: String,
+
+    /// Print results as one JSON object on stdout.
+    #[arg(long, global = true)]
+    json: bool,
+
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Acquire a lock and print its lease (it is not renewed: renew or release it yourself).
+    Acquire {
+        resource: String,
+        #[command(flatten)]
+        lock: LockArgs,
+        /// Request id that makes retries of this acquire safe (random if omitted).
+        #[arg(long)]
+        request_id: Option<String>,
+    },
+    /// Renew a lease once.
+    Renew { resource: String, lease_id: String },
+    /// Release a lease (succeeds, saying so, when it was no longer current).
+    Release { resource: String, lease_id: String },
+    /// Show who holds a resource, with which token, and how many wait.
+    Describe { resource: String },
+    /// Run a command while holding the lock; stop it if the lease is lost.
+    ///
+    /// The command gets FENCING_RESOURCE and FENCING_TOKEN in its environment and runs in its
+    /// own process group. The lease is renewed while it runs. If the lease is lost, the group
+    /// gets SIGTERM, then SIGKILL after the grace period, and lockctl exits with 4. SIGINT,
+    /// SIGTERM and SIGHUP sent to lockctl are passed on to the command. When the command ends,
+    /// the lock is released and lockctl exits with the command's status.
+    Run {
+        resource: String,
+        #[command(flatten)]
+        lock: LockArgs,
+        /// Time between SIGTERM and SIGKILL when the lease is lost.
+        #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+        grace: Duration,
+        /// The command and its arguments.
+        #[arg(required = true, last = true, value_name = "CMD")]
+        command: Vec<String>,
+    },
+}
+
+#[derive(Args, Debug)]
+struct LockArgs {
+    /// Lease length (e.g. 30s, 500ms, 2m); lockd's default when omitted.
+    #[arg(long, value_parser = humantime::parse_duration)]
+    ttl: Option<Duration>,
+    /// How long to wait for the lock (0s = try once).
+    #[arg(long, default_value = "0s", value_parser = humantime::parse_duration)]
+    wait: Duration,
+    /// Who is asking, shown by describe [default: host:pid].
+    #[arg(long)]
+    holder: Option<String>,
+}
+
+impl LockArgs {
+    fn options(&self, request_id: Option<String>) -> AcquireOptions {
+        let mut o = AcquireOptions {
+            ttl: self.ttl,
+            wait: self.wait,
+            request_id,
+            ..AcquireOptions::default()
+        };
+        if let Some(h) = &self.holder {
+            o.holder = h.clone();
+        }
+        o
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("lockctl: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(dispatch(cli)) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("lockctl: {e}");
+            ExitCode::from(match e {
+                ClientError::LeaseNotCurrent(_) => EXIT_LEASE_LOST,
+                _ => 1,
+            })
+        }
+    }
+}
+
+async fn dispatch(cli: Cli) -> Result<ExitCode, ClientError> {
+    let client = Client::connect(&cli.endpoint)?;
+    match cli.command {
+        Command::Acquire {
+            resource,
+            lock,
+            request_id,
+        } => match client.acquire(&resource, lock.options(request_id)).await? {
+            Acquired::Granted(guard) => {
+                let lease = guard.detach().await;
+                if cli.json {
+                    println!(
+                        "{}",
+                        json!({
+                            "resource": lease.resource,
+                            "lease_id": lease.lease_id,
+                            "token": lease.token,
+                            "expires_at_ms": lease.expires_at_ms,
+                            "ttl_ms": lease.ttl.as_millis() as u64,
+                            "duplicate": lease.duplicate,
+                        })
+                    );
+                } else {
+                    println!(
+                        "granted {} token={} lease_id={} ttl={} expires_at={}",
+                        lease.resource,
+                        lease.token,
+                        lease.lease_id,
+                        humantime::format_duration(lease.ttl),
+                        wall(lease.expires_at_ms)
+                    );
+                }
+                Ok(ExitCode::SUCCESS)
+            }
+            Acquired::NotGranted(why) => Ok(not_granted(&resource, &why, cli.json)),
+        },
+        Command::Renew { resource, lease_id } => {
+            let r = client.renew(&resource, &lease_id).await?;
+            if cli.json {
+                println!(
+                    "{}",
+                    json!({"resource": resource, "expires_at_ms": r.expires_at_ms, "ttl_ms": r.ttl.as_millis() as u64})
+                );
+            } else {
+                println!(
+                    "renewed {resource} ttl={} expires_at={}",
+                    humantime::format_duration(r.ttl),
+                    wall(r.expires_at_ms)
+                );
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Release { resource, lease_id } => {
+            let released = client.release(&resource, &lease_id).await?;
+            if cli.json {
+                println!("{}", json!({"resource": resource, "released": released}));
+            } else if released {
+                println!("released {resource}");
+            } else {
+                println!(
+                    "{resource}: that lease was not current (already released or expired); nothing to do"
+                );
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Describe { resource } => {
+            let d = client.describe(&resource).await?;
+            if cli.json {
+                println!("{}", serde_json::to_string(&d).expect("serialisable"));
+            } else if d.held {
+                println!(
+                    "{resource}: held by {:?} token={} ttl={} expires_at={} waiters={}",
+                    d.holder,
+                    d.token.unwrap_or(0),
+                    humantime::format_duration(Duration::from_millis(d.ttl_ms.unwrap_or(0))),
+                    wall(d.expires_at_ms.unwrap_or(0)),
+                    d.waiters
+                );
+            } else {
+                println!("{resource}: free waiters={}", d.waiters);
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Run {
+            resource,
+            lock,
+            grace,
+            command,
+        } => match client.acquire(&resource, lock.options(None)).await? {
+            Acquired::Granted(guard) => Ok(run::run(guard, &command, grace).await),
+            Acquired::NotGranted(why) => Ok(not_granted(&resource, &why, cli.json)),
+        },
+    }
+}
+
+fn not_granted(resource: &str, why: &NotGranted, json_out: bool) -> ExitCode {
+    if json_out {
+        let reason = match why.reason {
+            NotGrantedReason::Busy => "busy",
+            NotGrantedReason::WaitTimeout => "wait_timeout",
+        };
+        println!(
+            "{}",
+            json!({"resource": resource, "granted": false, "reason": reason, "holder": why.holder, "token": why.token, "waiters": why.waiters})
+        );
+    } else {
+        eprintln!("lockctl: {resource} not granted: {why}");
+    }
+    ExitCode::from(EXIT_NOT_GRANTED)
+}
+
+/// Unix milliseconds as RFC 3339 (UTC), for people.
+fn wall(ms: u64) -> String {
+    let t = UNIX_EPOCH + Duration::from_millis(ms);
+    humantime::format_rfc3339_millis(
+        t.max(UNIX_EPOCH)
+            .min(SystemTime::UNIX_EPOCH + Duration::from_secs(253_402_300_799)),
+    )
+    .to_string()
+}

@@ -1,0 +1,471 @@
+//! The client SDK of lockd.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), lockd_client::ClientError> {
+//! use lockd_client::{Acquired, AcquireOptions, Client};
+//! use std::time::Duration;
+//!
+//! let client = Client::connect("http://127.0.0.1:7420")?;
+//! let opts = AcquireOptions { wait: Duration::from_secs(10), ..AcquireOptions::default() };
+//! match client.acquire("inventory:sku-1001", opts).await? {
+//!     Acquired::Granted(guard) => {
+//!         // Attach guard.token() to every write the lock protects, and stop when it is lost:
+//!         tokio::select! {
+//!             _ = do_the_work(guard.token()) => {}
+//!             reason = guard.lost() => eprintln!("lock lost ({reason}); stopping"),
+//!         }
+//!         guard.release().await?;
+//!     }
+//!     Acquired::NotGranted(why) => eprintln!("not granted: {why}"),
+//! }
+//! # Ok(()) }
+//! # async fn do_the_work(_token: u64) {}
+//! ```
+//!
+//! What the SDK does for the caller:
+//! - **Retries that are safe.** An Acquire carries a request id; transport failures are retried
+//!   with the *same* id, so a grant whose reply was lost is returned, never doubled. Contention
+//!   and full queues are retried with backoff (50 ms doubling to 1 s, jittered) until the wait
+//!   runs out.
+//! - **Renewal.** The [`LockGuard`] renews every TTL/3 (jittered by ±10 %).
+//! - **A lost signal.** [`LockGuard::lost`] resolves when lockd says the lease is no longer
+//!   current, or when the lease's *local deadline* passes without a successful renewal. The
+//!   local deadline is the send time of the request that last extended the lease, plus the TTL,
+//!   minus a safety margin ([`safety_margin`]): measured on this machine's monotonic clock from
+//!   a moment before lockd started its own TTL, it ends before lockd's does, as long as the two
+//!   clocks' rates differ by less than the margin. When it fires, stop working under the lock:
+//!   a new holder may be granted soon after.
+//! - **Release** explicitly with [`LockGuard::release`]; dropping a guard releases it in the
+//!   background, best effort.
+
+mod backoff;
+mod guard;
+
+use std::fmt;
+use std::time::{Duration, Instant};
+
+use fencing::ResourceName;
+use lockd_proto::v1 as pb;
+use lockd_proto::v1::lock_service_client::LockServiceClient;
+use tonic::transport::{Channel, Endpoint};
+use tonic::{Code, Status};
+
+pub use backoff::{BACKOFF_MAX, BACKOFF_MIN, Backoff};
+pub use guard::{LockGuard, LostReason, safety_margin};
+
+/// Default endpoint of lockd.
+pub const DEFAULT_ENDPOINT: &str = "http://127.0.0.1:7420";
+
+/// How long the SDK keeps retrying transport failures (lockd down, restarting, unreachable)
+/// past the caller's wait before it gives up.
+pub const TRANSPORT_RETRY_FOR: Duration = Duration::from_secs(10);
+
+/// Extra time allowed for a call beyond the wait it asks lockd for (network, fsync, queueing).
+const CALL_GRACE: Duration = Duration::from_secs(5);
+
+/// Why a call failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// The request is invalid as written (checked locally, or refused by lockd).
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    /// The endpoint is not a usable URL.
+    #[error("bad endpoint {endpoint:?}: {reason}")]
+    Endpoint { endpoint: String, reason: String },
+    /// The lease is not the current lease of the resource (expired, released, or never was).
+    #[error("{0}")]
+    LeaseNotCurrent(String),
+    /// lockd answered with an error.
+    #[error("lockd refused the call ({code:?}{}): {message}", .error_code.as_deref().map(|c| format!(", {c}")).unwrap_or_default())]
+    Rejected {
+        code: Code,
+        error_code: Option<String>,
+        message: String,
+    },
+    /// lockd could not be reached (or did not answer) within the retry budget.
+    #[error("lockd is unreachable: {0}")]
+    Unavailable(String),
+}
+
+impl ClientError {
+    fn from_status(s: Status) -> ClientError {
+        let error_code = s
+            .metadata()
+            .get(lockd_proto::ERROR_CODE_METADATA)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string);
+        match s.code() {
+            Code::InvalidArgument => ClientError::InvalidArgument(s.message().to_string()),
+            Code::FailedPrecondition => ClientError::LeaseNotCurrent(s.message().to_string()),
+            Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled | Code::Unknown => {
+                ClientError::Unavailable(format!("{:?}: {}", s.code(), s.message()))
+            }
+            code => ClientError::Rejected {
+                code,
+                error_code,
+                message: s.message().to_string(),
+            },
+        }
+    }
+}
+
+/// Whether a status is worth retrying with the same request: the call may not have reached
+/// lockd, or lockd could not serve it right now.
+fn transient(s: &Status) -> bool {
+    matches!(
+        s.code(),
+        Code::Unavailable
+            | Code::DeadlineExceeded
+            | Code::Cancelled
+            | Code::Unknown
+            | Code::Aborted
+    )
+}
+
+/// Options of [`Client::acquire`].
+#[derive(Clone, Debug)]
+pub struct AcquireOptions {
+    /// Lease length; `None` = lockd's default (30 s unless configured).
+    pub ttl: Option<Duration>,
+    /// How long to wait for the lock; zero = try once.
+    pub wait: Duration,
+    /// Who is asking, shown by Describe. Defaults to `host:pid`.
+    pub holder: String,
+    /// Makes the acquire idempotent across retries; a random id when `None`.
+    pub request_id: Option<String>,
+}
+
+impl Default for AcquireOptions {
+    fn default() -> AcquireOptions {
+        AcquireOptions {
+            ttl: None,
+            wait: Duration::ZERO,
+            holder: default_holder(),
+            request_id: None,
+        }
+    }
+}
+
+/// `hostname:pid`, the default holder description.
+pub fn default_holder() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .ok()
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "localhost".to_string());
+    format!("{host}:{}", std::process::id())
+}
+
+/// A fresh random request id (128 bits, hex).
+pub fn new_request_id() -> String {
+    format!("{:032x}", rand::random::<u128>())
+}
+
+/// The result of an acquire.
+#[derive(Debug)]
+#[allow(clippy::large_enum_variant)] // made once per acquire and unpacked at once
+pub enum Acquired {
+    Granted(LockGuard),
+    NotGranted(NotGranted),
+}
+
+/// Why the lock was not granted.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NotGranted {
+    pub reason: NotGrantedReason,
+    /// The holder at the time, as it described itself (empty if unknown).
+    pub holder: String,
+    /// The holder's token, if the resource was held.
+    pub token: Option<u64>,
+    pub expires_at_ms: u64,
+    pub waiters: u32,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NotGrantedReason {
+    /// The resource was held and no wait was asked for.
+    Busy,
+    /// The wait ran out.
+    WaitTimeout,
+}
+
+impl fmt::Display for NotGranted {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.reason {
+            NotGrantedReason::Busy => f.write_str("busy")?,
+            NotGrantedReason::WaitTimeout => f.write_str("the wait ran out")?,
+        }
+        if let Some(token) = self.token {
+            write!(
+                f,
+                "; held by {:?} with token {token}, {} waiting",
+                self.holder, self.waiters
+            )?;
+        }
+        Ok(())
+    }
+}
+
+/// A lease as lockd granted it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Lease {
+    pub resource: String,
+    pub lease_id: String,
+    pub token: u64,
+    pub ttl: Duration,
+    pub expires_at_ms: u64,
+    /// The grant answers a retry of an earlier request id.
+    pub duplicate: bool,
+}
+
+/// What Describe reports.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct Description {
+    pub resource: String,
+    pub held: bool,
+    pub holder: String,
+    pub token: Option<u64>,
+    pub expires_at_ms: Option<u64>,
+    pub ttl_ms: Option<u64>,
+    pub waiters: u32,
+}
+
+/// A connection to lockd (cheap to clone; calls are multiplexed on one HTTP/2 connection).
+#[derive(Clone, Debug)]
+pub struct Client {
+    rpc: LockServiceClient<Channel>,
+}
+
+impl Client {
+    /// A client for `endpoint` (e.g. `http://127.0.0.1:7420`). Connects lazily: a lockd that is
+    /// down shows up as retried, then failed, calls.
+    pub fn connect(endpoint: &str) -> Result<Client, ClientError> {
+        let bad = |reason: String| ClientError::Endpoint {
+            endpoint: endpoint.to_string(),
+            reason,
+        };
+        let ep = Endpoint::from_shared(endpoint.to_string()).map_err(|e| bad(e.to_string()))?;
+        if ep.uri().host().is_none() {
+            return Err(bad(
+                "no host; expected e.g. http://127.0.0.1:7420".to_string()
+            ));
+        }
+        let channel = ep
+            .tcp_nodelay(true)
+            .connect_timeout(Duration::from_secs(3))
+            .http2_keep_alive_interval(Duration::from_secs(10))
+            .keep_alive_timeout(Duration::from_secs(20))
+            .connect_lazy();
+        Ok(Client {
+            rpc: LockServiceClient::new(channel),
+        })
+    }
+
+    /// Acquires the lock of `resource`, waiting up to `opts.wait`. See the crate documentation
+    /// for the retries this makes.
+    pub async fn acquire(
+        &self,
+        resource: &str,
+        opts: AcquireOptions,
+    ) -> Result<Acquired, ClientError> {
+        ResourceName::new(resource).map_err(|e| ClientError::InvalidArgument(e.to_string()))?;
+        let ttl_ms = opts.ttl.map_or(0, |t| t.as_millis() as u64);
+        let mut request_id = opts.request_id.clone().unwrap_or_else(new_request_id);
+        let start = Instant::now();
+        let deadline = start + opts.wait;
+        let mut backoff = Backoff::new();
+        loop {
+            let now = Instant::now();
+            let remaining = deadline.saturating_duration_since(now);
+            let req = pb::AcquireRequest {
+                resource: resource.to_string(),
+                request_id: request_id.clone(),
+                ttl_ms,
+                wait_timeout_ms: remaining.as_millis() as u64,
+                holder: opts.holder.clone(),
+            };
+            // A fresh grant in the reply to this attempt was made after this moment, so its
+            // lease ends no earlier than `sent + ttl` on lockd's clock.
+            let sent = Instant::now();
+            let call =
+                tokio::time::timeout(remaining + CALL_GRACE, self.rpc.clone().acquire(req)).await;
+            let status = match call {
+                Ok(Ok(resp)) => match resp.into_inner().outcome {
+                    Some(pb::acquire_response::Outcome::Granted(l)) => {
+                        let mut lease = Lease {
+                            resource: resource.to_string(),
+                            lease_id: l.lease_id,
+                            token: l.token,
+                            ttl: Duration::from_millis(l.ttl_ms),
+                            expires_at_ms: l.expires_at_ms,
+                            duplicate: l.duplicate,
+                        };
+                        if !l.duplicate {
+                            return Ok(Acquired::Granted(LockGuard::start(
+                                self.clone(),
+                                lease,
+                                sent,
+                            )));
+                        }
+                        // The grant of an earlier attempt whose reply was lost: nobody has
+                        // renewed it, and when it was made is unknown, so renew it now to learn
+                        // a safe deadline. If it has ended, it was never used: ask anew.
+                        if l.held {
+                            let renew_sent = Instant::now();
+                            if let Ok(r) = self.renew(resource, &lease.lease_id).await {
+                                lease.expires_at_ms = r.expires_at_ms;
+                                return Ok(Acquired::Granted(LockGuard::start(
+                                    self.clone(),
+                                    lease,
+                                    renew_sent,
+                                )));
+                            }
+                        }
+                        request_id = new_request_id();
+                        continue;
+                    }
+                    Some(pb::acquire_response::Outcome::NotGranted(ng)) => {
+                        let why = not_granted(&ng);
+                        if Instant::now() >= deadline {
+                            return Ok(Acquired::NotGranted(why));
+                        }
+                        // lockd ended the wait early (its maximum wait is shorter than ours).
+                        None
+                    }
+                    None => Some(Status::internal("lockd sent an empty AcquireResponse")),
+                },
+                Ok(Err(status)) => Some(status),
+                Err(_) => Some(Status::deadline_exceeded("lockd did not answer in time")),
+            };
+            if let Some(status) = status {
+                let retry = transient(&status) || status.code() == Code::ResourceExhausted;
+                let budget = if status.code() == Code::ResourceExhausted {
+                    deadline
+                } else {
+                    deadline + TRANSPORT_RETRY_FOR
+                };
+                if !retry || Instant::now() >= budget {
+                    return Err(ClientError::from_status(status));
+                }
+                tracing::debug!(code = ?status.code(), message = status.message(), "acquire failed; retrying with the same request id");
+            }
+            let pause = backoff.next_delay();
+            tokio::time::sleep(pause).await;
+        }
+    }
+
+    /// Renews a lease once (the guard does this by itself).
+    pub async fn renew(&self, resource: &str, lease_id: &str) -> Result<RenewReply, ClientError> {
+        let req = pb::RenewRequest {
+            resource: resource.to_string(),
+            lease_id: lease_id.to_string(),
+        };
+        let r = self
+            .rpc
+            .clone()
+            .renew(req)
+            .await
+            .map_err(ClientError::from_status)?
+            .into_inner();
+        Ok(RenewReply {
+            ttl: Duration::from_millis(r.ttl_ms),
+            expires_at_ms: r.expires_at_ms,
+        })
+    }
+
+    /// Releases a lease; `Ok(false)` when it was no longer current (releasing is idempotent).
+    pub async fn release(&self, resource: &str, lease_id: &str) -> Result<bool, ClientError> {
+        let req = pb::ReleaseRequest {
+            resource: resource.to_string(),
+            lease_id: lease_id.to_string(),
+        };
+        let r = self
+            .rpc
+            .clone()
+            .release(req)
+            .await
+            .map_err(ClientError::from_status)?
+            .into_inner();
+        Ok(r.released)
+    }
+
+    /// Who holds `resource` and how many wait for it.
+    pub async fn describe(&self, resource: &str) -> Result<Description, ClientError> {
+        let req = pb::DescribeRequest {
+            resource: resource.to_string(),
+        };
+        let d = self
+            .rpc
+            .clone()
+            .describe(req)
+            .await
+            .map_err(ClientError::from_status)?
+            .into_inner();
+        Ok(Description {
+            resource: resource.to_string(),
+            held: d.held,
+            holder: d.holder,
+            token: d.held.then_some(d.token),
+            expires_at_ms: d.held.then_some(d.expires_at_ms),
+            ttl_ms: d.held.then_some(d.ttl_ms),
+            waiters: d.waiters,
+        })
+    }
+}
+
+/// The answer to a renewal.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RenewReply {
+    pub ttl: Duration,
+    pub expires_at_ms: u64,
+}
+
+fn not_granted(ng: &pb::NotGranted) -> NotGranted {
+    let reason = match pb::not_granted::Reason::try_from(ng.reason) {
+        Ok(pb::not_granted::Reason::WaitTimeout) => NotGrantedReason::WaitTimeout,
+        _ => NotGrantedReason::Busy,
+    };
+    NotGranted {
+        reason,
+        holder: ng.holder.clone(),
+        token: (ng.token != 0).then_some(ng.token),
+        expires_at_ms: ng.expires_at_ms,
+        waiters: ng.waiters,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bad_endpoints_are_refused_at_once() {
+        for bad in ["", "not a url", "127.0.0.1:7420 x"] {
+            assert!(
+                matches!(Client::connect(bad), Err(ClientError::Endpoint { .. })),
+                "{bad:?}"
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn invalid_resource_names_are_refused_before_any_call() {
+        let client = Client::connect("http://127.0.0.1:9").unwrap();
+        let err = client
+            .acquire("has space", AcquireOptions::default())
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(err, ClientError::InvalidArgument(ref m) if m.contains("allowed are")),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn request_ids_are_fresh_and_valid() {
+        let a = new_request_id();
+        assert_eq!(a.len(), 32);
+        assert!(a.bytes().all(|b| b.is_ascii_hexdigit()));
+        assert_ne!(a, new_request_id());
+    }
+}

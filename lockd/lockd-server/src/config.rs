@@ -1,0 +1,335 @@
+//! lockd's configuration: command-line flags, `LOCKD_*` environment variables and a TOML file,
+//! in that order of precedence, over built-in defaults.
+//!
+//! Every setting exists in all three forms, with one name: the TOML key `sync_interval_ms`, the
+//! flag `--sync-interval-ms` and the variable `LOCKD_SYNC_INTERVAL_MS` (limits: TOML key
+//! `limits.ttl_max_ms`, flag `--ttl-max-ms`, variable `LOCKD_TTL_MAX_MS`). `docs/config.md` is
+//! the reference; a test keeps it in step with this file.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, bail};
+use clap::{Args, Parser, ValueEnum};
+use lockd_core::Limits;
+use serde::{Deserialize, Serialize};
+
+/// Command line of `lockd`.
+#[derive(Parser, Debug)]
+#[command(
+    name = "lockd",
+    version,
+    about = "The lock daemon: leases, FIFO waiters and monotone fencing tokens over gRPC.",
+    long_about = "The lock daemon: leases, FIFO waiters and monotone fencing tokens over gRPC \
+                  (service fencing.lock.v1.LockService).\n\n\
+                  Settings come from flags, then LOCKD_* environment variables, then the TOML file \
+                  given with --config, then built-in defaults. See docs/config.md."
+)]
+pub struct Cli {
+    /// TOML configuration file (flags and environment variables override its settings).
+    #[arg(long, env = "LOCKD_CONFIG", value_name = "FILE")]
+    pub config: Option<PathBuf>,
+
+    /// Print the effective configuration as TOML and exit.
+    #[arg(long)]
+    pub print_config: bool,
+
+    #[command(flatten)]
+    pub settings: Settings,
+}
+
+/// Log line format.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line (for log shippers).
+    Json,
+}
+
+/// Every setting, optional: what one source (flags+environment, or the file) says.
+#[derive(Args, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Settings {
+    /// Address to serve gRPC on [default: 127.0.0.1:7420].
+    #[arg(long, env = "LOCKD_LISTEN", value_name = "ADDR")]
+    pub listen: Option<SocketAddr>,
+
+    /// Directory of the durable store (created if missing) [default: ./lockd-data].
+    #[arg(long, env = "LOCKD_DATA_DIR", value_name = "DIR")]
+    pub data_dir: Option<PathBuf>,
+
+    /// Log filter, in tracing's EnvFilter syntax (e.g. `info`, `lockd_server=debug`) [default: info].
+    #[arg(long, env = "LOCKD_LOG", value_name = "FILTER")]
+    pub log: Option<String>,
+
+    /// Log format [default: text].
+    #[arg(long, env = "LOCKD_LOG_FORMAT", value_name = "FORMAT")]
+    pub log_format: Option<LogFormat>,
+
+    /// Longest time a release or expiry may stay unsynced on disk, in ms [default: 1000].
+    #[arg(long, env = "LOCKD_SYNC_INTERVAL_MS", value_name = "MS")]
+    pub sync_interval_ms: Option<u64>,
+
+    /// Page cache of the embedded store, in MiB [default: 32].
+    #[arg(long, env = "LOCKD_CACHE_SIZE_MB", value_name = "MIB")]
+    pub cache_size_mb: Option<usize>,
+
+    /// HTTP/2 ping interval towards clients, in ms; finds dead clients so their waits end; 0 = off [default: 10000].
+    #[arg(long, env = "LOCKD_KEEPALIVE_INTERVAL_MS", value_name = "MS")]
+    pub keepalive_interval_ms: Option<u64>,
+
+    /// How long a ping may go unanswered before the connection is closed, in ms [default: 20000].
+    #[arg(long, env = "LOCKD_KEEPALIVE_TIMEOUT_MS", value_name = "MS")]
+    pub keepalive_timeout_ms: Option<u64>,
+
+    #[command(flatten)]
+    #[serde(default)]
+    pub limits: LimitSettings,
+}
+
+/// The limits of `lockd_core::Limits`, optional (see there for each reason).
+#[derive(Args, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LimitSettings {
+    /// Shortest lease a client may ask for, in ms [default: 100].
+    #[arg(long, env = "LOCKD_TTL_MIN_MS", value_name = "MS")]
+    pub ttl_min_ms: Option<u64>,
+    /// Longest lease, in ms [default: 3600000].
+    #[arg(long, env = "LOCKD_TTL_MAX_MS", value_name = "MS")]
+    pub ttl_max_ms: Option<u64>,
+    /// Lease length when a request gives none, in ms [default: 30000].
+    #[arg(long, env = "LOCKD_TTL_DEFAULT_MS", value_name = "MS")]
+    pub ttl_default_ms: Option<u64>,
+    /// Longest wait in a queue, in ms [default: 300000].
+    #[arg(long, env = "LOCKD_WAIT_MAX_MS", value_name = "MS")]
+    pub wait_max_ms: Option<u64>,
+    /// Waiters queued on one resource [default: 1000].
+    #[arg(long, env = "LOCKD_WAITERS_PER_RESOURCE_MAX", value_name = "N")]
+    pub waiters_per_resource_max: Option<usize>,
+    /// Waiters queued in total [default: 100000].
+    #[arg(long, env = "LOCKD_WAITERS_TOTAL_MAX", value_name = "N")]
+    pub waiters_total_max: Option<usize>,
+    /// Leases held at once [default: 2000000].
+    #[arg(long, env = "LOCKD_LEASES_MAX", value_name = "N")]
+    pub leases_max: Option<usize>,
+    /// How long a request id is remembered after its grant, in ms [default: 600000].
+    #[arg(long, env = "LOCKD_REQUEST_RETENTION_MS", value_name = "MS")]
+    pub request_retention_ms: Option<u64>,
+    /// Request ids remembered at once [default: 4000000].
+    #[arg(long, env = "LOCKD_REQUESTS_MAX", value_name = "N")]
+    pub requests_max: Option<usize>,
+    /// Longest request id, in bytes [default: 128].
+    #[arg(long, env = "LOCKD_REQUEST_ID_LEN_MAX", value_name = "BYTES")]
+    pub request_id_len_max: Option<usize>,
+    /// Longest holder description, in bytes [default: 128].
+    #[arg(long, env = "LOCKD_HOLDER_LEN_MAX", value_name = "BYTES")]
+    pub holder_len_max: Option<usize>,
+}
+
+/// The effective configuration.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Config {
+    pub listen: SocketAddr,
+    pub data_dir: PathBuf,
+    pub log: String,
+    pub log_format: LogFormat,
+    pub sync_interval_ms: u64,
+    pub cache_size_mb: usize,
+    pub keepalive_interval_ms: u64,
+    pub keepalive_timeout_ms: u64,
+    pub limits: Limits,
+}
+
+impl Default for Config {
+    fn default() -> Config {
+        Config {
+            listen: SocketAddr::from(([127, 0, 0, 1], 7420)),
+            data_dir: PathBuf::from("./lockd-data"),
+            log: "info".to_string(),
+            log_format: LogFormat::Text,
+            sync_interval_ms: 1_000,
+            cache_size_mb: 32,
+            keepalive_interval_ms: 10_000,
+            keepalive_timeout_ms: 20_000,
+            limits: Limits::default(),
+        }
+    }
+}
+
+impl Config {
+    /// Resolves the command line (with its environment) and the file it names.
+    pub fn from_cli(cli: &Cli) -> anyhow::Result<Config> {
+        let file = match &cli.config {
+            Some(path) => read_file(path)?,
+            None => Settings::default(),
+        };
+        let config = Config::default().overlay(file).overlay_ref(&cli.settings);
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// The configuration as TOML (for `--print-config`).
+    pub fn to_toml(&self) -> String {
+        toml::to_string(self).expect("the configuration serialises")
+    }
+
+    fn overlay(self, s: Settings) -> Config {
+        self.overlay_ref(&s)
+    }
+
+    fn overlay_ref(mut self, s: &Settings) -> Config {
+        macro_rules! take {
+            ($($field:ident),*) => {$(
+                if let Some(v) = &s.$field { self.$field = v.clone(); }
+            )*};
+        }
+        macro_rules! take_limit {
+            ($($field:ident),*) => {$(
+                if let Some(v) = s.limits.$field { self.limits.$field = v; }
+            )*};
+        }
+        take!(
+            listen,
+            data_dir,
+            log,
+            log_format,
+            sync_interval_ms,
+            cache_size_mb,
+            keepalive_interval_ms,
+            keepalive_timeout_ms
+        );
+        take_limit!(
+            ttl_min_ms,
+            ttl_max_ms,
+            ttl_default_ms,
+            wait_max_ms,
+            waiters_per_resource_max,
+            waiters_total_max,
+            leases_max,
+            request_retention_ms,
+            requests_max,
+            request_id_len_max,
+            holder_len_max
+        );
+        self
+    }
+
+    fn validate(&self) -> anyhow::Result<()> {
+        self.limits.validate()?;
+        if self.sync_interval_ms == 0 {
+            bail!("sync_interval_ms must be at least 1");
+        }
+        if self.cache_size_mb == 0 {
+            bail!("cache_size_mb must be at least 1");
+        }
+        if self.keepalive_interval_ms > 0 && self.keepalive_timeout_ms == 0 {
+            bail!("keepalive_timeout_ms must be at least 1 when keepalive_interval_ms is set");
+        }
+        tracing_subscriber::EnvFilter::try_new(&self.log)
+            .with_context(|| format!("log filter {:?} is not valid", self.log))?;
+        Ok(())
+    }
+}
+
+fn read_file(path: &Path) -> anyhow::Result<Settings> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read config file {}", path.display()))?;
+    toml::from_str(&text).with_context(|| format!("config file {} is not valid", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cli(args: &[&str]) -> Cli {
+        Cli::try_parse_from(std::iter::once("lockd").chain(args.iter().copied())).unwrap()
+    }
+
+    #[test]
+    fn defaults_are_the_documented_ones() {
+        let c = Config::from_cli(&cli(&[])).unwrap();
+        assert_eq!(c.listen.to_string(), "127.0.0.1:7420");
+        assert_eq!(c.data_dir, PathBuf::from("./lockd-data"));
+        assert_eq!(c.limits, Limits::default());
+    }
+
+    #[test]
+    fn flags_override_the_file_which_overrides_defaults() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("lockd.toml");
+        std::fs::write(&file, "listen = \"127.0.0.1:9000\"\ndata_dir = \"/var/lib/lockd\"\n[limits]\nttl_max_ms = 60000\n").unwrap();
+        let path = file.to_str().unwrap();
+        let c = Config::from_cli(&cli(&["--config", path, "--data-dir", "/tmp/x"])).unwrap();
+        assert_eq!(c.listen.to_string(), "127.0.0.1:9000");
+        assert_eq!(c.data_dir, PathBuf::from("/tmp/x"));
+        assert_eq!(c.limits.ttl_max_ms, 60_000);
+        assert_eq!(c.limits.ttl_default_ms, 30_000);
+    }
+
+    #[test]
+    fn garbage_config_is_refused_with_the_reason() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("lockd.toml");
+        for (text, needle) in [
+            ("listne = \"x\"", "unknown field `listne`"),
+            ("listen = \"not an address\"", "invalid socket address"),
+            (
+                "[limits]\nttl_min_ms = 99999999",
+                "ttl_min_ms <= ttl_default_ms",
+            ),
+            ("sync_interval_ms = -1", "invalid value"),
+            ("this is not toml", "config file"),
+        ] {
+            std::fs::write(&file, text).unwrap();
+            let err = Config::from_cli(&cli(&["--config", file.to_str().unwrap()])).unwrap_err();
+            let msg = format!("{err:#}");
+            assert!(msg.contains(needle), "{text:?} gave {msg:?}");
+        }
+        let missing = Config::from_cli(&cli(&["--config", "/nonexistent/lockd.toml"])).unwrap_err();
+        assert!(format!("{missing:#}").contains("cannot read config file"));
+        assert!(Cli::try_parse_from(["lockd", "--listen", "nowhere"]).is_err());
+        let bad_log = Config::from_cli(&cli(&["--log", "lockd=[[["])).unwrap_err();
+        assert!(format!("{bad_log:#}").contains("log filter"));
+    }
+
+    #[test]
+    fn print_config_round_trips_through_the_file_format() {
+        let c = Config::default();
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("lockd.toml");
+        std::fs::write(&file, c.to_toml()).unwrap();
+        assert_eq!(
+            Config::from_cli(&cli(&["--config", file.to_str().unwrap()])).unwrap(),
+            c
+        );
+    }
+
+    /// docs/config.md is the operators' reference: every key, flag and variable must be in it.
+    #[test]
+    fn the_config_reference_lists_every_setting() {
+        let doc =
+            std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/config.md"))
+                .unwrap();
+        let value: toml::Value = toml::from_str(&Config::default().to_toml()).unwrap();
+        let mut keys = Vec::new();
+        for (k, v) in value.as_table().unwrap() {
+            match v.as_table() {
+                Some(t) => keys.extend(t.keys().map(|sub| (format!("{k}.{sub}"), sub.clone()))),
+                None => keys.push((k.clone(), k.clone())),
+            }
+        }
+        assert!(keys.len() > 15, "{keys:?}");
+        for (key, leaf) in keys {
+            let flag = format!("--{}", leaf.replace('_', "-"));
+            let env = format!("LOCKD_{}", leaf.to_uppercase());
+            for needle in [format!("`{key}`"), format!("`{flag}`"), format!("`{env}`")] {
+                assert!(
+                    doc.contains(&needle),
+                    "docs/config.md does not mention {needle}"
+                );
+            }
+        }
+    }
+}

@@ -1,0 +1,441 @@
+//! The driver: runs the core under one mutex, performs its effects, holds the reply channels
+//! of queued waiters, and runs the expiry timer.
+//!
+//! Every core call happens with the mutex held and takes the clock's `now`; its persist ops are
+//! queued to the writer before the mutex is released, so the store sees them in decision order.
+//! The mutex is never held across an `.await`.
+//!
+//! # When a reply may leave
+//!
+//! A grant is answered only once it is durable (invariants 2 and 8). A reply that shows
+//! another lease's token (busy, wait timeout, describe, a refused renew) also waits until
+//! everything decided before it is durable, so that no token a crash could take back is ever
+//! shown. Successful renewals and releases are answered at once: renewals are not persisted at
+//! all (a restart renews every lease) and a lost release only delays the next grant to the TTL.
+//!
+//! # Waiters
+//!
+//! A queued Acquire parks on a oneshot channel registered under its `WaiterId`. The handler's
+//! future owns a [`WaitGuard`]; if the future is dropped while still waiting (the client
+//! cancelled the call, or its connection closed), the guard takes the waiter out of the queue.
+//! A waiter whose client vanishes at the very moment it is granted keeps the grant: the lease
+//! runs out its TTL unless the client retries with the same request id and picks it up.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard};
+
+use fencing::{LeaseId, ResourceName};
+use lockd_core::{
+    AcquireError, AcquireOutcome, AcquireRequest, Busy, Core, Description, Effect, Grant,
+    LeaseIdSource, Millis, ReleaseOutcome, RenewError, Renewed, Stats, WaiterId,
+};
+use tokio::sync::{Notify, oneshot};
+use tracing::{debug, info};
+
+use crate::clock::Clock;
+use crate::writer::{Seq, Writer, WriterStopped};
+
+/// Lease ids from the operating system's CSPRNG (invariant 5: 128 unguessable bits).
+pub struct OsLeaseIds;
+
+impl LeaseIdSource for OsLeaseIds {
+    fn next_lease_id(&mut self) -> LeaseId {
+        let mut bytes = [0u8; 16];
+        // The kernel's CSPRNG does not fail once the system has booted; if it ever did, lockd
+        // must not hand out guessable capabilities, so it stops.
+        getrandom::fill(&mut bytes).expect("the operating system's random number generator failed");
+        LeaseId::from_bytes(bytes)
+    }
+}
+
+/// The answer to an Acquire.
+#[derive(Debug)]
+pub enum AcquireReply {
+    Granted {
+        grant: Grant,
+        duplicate: bool,
+        held: bool,
+    },
+    Busy(Busy),
+    TimedOut(Option<Busy>),
+}
+
+/// Why a call could not be served.
+#[derive(Debug, thiserror::Error)]
+pub enum DriverError {
+    #[error(transparent)]
+    Acquire(#[from] AcquireError),
+    #[error(transparent)]
+    Renew(#[from] RenewError),
+    #[error("a retry with the same request_id took over this waiting call")]
+    Superseded,
+    #[error("lockd is shutting down")]
+    ShuttingDown,
+    #[error("lockd's store has failed; no grant can be made durable")]
+    StoreFailed,
+}
+
+impl From<WriterStopped> for DriverError {
+    fn from(_: WriterStopped) -> DriverError {
+        DriverError::StoreFailed
+    }
+}
+
+enum WaitEnd {
+    Granted { grant: Grant, seq: Seq },
+    TimedOut(Option<Busy>),
+    Superseded,
+    Shutdown,
+}
+
+struct Slot {
+    generation: u64,
+    tx: oneshot::Sender<WaitEnd>,
+}
+
+struct State {
+    core: Core,
+    slots: HashMap<WaiterId, Slot>,
+    next_generation: u64,
+}
+
+/// See the module documentation.
+pub struct Driver {
+    state: Mutex<State>,
+    writer: Writer,
+    clock: Clock,
+    timer: Notify,
+    /// The deadline the timer task sleeps until (`u64::MAX`: none).
+    armed: AtomicU64,
+    closed: AtomicBool,
+}
+
+enum Step {
+    Reply(AcquireReply, Seq),
+    Wait {
+        waiter: WaiterId,
+        generation: u64,
+        rx: oneshot::Receiver<WaitEnd>,
+    },
+}
+
+impl Driver {
+    pub fn new(core: Core, writer: Writer, clock: Clock) -> Driver {
+        Driver {
+            state: Mutex::new(State {
+                core,
+                slots: HashMap::new(),
+                next_generation: 1,
+            }),
+            writer,
+            clock,
+            timer: Notify::new(),
+            armed: AtomicU64::new(u64::MAX),
+            closed: AtomicBool::new(false),
+        }
+    }
+
+    pub fn clock(&self) -> &Clock {
+        &self.clock
+    }
+
+    pub fn stats(&self) -> Stats {
+        self.lock().core.stats()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic under the lock means an invariant assertion fired; the state is not to be
+        // trusted, so every later call fails loudly too.
+        self.state
+            .lock()
+            .expect("lockd core poisoned by an earlier invariant violation")
+    }
+
+    fn check_open(&self) -> Result<(), DriverError> {
+        if self.closed.load(Ordering::Acquire) {
+            Err(DriverError::ShuttingDown)
+        } else {
+            Ok(())
+        }
+    }
+
+    pub async fn acquire(&self, req: AcquireRequest) -> Result<AcquireReply, DriverError> {
+        self.check_open()?;
+        let resource = req.resource.clone();
+        let step = {
+            let mut st = self.lock();
+            let mut fx = Vec::new();
+            let outcome = st.core.acquire(self.clock.now(), req, &mut fx);
+            let seq = self.apply(&mut st, fx);
+            match outcome? {
+                AcquireOutcome::Granted(grant) => {
+                    debug!(%resource, token = %grant.token, "granted");
+                    Step::Reply(
+                        AcquireReply::Granted {
+                            grant,
+                            duplicate: false,
+                            held: true,
+                        },
+                        seq,
+                    )
+                }
+                AcquireOutcome::Duplicate { grant, held } => {
+                    debug!(%resource, token = %grant.token, held, "duplicate request");
+                    Step::Reply(
+                        AcquireReply::Granted {
+                            grant,
+                            duplicate: true,
+                            held,
+                        },
+                        seq,
+                    )
+                }
+                AcquireOutcome::Busy(busy) => Step::Reply(AcquireReply::Busy(busy), seq),
+                AcquireOutcome::Queued { waiter, position } => {
+                    debug!(%resource, waiter = waiter.0, position, "queued");
+                    let (generation, rx) = st.register(waiter);
+                    Step::Wait {
+                        waiter,
+                        generation,
+                        rx,
+                    }
+                }
+                AcquireOutcome::Rejoined { waiter, position } => {
+                    debug!(%resource, waiter = waiter.0, position, "rejoined by a retry");
+                    if let Some(old) = st.slots.remove(&waiter) {
+                        let _ = old.tx.send(WaitEnd::Superseded);
+                    }
+                    let (generation, rx) = st.register(waiter);
+                    Step::Wait {
+                        waiter,
+                        generation,
+                        rx,
+                    }
+                }
+            }
+        };
+        match step {
+            Step::Reply(reply, seq) => {
+                self.writer.wait(seq).await?;
+                Ok(reply)
+            }
+            Step::Wait {
+                waiter,
+                generation,
+                rx,
+            } => {
+                let mut guard = WaitGuard {
+                    driver: self,
+                    waiter,
+                    generation,
+                    armed: true,
+                };
+                let end = rx.await;
+                guard.armed = false;
+                match end {
+                    Ok(WaitEnd::Granted { grant, seq }) => {
+                        self.writer.wait(seq).await?;
+                        Ok(AcquireReply::Granted {
+                            grant,
+                            duplicate: false,
+                            held: true,
+                        })
+                    }
+                    Ok(WaitEnd::TimedOut(busy)) => {
+                        self.writer.wait(self.writer.submit(Vec::new())).await?;
+                        Ok(AcquireReply::TimedOut(busy))
+                    }
+                    Ok(WaitEnd::Superseded) => Err(DriverError::Superseded),
+                    Ok(WaitEnd::Shutdown) | Err(_) => Err(DriverError::ShuttingDown),
+                }
+            }
+        }
+    }
+
+    pub async fn renew(
+        &self,
+        resource: &ResourceName,
+        lease_id: LeaseId,
+    ) -> Result<Renewed, DriverError> {
+        self.check_open()?;
+        let (result, seq) = {
+            let mut st = self.lock();
+            let mut fx = Vec::new();
+            let result = st.core.renew(self.clock.now(), resource, lease_id, &mut fx);
+            (result, self.apply(&mut st, fx))
+        };
+        if result.is_err() {
+            // The error names the current holder's token: show it only once it is durable.
+            self.writer.wait(seq).await?;
+        }
+        Ok(result?)
+    }
+
+    pub async fn release(
+        &self,
+        resource: &ResourceName,
+        lease_id: LeaseId,
+    ) -> Result<ReleaseOutcome, DriverError> {
+        self.check_open()?;
+        let (outcome, seq) = {
+            let mut st = self.lock();
+            let mut fx = Vec::new();
+            let outcome = st
+                .core
+                .release(self.clock.now(), resource, lease_id, &mut fx);
+            (outcome, self.apply(&mut st, fx))
+        };
+        match outcome {
+            ReleaseOutcome::Released { token } => debug!(%resource, %token, "released"),
+            ReleaseOutcome::NotHeld { .. } => self.writer.wait(seq).await?,
+        }
+        Ok(outcome)
+    }
+
+    pub async fn describe(&self, resource: &ResourceName) -> Result<Description, DriverError> {
+        self.check_open()?;
+        let (description, seq) = {
+            let mut st = self.lock();
+            let mut fx = Vec::new();
+            let description = st.core.describe(self.clock.now(), resource, &mut fx);
+            (description, self.apply(&mut st, fx))
+        };
+        self.writer.wait(seq).await?;
+        Ok(description)
+    }
+
+    /// Ends every wait with "shutting down" and refuses new calls, so that a graceful shutdown
+    /// does not wait minutes for queued Acquires.
+    pub fn shutdown(&self) {
+        self.closed.store(true, Ordering::Release);
+        let mut st = self.lock();
+        for (_, slot) in st.slots.drain() {
+            let _ = slot.tx.send(WaitEnd::Shutdown);
+        }
+        self.timer.notify_one();
+    }
+
+    /// Flushes and stops the writer (after the server has stopped serving).
+    pub fn close_store(&self) {
+        self.writer.close();
+    }
+
+    /// Expires leases and ends waits when they fall due. Runs until [`Driver::shutdown`].
+    pub async fn run_timer(&self) {
+        while !self.closed.load(Ordering::Acquire) {
+            let next = {
+                let st = self.lock();
+                let next = st.core.next_deadline();
+                self.armed
+                    .store(next.unwrap_or(u64::MAX), Ordering::Release);
+                next
+            };
+            match next {
+                None => self.timer.notified().await,
+                Some(at) => {
+                    tokio::select! {
+                        () = tokio::time::sleep_until(self.clock.instant(at).into()) => {
+                            let mut st = self.lock();
+                            let mut fx = Vec::new();
+                            st.core.tick(self.clock.now(), &mut fx);
+                            self.apply(&mut st, fx);
+                        }
+                        () = self.timer.notified() => {}
+                    }
+                }
+            }
+        }
+    }
+
+    /// Performs the effects of one core call (with the lock held) and returns the writer
+    /// position that covers everything decided so far.
+    fn apply(&self, st: &mut State, fx: Vec<Effect>) -> Seq {
+        let mut ops = Vec::new();
+        let mut granted = Vec::new();
+        for effect in fx {
+            match effect {
+                Effect::Persist(op) => ops.push(op),
+                Effect::Granted { waiter, grant } => granted.push((waiter, grant)),
+                Effect::WaitTimedOut { waiter, busy } => {
+                    debug!(waiter = waiter.0, "wait timed out");
+                    if let Some(slot) = st.slots.remove(&waiter) {
+                        let _ = slot.tx.send(WaitEnd::TimedOut(busy));
+                    }
+                }
+                Effect::Expired {
+                    resource,
+                    token,
+                    holder,
+                } => {
+                    info!(%resource, %token, holder = holder.as_str(), "lease expired without renewal");
+                }
+            }
+        }
+        let seq = self.writer.submit(ops);
+        for (waiter, grant) in granted {
+            debug!(resource = %grant.resource, token = %grant.token, waiter = waiter.0, "handed over to waiter");
+            if let Some(slot) = st.slots.remove(&waiter) {
+                let _ = slot.tx.send(WaitEnd::Granted { grant, seq });
+            }
+        }
+        if let Some(next) = st.core.next_deadline()
+            && next < self.armed.load(Ordering::Acquire)
+        {
+            self.armed.store(next, Ordering::Release);
+            self.timer.notify_one();
+        }
+        seq
+    }
+
+    /// Called by a dropped [`WaitGuard`]: the waiting call went away.
+    fn abandon(&self, waiter: WaiterId, generation: u64) {
+        let mut st = self.lock();
+        if st
+            .slots
+            .get(&waiter)
+            .is_none_or(|s| s.generation != generation)
+        {
+            return; // answered already, or taken over by a retry
+        }
+        st.slots.remove(&waiter);
+        let mut fx = Vec::new();
+        let was_waiting = st.core.cancel(self.clock.now(), waiter, &mut fx);
+        self.apply(&mut st, fx);
+        debug!(
+            waiter = waiter.0,
+            was_waiting, "waiter left: call cancelled or client disconnected"
+        );
+    }
+
+    /// Converts core time to Unix milliseconds for replies.
+    pub fn wall_ms(&self, at: Millis) -> u64 {
+        self.clock.wall_ms(at)
+    }
+}
+
+impl State {
+    fn register(&mut self, waiter: WaiterId) -> (u64, oneshot::Receiver<WaitEnd>) {
+        let (tx, rx) = oneshot::channel();
+        let generation = self.next_generation;
+        self.next_generation += 1;
+        self.slots.insert(waiter, Slot { generation, tx });
+        (generation, rx)
+    }
+}
+
+/// Takes a waiter out of its queue when the waiting call's future is dropped.
+struct WaitGuard<'a> {
+    driver: &'a Driver,
+    waiter: WaiterId,
+    generation: u64,
+    armed: bool,
+}
+
+impl Drop for WaitGuard<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.driver.abandon(self.waiter, self.generation);
+        }
+    }
+}

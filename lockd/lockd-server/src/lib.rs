@@ -1,0 +1,17 @@
+//! lockd, the lock daemon: the gRPC service over the core state machine and the durable store.
+//!
+//! - `config`: flags, environment and TOML file;
+//! - `server`: start-up (open store, recover, listen) and clean shutdown;
+//! - `service`: the tonic service, wire messages in and out, no decisions;
+//! - `driver`: the core under a mutex, effects, waiters' reply channels, expiry timer;
+//! - `writer`: the group-commit thread that owns the store;
+//! - `status`: the one mapping from domain errors to gRPC statuses;
+//! - `clock`: monotonic time for decisions, wall time for display.
+
+pub mod clock;
+pub mod config;
+pub mod driver;
+pub mod server;
+pub mod service;
+pub mod status;
+pub mod writer;

@@ -1,0 +1,107 @@
+//! Starting and stopping lockd: open the store, rebuild the core, serve, shut down cleanly.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use lockd_core::Core;
+use lockd_proto::v1::lock_service_server::LockServiceServer;
+use lockd_store::{RedbStore, RedbStoreOptions, Store};
+use tonic::transport::Server;
+use tonic::transport::server::TcpIncoming;
+use tracing::{error, info};
+
+use crate::clock::Clock;
+use crate::config::Config;
+use crate::driver::{Driver, OsLeaseIds};
+use crate::service::LockApi;
+use crate::writer::Writer;
+
+/// Largest gRPC message lockd accepts. The largest valid request (names, ids and holders at
+/// their limits) is well under 4 KiB; anything bigger is garbage and is refused unread.
+pub const MAX_MESSAGE_BYTES: usize = 64 * 1024;
+
+/// Concurrent calls per client connection. Each waiting Acquire is one stream; the total is
+/// bounded separately by `limits.waiters_total_max`.
+pub const MAX_STREAMS_PER_CONNECTION: u32 = 4096;
+
+/// Exit status when the store fails under lockd (EX_IOERR of sysexits.h).
+pub const EXIT_STORE_FAILED: i32 = 74;
+
+/// Runs lockd until `shutdown` completes. Returns when everything is flushed.
+pub async fn run(
+    config: Config,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let options = RedbStoreOptions {
+        cache_size_bytes: config.cache_size_mb << 20,
+    };
+    let mut store = RedbStore::open(&config.data_dir, &options)?;
+    let snapshot = store.load().context("loading the store")?;
+    let clock = Clock::new();
+    let core = Core::recover(
+        config.limits.clone(),
+        Box::new(OsLeaseIds),
+        snapshot,
+        clock.now(),
+    )
+    .context("the stored state is inconsistent; refusing to start")?;
+    let stats = core.stats();
+    info!(
+        data_file = %store.path().display(),
+        leases = stats.leases,
+        requests = stats.requests,
+        last_token = core.last_token().map_or(0, |t| t.get()),
+        "recovered; every held lease gets a full TTL from now"
+    );
+    let writer = Writer::start(
+        Box::new(store),
+        Duration::from_millis(config.sync_interval_ms),
+        Box::new(|e| {
+            // Fail-stop: the state on disk is unknown, so no further grant may be acknowledged.
+            error!(error = %e, "store failure; lockd stops");
+            eprintln!("lockd: store failure, stopping: {e}");
+            std::process::exit(EXIT_STORE_FAILED);
+        }),
+    );
+    let driver = Arc::new(Driver::new(core, writer, clock));
+    let timer = tokio::spawn({
+        let driver = Arc::clone(&driver);
+        async move { driver.run_timer().await }
+    });
+
+    let incoming = TcpIncoming::bind(config.listen)
+        .with_context(|| format!("cannot listen on {}", config.listen))?
+        .with_nodelay(Some(true));
+    let addr = incoming.local_addr().context("reading the bound address")?;
+    info!(%addr, "listening");
+
+    let keepalive = (config.keepalive_interval_ms > 0)
+        .then(|| Duration::from_millis(config.keepalive_interval_ms));
+    let service = LockServiceServer::new(LockApi::new(Arc::clone(&driver), config.limits.clone()))
+        .max_decoding_message_size(MAX_MESSAGE_BYTES);
+    let stop = {
+        let driver = Arc::clone(&driver);
+        async move {
+            shutdown.await;
+            info!("shutting down: ending waits, finishing calls, flushing the store");
+            driver.shutdown();
+        }
+    };
+    let served = Server::builder()
+        .http2_keepalive_interval(keepalive)
+        .http2_keepalive_timeout(
+            keepalive.map(|_| Duration::from_millis(config.keepalive_timeout_ms)),
+        )
+        .max_concurrent_streams(MAX_STREAMS_PER_CONNECTION)
+        .add_service(service)
+        .serve_with_incoming_shutdown(incoming, stop)
+        .await;
+    driver.shutdown();
+    let _ = timer.await;
+    driver.close_store();
+    served.context("serving gRPC")?;
+    info!("stopped");
+    Ok(())
+}

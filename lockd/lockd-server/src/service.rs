@@ -1,0 +1,157 @@
+//! The gRPC service `fencing.lock.v1.LockService`: validates and converts wire messages, calls
+//! the driver, converts the answer back. No decisions are made here.
+
+use std::sync::Arc;
+
+use fencing::{LeaseId, ResourceName};
+use lockd_core::{
+    AcquireRequest, Busy, Holder, InvalidArgument, Limits, ReleaseOutcome, RequestId,
+};
+use lockd_proto::v1 as pb;
+use lockd_proto::v1::lock_service_server::LockService;
+use tonic::{Request, Response, Status};
+
+use crate::driver::{AcquireReply, Driver};
+use crate::status::invalid_argument;
+
+pub struct LockApi {
+    driver: Arc<Driver>,
+    limits: Limits,
+}
+
+impl LockApi {
+    pub fn new(driver: Arc<Driver>, limits: Limits) -> LockApi {
+        LockApi { driver, limits }
+    }
+
+    fn not_granted(
+        &self,
+        reason: pb::not_granted::Reason,
+        busy: Option<Busy>,
+    ) -> pb::AcquireResponse {
+        let mut ng = pb::NotGranted {
+            reason: reason as i32,
+            ..Default::default()
+        };
+        if let Some(b) = busy {
+            ng.holder = b.holder.as_str().to_string();
+            ng.token = b.token.get();
+            ng.expires_at_ms = self.driver.wall_ms(b.expires_at);
+            ng.waiters = u32::try_from(b.waiters).unwrap_or(u32::MAX);
+        }
+        pb::AcquireResponse {
+            outcome: Some(pb::acquire_response::Outcome::NotGranted(ng)),
+        }
+    }
+}
+
+fn resource(name: &str) -> Result<ResourceName, Status> {
+    ResourceName::new(name).map_err(|e| invalid_argument(&InvalidArgument::Resource(e)))
+}
+
+fn lease_id(text: &str) -> Result<LeaseId, Status> {
+    text.parse().map_err(|e: fencing::ParseLeaseIdError| {
+        invalid_argument(&InvalidArgument::LeaseId(e.to_string()))
+    })
+}
+
+#[tonic::async_trait]
+impl LockService for LockApi {
+    async fn acquire(
+        &self,
+        request: Request<pb::AcquireRequest>,
+    ) -> Result<Response<pb::AcquireResponse>, Status> {
+        let r = request.into_inner();
+        let request_id = match r.request_id.as_str() {
+            "" => None,
+            id => Some(RequestId::new(id, &self.limits).map_err(|e| invalid_argument(&e))?),
+        };
+        let req = AcquireRequest {
+            resource: resource(&r.resource)?,
+            request_id,
+            holder: Holder::new(&r.holder, &self.limits).map_err(|e| invalid_argument(&e))?,
+            ttl_ms: r.ttl_ms,
+            wait_ms: r.wait_timeout_ms,
+        };
+        let response = match self.driver.acquire(req).await? {
+            AcquireReply::Granted {
+                grant,
+                duplicate,
+                held,
+            } => pb::AcquireResponse {
+                outcome: Some(pb::acquire_response::Outcome::Granted(pb::Lease {
+                    lease_id: grant.lease_id.to_string(),
+                    token: grant.token.get(),
+                    expires_at_ms: self.driver.wall_ms(grant.expires_at),
+                    ttl_ms: grant.ttl_ms,
+                    duplicate,
+                    held,
+                })),
+            },
+            AcquireReply::Busy(busy) => self.not_granted(pb::not_granted::Reason::Busy, Some(busy)),
+            AcquireReply::TimedOut(busy) => {
+                self.not_granted(pb::not_granted::Reason::WaitTimeout, busy)
+            }
+        };
+        Ok(Response::new(response))
+    }
+
+    async fn renew(
+        &self,
+        request: Request<pb::RenewRequest>,
+    ) -> Result<Response<pb::RenewResponse>, Status> {
+        let r = request.into_inner();
+        let renewed = self
+            .driver
+            .renew(&resource(&r.resource)?, lease_id(&r.lease_id)?)
+            .await?;
+        Ok(Response::new(pb::RenewResponse {
+            expires_at_ms: self.driver.wall_ms(renewed.expires_at),
+            ttl_ms: renewed.ttl_ms,
+        }))
+    }
+
+    async fn release(
+        &self,
+        request: Request<pb::ReleaseRequest>,
+    ) -> Result<Response<pb::ReleaseResponse>, Status> {
+        let r = request.into_inner();
+        let outcome = self
+            .driver
+            .release(&resource(&r.resource)?, lease_id(&r.lease_id)?)
+            .await?;
+        Ok(Response::new(match outcome {
+            ReleaseOutcome::Released { .. } => pb::ReleaseResponse {
+                released: true,
+                current_token: 0,
+            },
+            ReleaseOutcome::NotHeld { current } => pb::ReleaseResponse {
+                released: false,
+                current_token: current.map_or(0, |t| t.get()),
+            },
+        }))
+    }
+
+    async fn describe(
+        &self,
+        request: Request<pb::DescribeRequest>,
+    ) -> Result<Response<pb::DescribeResponse>, Status> {
+        let r = request.into_inner();
+        let d = self.driver.describe(&resource(&r.resource)?).await?;
+        let waiters = u32::try_from(d.waiters).unwrap_or(u32::MAX);
+        Ok(Response::new(match d.held {
+            Some(h) => pb::DescribeResponse {
+                held: true,
+                holder: h.holder.as_str().to_string(),
+                token: h.token.get(),
+                expires_at_ms: self.driver.wall_ms(h.expires_at),
+                ttl_ms: h.ttl_ms,
+                waiters,
+            },
+            None => pb::DescribeResponse {
+                waiters,
+                ..Default::default()
+            },
+        }))
+    }
+}

@@ -1,0 +1,89 @@
+//! The one mapping from lockd's domain errors to gRPC statuses.
+//!
+//! The gRPC code follows tonic's litmus test: a request that cannot succeed as written is
+//! `INVALID_ARGUMENT`; a lease that is no longer current is `FAILED_PRECONDITION` (the client
+//! must change what it does: stop and acquire again); full queues and tables are
+//! `RESOURCE_EXHAUSTED` (retry later with backoff); a waiting call taken over by its own retry
+//! is `ABORTED`; shutdown and a failed store are `UNAVAILABLE` (retry elsewhere or later).
+//! Contention is not an error at all: a busy lock is an `AcquireResponse.not_granted`.
+//!
+//! Every status carries a stable code in the `lockd-error` metadata; the message is for people.
+
+use lockd_core::{AcquireError, InvalidArgument, RenewError};
+use lockd_proto::ERROR_CODE_METADATA;
+use tonic::metadata::MetadataValue;
+use tonic::{Code, Status};
+
+use crate::driver::DriverError;
+
+/// Stable error codes, as documented in docs/api.md.
+pub mod codes {
+    pub const INVALID_ARGUMENT: &str = "invalid_argument";
+    pub const REQUEST_ID_REUSED: &str = "request_id_reused";
+    pub const QUEUE_FULL: &str = "queue_full";
+    pub const WAITERS_EXHAUSTED: &str = "waiters_exhausted";
+    pub const LEASES_EXHAUSTED: &str = "leases_exhausted";
+    pub const REQUESTS_EXHAUSTED: &str = "requests_exhausted";
+    pub const TOKENS_EXHAUSTED: &str = "tokens_exhausted";
+    pub const LEASE_NOT_CURRENT: &str = "lease_not_current";
+    pub const SUPERSEDED: &str = "superseded";
+    pub const SHUTTING_DOWN: &str = "shutting_down";
+    pub const STORE_FAILED: &str = "store_failed";
+}
+
+fn status(code: Code, stable: &'static str, message: String) -> Status {
+    let mut s = Status::new(code, message);
+    s.metadata_mut()
+        .insert(ERROR_CODE_METADATA, MetadataValue::from_static(stable));
+    s
+}
+
+pub fn invalid_argument(e: &InvalidArgument) -> Status {
+    status(
+        Code::InvalidArgument,
+        codes::INVALID_ARGUMENT,
+        e.to_string(),
+    )
+}
+
+pub fn from_driver(e: &DriverError) -> Status {
+    let message = e.to_string();
+    match e {
+        DriverError::Acquire(a) => match a {
+            AcquireError::Invalid(i) => invalid_argument(i),
+            AcquireError::RequestIdReused { .. } => {
+                status(Code::InvalidArgument, codes::REQUEST_ID_REUSED, message)
+            }
+            AcquireError::QueueFull { .. } => {
+                status(Code::ResourceExhausted, codes::QUEUE_FULL, message)
+            }
+            AcquireError::WaitersExhausted { .. } => {
+                status(Code::ResourceExhausted, codes::WAITERS_EXHAUSTED, message)
+            }
+            AcquireError::LeasesExhausted { .. } => {
+                status(Code::ResourceExhausted, codes::LEASES_EXHAUSTED, message)
+            }
+            AcquireError::RequestsExhausted { .. } => {
+                status(Code::ResourceExhausted, codes::REQUESTS_EXHAUSTED, message)
+            }
+            AcquireError::TokensExhausted => {
+                status(Code::ResourceExhausted, codes::TOKENS_EXHAUSTED, message)
+            }
+        },
+        DriverError::Renew(r) => match r {
+            RenewError::Invalid(i) => invalid_argument(i),
+            RenewError::NotCurrent { .. } => {
+                status(Code::FailedPrecondition, codes::LEASE_NOT_CURRENT, message)
+            }
+        },
+        DriverError::Superseded => status(Code::Aborted, codes::SUPERSEDED, message),
+        DriverError::ShuttingDown => status(Code::Unavailable, codes::SHUTTING_DOWN, message),
+        DriverError::StoreFailed => status(Code::Unavailable, codes::STORE_FAILED, message),
+    }
+}
+
+impl From<DriverError> for Status {
+    fn from(e: DriverError) -> Status {
+        from_driver(&e)
+    }
+}

@@ -1,0 +1,314 @@
+//! The end-to-end test harness: the project's real binaries as child processes, their output
+//! as events to wait on, and the faults the tests inject (SIGKILL, SIGSTOP/SIGCONT).
+//!
+//! Tests never sleep to synchronise: they wait for an *event* (a log line, an output line, a
+//! process exit) with a generous timeout that only bounds how long a broken build can hang.
+//!
+//! The binaries are the ones `cargo build --bins` puts next to the test executable. A missing
+//! binary, or one older than the sources it is built from, fails the test with the command that
+//! fixes it, so a stale build is never silently tested.
+
+use std::io::{BufRead, BufReader, Read};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, channel};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+use serde_json::Value;
+
+/// How long any wait may take before the test fails. Generous: it only bounds a hang.
+pub const PATIENCE: Duration = Duration::from_secs(60);
+
+/// The workspace root.
+pub fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("tests/ is inside the workspace")
+        .to_path_buf()
+}
+
+/// Path of a workspace binary, checked to exist and to be newer than the sources.
+pub fn bin(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable path");
+    // target/<profile>/deps/<test> → target/<profile>/<name>
+    let dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("test executable lives in target/<profile>/deps");
+    let path = dir.join(name);
+    let built = match std::fs::metadata(&path).and_then(|m| m.modified()) {
+        Ok(t) => t,
+        Err(_) => panic!(
+            "{} is missing: build the binaries first with `cargo build --bins` (README: running the tests)",
+            path.display()
+        ),
+    };
+    if let Some((source, changed)) = newest_source(name) {
+        assert!(
+            changed <= built,
+            "{} is older than {}: rebuild with `cargo build --bins` before running the tests",
+            path.display(),
+            source.display()
+        );
+    }
+    path
+}
+
+/// The crates each binary is built from (their `src/`, `proto/` and `build.rs` count).
+fn crates_of(name: &str) -> &'static [&'static str] {
+    match name {
+        "lockd" => &[
+            "fencing",
+            "lockd-core",
+            "lockd-store",
+            "lockd-proto",
+            "lockd-server",
+        ],
+        "lockctl" => &["fencing", "lockd-proto", "lockd-client"],
+        _ => &[],
+    }
+}
+
+fn newest_source(name: &str) -> Option<(PathBuf, SystemTime)> {
+    let mut newest: Option<(PathBuf, SystemTime)> = None;
+    let mut stack = Vec::new();
+    for krate in crates_of(name) {
+        let dir = workspace().join("lockd").join(krate);
+        stack.extend([dir.join("src"), dir.join("proto"), dir.join("build.rs")]);
+    }
+    while let Some(p) = stack.pop() {
+        let Ok(meta) = std::fs::metadata(&p) else {
+            continue;
+        };
+        if meta.is_dir() {
+            if let Ok(entries) = std::fs::read_dir(&p) {
+                stack.extend(entries.flatten().map(|e| e.path()));
+            }
+        } else if let Ok(t) = meta.modified()
+            && newest.as_ref().is_none_or(|(_, n)| t > *n)
+        {
+            newest = Some((p, t));
+        }
+    }
+    newest
+}
+
+/// Lines a child process wrote, collected by a thread, that a test can wait on.
+#[derive(Default)]
+pub struct Lines {
+    state: Mutex<(Vec<String>, bool)>,
+    changed: Condvar,
+}
+
+impl Lines {
+    fn collect(stream: impl Read + Send + 'static) -> Arc<Lines> {
+        let lines = Arc::new(Lines::default());
+        let sink = Arc::clone(&lines);
+        std::thread::spawn(move || {
+            for line in BufReader::new(stream).lines() {
+                let Ok(line) = line else { break };
+                let mut st = sink.state.lock().unwrap();
+                st.0.push(line);
+                sink.changed.notify_all();
+            }
+            sink.state.lock().unwrap().1 = true;
+            sink.changed.notify_all();
+        });
+        lines
+    }
+
+    /// Everything so far, one line each.
+    pub fn text(&self) -> String {
+        self.state.lock().unwrap().0.join("\n")
+    }
+
+    /// Waits for the first line (from the beginning) that `pred` accepts.
+    pub fn wait_for(&self, what: &str, pred: impl Fn(&str) -> bool) -> String {
+        let deadline = Instant::now() + PATIENCE;
+        let mut st = self.state.lock().unwrap();
+        loop {
+            if let Some(line) = st.0.iter().find(|l| pred(l)) {
+                return line.clone();
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            assert!(
+                !st.1 && !left.is_zero(),
+                "gave up waiting for {what}; output so far:\n{}",
+                st.0.join("\n")
+            );
+            st = self.changed.wait_timeout(st, left).unwrap().0;
+        }
+    }
+}
+
+/// A child process whose output and exit can be waited on.
+pub struct Spawned {
+    pub pid: i32,
+    pub stdout: Arc<Lines>,
+    pub stderr: Arc<Lines>,
+    exit: Receiver<ExitStatus>,
+    status: Option<ExitStatus>,
+    name: String,
+}
+
+impl Spawned {
+    pub fn spawn(mut cmd: Command) -> Spawned {
+        let name = format!("{cmd:?}");
+        let mut child: Child = cmd
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {name}: {e}"));
+        let stdout = Lines::collect(child.stdout.take().expect("piped"));
+        let stderr = Lines::collect(child.stderr.take().expect("piped"));
+        let pid = child.id() as i32;
+        let (tx, exit) = channel();
+        std::thread::spawn(move || {
+            if let Ok(status) = child.wait() {
+                let _ = tx.send(status);
+            }
+        });
+        Spawned {
+            pid,
+            stdout,
+            stderr,
+            exit,
+            status: None,
+            name,
+        }
+    }
+
+    /// Waits for the process to exit.
+    pub fn wait(&mut self) -> ExitStatus {
+        if let Some(s) = self.status {
+            return s;
+        }
+        match self.exit.recv_timeout(PATIENCE) {
+            Ok(s) => {
+                self.status = Some(s);
+                s
+            }
+            Err(RecvTimeoutError::Timeout) => panic!(
+                "{} did not exit within {PATIENCE:?}\nstdout:\n{}\nstderr:\n{}",
+                self.name,
+                self.stdout.text(),
+                self.stderr.text()
+            ),
+            Err(RecvTimeoutError::Disconnected) => panic!("lost track of {}", self.name),
+        }
+    }
+
+    /// Whether it is still running (without waiting).
+    pub fn running(&mut self) -> bool {
+        if self.status.is_none()
+            && let Ok(s) = self.exit.try_recv()
+        {
+            self.status = Some(s);
+        }
+        self.status.is_none()
+    }
+
+    /// Sends a signal, if it is still running.
+    pub fn signal(&mut self, sig: libc::c_int) {
+        if self.running() {
+            // SAFETY: kill(2) on our own child's pid; it has not been reaped (still running).
+            unsafe {
+                libc::kill(self.pid, sig);
+            }
+        }
+    }
+}
+
+impl Drop for Spawned {
+    fn drop(&mut self) {
+        self.signal(libc::SIGKILL);
+    }
+}
+
+/// Whether a process with this pid exists (is not yet reaped).
+pub fn process_exists(pid: i32) -> bool {
+    // SAFETY: signal 0 only checks for existence and permission.
+    unsafe { libc::kill(pid, 0) == 0 }
+}
+
+/// A lockd process on a loopback port, logging JSON events the test can wait on.
+pub struct Lockd {
+    pub process: Spawned,
+    pub data_dir: PathBuf,
+    pub endpoint: String,
+}
+
+impl Lockd {
+    /// Starts lockd on `data_dir` with `extra` arguments and waits until it listens.
+    pub fn start(data_dir: &Path, extra: &[&str]) -> Lockd {
+        let mut cmd = Command::new(bin("lockd"));
+        cmd.arg("--data-dir")
+            .arg(data_dir)
+            .args([
+                "--listen",
+                "127.0.0.1:0",
+                "--log-format",
+                "json",
+                "--log",
+                "info,lockd_server=debug",
+            ])
+            .args(extra)
+            .env_remove("LOCKD_CONFIG");
+        let process = Spawned::spawn(cmd);
+        let listening = process.stderr.wait_for("lockd to listen", |l| {
+            event(l).is_some_and(|e| e["message"] == "listening")
+        });
+        let addr = event(&listening)
+            .and_then(|e| e["addr"].as_str().map(str::to_string))
+            .expect("listening event has addr");
+        Lockd {
+            process,
+            data_dir: data_dir.to_path_buf(),
+            endpoint: format!("http://{addr}"),
+        }
+    }
+
+    /// Waits for a log event with this message whose fields satisfy `pred`.
+    pub fn wait_event(&self, message: &str, pred: impl Fn(&Value) -> bool) -> Value {
+        let line = self
+            .process
+            .stderr
+            .wait_for(&format!("lockd event {message:?}"), |l| {
+                event(l).is_some_and(|e| e["message"] == message && pred(&e))
+            });
+        event(&line).expect("matched a JSON event")
+    }
+
+    /// `kill -9`, and waits until it is gone.
+    pub fn kill9(&mut self) {
+        self.process.signal(libc::SIGKILL);
+        self.process.wait();
+    }
+
+    /// A `lockctl` command aimed at this lockd.
+    pub fn lockctl(&self) -> Command {
+        let mut cmd = Command::new(bin("lockctl"));
+        cmd.env("LOCKD_ENDPOINT", &self.endpoint);
+        cmd
+    }
+}
+
+/// Parses one JSON log line.
+pub fn event(line: &str) -> Option<Value> {
+    serde_json::from_str(line).ok()
+}
+
+/// Runs a command to completion and returns (status, stdout, stderr).
+pub fn output(mut cmd: Command) -> (ExitStatus, String, String) {
+    let out = cmd
+        .stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
+    (
+        out.status,
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}

@@ -1,0 +1,266 @@
+//! lockctl against lockd.
+
+use e2e::{Lockd, Spawned, output, process_exists};
+
+use crate::json;
+
+fn acquire_json(lockd: &Lockd, args: &[&str]) -> serde_json::Value {
+    let mut cmd = lockd.lockctl();
+    cmd.args(["--json", "acquire"]).args(args);
+    let (status, stdout, stderr) = output(cmd);
+    assert!(
+        status.success(),
+        "acquire {args:?} failed: {status}\n{stderr}"
+    );
+    json(&stdout)
+}
+
+fn release(lockd: &Lockd, resource: &str, lease: &serde_json::Value) {
+    let mut cmd = lockd.lockctl();
+    cmd.args(["release", resource, lease["lease_id"].as_str().unwrap()]);
+    let (status, stdout, stderr) = output(cmd);
+    assert!(
+        status.success() && stdout.starts_with("released"),
+        "{status} {stdout} {stderr}"
+    );
+}
+
+fn describe(lockd: &Lockd, resource: &str) -> serde_json::Value {
+    let mut cmd = lockd.lockctl();
+    cmd.args(["--json", "describe", resource]);
+    let (status, stdout, stderr) = output(cmd);
+    assert!(status.success(), "{stderr}");
+    json(&stdout)
+}
+
+fn token(v: &serde_json::Value) -> u64 {
+    v["token"].as_u64().expect("token")
+}
+
+#[test]
+fn contention_waiting_and_fifo_hand_off() {
+    let dir = tempfile::tempdir().unwrap();
+    let lockd = Lockd::start(dir.path(), &[]);
+    let a = acquire_json(&lockd, &["fifo", "--ttl", "60s", "--holder", "A"]);
+
+    // Contention is an outcome with its own exit code, naming the holder.
+    let mut busy = lockd.lockctl();
+    busy.args(["acquire", "fifo", "--holder", "X"]);
+    let (status, _, stderr) = output(busy);
+    assert_eq!(status.code(), Some(3), "{stderr}");
+    assert!(
+        stderr.contains("busy")
+            && stderr.contains("\"A\"")
+            && stderr.contains(&format!("token {}", token(&a))),
+        "{stderr}"
+    );
+
+    // B, C and D queue in that order.
+    let mut waiters: Vec<Spawned> = Vec::new();
+    for (i, holder) in ["B", "C", "D"].iter().enumerate() {
+        let mut cmd = lockd.lockctl();
+        cmd.args([
+            "--json", "acquire", "fifo", "--ttl", "60s", "--wait", "60s", "--holder", holder,
+        ]);
+        waiters.push(Spawned::spawn(cmd));
+        lockd.wait_event("queued", |e| {
+            e["resource"] == "fifo" && e["position"] == i as u64 + 1
+        });
+    }
+    let d = describe(&lockd, "fifo");
+    assert_eq!(
+        (d["holder"].as_str(), d["waiters"].as_u64()),
+        (Some("A"), Some(3))
+    );
+
+    // Each release hands the lock to the head of the queue, and only to it.
+    let mut previous = a;
+    for (i, holder) in ["B", "C", "D"].iter().enumerate() {
+        release(&lockd, "fifo", &previous);
+        let status = waiters[i].wait();
+        assert!(status.success(), "{holder}: {}", waiters[i].stderr.text());
+        let granted = json(&waiters[i].stdout.text());
+        assert!(
+            token(&granted) > token(&previous),
+            "tokens rise with each hand-off"
+        );
+        for later in &mut waiters[i + 1..] {
+            assert!(later.running(), "a later waiter was served before {holder}");
+        }
+        let d = describe(&lockd, "fifo");
+        assert_eq!(d["holder"].as_str(), Some(*holder));
+        assert_eq!(d["token"], granted["token"]);
+        assert_eq!(d["waiters"].as_u64(), Some(2 - i as u64));
+        previous = granted;
+    }
+    release(&lockd, "fifo", &previous);
+    assert_eq!(describe(&lockd, "fifo")["held"], false);
+}
+
+#[test]
+fn a_retried_request_id_returns_the_original_grant() {
+    let dir = tempfile::tempdir().unwrap();
+    let lockd = Lockd::start(dir.path(), &[]);
+    let first = acquire_json(&lockd, &["dedup", "--request-id", "job-42", "--ttl", "60s"]);
+    let retry = acquire_json(&lockd, &["dedup", "--request-id", "job-42", "--ttl", "60s"]);
+    assert_eq!(first["lease_id"], retry["lease_id"]);
+    assert_eq!(first["token"], retry["token"]);
+    assert_eq!(
+        (first["duplicate"].as_bool(), retry["duplicate"].as_bool()),
+        (Some(false), Some(true))
+    );
+    // The same id for another resource is a client bug, refused with a clear message.
+    let mut other = lockd.lockctl();
+    other.args(["acquire", "elsewhere", "--request-id", "job-42"]);
+    let (status, _, stderr) = output(other);
+    assert_eq!(status.code(), Some(1));
+    assert!(stderr.contains("already used to acquire dedup"), "{stderr}");
+}
+
+#[test]
+fn a_killed_waiter_leaves_the_queue() {
+    let dir = tempfile::tempdir().unwrap();
+    let lockd = Lockd::start(dir.path(), &[]);
+    let holder = acquire_json(&lockd, &["gone", "--ttl", "60s"]);
+    let mut cmd = lockd.lockctl();
+    cmd.args(["acquire", "gone", "--wait", "60s"]);
+    let mut waiter = Spawned::spawn(cmd);
+    let queued = lockd.wait_event("queued", |e| e["resource"] == "gone");
+    assert_eq!(describe(&lockd, "gone")["waiters"].as_u64(), Some(1));
+
+    waiter.signal(libc::SIGKILL);
+    waiter.wait();
+    lockd.wait_event("waiter left: call cancelled or client disconnected", |e| {
+        e["waiter"] == queued["waiter"]
+    });
+    assert_eq!(describe(&lockd, "gone")["waiters"].as_u64(), Some(0));
+    // Released now, the lock goes to nobody: the dead waiter is not granted.
+    release(&lockd, "gone", &holder);
+    assert_eq!(describe(&lockd, "gone")["held"], false);
+}
+
+#[test]
+fn run_gives_the_command_its_token_and_returns_its_status() {
+    let dir = tempfile::tempdir().unwrap();
+    let lockd = Lockd::start(dir.path(), &[]);
+    let mut cmd = lockd.lockctl();
+    cmd.args([
+        "run",
+        "cron:nightly",
+        "--",
+        "sh",
+        "-c",
+        "echo \"$FENCING_RESOURCE $FENCING_TOKEN\"; exit 7",
+    ]);
+    let (status, stdout, stderr) = output(cmd);
+    assert_eq!(status.code(), Some(7), "{stderr}");
+    let (resource, tok) = stdout.trim().split_once(' ').expect("resource and token");
+    assert_eq!(resource, "cron:nightly");
+    assert!(tok.parse::<u64>().unwrap() >= 1);
+    assert_eq!(
+        describe(&lockd, "cron:nightly")["held"],
+        false,
+        "released when the command ended"
+    );
+
+    // Busy: the command does not run, and the exit code says "not granted".
+    let _held = acquire_json(&lockd, &["cron:nightly", "--ttl", "60s"]);
+    let marker = dir.path().join("ran");
+    let mut cmd = lockd.lockctl();
+    cmd.args(["run", "cron:nightly", "--", "touch"])
+        .arg(&marker);
+    let (status, _, stderr) = output(cmd);
+    assert_eq!(status.code(), Some(3), "{stderr}");
+    assert!(!marker.exists(), "the command ran without the lock");
+}
+
+#[test]
+fn run_stops_the_command_when_the_lease_is_lost() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut lockd = Lockd::start(dir.path(), &[]);
+    let mut cmd = lockd.lockctl();
+    // `exec` keeps the pid: the printed pid is the long-running command itself.
+    cmd.args([
+        "run",
+        "lost",
+        "--ttl",
+        "1s",
+        "--grace",
+        "10s",
+        "--",
+        "sh",
+        "-c",
+        "echo pid $$; exec sleep 600",
+    ]);
+    let mut run = Spawned::spawn(cmd);
+    let line = run
+        .stdout
+        .wait_for("the command to start", |l| l.starts_with("pid "));
+    let pid: i32 = line[4..].trim().parse().unwrap();
+    assert!(process_exists(pid));
+
+    // lockd stops answering: no renewal succeeds, the local deadline passes, the command stops.
+    lockd.process.signal(libc::SIGSTOP);
+    let status = run.wait();
+    lockd.process.signal(libc::SIGCONT);
+    assert_eq!(status.code(), Some(4), "{}", run.stderr.text());
+    assert!(
+        run.stderr.text().contains("was lost"),
+        "{}",
+        run.stderr.text()
+    );
+    assert!(
+        !process_exists(pid),
+        "the command is still running after its lease was lost"
+    );
+
+    // lockd, resumed, expires the lease on its own clock.
+    lockd.wait_event("lease expired without renewal", |e| e["resource"] == "lost");
+    assert_eq!(describe(&lockd, "lost")["held"], false);
+    lockd.kill9();
+}
+
+#[test]
+fn bad_input_gets_a_clear_error_and_the_documented_exit_code() {
+    let dir = tempfile::tempdir().unwrap();
+    let lockd = Lockd::start(dir.path(), &[]);
+    let long = "x".repeat(300);
+    let cases: Vec<(Vec<&str>, i32, &str)> = vec![
+        (vec!["acquire", "has space"], 1, "allowed are"),
+        (vec!["acquire", &long], 1, "limit is 256 bytes"),
+        (
+            vec!["acquire", "r", "--ttl", "10ms"],
+            1,
+            "outside the allowed range 100",
+        ),
+        (
+            vec!["acquire", "r", "--holder", "a\u{7}b"],
+            1,
+            "control characters",
+        ),
+        (
+            vec!["renew", "r", "not-a-lease"],
+            1,
+            "32 hexadecimal digits",
+        ),
+        (
+            vec!["renew", "r", "0123456789abcdef0123456789abcdef"],
+            4,
+            "not the current lease",
+        ),
+        (
+            vec!["acquire", "r", "--wait", "forever"],
+            2,
+            "invalid value",
+        ),
+    ];
+    for (args, code, needle) in cases {
+        let mut cmd = lockd.lockctl();
+        cmd.args(&args);
+        let (status, _, stderr) = output(cmd);
+        assert_eq!(status.code(), Some(code), "{args:?}: {stderr}");
+        assert!(stderr.contains(needle), "{args:?}: {stderr}");
+    }
+    // lockd is unharmed.
+    acquire_json(&lockd, &["still-serving"]);
+}

@@ -1,0 +1,19 @@
+//! lockd and lockctl end to end, through the real binaries.
+//!
+//! - `cli`: contention, waiting, FIFO order, de-duplication, waiter removal, describe, `run`;
+//! - `crash`: `kill -9` during a burst of grants, then restart on the same data directory;
+//! - `server`: start-up refusals, bad input, and a clean shutdown.
+//!
+//! Needs the binaries: `cargo build --bins` first (the harness says so if they are missing).
+
+mod cli;
+mod crash;
+mod server;
+
+use serde_json::Value;
+
+/// Parses the single JSON object a `--json` command printed.
+pub fn json(stdout: &str) -> Value {
+    serde_json::from_str(stdout.trim())
+        .unwrap_or_else(|e| panic!("not one JSON object ({e}): {stdout:?}"))
+}

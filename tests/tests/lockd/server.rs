@@ -1,0 +1,140 @@
+//! Start-up refusals and a clean shutdown.
+
+use std::process::Command;
+
+use e2e::{Lockd, bin, output};
+use lockd_proto::v1::acquire_response::Outcome;
+use lockd_proto::v1::lock_service_client::LockServiceClient;
+use lockd_proto::v1::{AcquireRequest, DescribeRequest, ReleaseRequest};
+
+#[test]
+fn a_second_lockd_on_the_same_data_directory_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let _first = Lockd::start(dir.path(), &[]);
+    let mut second = Command::new(bin("lockd"));
+    second
+        .arg("--data-dir")
+        .arg(dir.path())
+        .args(["--listen", "127.0.0.1:0"]);
+    let (status, _, stderr) = output(second);
+    assert_eq!(status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("in use by another lockd"), "{stderr}");
+}
+
+#[test]
+fn garbage_configuration_is_refused_before_anything_starts() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("lockd.toml");
+    std::fs::write(&config, "listen = 7420\n").unwrap();
+    for (args, env, needle) in [
+        (
+            vec!["--config", config.to_str().unwrap()],
+            None,
+            "is not valid",
+        ),
+        (
+            vec!["--ttl-min-ms", "0"],
+            None,
+            "ttl_min_ms must be at least 1",
+        ),
+        (
+            vec![],
+            Some(("LOCKD_LISTEN", "nowhere")),
+            "invalid socket address",
+        ),
+    ] {
+        let mut cmd = Command::new(bin("lockd"));
+        cmd.arg("--data-dir")
+            .arg(dir.path().join("data"))
+            .args(&args);
+        if let Some((k, v)) = env {
+            cmd.env(k, v);
+        }
+        let (status, _, stderr) = output(cmd);
+        assert_eq!(status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains(needle), "{args:?}: {stderr}");
+    }
+    assert!(
+        !dir.path().join("data").exists(),
+        "nothing is created for a refused configuration"
+    );
+}
+
+#[test]
+fn sigterm_ends_waits_flushes_the_store_and_exits_cleanly() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut lockd = Lockd::start(dir.path(), &[]);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let endpoint = lockd.endpoint.clone();
+    let acquire = |resource: &str, wait_ms| AcquireRequest {
+        resource: resource.to_string(),
+        ttl_ms: 600_000,
+        wait_timeout_ms: wait_ms,
+        ..Default::default()
+    };
+    let client = rt.block_on(async {
+        let mut client = LockServiceClient::connect(endpoint).await.unwrap();
+        // `released` is released just before the shutdown: a lazily synced release that the
+        // clean shutdown must flush. `held` stays held.
+        let Some(Outcome::Granted(l)) = client
+            .acquire(acquire("released", 0))
+            .await
+            .unwrap()
+            .into_inner()
+            .outcome
+        else {
+            panic!()
+        };
+        client
+            .release(ReleaseRequest {
+                resource: "released".into(),
+                lease_id: l.lease_id,
+            })
+            .await
+            .unwrap();
+        client.acquire(acquire("held", 0)).await.unwrap();
+        client
+    });
+    let mut waiter = client.clone();
+    let waiting = rt.spawn(async move { waiter.acquire(acquire("held", 60_000)).await });
+    lockd.wait_event("queued", |e| e["resource"] == "held");
+    lockd.process.signal(libc::SIGTERM);
+    let status = lockd.process.wait();
+    assert!(
+        status.success(),
+        "lockd exited with {status}: {}",
+        lockd.process.stderr.text()
+    );
+    let ended = rt
+        .block_on(waiting)
+        .unwrap()
+        .expect_err("the wait ends with an error");
+    assert_eq!(ended.code(), tonic::Code::Unavailable, "{ended}");
+    assert_eq!(
+        ended.metadata().get("lockd-error").unwrap(),
+        "shutting_down"
+    );
+
+    let lockd = Lockd::start(dir.path(), &[]);
+    rt.block_on(async {
+        let mut client = LockServiceClient::connect(lockd.endpoint.clone())
+            .await
+            .unwrap();
+        let d = |r: &str| DescribeRequest {
+            resource: r.to_string(),
+        };
+        assert!(
+            !client
+                .describe(d("released"))
+                .await
+                .unwrap()
+                .into_inner()
+                .held,
+            "the release was not flushed"
+        );
+        assert!(
+            client.describe(d("held")).await.unwrap().into_inner().held,
+            "the grant was lost"
+        );
+    });
+}
