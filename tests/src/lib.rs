@@ -66,6 +66,7 @@ fn crates_of(name: &str) -> &'static [&'static str] {
             "lockd-server",
         ],
         "lockctl" => &["fencing", "lockd-proto", "lockd-client"],
+        "cron-dedup" => &["../examples/cron-dedup"],
         _ => &[],
     }
 }
@@ -125,10 +126,15 @@ impl Lines {
 
     /// Waits for the first line (from the beginning) that `pred` accepts.
     pub fn wait_for(&self, what: &str, pred: impl Fn(&str) -> bool) -> String {
+        self.wait_for_nth(what, 1, pred)
+    }
+
+    /// Waits until `n` lines (counted from the beginning) satisfy `pred`; returns the n-th.
+    pub fn wait_for_nth(&self, what: &str, n: usize, pred: impl Fn(&str) -> bool) -> String {
         let deadline = Instant::now() + PATIENCE;
         let mut st = self.state.lock().unwrap();
         loop {
-            if let Some(line) = st.0.iter().find(|l| pred(l)) {
+            if let Some(line) = st.0.iter().filter(|l| pred(l)).nth(n - 1) {
                 return line.clone();
             }
             let left = deadline.saturating_duration_since(Instant::now());
@@ -243,12 +249,17 @@ pub struct Lockd {
 impl Lockd {
     /// Starts lockd on `data_dir` with `extra` arguments and waits until it listens.
     pub fn start(data_dir: &Path, extra: &[&str]) -> Lockd {
+        Lockd::start_on(data_dir, "127.0.0.1:0", extra)
+    }
+
+    /// Like [`Lockd::start`], on a given address.
+    pub fn start_on(data_dir: &Path, listen: &str, extra: &[&str]) -> Lockd {
         let mut cmd = Command::new(bin("lockd"));
         cmd.arg("--data-dir")
             .arg(data_dir)
             .args([
                 "--listen",
-                "127.0.0.1:0",
+                listen,
                 "--log-format",
                 "json",
                 "--log",
@@ -272,12 +283,15 @@ impl Lockd {
 
     /// Waits for a log event with this message whose fields satisfy `pred`.
     pub fn wait_event(&self, message: &str, pred: impl Fn(&Value) -> bool) -> Value {
-        let line = self
-            .process
-            .stderr
-            .wait_for(&format!("lockd event {message:?}"), |l| {
-                event(l).is_some_and(|e| e["message"] == message && pred(&e))
-            });
+        self.wait_events(message, 1, pred)
+    }
+
+    /// Waits until `n` log events with this message satisfy `pred`; returns the n-th.
+    pub fn wait_events(&self, message: &str, n: usize, pred: impl Fn(&Value) -> bool) -> Value {
+        let what = format!("{n} lockd event(s) {message:?}");
+        let line = self.process.stderr.wait_for_nth(&what, n, |l| {
+            event(l).is_some_and(|e| e["message"] == message && pred(&e))
+        });
         event(&line).expect("matched a JSON event")
     }
 
@@ -293,6 +307,13 @@ impl Lockd {
         cmd.env("LOCKD_ENDPOINT", &self.endpoint);
         cmd
     }
+}
+
+/// A loopback address with a port that was free a moment ago (for servers that must start
+/// after their clients already know where to find them).
+pub fn free_loopback_addr() -> String {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
+    l.local_addr().expect("local address").to_string()
 }
 
 /// Parses one JSON log line.

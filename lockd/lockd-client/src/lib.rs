@@ -5,7 +5,7 @@
 //! use lockd_client::{Acquired, AcquireOptions, Client};
 //! use std::time::Duration;
 //!
-//! let client = Client::connect("http://127.0.0.1:7420")?;
+//! let client = Client::connect("http://127.0.0.1:7420")?; // inside a Tokio runtime
 //! let opts = AcquireOptions { wait: Duration::from_secs(10), ..AcquireOptions::default() };
 //! match client.acquire("inventory:sku-1001", opts).await? {
 //!     Acquired::Granted(guard) => {
@@ -238,7 +238,7 @@ pub struct Client {
 
 impl Client {
     /// A client for `endpoint` (e.g. `http://127.0.0.1:7420`). Connects lazily: a lockd that is
-    /// down shows up as retried, then failed, calls.
+    /// down shows up as retried, then failed, calls. Must be called within a Tokio runtime.
     pub fn connect(endpoint: &str) -> Result<Client, ClientError> {
         let bad = |reason: String| ClientError::Endpoint {
             endpoint: endpoint.to_string(),

@@ -265,9 +265,10 @@ impl Driver {
             let result = st.core.renew(self.clock.now(), resource, lease_id, &mut fx);
             (result, self.apply(&mut st, fx))
         };
-        if result.is_err() {
+        match &result {
+            Ok(r) => debug!(%resource, expires_at = r.expires_at, "renewed"),
             // The error names the current holder's token: show it only once it is durable.
-            self.writer.wait(seq).await?;
+            Err(_) => self.writer.wait(seq).await?,
         }
         Ok(result?)
     }

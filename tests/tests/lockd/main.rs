@@ -2,12 +2,15 @@
 //!
 //! - `cli`: contention, waiting, FIFO order, de-duplication, waiter removal, describe, `run`;
 //! - `crash`: `kill -9` during a burst of grants, then restart on the same data directory;
+//! - `sdk`: the client library: renewal, the lost signal, retries while lockd is down;
 //! - `server`: start-up refusals, bad input, and a clean shutdown.
 //!
 //! Needs the binaries: `cargo build --bins` first (the harness says so if they are missing).
 
 mod cli;
 mod crash;
+mod demo;
+mod sdk;
 mod server;
 
 use serde_json::Value;
