@@ -156,9 +156,14 @@ pub fn default_holder() -> String {
     format!("{host}:{}", std::process::id())
 }
 
-/// A fresh random request id (128 bits, hex).
+/// A fresh random request id: 128 bits as 22 URL-safe base64 characters (short enough for
+/// lockd to keep inline, without a heap allocation per remembered request).
 pub fn new_request_id() -> String {
-    format!("{:032x}", rand::random::<u128>())
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+    let bits = rand::random::<u128>();
+    (0..22)
+        .map(|i| ALPHABET[((bits >> (6 * i)) & 63) as usize] as char)
+        .collect()
 }
 
 /// The result of an acquire.
@@ -464,8 +469,11 @@ mod tests {
     #[test]
     fn request_ids_are_fresh_and_valid() {
         let a = new_request_id();
-        assert_eq!(a.len(), 32);
-        assert!(a.bytes().all(|b| b.is_ascii_hexdigit()));
+        assert_eq!(a.len(), 22);
+        assert!(
+            a.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        );
         assert_ne!(a, new_request_id());
     }
 }

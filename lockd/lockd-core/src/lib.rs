@@ -17,6 +17,7 @@
 //! answering it), parsing of wire messages, or deciding what time it is.
 
 mod error;
+mod leases;
 pub mod limits;
 mod machine;
 mod outcome;

@@ -27,11 +27,12 @@
 //! advancing are given their full TTL from `now`, the moment the driver can actually deliver
 //! them.
 
-use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
 
 use fencing::{FencingToken, LeaseId, ResourceName};
 
 use crate::error::{AcquireError, RecoverError, RenewError};
+use crate::leases::{LeaseTable, NewLease};
 use crate::limits::Limits;
 use crate::outcome::{
     AcquireOutcome, Busy, Description, Effect, Grant, HeldBy, ReleaseOutcome, Renewed,
@@ -71,14 +72,6 @@ pub struct Stats {
     pub requests: usize,
 }
 
-struct Lease {
-    lease_id: LeaseId,
-    token: FencingToken,
-    holder: Holder,
-    ttl_ms: u64,
-    expires_at: Millis,
-}
-
 struct Waiter {
     resource: ResourceName,
     request_id: Option<RequestId>,
@@ -87,40 +80,20 @@ struct Waiter {
     deadline: Millis,
 }
 
-/// What a request id is remembered with (enough to answer a retry).
-struct Remembered {
-    resource: ResourceName,
-    lease_id: LeaseId,
-    token: FencingToken,
-    ttl_ms: u64,
-}
-
-/// Something that falls due at a time. The variant order is the tie-break at equal times:
-/// lease expiries before waiter timeouts (see the module docs).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-enum Due {
-    Lease(FencingToken),
-    Waiter(WaiterId),
-}
-
 /// The lock state machine. See the module documentation.
 pub struct Core {
     limits: Limits,
     ids: Box<dyn LeaseIdSource>,
     now: Millis,
     last_token: Option<FencingToken>,
-    leases: HashMap<ResourceName, Lease>,
+    leases: LeaseTable,
     /// Only resources with waiters have an entry; every entry is non-empty.
     queues: HashMap<ResourceName, VecDeque<WaiterId>>,
     waiters: HashMap<WaiterId, Waiter>,
     waiting_requests: HashMap<RequestId, WaiterId>,
     next_waiter: u64,
-    /// Every lease expiry and waiter deadline, each exactly once (entries are removed eagerly
-    /// when a lease is renewed or ends, or a waiter leaves).
-    deadlines: BTreeMap<(Millis, Due), ResourceName>,
-    requests: HashMap<RequestId, Remembered>,
-    /// Request ids in the order their retention started (a FIFO, because time only grows).
-    request_order: VecDeque<(Millis, RequestId)>,
+    /// Every waiter's deadline, exactly once (removed eagerly when a waiter leaves).
+    wait_deadlines: BTreeSet<(Millis, WaiterId)>,
 }
 
 impl Core {
@@ -131,14 +104,12 @@ impl Core {
             ids,
             now: 0,
             last_token: None,
-            leases: HashMap::new(),
+            leases: LeaseTable::default(),
             queues: HashMap::new(),
             waiters: HashMap::new(),
             waiting_requests: HashMap::new(),
             next_waiter: 1,
-            deadlines: BTreeMap::new(),
-            requests: HashMap::new(),
-            request_order: VecDeque::new(),
+            wait_deadlines: BTreeSet::new(),
         }
     }
 
@@ -170,13 +141,13 @@ impl Core {
             if !tokens.insert(rec.token) {
                 return Err(RecoverError::DuplicateToken { token: rec.token });
             }
-            if core.leases.contains_key(&rec.resource) {
+            if core.leases.held(rec.resource.as_str()).is_some() {
                 return Err(RecoverError::DuplicateResource {
                     resource: rec.resource,
                 });
             }
-            if rec.ttl_ms == 0 {
-                return Err(invalid("ttl_ms is 0"));
+            if rec.ttl_ms == 0 || rec.ttl_ms > u64::from(u32::MAX) {
+                return Err(invalid("ttl_ms is 0 or above u32::MAX"));
             }
             if rec
                 .request_id
@@ -185,19 +156,15 @@ impl Core {
             {
                 return Err(invalid("bad request id"));
             }
-            let expires_at = now.saturating_add(rec.ttl_ms);
-            core.deadlines
-                .insert((expires_at, Due::Lease(rec.token)), rec.resource.clone());
-            core.leases.insert(
-                rec.resource,
-                Lease {
-                    lease_id: rec.lease_id,
-                    token: rec.token,
-                    holder: Holder::from_persisted(&rec.holder),
-                    ttl_ms: rec.ttl_ms,
-                    expires_at,
-                },
-            );
+            let lease = NewLease {
+                lease_id: rec.lease_id,
+                token: rec.token,
+                holder: Holder::from_persisted(&rec.holder),
+                ttl_ms: rec.ttl_ms,
+                expires_at: now.saturating_add(rec.ttl_ms),
+                request: None,
+            };
+            core.leases.insert(&rec.resource, lease, now);
         }
         for rec in snapshot.requests {
             let id = rec
@@ -217,16 +184,15 @@ impl Core {
                     last_token: snapshot.last_token,
                 });
             }
-            core.requests.insert(
-                id.clone(),
-                Remembered {
-                    resource: rec.resource,
-                    lease_id: rec.lease_id,
-                    token: rec.token,
-                    ttl_ms: rec.ttl_ms,
-                },
-            );
-            core.request_order.push_back((now, id));
+            let lease = NewLease {
+                lease_id: rec.lease_id,
+                token: rec.token,
+                holder: Holder::from_persisted(&rec.holder),
+                ttl_ms: rec.ttl_ms,
+                expires_at: now,
+                request: Some(id),
+            };
+            core.leases.restore_request(&rec.resource, lease, now);
         }
         Ok(core)
     }
@@ -247,9 +213,9 @@ impl Core {
 
     pub fn stats(&self) -> Stats {
         Stats {
-            leases: self.leases.len(),
+            leases: self.leases.held_count(),
             waiters: self.waiters.len(),
-            requests: self.requests.len(),
+            requests: self.leases.remembered_count(),
         }
     }
 
@@ -257,7 +223,12 @@ impl Core {
     /// deadline), if anything is pending. Request-id retention is not a deadline: forgetting is
     /// done on the way, by whatever call comes next.
     pub fn next_deadline(&self) -> Option<Millis> {
-        self.deadlines.first_key_value().map(|(&(at, _), _)| at)
+        let lease = self.leases.next_expiry();
+        let wait = self.wait_deadlines.first().map(|&(at, _)| at);
+        match (lease, wait) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     /// Advances the machine to `now`: expires leases, hands locks to waiters, ends waits.
@@ -276,14 +247,14 @@ impl Core {
         let ttl_ms = self.limits.ttl(req.ttl_ms)?;
         let wait_ms = self.limits.wait(req.wait_ms)?;
         if let Some(id) = &req.request_id {
-            if let Some(rem) = self.requests.get(id) {
-                return self.duplicate(id, rem, &req.resource);
+            if let Some(outcome) = self.duplicate(id, &req.resource) {
+                return outcome;
             }
             if let Some(&waiter) = self.waiting_requests.get(id) {
                 return self.rejoin(waiter, req, ttl_ms, wait_ms);
             }
         }
-        if self.leases.contains_key(&req.resource) {
+        if self.leases.held(req.resource.as_str()).is_some() {
             if wait_ms == 0 {
                 return Ok(AcquireOutcome::Busy(
                     self.busy(&req.resource).expect("held"),
@@ -291,7 +262,7 @@ impl Core {
             }
             return self.enqueue(req, ttl_ms, wait_ms);
         }
-        if self.leases.len() >= self.limits.leases_max {
+        if self.leases.held_count() >= self.limits.leases_max {
             return Err(AcquireError::LeasesExhausted {
                 max: self.limits.leases_max,
             });
@@ -310,24 +281,11 @@ impl Core {
         fx: &mut Vec<Effect>,
     ) -> Result<Renewed, RenewError> {
         self.advance(now, fx);
-        match self.leases.get_mut(resource) {
-            Some(lease) if lease.lease_id == lease_id => {
-                let old = (lease.expires_at, Due::Lease(lease.token));
-                lease.expires_at = self.now.saturating_add(lease.ttl_ms);
-                let removed = self.deadlines.remove(&old);
-                debug_assert!(removed.is_some(), "a held lease always has its deadline");
-                self.deadlines.insert(
-                    (lease.expires_at, Due::Lease(lease.token)),
-                    resource.clone(),
-                );
-                Ok(Renewed {
-                    expires_at: lease.expires_at,
-                    ttl_ms: lease.ttl_ms,
-                })
-            }
-            other => Err(RenewError::NotCurrent {
+        match self.leases.renew(resource.as_str(), lease_id, self.now) {
+            Ok((expires_at, ttl_ms)) => Ok(Renewed { expires_at, ttl_ms }),
+            Err(current) => Err(RenewError::NotCurrent {
                 resource: resource.clone(),
-                current: other.map(|l| l.token),
+                current,
             }),
         }
     }
@@ -341,7 +299,7 @@ impl Core {
         fx: &mut Vec<Effect>,
     ) -> ReleaseOutcome {
         self.advance(now, fx);
-        match self.leases.get(resource) {
+        match self.leases.held(resource.as_str()) {
             Some(lease) if lease.lease_id == lease_id => {}
             other => {
                 return ReleaseOutcome::NotHeld {
@@ -349,9 +307,13 @@ impl Core {
                 };
             }
         }
-        let lease = self.end_lease(resource, fx);
+        let ended = self.leases.end(resource.as_str());
+        fx.push(Effect::Persist(Op::Remove {
+            resource: resource.clone(),
+            lease_id: ended.lease_id,
+        }));
         self.hand_off(resource, fx);
-        ReleaseOutcome::Released { token: lease.token }
+        ReleaseOutcome::Released { token: ended.token }
     }
 
     /// Takes a waiter out of its queue (its client cancelled or disconnected). Returns `false`
@@ -376,11 +338,11 @@ impl Core {
     ) -> Description {
         self.advance(now, fx);
         Description {
-            held: self.leases.get(resource).map(|l| HeldBy {
+            held: self.leases.held(resource.as_str()).map(|l| HeldBy {
                 holder: l.holder.clone(),
                 token: l.token,
                 expires_at: l.expires_at,
-                ttl_ms: l.ttl_ms,
+                ttl_ms: l.ttl_ms(),
             }),
             waiters: self.queues.get(resource).map_or(0, VecDeque::len),
         }
@@ -390,39 +352,43 @@ impl Core {
 
     fn advance(&mut self, now: Millis, fx: &mut Vec<Effect>) {
         self.now = self.now.max(now);
-        while let Some(entry) = self.deadlines.first_entry() {
-            let (at, due) = *entry.key();
-            if at > self.now {
-                break;
-            }
-            let resource = entry.remove();
-            match due {
-                Due::Lease(token) => self.expire(&resource, token, fx),
-                Due::Waiter(waiter) => self.time_out(waiter, fx),
+        loop {
+            // The earliest of the next expiry and the next wait deadline; at equal times the
+            // expiry first (see the module docs).
+            let expiry = self.leases.next_expiry().filter(|&at| at <= self.now);
+            let wait = self
+                .wait_deadlines
+                .first()
+                .copied()
+                .filter(|&(at, _)| at <= self.now);
+            match (expiry, wait) {
+                (Some(e), Some((w, _))) if e <= w => self.expire_next(fx),
+                (Some(_), None) => self.expire_next(fx),
+                (_, Some((_, waiter))) => self.time_out(waiter, fx),
+                (None, None) => break,
             }
         }
-        self.forget_requests(fx);
+        let now = self.now;
+        self.leases
+            .forget_requests(now, self.limits.request_retention_ms, |id| {
+                fx.push(Effect::Persist(Op::ForgetRequest {
+                    request_id: id.as_str().to_string(),
+                }));
+            });
     }
 
-    fn expire(&mut self, resource: &ResourceName, token: FencingToken, fx: &mut Vec<Effect>) {
-        let lease = self
-            .leases
-            .remove(resource)
-            .expect("a lease deadline always names a held lease");
-        assert_eq!(
-            lease.token, token,
-            "a lease deadline names the current lease"
-        );
+    fn expire_next(&mut self, fx: &mut Vec<Effect>) {
+        let (resource, ended) = self.leases.expire_next(self.now).expect("an expiry is due");
         fx.push(Effect::Persist(Op::Remove {
             resource: resource.clone(),
-            lease_id: lease.lease_id,
+            lease_id: ended.lease_id,
         }));
         fx.push(Effect::Expired {
             resource: resource.clone(),
-            token,
-            holder: lease.holder,
+            token: ended.token,
+            holder: ended.holder,
         });
-        self.hand_off(resource, fx);
+        self.hand_off(&resource, fx);
     }
 
     fn time_out(&mut self, waiter: WaiterId, fx: &mut Vec<Effect>) {
@@ -430,62 +396,34 @@ impl Core {
             .waiters
             .remove(&waiter)
             .expect("a wait deadline always names a waiter");
-        self.unqueue(&w.resource, waiter);
-        if let Some(id) = &w.request_id {
-            self.waiting_requests.remove(id);
-        }
+        self.forget_waiter(waiter, &w);
         let busy = self.busy(&w.resource);
         debug_assert!(busy.is_some(), "waiters wait only on held resources");
         fx.push(Effect::WaitTimedOut { waiter, busy });
     }
 
-    /// Removes the current lease of `resource` (which must exist) and records the removal.
-    fn end_lease(&mut self, resource: &ResourceName, fx: &mut Vec<Effect>) -> Lease {
-        let lease = self
-            .leases
-            .remove(resource)
-            .expect("end_lease of a held resource");
-        let removed = self
-            .deadlines
-            .remove(&(lease.expires_at, Due::Lease(lease.token)));
-        debug_assert!(removed.is_some(), "a held lease always has its deadline");
-        fx.push(Effect::Persist(Op::Remove {
-            resource: resource.clone(),
-            lease_id: lease.lease_id,
-        }));
-        lease
-    }
-
-    /// Grants the freed lock of `resource` to the head of its queue, if any.
     fn hand_off(&mut self, resource: &ResourceName, fx: &mut Vec<Effect>) {
         let Some(queue) = self.queues.get_mut(resource) else {
             return;
         };
         let waiter = queue.pop_front().expect("queues in the map are non-empty");
-        if queue.is_empty() {
-            self.queues.remove(resource);
-        }
         let w = self
             .waiters
             .remove(&waiter)
             .expect("queued waiters are known");
-        self.deadlines.remove(&(w.deadline, Due::Waiter(waiter)));
-        if let Some(id) = &w.request_id {
-            self.waiting_requests.remove(id);
-        }
+        self.forget_waiter(waiter, &w);
         match self.grant(resource, w.request_id, w.holder, w.ttl_ms, fx) {
             Ok(grant) => fx.push(Effect::Granted { waiter, grant }),
             Err(_) => {
                 // Only token exhaustion can fail a grant: nobody can be granted any more, so
                 // every waiter of the resource ends its wait now rather than wait in vain.
                 fx.push(Effect::WaitTimedOut { waiter, busy: None });
-                for other in self.queues.remove(resource).unwrap_or_default() {
-                    if let Some(w) = self.waiters.remove(&other) {
-                        self.deadlines.remove(&(w.deadline, Due::Waiter(other)));
-                        if let Some(id) = &w.request_id {
-                            self.waiting_requests.remove(id);
-                        }
-                    }
+                for other in self.queues.get(resource).cloned().unwrap_or_default() {
+                    let w = self
+                        .waiters
+                        .remove(&other)
+                        .expect("queued waiters are known");
+                    self.forget_waiter(other, &w);
                     fx.push(Effect::WaitTimedOut {
                         waiter: other,
                         busy: None,
@@ -511,18 +449,6 @@ impl Core {
         self.last_token = Some(token);
         let lease_id = self.ids.next_lease_id();
         let expires_at = self.now.saturating_add(ttl_ms);
-        if let Some(id) = &request_id {
-            self.requests.insert(
-                id.clone(),
-                Remembered {
-                    resource: resource.clone(),
-                    lease_id,
-                    token,
-                    ttl_ms,
-                },
-            );
-            self.request_order.push_back((self.now, id.clone()));
-        }
         fx.push(Effect::Persist(Op::Grant(LeaseRecord {
             resource: resource.clone(),
             lease_id,
@@ -531,20 +457,17 @@ impl Core {
             ttl_ms,
             request_id: request_id.as_ref().map(|id| id.as_str().to_string()),
         })));
-        self.deadlines
-            .insert((expires_at, Due::Lease(token)), resource.clone());
-        let previous = self.leases.insert(
-            resource.clone(),
-            Lease {
-                lease_id,
-                token,
-                holder,
-                ttl_ms,
-                expires_at,
-            },
-        );
-        // Invariant 1 (single holder). A breach is a bug: stop rather than hand out a second lock.
-        assert!(previous.is_none(), "granted {resource} while it was held");
+        // Invariant 1 (single holder): the table asserts the resource is free. A breach is a
+        // bug: stop rather than hand out a second lock.
+        let lease = NewLease {
+            lease_id,
+            token,
+            holder,
+            ttl_ms,
+            expires_at,
+            request: request_id,
+        };
+        self.leases.insert(resource, lease, self.now);
         Ok(Grant {
             resource: resource.clone(),
             lease_id,
@@ -554,34 +477,32 @@ impl Core {
         })
     }
 
+    /// The original answer to a retried request id, if it is remembered.
     fn duplicate(
         &self,
         id: &RequestId,
-        rem: &Remembered,
         resource: &ResourceName,
-    ) -> Result<AcquireOutcome, AcquireError> {
-        if rem.resource != *resource {
-            return Err(AcquireError::RequestIdReused {
+    ) -> Option<Result<AcquireOutcome, AcquireError>> {
+        let rem = self.leases.remembered(id)?;
+        let original = rem.name();
+        if original != *resource {
+            return Some(Err(AcquireError::RequestIdReused {
                 request_id: id.as_str().to_string(),
-                original: rem.resource.clone(),
+                original,
                 requested: resource.clone(),
-            });
+            }));
         }
-        let current = self
-            .leases
-            .get(&rem.resource)
-            .filter(|l| l.token == rem.token);
         let grant = Grant {
-            resource: rem.resource.clone(),
+            resource: original,
             lease_id: rem.lease_id,
             token: rem.token,
-            ttl_ms: rem.ttl_ms,
-            expires_at: current.map_or(self.now, |l| l.expires_at),
+            ttl_ms: rem.ttl_ms(),
+            expires_at: if rem.held() { rem.expires_at } else { self.now },
         };
-        Ok(AcquireOutcome::Duplicate {
+        Some(Ok(AcquireOutcome::Duplicate {
             grant,
-            held: current.is_some(),
-        })
+            held: rem.held(),
+        }))
     }
 
     fn rejoin(
@@ -605,15 +526,12 @@ impl Core {
                 requested: req.resource,
             });
         }
-        let resource = self
-            .deadlines
-            .remove(&(w.deadline, Due::Waiter(waiter)))
-            .expect("waiters have deadlines");
+        let removed = self.wait_deadlines.remove(&(w.deadline, waiter));
+        debug_assert!(removed, "waiters have deadlines");
         w.deadline = self.now.saturating_add(wait_ms);
         w.ttl_ms = ttl_ms;
         w.holder = req.holder;
-        self.deadlines
-            .insert((w.deadline, Due::Waiter(waiter)), resource);
+        self.wait_deadlines.insert((w.deadline, waiter));
         let position = self.position(&req.resource, waiter);
         Ok(AcquireOutcome::Rejoined { waiter, position })
     }
@@ -640,8 +558,7 @@ impl Core {
         let waiter = WaiterId(self.next_waiter);
         self.next_waiter += 1;
         let deadline = self.now.saturating_add(wait_ms);
-        self.deadlines
-            .insert((deadline, Due::Waiter(waiter)), req.resource.clone());
+        self.wait_deadlines.insert((deadline, waiter));
         if let Some(id) = &req.request_id {
             self.waiting_requests.insert(id.clone(), waiter);
         }
@@ -665,7 +582,7 @@ impl Core {
     /// when they queue, so the table can exceed `requests_max` by at most the waiters granted
     /// later (bounded by `waiters_total_max`).
     fn check_request_room(&self, req: &AcquireRequest) -> Result<(), AcquireError> {
-        if req.request_id.is_some() && self.requests.len() >= self.limits.requests_max {
+        if req.request_id.is_some() && self.leases.remembered_count() >= self.limits.requests_max {
             return Err(AcquireError::RequestsExhausted {
                 max: self.limits.requests_max,
             });
@@ -673,27 +590,22 @@ impl Core {
         Ok(())
     }
 
+    /// Removes every trace of a waiter that has already been taken out of `waiters`.
     fn forget_waiter(&mut self, waiter: WaiterId, w: &Waiter) {
-        self.deadlines.remove(&(w.deadline, Due::Waiter(waiter)));
-        self.unqueue(&w.resource, waiter);
+        self.wait_deadlines.remove(&(w.deadline, waiter));
         if let Some(id) = &w.request_id {
             self.waiting_requests.remove(id);
         }
-    }
-
-    fn unqueue(&mut self, resource: &ResourceName, waiter: WaiterId) {
         let queue = self
             .queues
-            .get_mut(resource)
+            .get_mut(&w.resource)
             .expect("a waiter's resource has a queue");
         // Queues are bounded by `waiters_per_resource_max`, so a linear search is fine.
-        let at = queue
-            .iter()
-            .position(|&w| w == waiter)
-            .expect("a waiter is in its resource's queue");
-        queue.remove(at);
+        if let Some(at) = queue.iter().position(|&q| q == waiter) {
+            queue.remove(at);
+        }
         if queue.is_empty() {
-            self.queues.remove(resource);
+            self.queues.remove(&w.resource);
         }
     }
 
@@ -707,39 +619,12 @@ impl Core {
     }
 
     fn busy(&self, resource: &ResourceName) -> Option<Busy> {
-        let lease = self.leases.get(resource)?;
+        let lease = self.leases.held(resource.as_str())?;
         Some(Busy {
             holder: lease.holder.clone(),
             token: lease.token,
             expires_at: lease.expires_at,
             waiters: self.queues.get(resource).map_or(0, VecDeque::len),
         })
-    }
-
-    /// Forgets request ids whose retention ended, except those whose lease is still held
-    /// (a retry must keep finding its own lease rather than queue behind it).
-    fn forget_requests(&mut self, fx: &mut Vec<Effect>) {
-        let retention = self.limits.request_retention_ms;
-        while let Some(&(since, _)) = self.request_order.front() {
-            if since.saturating_add(retention) > self.now {
-                break;
-            }
-            let (_, id) = self.request_order.pop_front().expect("front exists");
-            let Some(rem) = self.requests.get(&id) else {
-                continue;
-            };
-            let held = self
-                .leases
-                .get(&rem.resource)
-                .is_some_and(|l| l.token == rem.token);
-            if held {
-                self.request_order.push_back((self.now, id));
-            } else {
-                self.requests.remove(&id);
-                fx.push(Effect::Persist(Op::ForgetRequest {
-                    request_id: id.as_str().to_string(),
-                }));
-            }
-        }
     }
 }

@@ -1,7 +1,12 @@
 //! Small newtypes of the core: time, request ids, holders, waiter ids.
+//!
+//! Request ids and holders are kept once per lease, a million times over in a big lockd, so
+//! they are compact strings: up to 24 bytes are stored inline, without a heap allocation (the
+//! SDK's request ids are 22 characters for that reason).
 
 use std::fmt;
-use std::sync::Arc;
+
+use compact_str::CompactString;
 
 use crate::error::InvalidArgument;
 use crate::limits::Limits;
@@ -14,7 +19,7 @@ pub type Millis = u64;
 /// A client-chosen id that makes an Acquire idempotent: a retry with the same id gets the
 /// original grant back (invariant 6). Printable ASCII without spaces, bounded length.
 #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct RequestId(Arc<str>);
+pub struct RequestId(CompactString);
 
 impl RequestId {
     pub fn new(id: &str, limits: &Limits) -> Result<RequestId, InvalidArgument> {
@@ -27,14 +32,14 @@ impl RequestId {
         if id.is_empty() || !id.bytes().all(|b| b.is_ascii_graphic()) {
             return Err(InvalidArgument::RequestIdCharacters);
         }
-        Ok(RequestId(Arc::from(id)))
+        Ok(RequestId(CompactString::new(id)))
     }
 
     /// Rebuilds an id read back from the store. Only the alphabet is checked: the length limit
     /// may have been lowered since the id was accepted, and a remembered id must stay usable.
     pub fn from_persisted(id: &str) -> Option<RequestId> {
         (!id.is_empty() && id.bytes().all(|b| b.is_ascii_graphic()))
-            .then(|| RequestId(Arc::from(id)))
+            .then(|| RequestId(CompactString::new(id)))
     }
 
     pub fn as_str(&self) -> &str {
@@ -57,7 +62,7 @@ impl fmt::Display for RequestId {
 /// Free text that says who holds a lock (host, process, purpose); shown by Describe, never used
 /// for decisions. May be empty.
 #[derive(Clone, PartialEq, Eq, Hash, Default)]
-pub struct Holder(Box<str>);
+pub struct Holder(CompactString);
 
 impl Holder {
     pub fn new(holder: &str, limits: &Limits) -> Result<Holder, InvalidArgument> {
@@ -70,12 +75,12 @@ impl Holder {
         if holder.chars().any(char::is_control) {
             return Err(InvalidArgument::HolderCharacters);
         }
-        Ok(Holder(Box::from(holder)))
+        Ok(Holder(CompactString::new(holder)))
     }
 
     /// Rebuilds a holder read back from the store (no limit check, see `RequestId::from_persisted`).
     pub fn from_persisted(holder: &str) -> Holder {
-        Holder(Box::from(holder))
+        Holder(CompactString::new(holder))
     }
 
     pub fn as_str(&self) -> &str {
