@@ -76,6 +76,10 @@ pub struct Settings {
     #[arg(long, env = "LOCKD_CACHE_SIZE_MB", value_name = "MIB")]
     pub cache_size_mb: Option<usize>,
 
+    /// Size of the store's journal (redo log) in MiB; a checkpoint runs each time it fills [default: 32].
+    #[arg(long, env = "LOCKD_JOURNAL_SIZE_MB", value_name = "MIB")]
+    pub journal_size_mb: Option<u64>,
+
     /// HTTP/2 ping interval towards clients, in ms; finds dead clients so their waits end; 0 = off [default: 10000].
     #[arg(long, env = "LOCKD_KEEPALIVE_INTERVAL_MS", value_name = "MS")]
     pub keepalive_interval_ms: Option<u64>,
@@ -137,6 +141,7 @@ pub struct Config {
     pub log_format: LogFormat,
     pub sync_interval_ms: u64,
     pub cache_size_mb: usize,
+    pub journal_size_mb: u64,
     pub keepalive_interval_ms: u64,
     pub keepalive_timeout_ms: u64,
     pub limits: Limits,
@@ -151,6 +156,7 @@ impl Default for Config {
             log_format: LogFormat::Text,
             sync_interval_ms: 1_000,
             cache_size_mb: 32,
+            journal_size_mb: 32,
             keepalive_interval_ms: 10_000,
             keepalive_timeout_ms: 20_000,
             limits: Limits::default(),
@@ -197,6 +203,7 @@ impl Config {
             log_format,
             sync_interval_ms,
             cache_size_mb,
+            journal_size_mb,
             keepalive_interval_ms,
             keepalive_timeout_ms
         );
@@ -223,6 +230,9 @@ impl Config {
         }
         if self.cache_size_mb == 0 {
             bail!("cache_size_mb must be at least 1");
+        }
+        if !(1..=4096).contains(&self.journal_size_mb) {
+            bail!("journal_size_mb must be 1 ..= 4096");
         }
         if self.keepalive_interval_ms > 0 && self.keepalive_timeout_ms == 0 {
             bail!("keepalive_timeout_ms must be at least 1 when keepalive_interval_ms is set");

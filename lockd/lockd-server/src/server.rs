@@ -36,6 +36,7 @@ pub async fn run(
 ) -> anyhow::Result<()> {
     let options = RedbStoreOptions {
         cache_size_bytes: config.cache_size_mb << 20,
+        journal_bytes: config.journal_size_mb << 20,
     };
     let mut store = RedbStore::open(&config.data_dir, &options)?;
     let snapshot = store.load().context("loading the store")?;

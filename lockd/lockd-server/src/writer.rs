@@ -6,7 +6,8 @@
 //! under the driver's lock, so they reach the store in exactly the order the core decided them.
 //!
 //! Sequence numbers: every queued op gets the next number. After a batch is committed, the
-//! writer publishes its last number as *applied*. A batch is synced whenever it holds a grant,
+//! writer publishes its last number as *applied*, and only then lets the store do its deferred
+//! work (`Store::tidy`). A batch is synced whenever it holds a grant,
 //! so "applied ≥ n" means every grant numbered ≤ n is durable: that is what a reply waits for.
 //! Batches without grants (releases, expiries, forgotten request ids) are committed lazily and
 //! made durable by the next synced commit, or by a flush at most `sync_interval` later.
@@ -196,6 +197,11 @@ fn commit_loop(
             }
         }
         inner.progress.send_modify(|p| p.applied = seq);
+        // Deferred work (applying the journal to redb) happens after the answers are out.
+        if let Err(e) = store.tidy() {
+            on_failure(&e);
+            return;
+        }
         if closing {
             let q = inner.queue.lock().expect("writer queue lock");
             if q.ops.is_empty() {

@@ -6,7 +6,8 @@
 //! removed), and gives everything back as a [`Snapshot`] on open. It makes no decisions.
 //!
 //! - [`MemoryStore`]: for tests and simulations; a "crash" loses exactly the unsynced batches.
-//! - [`RedbStore`]: the embedded, durable default (one file in the data directory).
+//! - [`RedbStore`]: the embedded, durable default: a redb file behind a journal, in the data
+//!   directory.
 //! - [`conformance`]: the behaviour every store must show, as a suite that each implementation
 //!   runs from its own tests (the etcd store of a later issue will too).
 //!
@@ -23,13 +24,14 @@ mod check;
 pub mod conformance;
 mod encoding;
 mod error;
+mod journal;
 mod memory;
 mod redb_store;
 
 pub use error::StoreError;
 pub use lockd_core::{LeaseRecord, Op, Snapshot};
 pub use memory::MemoryStore;
-pub use redb_store::{RedbStore, RedbStoreOptions};
+pub use redb_store::{DATA_FILE, JOURNAL_FILE, RedbStore, RedbStoreOptions};
 
 /// Where the core's decisions are kept.
 pub trait Store: Send {
@@ -38,6 +40,14 @@ pub trait Store: Send {
 
     /// Applies `ops` in order, all or none. Refuses the whole batch when an op breaks a
     /// precondition (see [`Op`]). With `sync`, this batch and every earlier one are durable
-    /// when the call returns; without, they may be lost in a crash (but not torn).
+    /// when the call returns; without, they may be lost in a crash (but not torn). An empty
+    /// batch with `sync` makes every earlier batch durable.
     fn commit(&mut self, ops: &[Op], sync: bool) -> Result<(), StoreError>;
+
+    /// Work that may be deferred after a commit has been answered (the redb store applies the
+    /// journaled batch to its main file here). The writer calls it when it has answered the
+    /// batch; a store that defers nothing does nothing.
+    fn tidy(&mut self) -> Result<(), StoreError> {
+        Ok(())
+    }
 }

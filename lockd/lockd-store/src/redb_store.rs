@@ -1,13 +1,19 @@
-//! The embedded, durable store: one redb file, `lockd.redb`, in the data directory.
+//! The embedded, durable store: a redb file (`lockd.redb`) behind a journal (`lockd.journal`),
+//! both in the data directory.
 //!
-//! Tables: `leases` (resource → lease record), `requests` (request id → lease record) and `meta`
-//! (`format_version`, `last_token`). A grant is one write transaction that inserts the lease,
-//! remembers its request id and raises `last_token`; the server batches many grants into one
-//! transaction and commits it with [`Durability::Immediate`] (one `fdatasync` under redb's
-//! default 1PC+checksum commit): that is the group commit. Batches without a grant commit with
-//! [`Durability::None`], which redb makes durable with the next immediate commit.
+//! redb tables: `leases` (resource → lease record), `requests` (request id → lease record) and
+//! `meta` (`format_version`, `last_token`, `applied_seq`).
 //!
-//! The file is locked by redb while open, so two lockd processes cannot share a directory.
+//! A batch is made durable by appending it to the journal and syncing that (one small write,
+//! one `fdatasync`); then it is answered. It is applied to redb afterwards, without a sync, by
+//! [`Store::tidy`] (or before the next batch). When the journal fills up, and on a clean close,
+//! a checkpoint commits redb durably with the number of the last applied journal record, and
+//! the journal starts over. On open, records numbered above redb's `applied_seq` are replayed.
+//! The server batches many grants into one journal append (group commit).
+//!
+//! Batches are checked against redb before they are journaled (see `check`), so a refused
+//! batch reaches neither file. The files are locked by redb while open, so two lockd processes
+//! cannot share a directory.
 
 use std::path::{Path, PathBuf};
 
@@ -15,11 +21,12 @@ use fencing::{FencingToken, LeaseId, ResourceName};
 use lockd_core::{Op, Snapshot};
 use redb::{
     Database, DatabaseError, Durability, ReadableDatabase, ReadableTable, ReadableTableMetadata,
-    Table, TableDefinition,
+    TableDefinition,
 };
 
 use crate::check::{View, check_batch};
 use crate::encoding::{decode, encode};
+use crate::journal::Journal;
 use crate::{Store, StoreError};
 
 const LEASES: TableDefinition<&str, &[u8]> = TableDefinition::new("leases");
@@ -28,11 +35,14 @@ const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 
 const META_FORMAT_VERSION: &str = "format_version";
 const META_LAST_TOKEN: &str = "last_token";
-/// Bumped when the layout of the tables or records changes incompatibly.
+const META_APPLIED_SEQ: &str = "applied_seq";
+/// Bumped when the layout of the tables, records or journal changes incompatibly.
 const FORMAT_VERSION: u64 = 1;
 
-/// The file name inside the data directory.
+/// The redb file's name inside the data directory.
 pub const DATA_FILE: &str = "lockd.redb";
+/// The journal's file name inside the data directory.
+pub const JOURNAL_FILE: &str = "lockd.journal";
 
 /// Tuning of the redb store.
 #[derive(Clone, Debug)]
@@ -40,12 +50,16 @@ pub struct RedbStoreOptions {
     /// redb's page cache, in bytes. redb's own default (1 GiB) would dominate lockd's memory;
     /// the working set of a commit is a few pages, and a restart reads the file once.
     pub cache_size_bytes: usize,
+    /// Size of the journal file. A checkpoint runs each time it fills: bigger means fewer
+    /// checkpoints and a longer replay after a crash (about a second per 32 MiB).
+    pub journal_bytes: u64,
 }
 
 impl Default for RedbStoreOptions {
     fn default() -> RedbStoreOptions {
         RedbStoreOptions {
             cache_size_bytes: 32 << 20,
+            journal_bytes: 32 << 20,
         }
     }
 }
@@ -53,13 +67,17 @@ impl Default for RedbStoreOptions {
 /// See the module documentation.
 pub struct RedbStore {
     db: Option<Database>,
+    journal: Journal,
     path: PathBuf,
-    /// Batches were committed since the last durable commit.
-    unsynced: bool,
+    /// Journaled, not yet applied to redb.
+    deferred: Vec<Op>,
+    /// Number of the last journal record written.
+    last_seq: u64,
 }
 
 impl RedbStore {
-    /// Opens (creating if needed) the store in `dir`.
+    /// Opens (creating if needed) the store in `dir`, replaying the journal if the last run
+    /// did not end with a checkpoint.
     pub fn open(dir: &Path, options: &RedbStoreOptions) -> Result<RedbStore, StoreError> {
         std::fs::create_dir_all(dir).map_err(|e| {
             StoreError::Io(format!(
@@ -78,81 +96,169 @@ impl RedbStore {
                 },
                 other => StoreError::Io(format!("cannot open {shown}: {other}")),
             })?;
-        let tx = db.begin_write()?;
-        {
-            let mut meta = tx.open_table(META)?;
-            tx.open_table(LEASES)?;
-            tx.open_table(REQUESTS)?;
-            let found = meta.get(META_FORMAT_VERSION)?.map(|v| v.value());
-            match found {
-                None => {
-                    meta.insert(META_FORMAT_VERSION, FORMAT_VERSION)?;
-                }
-                Some(FORMAT_VERSION) => {}
-                Some(found) => {
-                    return Err(StoreError::Version {
-                        path: shown,
-                        found,
-                        supported: FORMAT_VERSION,
-                    });
-                }
-            }
-        }
-        tx.commit()?;
-        Ok(RedbStore {
+        let applied_seq = prepare(&db, &shown)?;
+        let (journal, records) = Journal::open(&dir.join(JOURNAL_FILE), options.journal_bytes)?;
+        let mut store = RedbStore {
             db: Some(db),
+            journal,
             path,
-            unsynced: false,
-        })
+            deferred: Vec::new(),
+            last_seq: applied_seq,
+        };
+        for record in records {
+            if record.seq <= applied_seq {
+                continue; // already in redb
+            }
+            let view_check = {
+                let tx = store.db().begin_read()?;
+                let (leases, requests, meta) = (
+                    tx.open_table(LEASES)?,
+                    tx.open_table(REQUESTS)?,
+                    tx.open_table(META)?,
+                );
+                check_batch(
+                    &TxView {
+                        leases: &leases,
+                        requests: &requests,
+                        meta: &meta,
+                    },
+                    &record.ops,
+                )
+            };
+            view_check.map_err(|e| {
+                StoreError::Corrupt(format!(
+                    "journal record {} does not apply to the stored state: {e}",
+                    record.seq
+                ))
+            })?;
+            store.deferred = record.ops;
+            store.last_seq = record.seq;
+            store.apply_deferred()?;
+        }
+        store.checkpoint()?;
+        Ok(store)
     }
 
-    /// The data file.
+    /// The redb file.
     pub fn path(&self) -> &Path {
         &self.path
     }
 
-    /// Makes every committed batch durable (done on a clean shutdown, and periodically by the
-    /// server so that lazily synced releases do not pile up).
+    /// Applies everything journaled and commits redb durably; the journal starts over. Done
+    /// when the journal fills up and on a clean close.
     pub fn flush(&mut self) -> Result<(), StoreError> {
-        if self.unsynced {
-            self.commit(&[], true)?;
-        }
-        Ok(())
+        self.checkpoint()
     }
 
-    /// Whether batches were committed since the last durable commit.
-    pub fn has_unsynced(&self) -> bool {
-        self.unsynced
-    }
-
-    /// Closes the store *without* flushing, like a crash would leave it (for tests).
+    /// Closes the store *without* a checkpoint, as a crash would leave it (for tests).
     pub fn abandon(mut self) {
-        self.unsynced = false;
         drop(self.db.take());
     }
 
     fn db(&self) -> &Database {
         self.db.as_ref().expect("the database is open until drop")
     }
+
+    fn checkpoint(&mut self) -> Result<(), StoreError> {
+        self.apply_deferred()?;
+        let mut tx = self.db().begin_write()?;
+        tx.set_durability(Durability::Immediate)?;
+        tx.open_table(META)?
+            .insert(META_APPLIED_SEQ, self.last_seq)?;
+        tx.commit()?;
+        self.journal.restart();
+        Ok(())
+    }
+
+    /// Applies the journaled batch to redb (not durably: the journal holds it).
+    fn apply_deferred(&mut self) -> Result<(), StoreError> {
+        if self.deferred.is_empty() {
+            return Ok(());
+        }
+        let ops = std::mem::take(&mut self.deferred);
+        let mut tx = self.db().begin_write()?;
+        tx.set_durability(Durability::None)?;
+        {
+            let mut leases = tx.open_table(LEASES)?;
+            let mut requests = tx.open_table(REQUESTS)?;
+            let mut meta = tx.open_table(META)?;
+            let mut last_token = None;
+            for op in &ops {
+                match op {
+                    Op::Grant(rec) => {
+                        let bytes = encode(rec);
+                        leases.insert(rec.resource.as_str(), bytes.as_slice())?;
+                        if let Some(id) = &rec.request_id {
+                            requests.insert(id.as_str(), bytes.as_slice())?;
+                        }
+                        last_token = Some(rec.token);
+                    }
+                    Op::Remove { resource, .. } => {
+                        leases.remove(resource.as_str())?;
+                    }
+                    Op::ForgetRequest { request_id } => {
+                        requests.remove(request_id.as_str())?;
+                    }
+                }
+            }
+            if let Some(token) = last_token {
+                meta.insert(META_LAST_TOKEN, token.get())?;
+            }
+            meta.insert(META_APPLIED_SEQ, self.last_seq)?;
+        }
+        tx.commit()?;
+        Ok(())
+    }
+}
+
+/// Creates the tables and checks the format on open; returns the last applied journal record.
+fn prepare(db: &Database, shown: &str) -> Result<u64, StoreError> {
+    let tx = db.begin_write()?;
+    let applied;
+    {
+        let mut meta = tx.open_table(META)?;
+        tx.open_table(LEASES)?;
+        tx.open_table(REQUESTS)?;
+        let found = meta.get(META_FORMAT_VERSION)?.map(|v| v.value());
+        match found {
+            None => {
+                meta.insert(META_FORMAT_VERSION, FORMAT_VERSION)?;
+            }
+            Some(FORMAT_VERSION) => {}
+            Some(found) => {
+                return Err(StoreError::Version {
+                    path: shown.to_string(),
+                    found,
+                    supported: FORMAT_VERSION,
+                });
+            }
+        }
+        applied = meta.get(META_APPLIED_SEQ)?.map_or(0, |v| v.value());
+    }
+    tx.commit()?;
+    Ok(applied)
 }
 
 impl Drop for RedbStore {
     fn drop(&mut self) {
         if self.db.is_some() {
-            // Best effort: a failure here is reported by the next open (redb recovers to the
-            // last durable commit).
-            let _ = self.flush();
+            // Best effort: if this fails, the next open replays the journal.
+            let _ = self.checkpoint();
         }
     }
 }
 
-struct TxView<'a, 'txn> {
-    leases: &'a Table<'txn, &'static str, &'static [u8]>,
-    requests: &'a Table<'txn, &'static str, &'static [u8]>,
-    meta: &'a Table<'txn, &'static str, u64>,
+struct TxView<'a, L, M> {
+    leases: &'a L,
+    requests: &'a L,
+    meta: &'a M,
 }
 
-impl View for TxView<'_, '_> {
+impl<L, M> View for TxView<'_, L, M>
+where
+    L: ReadableTable<&'static str, &'static [u8]>,
+    M: ReadableTable<&'static str, u64>,
+{
     fn lease(&self, resource: &ResourceName) -> Result<Option<LeaseId>, StoreError> {
         match self.leases.get(resource.as_str())? {
             None => Ok(None),
@@ -178,6 +284,7 @@ fn last_token(raw: Option<u64>) -> Result<Option<FencingToken>, StoreError> {
 
 impl Store for RedbStore {
     fn load(&mut self) -> Result<Snapshot, StoreError> {
+        self.apply_deferred()?;
         let tx = self.db().begin_read()?;
         let meta = tx.open_table(META)?;
         let last_token = last_token(meta.get(META_LAST_TOKEN)?.map(|v| v.value()))?;
@@ -216,48 +323,46 @@ impl Store for RedbStore {
     }
 
     fn commit(&mut self, ops: &[Op], sync: bool) -> Result<(), StoreError> {
-        let mut tx = self.db().begin_write()?;
-        tx.set_durability(if sync {
-            Durability::Immediate
-        } else {
-            Durability::None
-        })?;
-        {
-            let mut leases = tx.open_table(LEASES)?;
-            let mut requests = tx.open_table(REQUESTS)?;
-            let mut meta = tx.open_table(META)?;
-            let view = TxView {
-                leases: &leases,
-                requests: &requests,
-                meta: &meta,
-            };
-            let before = view.last_token()?;
-            // On a refused batch the transaction is dropped uncommitted: nothing of it lands.
-            let after = check_batch(&view, ops)?;
-            for op in ops {
-                match op {
-                    Op::Grant(rec) => {
-                        let bytes = encode(rec);
-                        leases.insert(rec.resource.as_str(), bytes.as_slice())?;
-                        if let Some(id) = &rec.request_id {
-                            requests.insert(id.as_str(), bytes.as_slice())?;
-                        }
-                    }
-                    Op::Remove { resource, .. } => {
-                        leases.remove(resource.as_str())?;
-                    }
-                    Op::ForgetRequest { request_id } => {
-                        requests.remove(request_id.as_str())?;
-                    }
-                }
-            }
-            if after != before {
-                let raw = after.expect("the high-water only rises").get();
-                meta.insert(META_LAST_TOKEN, raw)?;
-            }
+        if ops.is_empty() {
+            return if sync { self.journal.sync() } else { Ok(()) };
         }
-        tx.commit()?;
-        self.unsynced = !sync;
+        self.apply_deferred()?;
+        {
+            let tx = self.db().begin_read()?;
+            let (leases, requests, meta) = (
+                tx.open_table(LEASES)?,
+                tx.open_table(REQUESTS)?,
+                tx.open_table(META)?,
+            );
+            check_batch(
+                &TxView {
+                    leases: &leases,
+                    requests: &requests,
+                    meta: &meta,
+                },
+                ops,
+            )?;
+        }
+        if !self.journal.fits(ops) {
+            // Everything before this batch moves into redb, durably; the journal starts over.
+            self.journal.sync()?;
+            self.checkpoint()?;
+        }
+        if !self.journal.could_ever_fit(ops) {
+            // Larger than the whole journal: straight into redb, durably.
+            self.deferred = ops.to_vec();
+            self.last_seq += 1;
+            return self.checkpoint();
+        }
+        self.last_seq = self.journal.append(self.last_seq + 1, ops)?;
+        if sync {
+            self.journal.sync()?;
+        }
+        self.deferred = ops.to_vec();
         Ok(())
+    }
+
+    fn tidy(&mut self) -> Result<(), StoreError> {
+        self.apply_deferred()
     }
 }

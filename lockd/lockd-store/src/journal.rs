@@ -1,0 +1,544 @@
+//! The journal: a redo log in front of the redb file, so that making a grant durable costs one
+//! small write and one `fdatasync` instead of a full B-tree commit.
+//!
+//! A batch of ops is appended as one or more records and, when it must be durable, synced;
+//! only then is it answered. The ops are applied to redb afterwards without a sync, and a
+//! *checkpoint* (a synced redb commit that records the last applied record) makes the journal's
+//! contents redundant, so writing starts over at offset 0.
+//!
+//! The file has a fixed size and is zero-filled when created: overwriting allocated blocks
+//! needs no file-size update, so `fdatasync` flushes data only (about half the latency of an
+//! appending write on ext4, measured on the benchmark machine).
+//!
+//! # Record format
+//!
+//! ```text
+//! u32 magic "LDJ1" | u32 payload length | u64 sequence number | u64 synced
+//!   | u32 CRC-32 of (length, sequence, synced, payload) | payload
+//! payload: u32 op count, then per op a tag byte and its body:
+//!   1 Grant:  u32 length, then the lease record (see `encoding`)
+//!   2 Remove: u16 length, resource name, 16-byte lease id
+//!   3 Forget: u16 length, request id
+//! ```
+//!
+//! # Reading it back
+//!
+//! Records are read from offset 0 while each is intact and numbered one above the previous.
+//! The run ends at zeros, at a record of an earlier cycle (its number is lower), or at a torn
+//! record: a write cut short by a crash, never acknowledged, since acknowledgement waits for the
+//! sync. Each record also carries *synced*, the highest record number known durable when it was
+//! written. A damaged record followed by an intact one whose *synced* covers the damaged one's
+//! number is not a torn tail: the damaged record had been synced, so acknowledged data was
+//! corrupted, and opening fails. (Without such proof the damage is treated as a torn tail: the
+//! kernel may write unsynced pages back out of order, so a later unsynced record can survive a
+//! power cut that an earlier unsynced one did not.)
+
+use std::fs::{File, OpenOptions};
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+
+use fencing::{LeaseId, ResourceName};
+use lockd_core::Op;
+
+use crate::StoreError;
+use crate::encoding::{decode, encode};
+
+const MAGIC: &[u8; 4] = b"LDJ1";
+const HEADER: usize = 4 + 4 + 8 + 8 + 4;
+/// Largest payload of one record; a bigger batch is split into several records (all synced
+/// together, so a crash can only keep a prefix of a batch that was never acknowledged).
+const RECORD_PAYLOAD_MAX: usize = 1 << 20;
+
+/// The journal file and where the next record goes.
+pub(crate) struct Journal {
+    file: File,
+    capacity: u64,
+    offset: u64,
+    unsynced: bool,
+    /// Last record number appended.
+    appended: u64,
+    /// Highest record number known durable.
+    synced: u64,
+}
+
+/// One record read back: its number and its ops.
+pub(crate) struct Record {
+    pub seq: u64,
+    pub ops: Vec<Op>,
+}
+
+fn corrupt(what: String) -> StoreError {
+    StoreError::Corrupt(format!("journal: {what}"))
+}
+
+fn io(what: &str, e: std::io::Error) -> StoreError {
+    StoreError::Io(format!("journal: {what}: {e}"))
+}
+
+impl Journal {
+    /// Opens (creating and zero-filling if needed) the journal at `path` and reads back the
+    /// intact run of records from its start.
+    pub fn open(path: &Path, capacity: u64) -> Result<(Journal, Vec<Record>), StoreError> {
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(path)
+            .map_err(|e| io(&format!("cannot open {}", path.display()), e))?;
+        let len = file.metadata().map_err(|e| io("stat", e))?.len();
+        if len < capacity {
+            zero_fill(&file, len, capacity)?;
+        }
+        let capacity = capacity.max(len);
+        let records = read_all(&file, capacity)?;
+        let last = records.last().map_or(0, |r| r.seq);
+        Ok((
+            Journal {
+                file,
+                capacity,
+                offset: 0,
+                unsynced: false,
+                appended: last,
+                synced: last,
+            },
+            records,
+        ))
+    }
+
+    /// Whether `ops` fit after the current offset.
+    pub fn fits(&self, ops: &[Op]) -> bool {
+        self.offset + encoded_len(ops) as u64 <= self.capacity
+    }
+
+    /// Whether an empty journal could hold `ops` at all.
+    pub fn could_ever_fit(&self, ops: &[Op]) -> bool {
+        encoded_len(ops) as u64 <= self.capacity
+    }
+
+    /// Appends `ops` as records numbered from `first_seq`; returns the last number used.
+    pub fn append(&mut self, first_seq: u64, ops: &[Op]) -> Result<u64, StoreError> {
+        let mut buf = Vec::with_capacity(encoded_len(ops));
+        let mut seq = first_seq;
+        let mut start = 0;
+        loop {
+            let mut payload = vec![0; 4];
+            let mut count = 0u32;
+            while start < ops.len()
+                && (count == 0 || payload.len() + op_len(&ops[start]) <= RECORD_PAYLOAD_MAX)
+            {
+                encode_op(&mut payload, &ops[start]);
+                count += 1;
+                start += 1;
+            }
+            payload[..4].copy_from_slice(&count.to_be_bytes());
+            put_record(&mut buf, seq, self.synced, &payload);
+            if start >= ops.len() {
+                break;
+            }
+            seq += 1;
+        }
+        assert!(
+            self.offset + buf.len() as u64 <= self.capacity,
+            "append without room: check fits() first"
+        );
+        self.file
+            .write_all_at(&buf, self.offset)
+            .map_err(|e| io("write", e))?;
+        self.offset += buf.len() as u64;
+        self.unsynced = true;
+        self.appended = seq;
+        Ok(seq)
+    }
+
+    /// Makes every appended record durable.
+    pub fn sync(&mut self) -> Result<(), StoreError> {
+        if self.unsynced {
+            self.file.sync_data().map_err(|e| io("fdatasync", e))?;
+            self.unsynced = false;
+            self.synced = self.appended;
+        }
+        Ok(())
+    }
+
+    /// Starts over at offset 0 (after a checkpoint made every record redundant). Old records
+    /// stay in the file: they carry lower numbers, so a reader stops at them.
+    pub fn restart(&mut self) {
+        self.offset = 0;
+        self.unsynced = false;
+    }
+
+    #[cfg(test)]
+    pub fn offset(&self) -> u64 {
+        self.offset
+    }
+}
+
+fn zero_fill(file: &File, from: u64, to: u64) -> Result<(), StoreError> {
+    let zeros = vec![0u8; 1 << 20];
+    let mut at = from;
+    while at < to {
+        let n = zeros.len().min((to - at) as usize);
+        file.write_all_at(&zeros[..n], at)
+            .map_err(|e| io("zero-fill", e))?;
+        at += n as u64;
+    }
+    file.sync_all().map_err(|e| io("sync after zero-fill", e))
+}
+
+fn read_all(file: &File, capacity: u64) -> Result<Vec<Record>, StoreError> {
+    let mut bytes = vec![0u8; capacity as usize];
+    file.read_exact_at(&mut bytes, 0)
+        .map_err(|e| io("read", e))?;
+    let mut records: Vec<Record> = Vec::new();
+    let mut at = 0usize;
+    loop {
+        match parse_record(&bytes[at..]) {
+            Parsed::Record {
+                seq, payload, len, ..
+            } => {
+                if let Some(prev) = records.last()
+                    && seq != prev.seq + 1
+                {
+                    break; // a record of an earlier cycle: the end of this one
+                }
+                let ops = decode_ops(payload)
+                    .map_err(|e| corrupt(format!("record {seq} at offset {at}: {e}")))?;
+                records.push(Record { seq, ops });
+                at += len;
+            }
+            Parsed::End => break,
+            Parsed::Damaged => {
+                // A torn tail is fine; proof that the damaged record had been synced is not.
+                let damaged = records.last().map_or(0, |r| r.seq) + 1;
+                if let Some((offset, seq)) = proof_of_sync(&bytes, at + 1, damaged) {
+                    return Err(corrupt(format!(
+                        "the record at offset {at} is damaged, but record {seq} at offset {offset} after it is intact and was written after record {damaged} was synced: acknowledged data was lost; restore the data directory from a backup"
+                    )));
+                }
+                break;
+            }
+        }
+    }
+    Ok(records)
+}
+
+enum Parsed<'a> {
+    Record {
+        seq: u64,
+        synced: u64,
+        payload: &'a [u8],
+        len: usize,
+    },
+    /// Zeros, or too little room for a header: nothing more was ever written here.
+    End,
+    /// Something is here, but it is not an intact record.
+    Damaged,
+}
+
+fn parse_record(b: &[u8]) -> Parsed<'_> {
+    if b.len() < HEADER || b[..HEADER].iter().all(|&x| x == 0) {
+        return Parsed::End;
+    }
+    if &b[..4] != MAGIC {
+        return Parsed::Damaged;
+    }
+    let len = u32::from_be_bytes(b[4..8].try_into().expect("4 bytes")) as usize;
+    let seq = u64::from_be_bytes(b[8..16].try_into().expect("8 bytes"));
+    let synced = u64::from_be_bytes(b[16..24].try_into().expect("8 bytes"));
+    let crc = u32::from_be_bytes(b[24..28].try_into().expect("4 bytes"));
+    if len > RECORD_PAYLOAD_MAX + 4 || b.len() < HEADER + len {
+        return Parsed::Damaged;
+    }
+    let payload = &b[HEADER..HEADER + len];
+    if checksum(&b[4..24], payload) != crc {
+        return Parsed::Damaged;
+    }
+    Parsed::Record {
+        seq,
+        synced,
+        payload,
+        len: HEADER + len,
+    }
+}
+
+/// An intact record, anywhere from `from` on, written after record `damaged` was synced.
+fn proof_of_sync(bytes: &[u8], from: usize, damaged: u64) -> Option<(usize, u64)> {
+    let mut at = from;
+    while at + HEADER <= bytes.len() {
+        let next = bytes[at..].windows(4).position(|w| w == MAGIC)?;
+        at += next;
+        if let Parsed::Record { seq, synced, .. } = parse_record(&bytes[at..])
+            && synced >= damaged
+            && seq > damaged
+        {
+            return Some((at, seq));
+        }
+        at += 1;
+    }
+    None
+}
+
+fn checksum(header: &[u8], payload: &[u8]) -> u32 {
+    let mut h = crc32fast::Hasher::new();
+    h.update(header);
+    h.update(payload);
+    h.finalize()
+}
+
+fn put_record(buf: &mut Vec<u8>, seq: u64, synced: u64, payload: &[u8]) {
+    let len = u32::try_from(payload.len()).expect("payloads are bounded");
+    let mut header = [0u8; 20];
+    header[..4].copy_from_slice(&len.to_be_bytes());
+    header[4..12].copy_from_slice(&seq.to_be_bytes());
+    header[12..].copy_from_slice(&synced.to_be_bytes());
+    buf.extend_from_slice(MAGIC);
+    buf.extend_from_slice(&header);
+    buf.extend_from_slice(&checksum(&header, payload).to_be_bytes());
+    buf.extend_from_slice(payload);
+}
+
+fn op_len(op: &Op) -> usize {
+    match op {
+        Op::Grant(rec) => {
+            1 + 4
+                + 64
+                + rec.resource.as_str().len()
+                + rec.holder.len()
+                + rec.request_id.as_ref().map_or(0, String::len)
+        }
+        Op::Remove { resource, .. } => 1 + 2 + resource.as_str().len() + 16,
+        Op::ForgetRequest { request_id } => 1 + 2 + request_id.len(),
+    }
+}
+
+/// An upper bound of the encoded size of `ops`, records and headers included. Every record
+/// but the last is more than half full (ops are far smaller than a record), which bounds the
+/// number of records.
+fn encoded_len(ops: &[Op]) -> usize {
+    let body: usize = ops.iter().map(op_len).sum();
+    let records = 1 + body / (RECORD_PAYLOAD_MAX / 2);
+    body + records * (HEADER + 4)
+}
+
+fn put_str16(out: &mut Vec<u8>, s: &str) {
+    let len = u16::try_from(s.len()).expect("names and request ids are shorter than 64 KiB");
+    out.extend_from_slice(&len.to_be_bytes());
+    out.extend_from_slice(s.as_bytes());
+}
+
+fn encode_op(out: &mut Vec<u8>, op: &Op) {
+    match op {
+        Op::Grant(rec) => {
+            out.push(1);
+            let bytes = encode(rec);
+            out.extend_from_slice(
+                &u32::try_from(bytes.len())
+                    .expect("small record")
+                    .to_be_bytes(),
+            );
+            out.extend_from_slice(&bytes);
+        }
+        Op::Remove { resource, lease_id } => {
+            out.push(2);
+            put_str16(out, resource.as_str());
+            out.extend_from_slice(lease_id.as_bytes());
+        }
+        Op::ForgetRequest { request_id } => {
+            out.push(3);
+            put_str16(out, request_id);
+        }
+    }
+}
+
+fn decode_ops(payload: &[u8]) -> Result<Vec<Op>, String> {
+    let mut at = 0usize;
+    let mut take = |n: usize| -> Result<&[u8], String> {
+        let end = at
+            .checked_add(n)
+            .filter(|&e| e <= payload.len())
+            .ok_or("truncated op")?;
+        let s = &payload[at..end];
+        at = end;
+        Ok(s)
+    };
+    let count = u32::from_be_bytes(take(4)?.try_into().expect("4 bytes"));
+    let mut ops = Vec::with_capacity(count.min(1 << 16) as usize);
+    for _ in 0..count {
+        let tag = take(1)?[0];
+        let op = match tag {
+            1 => {
+                let len = u32::from_be_bytes(take(4)?.try_into().expect("4 bytes")) as usize;
+                Op::Grant(decode(take(len)?).map_err(|e| e.to_string())?)
+            }
+            2 => {
+                let len = u16::from_be_bytes(take(2)?.try_into().expect("2 bytes")) as usize;
+                let name =
+                    std::str::from_utf8(take(len)?).map_err(|_| "resource name is not UTF-8")?;
+                let resource = ResourceName::new(name).map_err(|e| e.to_string())?;
+                let lease_id = LeaseId::from_bytes(take(16)?.try_into().expect("16 bytes"));
+                Op::Remove { resource, lease_id }
+            }
+            3 => {
+                let len = u16::from_be_bytes(take(2)?.try_into().expect("2 bytes")) as usize;
+                let id = std::str::from_utf8(take(len)?).map_err(|_| "request id is not UTF-8")?;
+                Op::ForgetRequest {
+                    request_id: id.to_string(),
+                }
+            }
+            other => return Err(format!("unknown op tag {other}")),
+        };
+        ops.push(op);
+    }
+    if at != payload.len() {
+        return Err("trailing bytes after the ops".into());
+    }
+    Ok(ops)
+}
+
+#[cfg(test)]
+mod tests {
+    use fencing::FencingToken;
+    use lockd_core::LeaseRecord;
+
+    use super::*;
+
+    fn grant(n: u64) -> Op {
+        Op::Grant(LeaseRecord {
+            resource: ResourceName::new(&format!("r{n}")).unwrap(),
+            lease_id: LeaseId::from_bytes([n as u8; 16]),
+            token: FencingToken::new(n).unwrap(),
+            holder: "h".into(),
+            ttl_ms: 1000,
+            request_id: Some(format!("q{n}")),
+        })
+    }
+
+    fn remove(n: u64) -> Op {
+        Op::Remove {
+            resource: ResourceName::new(&format!("r{n}")).unwrap(),
+            lease_id: LeaseId::from_bytes([n as u8; 16]),
+        }
+    }
+
+    fn reopen(dir: &Path) -> Vec<Record> {
+        Journal::open(&dir.join("j"), 64 << 10).unwrap().1
+    }
+
+    #[test]
+    fn records_come_back_in_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut j, none) = Journal::open(&dir.path().join("j"), 64 << 10).unwrap();
+        assert!(none.is_empty());
+        assert_eq!(j.append(1, &[grant(1), grant(2)]).unwrap(), 1);
+        assert_eq!(
+            j.append(
+                2,
+                &[
+                    remove(1),
+                    Op::ForgetRequest {
+                        request_id: "q1".into()
+                    }
+                ]
+            )
+            .unwrap(),
+            2
+        );
+        j.sync().unwrap();
+        let back = reopen(dir.path());
+        assert_eq!(back.iter().map(|r| r.seq).collect::<Vec<_>>(), vec![1, 2]);
+        assert_eq!(back[0].ops, vec![grant(1), grant(2)]);
+        assert_eq!(back[1].ops[0], remove(1));
+    }
+
+    #[test]
+    fn after_a_restart_older_records_end_the_run() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut j, _) = Journal::open(&dir.path().join("j"), 64 << 10).unwrap();
+        for seq in 1..=5 {
+            j.append(seq, &[grant(seq)]).unwrap();
+        }
+        j.restart();
+        j.append(6, &[grant(6)]).unwrap();
+        j.sync().unwrap();
+        // Record 6 overwrote record 1; records 2..5 of the earlier cycle follow it.
+        let back = reopen(dir.path());
+        assert_eq!(back.iter().map(|r| r.seq).collect::<Vec<_>>(), vec![6]);
+    }
+
+    #[test]
+    fn a_torn_tail_is_dropped() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut j, _) = Journal::open(&dir.path().join("j"), 64 << 10).unwrap();
+        j.append(1, &[grant(1)]).unwrap();
+        let end_of_first = j.offset();
+        j.append(2, &[grant(2)]).unwrap();
+        j.sync().unwrap();
+        // Tear the second record: its last bytes never reached the disk.
+        let f = OpenOptions::new()
+            .write(true)
+            .open(dir.path().join("j"))
+            .unwrap();
+        f.write_all_at(&[0; 8], j.offset() - 8).unwrap();
+        let back = reopen(dir.path());
+        assert_eq!(back.iter().map(|r| r.seq).collect::<Vec<_>>(), vec![1]);
+        // Garbage (not zeros) where the next header would be is a torn tail too.
+        f.write_all_at(b"LDJ1garbage", end_of_first).unwrap();
+        assert_eq!(reopen(dir.path()).len(), 1);
+    }
+
+    #[test]
+    fn damage_of_a_synced_record_is_corruption() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut j, _) = Journal::open(&dir.path().join("j"), 64 << 10).unwrap();
+        j.append(1, &[grant(1)]).unwrap();
+        j.sync().unwrap();
+        j.append(2, &[grant(2)]).unwrap(); // says: record 1 was synced
+        j.sync().unwrap();
+        let f = OpenOptions::new()
+            .write(true)
+            .open(dir.path().join("j"))
+            .unwrap();
+        f.write_all_at(b"X", (HEADER + 10) as u64).unwrap(); // inside record 1's payload
+        let err = Journal::open(&dir.path().join("j"), 64 << 10)
+            .err()
+            .expect("corruption is refused");
+        assert!(err.to_string().contains("damaged"), "{err}");
+    }
+
+    #[test]
+    fn damage_of_an_unsynced_record_followed_by_another_unsynced_one_is_a_torn_tail() {
+        // Write-back may put a later unsynced page on disk before an earlier one.
+        let dir = tempfile::tempdir().unwrap();
+        let (mut j, _) = Journal::open(&dir.path().join("j"), 64 << 10).unwrap();
+        j.append(1, &[grant(1)]).unwrap();
+        j.sync().unwrap();
+        let second = j.offset();
+        j.append(2, &[grant(2)]).unwrap();
+        j.append(3, &[grant(3)]).unwrap(); // unsynced, like record 2
+        let f = OpenOptions::new()
+            .write(true)
+            .open(dir.path().join("j"))
+            .unwrap();
+        f.write_all_at(b"X", second + HEADER as u64 + 10).unwrap();
+        let back = reopen(dir.path());
+        assert_eq!(back.iter().map(|r| r.seq).collect::<Vec<_>>(), vec![1]);
+    }
+
+    #[test]
+    fn a_big_batch_is_split_into_records_that_all_come_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut j, _) = Journal::open(&dir.path().join("j"), 64 << 20).unwrap();
+        let ops: Vec<Op> = (1..=30_000).map(grant).collect();
+        assert!(j.fits(&ops));
+        let last = j.append(1, &ops).unwrap();
+        assert!(last > 1, "split into several records");
+        j.sync().unwrap();
+        let back = Journal::open(&dir.path().join("j"), 64 << 20).unwrap().1;
+        assert_eq!(back.last().unwrap().seq, last);
+        assert_eq!(
+            back.into_iter().flat_map(|r| r.ops).collect::<Vec<_>>(),
+            ops
+        );
+    }
+}
