@@ -63,6 +63,10 @@ pub const TRANSPORT_RETRY_FOR: Duration = Duration::from_secs(10);
 /// Extra time allowed for a call beyond the wait it asks lockd for (network, fsync, queueing).
 const CALL_GRACE: Duration = Duration::from_secs(5);
 
+/// Longest wait asked for in one call: lockd's default `limits.wait_max_ms`. A longer wait is
+/// made of several calls (between them the caller re-queues behind whoever queued meanwhile).
+pub const CALL_WAIT_MAX: Duration = Duration::from_secs(300);
+
 /// Why a call failed.
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
@@ -282,18 +286,19 @@ impl Client {
         loop {
             let now = Instant::now();
             let remaining = deadline.saturating_duration_since(now);
+            let call_wait = remaining.min(CALL_WAIT_MAX);
             let req = pb::AcquireRequest {
                 resource: resource.to_string(),
                 request_id: request_id.clone(),
                 ttl_ms,
-                wait_timeout_ms: remaining.as_millis() as u64,
+                wait_timeout_ms: call_wait.as_millis() as u64,
                 holder: opts.holder.clone(),
             };
             // A fresh grant in the reply to this attempt was made after this moment, so its
             // lease ends no earlier than `sent + ttl` on lockd's clock.
             let sent = Instant::now();
             let call =
-                tokio::time::timeout(remaining + CALL_GRACE, self.rpc.clone().acquire(req)).await;
+                tokio::time::timeout(call_wait + CALL_GRACE, self.rpc.clone().acquire(req)).await;
             let status = match call {
                 Ok(Ok(resp)) => match resp.into_inner().outcome {
                     Some(pb::acquire_response::Outcome::Granted(l)) => {

@@ -111,6 +111,11 @@ impl Journal {
         self.offset + encoded_len(ops) as u64 <= self.capacity
     }
 
+    /// Whether more than half the journal is used.
+    pub fn half_full(&self) -> bool {
+        self.offset > self.capacity / 2
+    }
+
     /// Whether an empty journal could hold `ops` at all.
     pub fn could_ever_fit(&self, ops: &[Op]) -> bool {
         encoded_len(ops) as u64 <= self.capacity

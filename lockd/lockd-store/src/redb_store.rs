@@ -38,6 +38,11 @@ const META_LAST_TOKEN: &str = "last_token";
 const META_APPLIED_SEQ: &str = "applied_seq";
 /// Bumped when the layout of the tables, records or journal changes incompatibly.
 const FORMAT_VERSION: u64 = 1;
+/// Ops applied to redb without a sync before `tidy` checkpoints. redb's work per commit grows
+/// with the pages written since its last durable commit, and an occasional unsynced commit then
+/// takes tens of milliseconds (measured: 28 ms after 120,000 grants); a checkpoint every few
+/// thousand ops costs about 2.5 ms and keeps every commit short.
+const CHECKPOINT_OPS: usize = 4096;
 
 /// The redb file's name inside the data directory.
 pub const DATA_FILE: &str = "lockd.redb";
@@ -73,6 +78,8 @@ pub struct RedbStore {
     deferred: Vec<Op>,
     /// Number of the last journal record written.
     last_seq: u64,
+    /// Ops applied to redb since the last checkpoint.
+    unsynced_ops: usize,
 }
 
 impl RedbStore {
@@ -104,6 +111,7 @@ impl RedbStore {
             path,
             deferred: Vec::new(),
             last_seq: applied_seq,
+            unsynced_ops: 0,
         };
         for record in records {
             if record.seq <= applied_seq {
@@ -176,6 +184,7 @@ impl RedbStore {
             return Ok(());
         }
         let ops = std::mem::take(&mut self.deferred);
+        self.unsynced_ops += ops.len();
         let mut tx = self.db().begin_write()?;
         tx.set_durability(Durability::None)?;
         {
@@ -363,6 +372,10 @@ impl Store for RedbStore {
     }
 
     fn tidy(&mut self) -> Result<(), StoreError> {
-        self.apply_deferred()
+        self.apply_deferred()?;
+        if self.unsynced_ops >= CHECKPOINT_OPS || self.journal.half_full() {
+            self.checkpoint()?;
+        }
+        Ok(())
     }
 }

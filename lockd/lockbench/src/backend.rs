@@ -1,0 +1,218 @@
+//! The systems under test, each driven the way a user of it would take a lock.
+//!
+//! - **lockd**: `Acquire` (try-lock, durable before the reply), `Renew`, `Release`.
+//! - **etcd** (the standard recipe): grant a lease, then a transaction "if the key does not
+//!   exist, put it under the lease"; the fencing token is the revision of that put (the key's
+//!   create revision). Release revokes the lease, which deletes the key. Every step is a raft
+//!   write, synced by etcd before it answers.
+//! - **Redis**: `SET key random NX PX ttl`; release and renew are compare-and-delete /
+//!   compare-and-pexpire scripts. Redis offers no fencing token. Durable only with
+//!   `appendfsync always` (the benchmark script configures it).
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use anyhow::{Context, bail};
+use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
+use lockd_proto::v1::acquire_response::Outcome;
+use lockd_proto::v1::lock_service_client::LockServiceClient;
+use lockd_proto::v1::{AcquireRequest, ReleaseRequest, RenewRequest};
+use tonic::transport::{Channel, Endpoint};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Target {
+    Lockd,
+    Etcd,
+    Redis,
+}
+
+/// A held lock, as each system names it.
+#[derive(Clone, Debug)]
+pub enum Held {
+    Lockd { resource: String, lease_id: String },
+    Etcd { lease: i64 },
+    Redis { key: String, value: String },
+}
+
+/// Connections to one system (several, used round-robin, so that one connection's processing
+/// is not the bottleneck).
+pub enum Backend {
+    Lockd(Vec<LockServiceClient<Channel>>),
+    Etcd(Vec<etcd_client::Client>),
+    Redis(Vec<redis::aio::MultiplexedConnection>),
+}
+
+static NEXT: AtomicUsize = AtomicUsize::new(0);
+
+const REDIS_RELEASE: &str = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) else return 0 end";
+const REDIS_RENEW: &str = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pexpire', KEYS[1], ARGV[2]) else return 0 end";
+
+impl Backend {
+    pub async fn connect(
+        target: Target,
+        endpoint: &str,
+        connections: usize,
+    ) -> anyhow::Result<Backend> {
+        let n = connections.max(1);
+        Ok(match target {
+            Target::Lockd => {
+                let mut v = Vec::new();
+                for _ in 0..n {
+                    let ch = Endpoint::from_shared(endpoint.to_string())?
+                        .tcp_nodelay(true)
+                        .connect()
+                        .await?;
+                    v.push(LockServiceClient::new(ch));
+                }
+                Backend::Lockd(v)
+            }
+            Target::Etcd => {
+                let mut v = Vec::new();
+                for _ in 0..n {
+                    v.push(
+                        etcd_client::Client::connect([endpoint], None)
+                            .await
+                            .context("connecting to etcd")?,
+                    );
+                }
+                Backend::Etcd(v)
+            }
+            Target::Redis => {
+                let client = redis::Client::open(endpoint).context("redis endpoint")?;
+                let mut v = Vec::new();
+                for _ in 0..n {
+                    v.push(
+                        client
+                            .get_multiplexed_async_connection()
+                            .await
+                            .context("connecting to redis")?,
+                    );
+                }
+                Backend::Redis(v)
+            }
+        })
+    }
+
+    fn pick<T: Clone>(v: &[T]) -> T {
+        v[NEXT.fetch_add(1, Ordering::Relaxed) % v.len()].clone()
+    }
+
+    /// Try-lock. `Ok(None)`: held by someone else.
+    pub async fn acquire(&self, resource: &str, ttl_ms: u64) -> anyhow::Result<Option<Held>> {
+        match self {
+            Backend::Lockd(v) => {
+                let req = AcquireRequest {
+                    resource: resource.to_string(),
+                    request_id: lockd_client::new_request_id(),
+                    ttl_ms,
+                    wait_timeout_ms: 0,
+                    holder: "lockbench".to_string(),
+                };
+                match Self::pick(v).acquire(req).await?.into_inner().outcome {
+                    Some(Outcome::Granted(l)) => Ok(Some(Held::Lockd {
+                        resource: resource.to_string(),
+                        lease_id: l.lease_id,
+                    })),
+                    Some(Outcome::NotGranted(_)) => Ok(None),
+                    None => bail!("empty AcquireResponse"),
+                }
+            }
+            Backend::Etcd(v) => {
+                let mut c = Self::pick(v);
+                let lease = c
+                    .lease_grant((ttl_ms / 1000).max(1) as i64, None)
+                    .await?
+                    .id();
+                let key = format!("/locks/{resource}");
+                let txn = Txn::new()
+                    .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
+                    .and_then([TxnOp::put(
+                        key.clone(),
+                        "lockbench",
+                        Some(PutOptions::new().with_lease(lease)),
+                    )])
+                    .or_else([TxnOp::get(key, None)]);
+                let resp = c.txn(txn).await?;
+                if resp.succeeded() {
+                    // The fencing token: the revision of this put (the key's create revision).
+                    let _token = resp.header().map(|h| h.revision());
+                    Ok(Some(Held::Etcd { lease }))
+                } else {
+                    c.lease_revoke(lease).await?;
+                    Ok(None)
+                }
+            }
+            Backend::Redis(v) => {
+                let mut c = Self::pick(v);
+                let value = format!("{:032x}", rand::random::<u128>());
+                let set: Option<String> = redis::cmd("SET")
+                    .arg(resource)
+                    .arg(&value)
+                    .arg("NX")
+                    .arg("PX")
+                    .arg(ttl_ms)
+                    .query_async(&mut c)
+                    .await?;
+                Ok(set.map(|_| Held::Redis {
+                    key: resource.to_string(),
+                    value,
+                }))
+            }
+        }
+    }
+
+    pub async fn renew(&self, held: &Held, ttl_ms: u64) -> anyhow::Result<()> {
+        match (self, held) {
+            (Backend::Lockd(v), Held::Lockd { resource, lease_id }) => {
+                let req = RenewRequest {
+                    resource: resource.clone(),
+                    lease_id: lease_id.clone(),
+                };
+                Self::pick(v).renew(req).await?;
+                Ok(())
+            }
+            (Backend::Etcd(v), Held::Etcd { lease }) => {
+                let (mut keeper, mut stream) = Self::pick(v).lease_keep_alive(*lease).await?;
+                keeper.keep_alive().await?;
+                stream.message().await?;
+                Ok(())
+            }
+            (Backend::Redis(v), Held::Redis { key, value }) => {
+                let mut c = Self::pick(v);
+                let renewed: i64 = redis::Script::new(REDIS_RENEW)
+                    .key(key)
+                    .arg(value)
+                    .arg(ttl_ms)
+                    .invoke_async(&mut c)
+                    .await?;
+                if renewed == 0 {
+                    bail!("redis lock {key} was lost");
+                }
+                Ok(())
+            }
+            _ => bail!("a held lock of another system"),
+        }
+    }
+
+    pub async fn release(&self, held: Held) -> anyhow::Result<()> {
+        match (self, held) {
+            (Backend::Lockd(v), Held::Lockd { resource, lease_id }) => {
+                Self::pick(v)
+                    .release(ReleaseRequest { resource, lease_id })
+                    .await?;
+            }
+            (Backend::Etcd(v), Held::Etcd { lease }) => {
+                Self::pick(v).lease_revoke(lease).await?;
+            }
+            (Backend::Redis(v), Held::Redis { key, value }) => {
+                let mut c = Self::pick(v);
+                let _: i64 = redis::Script::new(REDIS_RELEASE)
+                    .key(key)
+                    .arg(value)
+                    .invoke_async(&mut c)
+                    .await?;
+            }
+            _ => bail!("a held lock of another system"),
+        }
+        Ok(())
+    }
+}
