@@ -1,3 +1,5 @@
+//! Resident memory of the core with a million held leases (SDK-style request ids).
+//! Run: `cargo run --release -p lockd-core --example core_memory`.
 use fencing::{LeaseId, ResourceName};
 use lockd_core::*;
 fn rss() -> u64 {

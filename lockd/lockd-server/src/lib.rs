@@ -4,7 +4,8 @@
 //! - `server`: start-up (open store, recover, listen) and clean shutdown;
 //! - `service`: the tonic service, wire messages in and out, no decisions;
 //! - `driver`: the core under a mutex, effects, waiters' reply channels, expiry timer;
-//! - `writer`: the group-commit thread that owns the store;
+//! - `writer`: group commit (the first waiter commits for everyone queued) and the store's
+//!   background work;
 //! - `status`: the one mapping from domain errors to gRPC statuses;
 //! - `clock`: monotonic time for decisions, wall time for display.
 

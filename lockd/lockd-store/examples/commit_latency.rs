@@ -1,3 +1,5 @@
+//! Latency of one synced grant commit of the redb store (journal append + fdatasync).
+//! Run: `cargo run --release -p lockd-store --example commit_latency`.
 use fencing::{FencingToken, LeaseId, ResourceName};
 use lockd_core::{LeaseRecord, Op};
 use lockd_store::{RedbStore, RedbStoreOptions, Store};
