@@ -36,7 +36,9 @@ print(f"| fdatasync of a 4 KiB overwrite | {base['fdatasync']['p50_us']} us |")
 print(f"| floor = round trip + fdatasync | {floor} us |")
 if single:
     p50 = single["acquire"]["p50_us"]
-    print(f"| lockd acquire, 1 client | {p50} us = **{p50 / floor:.2f}x** the floor |")
+    rel = single["release"]["p50_us"]
+    print(f"| lockd release, 1 client (gRPC round trip through lockd, no sync) | {rel} us |")
+    print(f"| lockd acquire, 1 client | {p50} us = **{p50 / floor:.2f}x** the floor, {p50 / (rel + base['fdatasync']['p50_us']):.2f}x (release + fdatasync) |")
 
 if opened:
     print("\n### Open loop at the specification's load (lockd)\n")
