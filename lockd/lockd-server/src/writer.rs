@@ -354,22 +354,10 @@ const TIDY_AFTER_QUIET: Duration = Duration::from_millis(20);
 mod tests {
     use std::sync::mpsc;
 
-    use fencing::{FencingToken, LeaseId, ResourceName};
-    use lockd_core::LeaseRecord;
     use lockd_store::MemoryStore;
+    use lockd_store::conformance::sample_grant as grant;
 
     use super::*;
-
-    fn grant(n: u64) -> Op {
-        Op::Grant(LeaseRecord {
-            resource: ResourceName::new(&format!("r{n}")).unwrap(),
-            lease_id: LeaseId::from_bytes([n as u8; 16]),
-            token: FencingToken::new(n).unwrap(),
-            holder: String::new(),
-            ttl_ms: 1000,
-            request_id: None,
-        })
-    }
 
     /// A store whose first commit waits until the test lets it go, and which reports the size
     /// of every synced batch.

@@ -90,6 +90,16 @@ fn grant(resource: &str, token: u64, request_id: Option<&str>) -> Op {
     Op::Grant(rec(resource, token, request_id))
 }
 
+/// A grant for other tests: resource `r<n>`, token `n`, request id `q<n>`.
+pub fn sample_grant(n: u64) -> Op {
+    grant(&format!("r{n}"), n, Some(&format!("q{n}")))
+}
+
+/// The removal of [`sample_grant`]`(n)`'s lease.
+pub fn sample_remove(n: u64) -> Op {
+    remove(&format!("r{n}"), n)
+}
+
 fn remove(resource: &str, token: u64) -> Op {
     Op::Remove {
         resource: res(resource),

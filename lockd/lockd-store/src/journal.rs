@@ -403,28 +403,8 @@ fn decode_ops(payload: &[u8]) -> Result<Vec<Op>, String> {
 
 #[cfg(test)]
 mod tests {
-    use fencing::FencingToken;
-    use lockd_core::LeaseRecord;
-
     use super::*;
-
-    fn grant(n: u64) -> Op {
-        Op::Grant(LeaseRecord {
-            resource: ResourceName::new(&format!("r{n}")).unwrap(),
-            lease_id: LeaseId::from_bytes([n as u8; 16]),
-            token: FencingToken::new(n).unwrap(),
-            holder: "h".into(),
-            ttl_ms: 1000,
-            request_id: Some(format!("q{n}")),
-        })
-    }
-
-    fn remove(n: u64) -> Op {
-        Op::Remove {
-            resource: ResourceName::new(&format!("r{n}")).unwrap(),
-            lease_id: LeaseId::from_bytes([n as u8; 16]),
-        }
-    }
+    use crate::conformance::{sample_grant as grant, sample_remove as remove};
 
     fn reopen(dir: &Path) -> Vec<Record> {
         Journal::open(&dir.join("j"), 64 << 10).unwrap().1

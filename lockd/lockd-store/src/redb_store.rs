@@ -119,23 +119,7 @@ impl RedbStore {
             if record.seq <= applied_seq {
                 continue; // already in redb
             }
-            let view_check = {
-                let tx = store.db().begin_read()?;
-                let (leases, requests, meta) = (
-                    tx.open_table(LEASES)?,
-                    tx.open_table(REQUESTS)?,
-                    tx.open_table(META)?,
-                );
-                check_batch(
-                    &TxView {
-                        leases: &leases,
-                        requests: &requests,
-                        meta: &meta,
-                    },
-                    &record.ops,
-                )
-            };
-            view_check.map_err(|e| {
+            store.check(&record.ops).map_err(|e| {
                 StoreError::Corrupt(format!(
                     "journal record {} does not apply to the stored state: {e}",
                     record.seq
@@ -167,6 +151,25 @@ impl RedbStore {
 
     fn db(&self) -> &Database {
         self.db.as_ref().expect("the database is open until drop")
+    }
+
+    /// Checks `ops` against redb as it is (see `check`): call after `apply_deferred`.
+    fn check(&self, ops: &[Op]) -> Result<(), StoreError> {
+        let tx = self.db().begin_read()?;
+        let (leases, requests, meta) = (
+            tx.open_table(LEASES)?,
+            tx.open_table(REQUESTS)?,
+            tx.open_table(META)?,
+        );
+        check_batch(
+            &TxView {
+                leases: &leases,
+                requests: &requests,
+                meta: &meta,
+            },
+            ops,
+        )
+        .map(|_| ())
     }
 
     fn checkpoint_due(&self) -> bool {
@@ -346,22 +349,7 @@ impl Store for RedbStore {
         if self.checkpoint_due() {
             self.checkpoint()?;
         }
-        {
-            let tx = self.db().begin_read()?;
-            let (leases, requests, meta) = (
-                tx.open_table(LEASES)?,
-                tx.open_table(REQUESTS)?,
-                tx.open_table(META)?,
-            );
-            check_batch(
-                &TxView {
-                    leases: &leases,
-                    requests: &requests,
-                    meta: &meta,
-                },
-                ops,
-            )?;
-        }
+        self.check(ops)?;
         if !self.journal.fits(ops) {
             // Everything before this batch moves into redb, durably; the journal starts over.
             self.journal.sync()?;
@@ -392,21 +380,8 @@ impl Store for RedbStore {
 
 #[cfg(test)]
 mod tests {
-    use fencing::{FencingToken, LeaseId, ResourceName};
-    use lockd_core::LeaseRecord;
-
     use super::*;
-
-    fn grant(n: u64) -> Op {
-        Op::Grant(LeaseRecord {
-            resource: ResourceName::new(&format!("r{n}")).unwrap(),
-            lease_id: LeaseId::from_bytes([1; 16]),
-            token: FencingToken::new(n).unwrap(),
-            holder: String::new(),
-            ttl_ms: 1000,
-            request_id: None,
-        })
-    }
+    use crate::conformance::sample_grant as grant;
 
     /// A checkpoint costs a redb sync: it must come every `CHECKPOINT_OPS` ops, not after each
     /// commit once the first one has run.

@@ -49,29 +49,15 @@ mod redb {
     /// replayed on open.
     #[test]
     fn journaled_batches_are_replayed_after_a_crash() {
-        use fencing::{FencingToken, LeaseId, ResourceName};
-        use lockd_store::{LeaseRecord, Op, Store};
+        use fencing::FencingToken;
+        use lockd_store::Store;
+        use lockd_store::conformance::{sample_grant, sample_remove};
         let dir = tempfile::tempdir().unwrap();
-        let rec = |n: u64| LeaseRecord {
-            resource: ResourceName::new(&format!("r{n}")).unwrap(),
-            lease_id: LeaseId::from_bytes([n as u8; 16]),
-            token: FencingToken::new(n).unwrap(),
-            holder: String::new(),
-            ttl_ms: 1000,
-            request_id: None,
-        };
         let mut s = RedbStore::open(dir.path(), &options()).unwrap();
         for n in 1..=200 {
-            s.commit(&[Op::Grant(rec(n))], true).unwrap();
+            s.commit(&[sample_grant(n)], true).unwrap();
         }
-        s.commit(
-            &[Op::Remove {
-                resource: rec(7).resource,
-                lease_id: rec(7).lease_id,
-            }],
-            true,
-        )
-        .unwrap();
+        s.commit(&[sample_remove(7)], true).unwrap();
         // No tidy, no checkpoint: the last batches exist only in the journal.
         s.abandon();
         let mut s = RedbStore::open(dir.path(), &options()).unwrap();
