@@ -91,3 +91,71 @@ fn acquire_retries_while_lockd_is_down_and_succeeds_once_it_is_up() {
         Some(guard.token().to_string())
     );
 }
+
+#[test]
+fn dropping_a_guard_releases_the_lock() {
+    let dir = tempfile::tempdir().unwrap();
+    let lockd = Lockd::start(dir.path(), &[]);
+    let rt = runtime();
+    let _in_runtime = rt.enter();
+    let client = Client::connect(&lockd.endpoint).unwrap();
+    let Acquired::Granted(guard) = rt
+        .block_on(client.acquire("dropped", opts(60_000)))
+        .unwrap()
+    else {
+        panic!()
+    };
+    drop(guard);
+    lockd.wait_event("released", |e| e["resource"] == "dropped");
+    assert!(!rt.block_on(client.describe("dropped")).unwrap().held);
+}
+
+#[test]
+fn a_cancelled_call_leaves_the_queue_and_full_queues_are_refused() {
+    use lockd_proto::v1::AcquireRequest;
+    use lockd_proto::v1::lock_service_client::LockServiceClient;
+    let dir = tempfile::tempdir().unwrap();
+    let lockd = Lockd::start(dir.path(), &["--waiters-per-resource-max", "1"]);
+    let rt = runtime();
+    let acquire = |wait_ms| AcquireRequest {
+        resource: "busy".into(),
+        ttl_ms: 60_000,
+        wait_timeout_ms: wait_ms,
+        ..Default::default()
+    };
+    let mut client = rt
+        .block_on(LockServiceClient::connect(lockd.endpoint.clone()))
+        .unwrap();
+    rt.block_on(client.acquire(acquire(0))).unwrap();
+    let mut waiting = client.clone();
+    let call = rt.spawn(async move { waiting.acquire(acquire(60_000)).await });
+    let queued = lockd.wait_event("queued", |e| e["resource"] == "busy");
+
+    // The queue holds one waiter: the next is refused at once, with the stable code.
+    let full = rt
+        .block_on(client.acquire(acquire(60_000)))
+        .expect_err("queue full");
+    assert_eq!(full.code(), tonic::Code::ResourceExhausted, "{full}");
+    assert_eq!(full.metadata().get("lockd-error").unwrap(), "queue_full");
+    assert!(
+        full.message().contains("wait queue of busy is full"),
+        "{}",
+        full.message()
+    );
+
+    // Cancelling the call (the connection stays open) takes the waiter out of the queue.
+    call.abort();
+    lockd.wait_event("waiter left: call cancelled or client disconnected", |e| {
+        e["waiter"] == queued["waiter"]
+    });
+    let describe = lockd_proto::v1::DescribeRequest {
+        resource: "busy".into(),
+    };
+    assert_eq!(
+        rt.block_on(client.describe(describe))
+            .unwrap()
+            .into_inner()
+            .waiters,
+        0
+    );
+}
