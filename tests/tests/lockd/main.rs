@@ -4,7 +4,8 @@
 //! - `crash`: `kill -9` during a burst of grants, then restart on the same data directory;
 //! - `sdk`: the client library (renewal, the lost signal, retries while lockd is down, release
 //!   on drop) and, through the raw API, a cancelled wait and a full queue;
-//! - `server`: start-up refusals, bad input, and a clean shutdown.
+//! - `server`: start-up refusals, bad input, and a clean shutdown;
+//! - `demo`: README's demo runs to the end.
 //!
 //! Needs the binaries: `cargo build --bins` first (the harness says so if they are missing).
 
