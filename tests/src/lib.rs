@@ -17,6 +17,9 @@ use std::time::{Duration, Instant, SystemTime};
 
 use serde_json::Value;
 
+pub mod client;
+pub mod upstream;
+
 /// How long any wait may take before the test fails. Generous: it only bounds a hang.
 pub const PATIENCE: Duration = Duration::from_secs(60);
 
@@ -66,6 +69,7 @@ fn crates_of(name: &str) -> &'static [&'static str] {
             "lockd-server",
         ],
         "lockctl" => &["fencing", "lockd-proto", "lockd-client"],
+        "fence-proxy" => &["fencing", "../proxy/http-relay", "../proxy/fence-proxy"],
         "cron-dedup" => &["../examples/cron-dedup"],
         _ => &[],
     }
@@ -216,6 +220,16 @@ impl Spawned {
         self.status.is_none()
     }
 
+    /// Waits until `n` JSON log events (on stderr) with this message satisfy `pred`; returns
+    /// the n-th.
+    pub fn wait_events(&self, message: &str, n: usize, pred: impl Fn(&Value) -> bool) -> Value {
+        let what = format!("{n} event(s) {message:?} from {}", self.name);
+        let line = self.stderr.wait_for_nth(&what, n, |l| {
+            event(l).is_some_and(|e| e["message"] == message && pred(&e))
+        });
+        event(&line).expect("matched a JSON event")
+    }
+
     /// Sends a signal, if it is still running.
     pub fn signal(&mut self, sig: libc::c_int) {
         if self.running() {
@@ -283,16 +297,12 @@ impl Lockd {
 
     /// Waits for a log event with this message whose fields satisfy `pred`.
     pub fn wait_event(&self, message: &str, pred: impl Fn(&Value) -> bool) -> Value {
-        self.wait_events(message, 1, pred)
+        self.process.wait_events(message, 1, pred)
     }
 
     /// Waits until `n` log events with this message satisfy `pred`; returns the n-th.
     pub fn wait_events(&self, message: &str, n: usize, pred: impl Fn(&Value) -> bool) -> Value {
-        let what = format!("{n} lockd event(s) {message:?}");
-        let line = self.process.stderr.wait_for_nth(&what, n, |l| {
-            event(l).is_some_and(|e| e["message"] == message && pred(&e))
-        });
-        event(&line).expect("matched a JSON event")
+        self.process.wait_events(message, n, pred)
     }
 
     /// `kill -9`, and waits until it is gone.
@@ -306,6 +316,43 @@ impl Lockd {
         let mut cmd = Command::new(bin("lockctl"));
         cmd.env("LOCKD_ENDPOINT", &self.endpoint);
         cmd
+    }
+}
+
+/// A fence-proxy process, from a TOML configuration, logging JSON events.
+pub struct FenceProxy {
+    pub process: Spawned,
+    /// The base URL of each `[[http]]` listener, in configuration order.
+    pub urls: Vec<String>,
+}
+
+impl FenceProxy {
+    /// Starts fence-proxy with `config` (written to `dir/proxy.toml`; the harness sets the log
+    /// settings) and waits until its `listeners` HTTP listeners listen.
+    pub fn start(dir: &Path, config: &str, listeners: usize) -> FenceProxy {
+        let path = dir.join("proxy.toml");
+        let text = format!("log = \"info,http_relay=debug\"\nlog_format = \"json\"\n{config}");
+        std::fs::write(&path, text).expect("writing the proxy configuration");
+        let mut cmd = Command::new(bin("fence-proxy"));
+        cmd.arg("--config")
+            .arg(&path)
+            .env_remove("FENCE_PROXY_CONFIG");
+        let process = Spawned::spawn(cmd);
+        let mut urls = Vec::new();
+        for i in 1..=listeners {
+            let e = process.wait_events("listening (http)", i, |_| true);
+            urls.push(format!(
+                "http://{}",
+                e["addr"].as_str().expect("listening event has addr")
+            ));
+        }
+        FenceProxy { process, urls }
+    }
+
+    /// `kill -9`, and waits until it is gone.
+    pub fn kill9(&mut self) {
+        self.process.signal(libc::SIGKILL);
+        self.process.wait();
     }
 }
 

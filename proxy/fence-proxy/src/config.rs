@@ -1,0 +1,524 @@
+//! fence-proxy's configuration: a TOML file for any number of listeners, or the `http`
+//! subcommand's flags (and `FENCE_PROXY_*` variables) for one HTTP listener.
+//!
+//! docs/fence-proxy.md is the reference; a test keeps it in step with this file.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use http_relay::{
+    FenceLimits, RelayConfig, RouteConfig, Routes, ServerLimits, Unmatched, parse_upstream,
+};
+use serde::{Deserialize, Serialize};
+
+/// Command line of `fence-proxy`.
+#[derive(Parser, Debug)]
+#[command(
+    name = "fence-proxy",
+    version,
+    about = "A sidecar that rejects writes carrying a stale fencing token, in front of an HTTP service.",
+    long_about = "A sidecar that rejects writes carrying a stale fencing token, in front of an HTTP \
+                  service. Run one listener with `fence-proxy http --listen ... --upstream ...`, or \
+                  any number from a TOML file with `fence-proxy --config FILE`. See docs/fence-proxy.md."
+)]
+pub struct Cli {
+    /// TOML configuration file (all listeners and settings).
+    #[arg(long, env = "FENCE_PROXY_CONFIG", value_name = "FILE")]
+    pub config: Option<PathBuf>,
+
+    /// Print the effective configuration as TOML and exit.
+    #[arg(long)]
+    pub print_config: bool,
+
+    #[command(subcommand)]
+    pub mode: Option<Mode>,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Mode {
+    /// One HTTP listener, configured by flags.
+    Http(HttpArgs),
+}
+
+/// Log line format.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Args, Debug)]
+pub struct HttpArgs {
+    /// Address to listen on.
+    #[arg(
+        long,
+        env = "FENCE_PROXY_LISTEN",
+        default_value = "127.0.0.1:8420",
+        value_name = "ADDR"
+    )]
+    pub listen: SocketAddr,
+    /// The service to protect (http://host:port, optionally with a path prefix).
+    #[arg(
+        long,
+        env = "FENCE_PROXY_UPSTREAM",
+        default_value = "http://127.0.0.1:8080",
+        value_name = "URL"
+    )]
+    pub upstream: String,
+    /// Directory of the embedded store of high-water marks (created if missing).
+    #[arg(
+        long,
+        env = "FENCE_PROXY_DATA_DIR",
+        default_value = "./fence-proxy-data",
+        value_name = "DIR"
+    )]
+    pub data_dir: PathBuf,
+    /// Log filter (tracing EnvFilter syntax).
+    #[arg(
+        long,
+        env = "FENCE_PROXY_LOG",
+        default_value = "info",
+        value_name = "FILTER"
+    )]
+    pub log: String,
+    /// Log format.
+    #[arg(
+        long,
+        env = "FENCE_PROXY_LOG_FORMAT",
+        default_value = "text",
+        value_name = "FORMAT"
+    )]
+    pub log_format: LogFormat,
+    /// Longest a request with a new token waits for older-token requests still in flight, in ms.
+    #[arg(
+        long,
+        env = "FENCE_PROXY_BARRIER_WAIT_MS",
+        default_value_t = 5_000,
+        value_name = "MS"
+    )]
+    pub barrier_wait_ms: u64,
+    /// Largest request body relayed, in bytes.
+    #[arg(long, env = "FENCE_PROXY_BODY_MAX_BYTES", default_value_t = 64 << 20, value_name = "BYTES")]
+    pub body_max_bytes: u64,
+    /// Longest wait for the upstream's response headers, in ms.
+    #[arg(
+        long,
+        env = "FENCE_PROXY_UPSTREAM_TIMEOUT_MS",
+        default_value_t = 30_000,
+        value_name = "MS"
+    )]
+    pub upstream_timeout_ms: u64,
+}
+
+/// The whole configuration (the TOML file's schema).
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// Directory of the embedded store of high-water marks.
+    #[serde(default = "default_data_dir")]
+    pub data_dir: PathBuf,
+    #[serde(default = "default_log")]
+    pub log: String,
+    #[serde(default = "default_log_format")]
+    pub log_format: LogFormat,
+    #[serde(default)]
+    pub fence: FenceConfig,
+    #[serde(default)]
+    pub http: Vec<HttpConfig>,
+    /// Listeners of the PostgreSQL mode (not built yet: refused with a clear message).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pg: Option<toml::Value>,
+}
+
+fn default_data_dir() -> PathBuf {
+    PathBuf::from("./fence-proxy-data")
+}
+fn default_log() -> String {
+    "info".into()
+}
+fn default_log_format() -> LogFormat {
+    LogFormat::Text
+}
+
+/// Settings of the fence shared by every HTTP listener.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct FenceConfig {
+    /// Longest a request with a new token waits for older-token requests still in flight, in ms.
+    pub barrier_wait_ms: u64,
+    /// Resources tracked at most; past it, requests for new resources are refused (503).
+    pub resources_max: usize,
+    /// Page cache of the marks file, in MiB.
+    pub cache_size_mb: usize,
+}
+
+impl Default for FenceConfig {
+    fn default() -> FenceConfig {
+        FenceConfig {
+            barrier_wait_ms: 5_000,
+            resources_max: 10_000_000,
+            cache_size_mb: 16,
+        }
+    }
+}
+
+/// One HTTP listener.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct HttpConfig {
+    pub listen: SocketAddr,
+    pub upstream: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub routes: Vec<RouteConfig>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unmatched: Option<Unmatched>,
+    #[serde(default = "d_body_max")]
+    pub body_max_bytes: u64,
+    #[serde(default = "d_upstream_timeout")]
+    pub upstream_timeout_ms: u64,
+    #[serde(default = "d_connect_timeout")]
+    pub connect_timeout_ms: u64,
+    #[serde(default = "d_connections")]
+    pub connections_max: usize,
+    #[serde(default = "d_header_timeout")]
+    pub header_read_timeout_ms: u64,
+    #[serde(default = "d_pool_idle")]
+    pub pool_idle_per_host: usize,
+    #[serde(default = "d_pool_idle_timeout")]
+    pub pool_idle_timeout_ms: u64,
+}
+
+fn d_body_max() -> u64 {
+    64 << 20
+}
+fn d_upstream_timeout() -> u64 {
+    30_000
+}
+fn d_connect_timeout() -> u64 {
+    2_000
+}
+fn d_connections() -> usize {
+    10_000
+}
+fn d_header_timeout() -> u64 {
+    10_000
+}
+fn d_pool_idle() -> usize {
+    512
+}
+fn d_pool_idle_timeout() -> u64 {
+    90_000
+}
+
+impl HttpConfig {
+    fn new(listen: SocketAddr, upstream: String) -> HttpConfig {
+        HttpConfig {
+            listen,
+            upstream,
+            routes: Vec::new(),
+            unmatched: None,
+            body_max_bytes: d_body_max(),
+            upstream_timeout_ms: d_upstream_timeout(),
+            connect_timeout_ms: d_connect_timeout(),
+            connections_max: d_connections(),
+            header_read_timeout_ms: d_header_timeout(),
+            pool_idle_per_host: d_pool_idle(),
+            pool_idle_timeout_ms: d_pool_idle_timeout(),
+        }
+    }
+
+    /// The relay settings (the upstream URL checked).
+    pub fn relay(&self) -> anyhow::Result<RelayConfig> {
+        Ok(RelayConfig {
+            upstream: parse_upstream(&self.upstream).map_err(anyhow::Error::msg)?,
+            body_max_bytes: self.body_max_bytes,
+            upstream_timeout: Duration::from_millis(self.upstream_timeout_ms),
+            connect_timeout: Duration::from_millis(self.connect_timeout_ms),
+            pool_idle_per_host: self.pool_idle_per_host,
+            pool_idle_timeout: Duration::from_millis(self.pool_idle_timeout_ms),
+        })
+    }
+
+    pub fn routes(&self) -> anyhow::Result<Routes> {
+        Routes::new(&self.routes, self.unmatched)
+            .map_err(|e| anyhow::anyhow!("listener {}: {e}", self.listen))
+    }
+
+    pub fn server(&self) -> ServerLimits {
+        ServerLimits {
+            connections_max: self.connections_max,
+            header_read_timeout: Duration::from_millis(self.header_read_timeout_ms),
+            ..ServerLimits::default()
+        }
+    }
+}
+
+impl FenceConfig {
+    pub fn limits(&self) -> FenceLimits {
+        FenceLimits {
+            barrier_wait: Duration::from_millis(self.barrier_wait_ms),
+            resources_max: self.resources_max,
+        }
+    }
+}
+
+impl Config {
+    /// Resolves the command line: the file, or the `http` subcommand's flags.
+    pub fn from_cli(cli: &Cli) -> anyhow::Result<Config> {
+        let config = match (&cli.config, &cli.mode) {
+            (Some(_), Some(_)) => {
+                bail!("give either --config FILE or the http subcommand with its flags, not both")
+            }
+            (Some(path), None) => read_file(path)?,
+            (None, Some(Mode::Http(a))) => {
+                let mut http = HttpConfig::new(a.listen, a.upstream.clone());
+                http.body_max_bytes = a.body_max_bytes;
+                http.upstream_timeout_ms = a.upstream_timeout_ms;
+                Config {
+                    data_dir: a.data_dir.clone(),
+                    log: a.log.clone(),
+                    log_format: a.log_format,
+                    fence: FenceConfig {
+                        barrier_wait_ms: a.barrier_wait_ms,
+                        ..FenceConfig::default()
+                    },
+                    http: vec![http],
+                    pg: None,
+                }
+            }
+            (None, None) => bail!(
+                "nothing to run: give --config FILE, or `fence-proxy http --listen ADDR --upstream URL` (see --help)"
+            ),
+        };
+        config.validate()?;
+        Ok(config)
+    }
+
+    pub fn to_toml(&self) -> String {
+        toml::to_string(self).expect("the configuration serialises")
+    }
+
+    fn validate(&self) -> anyhow::Result<()> {
+        if self.pg.is_some() {
+            bail!(
+                "the PostgreSQL mode ([[pg]] listeners) is not built yet; this fence-proxy runs HTTP listeners only"
+            );
+        }
+        if self.http.is_empty() {
+            bail!("no listeners configured: add an [[http]] section");
+        }
+        let mut seen = std::collections::HashSet::new();
+        for h in &self.http {
+            if !seen.insert(h.listen) {
+                bail!("two listeners on {}", h.listen);
+            }
+            h.relay()
+                .with_context(|| format!("listener {}", h.listen))?;
+            h.routes()?;
+            if h.body_max_bytes == 0
+                || h.connections_max == 0
+                || h.upstream_timeout_ms == 0
+                || h.connect_timeout_ms == 0
+            {
+                bail!(
+                    "listener {}: body_max_bytes, connections_max and the timeouts must be at least 1",
+                    h.listen
+                );
+            }
+        }
+        if self.fence.resources_max == 0
+            || self.fence.barrier_wait_ms == 0
+            || self.fence.cache_size_mb == 0
+        {
+            bail!(
+                "fence.resources_max, fence.barrier_wait_ms and fence.cache_size_mb must be at least 1"
+            );
+        }
+        tracing_subscriber::EnvFilter::try_new(&self.log)
+            .with_context(|| format!("log filter {:?} is not valid", self.log))?;
+        Ok(())
+    }
+}
+
+fn read_file(path: &Path) -> anyhow::Result<Config> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read config file {}", path.display()))?;
+    toml::from_str(&text).with_context(|| format!("config file {} is not valid", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cli(args: &[&str]) -> Cli {
+        Cli::try_parse_from(std::iter::once("fence-proxy").chain(args.iter().copied())).unwrap()
+    }
+
+    fn file(text: &str) -> (tempfile::TempDir, String) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("proxy.toml");
+        std::fs::write(&path, text).unwrap();
+        let p = path.to_str().unwrap().to_string();
+        (dir, p)
+    }
+
+    #[test]
+    fn the_http_subcommand_has_the_documented_defaults() {
+        let c = Config::from_cli(&cli(&["http"])).unwrap();
+        assert_eq!(c.http[0].listen.to_string(), "127.0.0.1:8420");
+        assert_eq!(c.http[0].upstream, "http://127.0.0.1:8080");
+        assert_eq!(c.data_dir, PathBuf::from("./fence-proxy-data"));
+    }
+
+    #[test]
+    fn a_file_configures_listeners_and_routes() {
+        let (_d, p) = file(
+            r#"
+            data_dir = "/var/lib/fence-proxy"
+            [fence]
+            barrier_wait_ms = 1000
+            [[http]]
+            listen = "127.0.0.1:8420"
+            upstream = "http://127.0.0.1:8080"
+            [[http.routes]]
+            methods = ["POST", "PUT"]
+            path = "/inventory/{sku}"
+            resource = "inventory:{sku}"
+            [[http]]
+            listen = "127.0.0.1:8421"
+            upstream = "http://127.0.0.1:9090/api"
+            "#,
+        );
+        let c = Config::from_cli(&cli(&["--config", &p])).unwrap();
+        assert_eq!(c.http.len(), 2);
+        assert_eq!(
+            c.http[0].routes[0].resource.as_deref(),
+            Some("inventory:{sku}")
+        );
+        assert_eq!(c.fence.barrier_wait_ms, 1000);
+        // --print-config output is itself a valid file with the same meaning.
+        let (_d2, p2) = file(&c.to_toml());
+        assert_eq!(Config::from_cli(&cli(&["--config", &p2])).unwrap(), c);
+    }
+
+    #[test]
+    fn garbage_is_refused_with_the_reason() {
+        for (text, needle) in [
+            (
+                "[[http]]\nlisten = \"127.0.0.1:1\"\nupstream = \"https://x\"",
+                "TLS",
+            ),
+            (
+                "[[http]]\nlisten = \"127.0.0.1:1\"\nupstream = \"http://x\"\n[[http.routes]]\npath = \"/a/{b}\"\nresource = \"r:{c}\"",
+                "does not capture",
+            ),
+            (
+                "[[http]]\nlisten = \"nope\"\nupstream = \"http://x\"",
+                "invalid socket address",
+            ),
+            (
+                "[[http]]\nlisten = \"127.0.0.1:1\"\nupstream = \"http://x\"\nbogus = 1",
+                "unknown field",
+            ),
+            ("data_dir = \"x\"", "no listeners"),
+            (
+                "[[pg]]\nlisten = \"127.0.0.1:6543\"\n[[http]]\nlisten = \"127.0.0.1:1\"\nupstream = \"http://x\"",
+                "not built yet",
+            ),
+            (
+                "[fence]\nbarrier_wait_ms = 0\n[[http]]\nlisten = \"127.0.0.1:1\"\nupstream = \"http://x\"",
+                "at least 1",
+            ),
+        ] {
+            let (_d, p) = file(text);
+            let err = format!(
+                "{:#}",
+                Config::from_cli(&cli(&["--config", &p])).unwrap_err()
+            );
+            assert!(err.contains(needle), "{text:?}: {err}");
+        }
+        let both = Config::from_cli(&cli(&["--config", "x.toml", "http"]))
+            .unwrap_err()
+            .to_string();
+        assert!(both.contains("either"), "{both}");
+        let none = Config::from_cli(&cli(&[])).unwrap_err().to_string();
+        assert!(none.contains("nothing to run"), "{none}");
+    }
+
+    /// docs/fence-proxy.md is the operators' reference: every key must be in it.
+    #[test]
+    fn the_reference_lists_every_setting() {
+        let doc = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../docs/fence-proxy.md"
+        ))
+        .unwrap();
+        let mut c = Config::from_cli(&cli(&["http"])).unwrap();
+        c.http[0].routes.push(RouteConfig {
+            methods: Some(vec!["POST".into()]),
+            path: "/a/{b}".into(),
+            resource: Some("a:{b}".into()),
+            fenced: true,
+        });
+        c.http[0].unmatched = Some(Unmatched::Pass);
+        let value: toml::Value = toml::from_str(&c.to_toml()).unwrap();
+        let mut keys = Vec::new();
+        collect(&value, "", &mut keys);
+        assert!(keys.len() > 15, "{keys:?}");
+        for key in keys {
+            assert!(
+                doc.contains(&format!("`{key}`")),
+                "docs/fence-proxy.md does not mention `{key}`"
+            );
+        }
+        for flag in [
+            "--listen",
+            "--upstream",
+            "--data-dir",
+            "--barrier-wait-ms",
+            "--body-max-bytes",
+            "--upstream-timeout-ms",
+            "--log",
+            "--log-format",
+        ] {
+            assert!(
+                doc.contains(&format!("`{flag}`")),
+                "docs/fence-proxy.md does not mention `{flag}`"
+            );
+        }
+    }
+
+    fn collect(v: &toml::Value, prefix: &str, out: &mut Vec<String>) {
+        match v {
+            toml::Value::Table(t) => {
+                for (k, v) in t {
+                    let key = if prefix.is_empty() {
+                        k.clone()
+                    } else {
+                        format!("{prefix}.{k}")
+                    };
+                    if v.is_table()
+                        || v.as_array()
+                            .is_some_and(|a| a.iter().all(toml::Value::is_table) && !a.is_empty())
+                    {
+                        collect(v, &key, out);
+                    } else {
+                        out.push(key);
+                    }
+                }
+            }
+            toml::Value::Array(a) => {
+                for item in a {
+                    collect(item, prefix, out);
+                }
+                out.sort();
+                out.dedup();
+            }
+            _ => {}
+        }
+    }
+}

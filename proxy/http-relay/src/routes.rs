@@ -1,0 +1,483 @@
+//! Which requests are fenced, and which resource each one names.
+//!
+//! A route matches a method set and a path template such as `/inventory/{sku}`; a fenced route
+//! names its resource either with a template over the path's captures (`inventory:{sku}`) or
+//! with the request's `Fencing-Resource` header. Routes are tried in order; the first match
+//! decides. With no routes configured, every method except GET, HEAD and OPTIONS is fenced and
+//! the resource comes from the header. With routes configured, a request no route matches is
+//! relayed unfenced (`unmatched = "pass"`), or fenced by header (`unmatched = "fence"`).
+//!
+//! Templates are checked when the configuration is loaded (a capture in the resource template
+//! that the path does not define, a character a resource name cannot hold): a bad route is a
+//! start-up error, never a surprise at request time.
+
+use std::collections::HashSet;
+
+use http::Method;
+use serde::{Deserialize, Serialize};
+
+/// One route as written in the configuration.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct RouteConfig {
+    /// Methods this route applies to. Default: every method except GET, HEAD and OPTIONS.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub methods: Option<Vec<String>>,
+    /// Path template: literal segments and `{name}` captures of one segment each, e.g.
+    /// `/inventory/{sku}`. A final `{*name}` captures the rest of the path.
+    pub path: String,
+    /// Resource template over the captures (`inventory:{sku}`), or `"header"` to take the
+    /// `Fencing-Resource` header. Default: `"header"`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resource: Option<String>,
+    /// Whether matching requests are fenced (default true). `false` lets a route pass requests
+    /// untouched, e.g. to exempt a health check from a broader fenced route after it.
+    #[serde(default = "yes")]
+    pub fenced: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// What to do with a request no route matches.
+#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Unmatched {
+    /// Relay it unfenced (the default when routes are configured).
+    #[default]
+    Pass,
+    /// Fence it, with the resource from the `Fencing-Resource` header.
+    Fence,
+}
+
+/// A route configuration that cannot work.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum RouteError {
+    #[error("route {path:?}: the path template must start with '/'")]
+    PathStart { path: String },
+    #[error("route {path:?}: segment {segment:?} is not a literal or a {{capture}}")]
+    BadSegment { path: String, segment: String },
+    #[error("route {path:?}: capture {name:?} appears twice")]
+    DuplicateCapture { path: String, name: String },
+    #[error("route {path:?}: {{*{name}}} must be the last segment")]
+    RestNotLast { path: String, name: String },
+    #[error(
+        "route {path:?}: the resource template uses {{{name}}}, which the path does not capture"
+    )]
+    UnknownCapture { path: String, name: String },
+    #[error("route {path:?}: the resource template {template:?} is malformed: {reason}")]
+    BadTemplate {
+        path: String,
+        template: String,
+        reason: String,
+    },
+    #[error("route {path:?}: {method:?} is not an HTTP method")]
+    BadMethod { path: String, method: String },
+}
+
+#[derive(Clone, Debug)]
+enum Segment {
+    Literal(String),
+    Capture(String),
+    Rest(String),
+}
+
+#[derive(Clone, Debug)]
+enum Piece {
+    Literal(String),
+    Capture(String),
+}
+
+/// Where a fenced request's resource comes from.
+#[derive(Clone, Debug)]
+enum ResourceFrom {
+    Header,
+    Template(Vec<Piece>),
+}
+
+#[derive(Clone, Debug)]
+struct Route {
+    methods: Option<Vec<Method>>,
+    path: Vec<Segment>,
+    resource: ResourceFrom,
+    fenced: bool,
+}
+
+/// The routes of one listener.
+#[derive(Clone, Debug)]
+pub struct Routes {
+    routes: Vec<Route>,
+    unmatched: Unmatched,
+}
+
+/// How a request is to be handled.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Classification {
+    /// Relay unchanged.
+    Pass,
+    /// Fenced; the resource is in the `Fencing-Resource` header.
+    FenceByHeader,
+    /// Fenced; the resource name built from the path (not yet validated as a name).
+    FenceNamed(String),
+}
+
+/// Methods that are not fenced by default: they do not write.
+pub fn is_safe(method: &Method) -> bool {
+    method == Method::GET || method == Method::HEAD || method == Method::OPTIONS
+}
+
+impl Routes {
+    /// Builds and checks routes. No routes: the default rule (see the module docs).
+    pub fn new(
+        configs: &[RouteConfig],
+        unmatched: Option<Unmatched>,
+    ) -> Result<Routes, RouteError> {
+        let routes = configs
+            .iter()
+            .map(parse_route)
+            .collect::<Result<Vec<_>, _>>()?;
+        let unmatched = match unmatched {
+            Some(u) => u,
+            None if routes.is_empty() => Unmatched::Fence,
+            None => Unmatched::Pass,
+        };
+        Ok(Routes { routes, unmatched })
+    }
+
+    /// Decides how to handle `method path` (path without the query).
+    pub fn classify(&self, method: &Method, path: &str) -> Classification {
+        for route in &self.routes {
+            let method_ok = match &route.methods {
+                Some(ms) => ms.contains(method),
+                None => !is_safe(method),
+            };
+            if !method_ok {
+                continue;
+            }
+            let Some(captures) = match_path(&route.path, path) else {
+                continue;
+            };
+            if !route.fenced {
+                return Classification::Pass;
+            }
+            return match &route.resource {
+                ResourceFrom::Header => Classification::FenceByHeader,
+                ResourceFrom::Template(pieces) => {
+                    Classification::FenceNamed(render(pieces, &captures))
+                }
+            };
+        }
+        match self.unmatched {
+            Unmatched::Fence if !is_safe(method) => Classification::FenceByHeader,
+            _ => Classification::Pass,
+        }
+    }
+}
+
+fn parse_route(c: &RouteConfig) -> Result<Route, RouteError> {
+    let path_err = || RouteError::PathStart {
+        path: c.path.clone(),
+    };
+    let rest = c.path.strip_prefix('/').ok_or_else(path_err)?;
+    let mut segments = Vec::new();
+    let mut names = HashSet::new();
+    let parts: Vec<&str> = if rest.is_empty() {
+        Vec::new()
+    } else {
+        rest.split('/').collect()
+    };
+    for (i, seg) in parts.iter().enumerate() {
+        let parsed = match seg.strip_prefix('{').and_then(|s| s.strip_suffix('}')) {
+            Some(inner) => {
+                let (rest_capture, name) = match inner.strip_prefix('*') {
+                    Some(n) => (true, n),
+                    None => (false, inner),
+                };
+                if name.is_empty()
+                    || !name
+                        .chars()
+                        .all(|ch| ch.is_ascii_alphanumeric() || ch == '_')
+                {
+                    return Err(RouteError::BadSegment {
+                        path: c.path.clone(),
+                        segment: seg.to_string(),
+                    });
+                }
+                if !names.insert(name.to_string()) {
+                    return Err(RouteError::DuplicateCapture {
+                        path: c.path.clone(),
+                        name: name.to_string(),
+                    });
+                }
+                if rest_capture {
+                    if i + 1 != parts.len() {
+                        return Err(RouteError::RestNotLast {
+                            path: c.path.clone(),
+                            name: name.to_string(),
+                        });
+                    }
+                    Segment::Rest(name.to_string())
+                } else {
+                    Segment::Capture(name.to_string())
+                }
+            }
+            None if seg.contains(['{', '}']) => {
+                return Err(RouteError::BadSegment {
+                    path: c.path.clone(),
+                    segment: seg.to_string(),
+                });
+            }
+            None => Segment::Literal(seg.to_string()),
+        };
+        segments.push(parsed);
+    }
+    let resource = match c.resource.as_deref() {
+        None | Some("header") => ResourceFrom::Header,
+        Some(t) => ResourceFrom::Template(parse_template(&c.path, t, &names)?),
+    };
+    let methods = match &c.methods {
+        None => None,
+        Some(ms) => Some(
+            ms.iter()
+                .map(|m| {
+                    Method::from_bytes(m.as_bytes())
+                        .ok()
+                        .filter(|_| m.bytes().all(|b| b.is_ascii_uppercase()))
+                        .ok_or_else(|| RouteError::BadMethod {
+                            path: c.path.clone(),
+                            method: m.clone(),
+                        })
+                })
+                .collect::<Result<Vec<_>, _>>()?,
+        ),
+    };
+    Ok(Route {
+        methods,
+        path: segments,
+        resource,
+        fenced: c.fenced,
+    })
+}
+
+fn parse_template(path: &str, t: &str, names: &HashSet<String>) -> Result<Vec<Piece>, RouteError> {
+    let bad = |reason: &str| RouteError::BadTemplate {
+        path: path.to_string(),
+        template: t.to_string(),
+        reason: reason.to_string(),
+    };
+    let mut pieces = Vec::new();
+    let mut rest = t;
+    while !rest.is_empty() {
+        match rest.find('{') {
+            Some(0) => {
+                let end = rest.find('}').ok_or_else(|| bad("an unclosed '{'"))?;
+                let name = &rest[1..end];
+                if !names.contains(name) {
+                    return Err(RouteError::UnknownCapture {
+                        path: path.to_string(),
+                        name: name.to_string(),
+                    });
+                }
+                pieces.push(Piece::Capture(name.to_string()));
+                rest = &rest[end + 1..];
+            }
+            found => {
+                let end = found.unwrap_or(rest.len());
+                let lit = &rest[..end];
+                if lit.contains('}') {
+                    return Err(bad("a '}' without '{'"));
+                }
+                if let Some(c) = lit
+                    .chars()
+                    .find(|&c| fencing::ResourceName::new(&c.to_string()).is_err())
+                {
+                    return Err(bad(&format!("{c:?} cannot appear in a resource name")));
+                }
+                pieces.push(Piece::Literal(lit.to_string()));
+                rest = &rest[end..];
+            }
+        }
+    }
+    if pieces.is_empty() {
+        return Err(bad("it is empty"));
+    }
+    Ok(pieces)
+}
+
+/// Matches `path` against a template; returns the captures (name, value).
+fn match_path<'r, 'p>(template: &'r [Segment], path: &'p str) -> Option<Vec<(&'r str, &'p str)>> {
+    let rest = path.strip_prefix('/')?;
+    let mut parts: Vec<&'p str> = if rest.is_empty() {
+        Vec::new()
+    } else {
+        rest.split('/').collect()
+    };
+    let mut captures = Vec::new();
+    let mut i = 0;
+    for seg in template {
+        match seg {
+            Segment::Literal(l) => {
+                if parts.get(i) != Some(&l.as_str()) {
+                    return None;
+                }
+            }
+            Segment::Capture(name) => {
+                let v = parts.get(i).filter(|v| !v.is_empty())?;
+                captures.push((name.as_str(), *v));
+            }
+            Segment::Rest(name) => {
+                if i >= parts.len() {
+                    return None;
+                }
+                let start = parts[..i].iter().map(|p| p.len() + 1).sum::<usize>();
+                captures.push((name.as_str(), &rest[start..]));
+                parts.truncate(i + 1);
+                i = parts.len();
+                continue;
+            }
+        }
+        i += 1;
+    }
+    (i == parts.len()).then_some(captures)
+}
+
+fn render(pieces: &[Piece], captures: &[(&str, &str)]) -> String {
+    let mut out = String::new();
+    for p in pieces {
+        match p {
+            Piece::Literal(l) => out.push_str(l),
+            Piece::Capture(name) => {
+                let v = captures
+                    .iter()
+                    .find(|(n, _)| n == name)
+                    .map_or("", |(_, v)| *v);
+                out.push_str(v);
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn route(methods: Option<&[&str]>, path: &str, resource: Option<&str>) -> RouteConfig {
+        RouteConfig {
+            methods: methods.map(|ms| ms.iter().map(|m| m.to_string()).collect()),
+            path: path.into(),
+            resource: resource.map(str::to_string),
+            fenced: true,
+        }
+    }
+
+    #[test]
+    fn without_routes_writes_are_fenced_by_header_and_reads_pass() {
+        let r = Routes::new(&[], None).unwrap();
+        for m in [Method::POST, Method::PUT, Method::PATCH, Method::DELETE] {
+            assert_eq!(r.classify(&m, "/anything"), Classification::FenceByHeader);
+        }
+        for m in [Method::GET, Method::HEAD, Method::OPTIONS] {
+            assert_eq!(r.classify(&m, "/anything"), Classification::Pass);
+        }
+    }
+
+    #[test]
+    fn templates_name_the_resource_and_the_first_match_wins() {
+        let r = Routes::new(
+            &[
+                RouteConfig {
+                    fenced: false,
+                    ..route(Some(&["POST"]), "/inventory/health", None)
+                },
+                route(None, "/inventory/{sku}", Some("inventory:{sku}")),
+                route(
+                    Some(&["POST"]),
+                    "/payments/{account}/charges/{id}",
+                    Some("pay/{account}"),
+                ),
+                route(None, "/files/{*path}", Some("file:{path}")),
+                route(Some(&["PUT"]), "/by-header", None),
+            ],
+            None,
+        )
+        .unwrap();
+        let named = |s: &str| Classification::FenceNamed(s.to_string());
+        assert_eq!(
+            r.classify(&Method::PUT, "/inventory/sku-1"),
+            named("inventory:sku-1")
+        );
+        assert_eq!(
+            r.classify(&Method::POST, "/inventory/health"),
+            Classification::Pass
+        );
+        assert_eq!(
+            r.classify(&Method::GET, "/inventory/sku-1"),
+            Classification::Pass
+        );
+        assert_eq!(
+            r.classify(&Method::POST, "/payments/acme/charges/7"),
+            named("pay/acme")
+        );
+        assert_eq!(
+            r.classify(&Method::PUT, "/payments/acme/charges/7"),
+            Classification::Pass
+        );
+        assert_eq!(
+            r.classify(&Method::DELETE, "/files/a/b/c.txt"),
+            named("file:a/b/c.txt")
+        );
+        assert_eq!(
+            r.classify(&Method::PUT, "/by-header"),
+            Classification::FenceByHeader
+        );
+        // Unmatched paths pass when routes are configured, and segments must match exactly.
+        assert_eq!(
+            r.classify(&Method::POST, "/inventory/sku-1/extra"),
+            Classification::Pass
+        );
+        assert_eq!(
+            r.classify(&Method::POST, "/inventory/"),
+            Classification::Pass
+        );
+        assert_eq!(
+            r.classify(&Method::POST, "/elsewhere"),
+            Classification::Pass
+        );
+        let strict = Routes::new(&[route(None, "/x", None)], Some(Unmatched::Fence)).unwrap();
+        assert_eq!(
+            strict.classify(&Method::POST, "/elsewhere"),
+            Classification::FenceByHeader
+        );
+    }
+
+    #[test]
+    fn bad_routes_are_refused_with_the_reason() {
+        let cases = [
+            (route(None, "inventory/{sku}", None), "must start with '/'"),
+            (route(None, "/inventory/{sku", None), "is not a literal"),
+            (route(None, "/a/{x}/{x}", None), "appears twice"),
+            (
+                route(None, "/a/{*rest}/b", None),
+                "must be the last segment",
+            ),
+            (
+                route(None, "/a/{sku}", Some("inventory:{id}")),
+                "does not capture",
+            ),
+            (
+                route(None, "/a/{sku}", Some("inventory {sku}")),
+                "cannot appear in a resource name",
+            ),
+            (route(None, "/a/{sku}", Some("inv:{sku")), "unclosed"),
+            (route(Some(&["post"]), "/a", None), "is not an HTTP method"),
+        ];
+        for (config, needle) in cases {
+            let err = Routes::new(std::slice::from_ref(&config), None)
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(needle), "{config:?}: {err}");
+        }
+    }
+}

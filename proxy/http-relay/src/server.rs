@@ -1,0 +1,97 @@
+//! The listening side: HTTP/1.1 connections from clients, keep-alive, bounded in number, with
+//! a graceful shutdown.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::net::TcpListener;
+use tokio::sync::{Semaphore, watch};
+
+use crate::relay::Relay;
+
+/// Limits of the listening side.
+#[derive(Clone, Debug)]
+pub struct ServerLimits {
+    /// Client connections open at once; past it, new connections wait in the kernel's backlog.
+    pub connections_max: usize,
+    /// Longest time a client may take to send a request's headers (slow-loris guard).
+    pub header_read_timeout: Duration,
+    /// On shutdown, how long requests in progress may take to finish.
+    pub shutdown_grace: Duration,
+}
+
+impl Default for ServerLimits {
+    fn default() -> ServerLimits {
+        ServerLimits {
+            connections_max: 10_000,
+            header_read_timeout: Duration::from_secs(10),
+            shutdown_grace: Duration::from_secs(10),
+        }
+    }
+}
+
+/// Serves `relay` on `listener` until `shutdown` completes, then lets requests in progress
+/// finish (up to the grace period).
+pub async fn serve(
+    listener: TcpListener,
+    relay: Arc<Relay>,
+    limits: ServerLimits,
+    shutdown: impl Future<Output = ()>,
+) {
+    let slots = Arc::new(Semaphore::new(limits.connections_max));
+    let (stop_tx, stop_rx) = watch::channel(false);
+    tokio::pin!(shutdown);
+    loop {
+        let permit = tokio::select! {
+            () = &mut shutdown => break,
+            p = Arc::clone(&slots).acquire_owned() => p.expect("the semaphore is never closed"),
+        };
+        let (stream, peer) = tokio::select! {
+            () = &mut shutdown => break,
+            accepted = listener.accept() => match accepted {
+                Ok(a) => a,
+                Err(e) => {
+                    // Out of file descriptors and the like: say so, keep serving the others.
+                    tracing::warn!(error = %e, "accept failed");
+                    continue;
+                }
+            },
+        };
+        let _ = stream.set_nodelay(true);
+        let relay = Arc::clone(&relay);
+        let mut stop = stop_rx.clone();
+        let header_read_timeout = limits.header_read_timeout;
+        tokio::spawn(async move {
+            let _slot = permit;
+            let service = service_fn(move |req| {
+                let relay = Arc::clone(&relay);
+                async move { relay.handle(req, peer).await }
+            });
+            let conn = http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(header_read_timeout)
+                .keep_alive(true)
+                .serve_connection(TokioIo::new(stream), service);
+            tokio::pin!(conn);
+            tokio::select! {
+                r = conn.as_mut() => {
+                    if let Err(e) = r {
+                        tracing::debug!(%peer, error = %e, "client connection ended with an error");
+                    }
+                }
+                _ = stop.changed() => {
+                    conn.as_mut().graceful_shutdown();
+                    let _ = conn.await;
+                }
+            }
+        });
+    }
+    let _ = stop_tx.send(true);
+    // Wait for the connections to close, up to the grace period.
+    let all = u32::try_from(limits.connections_max).unwrap_or(u32::MAX);
+    let _ = tokio::time::timeout(limits.shutdown_grace, slots.acquire_many(all)).await;
+}
