@@ -18,6 +18,7 @@ use std::time::{Duration, Instant, SystemTime};
 use serde_json::Value;
 
 pub mod client;
+pub mod pg;
 pub mod upstream;
 
 /// How long any wait may take before the test fails. Generous: it only bounds a hang.

@@ -144,10 +144,28 @@ fn default_log_format() -> LogFormat {
     LogFormat::Text
 }
 
+/// Where the high-water marks live.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize, ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum MarksStore {
+    /// An embedded file in the data directory (one proxy process).
+    #[default]
+    Redb,
+    /// A PostgreSQL table (several proxy replicas in front of one upstream).
+    Postgres,
+}
+
 /// Settings of the fence shared by every HTTP listener.
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct FenceConfig {
+    /// Where the marks live: `redb` or `postgres`.
+    pub store: MarksStore,
+    /// PostgreSQL connection URL, for `store = "postgres"`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub postgres_url: Option<String>,
+    /// Connections to PostgreSQL; each fenced request in flight holds one.
+    pub postgres_pool_size: u32,
     /// Longest a request with a new token waits for older-token requests still in flight, in ms.
     pub barrier_wait_ms: u64,
     /// Resources tracked at most; past it, requests for new resources are refused (503).
@@ -159,6 +177,9 @@ pub struct FenceConfig {
 impl Default for FenceConfig {
     fn default() -> FenceConfig {
         FenceConfig {
+            store: MarksStore::Redb,
+            postgres_url: None,
+            postgres_pool_size: 64,
             barrier_wait_ms: 5_000,
             resources_max: 10_000_000,
             cache_size_mb: 16,
@@ -465,6 +486,7 @@ mod tests {
             fenced: true,
         });
         c.http[0].unmatched = Some(Unmatched::Pass);
+        c.fence.postgres_url = Some("postgres://localhost/db".into());
         let value: toml::Value = toml::from_str(&c.to_toml()).unwrap();
         let mut keys = Vec::new();
         collect(&value, "", &mut keys);

@@ -1,6 +1,7 @@
 //! `fence-proxy`: see `fence-proxy --help` and docs/fence-proxy.md.
 
 mod config;
+mod fence_pg;
 mod marks_redb;
 
 use std::io::IsTerminal;
@@ -9,7 +10,7 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use clap::Parser;
-use config::{Cli, Config, LogFormat};
+use config::{Cli, Config, LogFormat, MarksStore};
 use http_relay::{Fence, LocalFence, Relay};
 use tokio::sync::watch;
 use tracing_subscriber::EnvFilter;
@@ -60,19 +61,44 @@ fn main() -> ExitCode {
 }
 
 async fn run(config: Config) -> anyhow::Result<()> {
-    let (marks, stored) = marks_redb::open(
-        &config.data_dir,
-        config.fence.cache_size_mb << 20,
-        Box::new(|reason| {
-            // Fail-stop: a mark that may not be stored must not let a request through.
-            tracing::error!(%reason, "the marks store failed; fence-proxy stops");
-            eprintln!("fence-proxy: the marks store failed, stopping: {reason}");
-            std::process::exit(EXIT_STORE_FAILED);
-        }),
-    )?;
-    tracing::info!(data_dir = %config.data_dir.display(), marks = stored.len(), "loaded the high-water marks");
-    let fence = LocalFence::new(Arc::new(marks), stored, config.fence.limits());
-    let fence: Arc<dyn Fence> = Arc::new(fence);
+    let fence: Arc<dyn Fence> = match config.fence.store {
+        MarksStore::Redb => {
+            let (marks, stored) = marks_redb::open(
+                &config.data_dir,
+                config.fence.cache_size_mb << 20,
+                Box::new(|reason| {
+                    // Fail-stop: a mark that may not be stored must not let a request through.
+                    tracing::error!(%reason, "the marks store failed; fence-proxy stops");
+                    eprintln!("fence-proxy: the marks store failed, stopping: {reason}");
+                    std::process::exit(EXIT_STORE_FAILED);
+                }),
+            )?;
+            tracing::info!(data_dir = %config.data_dir.display(), marks = stored.len(), "loaded the high-water marks");
+            Arc::new(LocalFence::new(
+                Arc::new(marks),
+                stored,
+                config.fence.limits(),
+            ))
+        }
+        MarksStore::Postgres => {
+            let url = config
+                .fence
+                .postgres_url
+                .as_deref()
+                .expect("validated with the config");
+            let fence = fence_pg::PgFence::connect(
+                url,
+                config.fence.postgres_pool_size,
+                config.fence.limits().barrier_wait,
+            )
+            .await?;
+            tracing::info!(
+                marks = fence.count().await?,
+                "using the high-water marks in PostgreSQL"
+            );
+            Arc::new(fence)
+        }
+    };
 
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut servers = Vec::new();

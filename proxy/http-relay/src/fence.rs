@@ -55,6 +55,12 @@ pub enum Refusal {
         resource: ResourceName,
         reason: String,
     },
+    /// The fence's shared store (PostgreSQL) could not be asked in time; nothing was decided.
+    #[error("the fence could not decide for {resource}: {reason}")]
+    Unavailable {
+        resource: ResourceName,
+        reason: String,
+    },
 }
 
 /// Held while a fenced request is in flight; dropping it ends the request's hold on its

@@ -65,6 +65,11 @@ impl Problem {
                 "mark-store-failed",
                 "High-water mark store failed",
             ),
+            Problem::Refused(Refusal::Unavailable { .. }) => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "fence-unavailable",
+                "Fence store unavailable",
+            ),
             Problem::BodyTooLarge { .. } => (
                 StatusCode::PAYLOAD_TOO_LARGE,
                 "body-too-large",
@@ -125,7 +130,9 @@ impl Problem {
                         body["resource"] = json!(resource.as_str());
                         body["older_in_flight"] = json!(older);
                     }
-                    Refusal::Store { resource, .. } => body["resource"] = json!(resource.as_str()),
+                    Refusal::Store { resource, .. } | Refusal::Unavailable { resource, .. } => {
+                        body["resource"] = json!(resource.as_str())
+                    }
                     Refusal::TooManyResources { .. } => {}
                 }
                 r.to_string()

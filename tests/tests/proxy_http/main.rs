@@ -5,6 +5,7 @@
 //!   requests untouched;
 //! - `ordering`: many clients with increasing tokens, and the barrier;
 //! - `durability`: `kill -9` and restart;
+//! - `replicas`: two proxies with their marks in a real PostgreSQL;
 //! - `streaming`: large bodies both ways without holding them.
 //!
 //! Needs the binaries: `cargo build --bins` first.
@@ -12,6 +13,7 @@
 mod answers;
 mod durability;
 mod ordering;
+mod replicas;
 mod streaming;
 
 use std::path::Path;

@@ -1,0 +1,167 @@
+//! A throwaway PostgreSQL for the tests: `initdb` in a temporary directory, `postgres` on a free
+//! loopback port, trust authentication, removed when dropped.
+//!
+//! PostgreSQL refuses to run as root, so as root the harness runs it as the `postgres` user
+//! (switching user in the child itself, so that the process it signals is PostgreSQL and not a
+//! wrapper). The binaries are looked for in `PG_BIN`, else `/usr/lib/postgresql/15/bin`; if
+//! they are missing the test fails and says how to install them (never skipped).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use crate::{Spawned, free_loopback_addr, output};
+
+pub struct Postgres {
+    pub port: u16,
+    process: Spawned,
+    _dir: tempfile::TempDir,
+}
+
+fn bin_dir() -> PathBuf {
+    let dir = std::env::var_os("PG_BIN").map_or_else(
+        || PathBuf::from("/usr/lib/postgresql/15/bin"),
+        PathBuf::from,
+    );
+    assert!(
+        dir.join("initdb").is_file() && dir.join("postgres").is_file(),
+        "PostgreSQL binaries not found in {} (set PG_BIN, or install them: apt-get install postgresql-15)",
+        dir.display()
+    );
+    dir
+}
+
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// The `postgres` user's uid and gid.
+fn postgres_ids() -> (u32, u32) {
+    let name = std::ffi::CString::new("postgres").expect("no NUL");
+    // SAFETY: getpwnam returns a pointer to static storage or NULL; we read two integers at once.
+    let pw = unsafe { libc::getpwnam(name.as_ptr()) };
+    assert!(
+        !pw.is_null(),
+        "there is no `postgres` user to run PostgreSQL as (install postgresql-15, which creates it)"
+    );
+    // SAFETY: checked non-null just above.
+    unsafe { ((*pw).pw_uid, (*pw).pw_gid) }
+}
+
+/// `program`, as the `postgres` user when we are root.
+fn as_postgres(program: &Path) -> Command {
+    use std::os::unix::process::CommandExt;
+    let mut c = Command::new(program);
+    if is_root() {
+        let (uid, gid) = postgres_ids();
+        c.uid(uid).gid(gid);
+    }
+    c
+}
+
+impl Postgres {
+    pub fn start() -> Postgres {
+        let bin = bin_dir();
+        let dir = tempfile::tempdir().expect("temporary directory");
+        if is_root() {
+            let (uid, gid) = postgres_ids();
+            std::os::unix::fs::chown(dir.path(), Some(uid), Some(gid))
+                .expect("handing the directory to postgres");
+        }
+        let data = dir.path().join("data");
+        let mut initdb = as_postgres(&bin.join("initdb"));
+        initdb.arg("-D").arg(&data).args([
+            "-A",
+            "trust",
+            "-U",
+            "postgres",
+            "-E",
+            "UTF8",
+            "--locale=C",
+            "--no-sync",
+        ]);
+        let (status, _, stderr) = output(initdb);
+        assert!(status.success(), "initdb failed: {stderr}");
+        let port: u16 = free_loopback_addr()
+            .rsplit(':')
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap();
+        let mut cmd = as_postgres(&bin.join("postgres"));
+        cmd.arg("-D")
+            .arg(&data)
+            .args([
+                "-p",
+                &port.to_string(),
+                "-c",
+                "listen_addresses=127.0.0.1",
+                "-c",
+                "max_connections=300",
+            ])
+            .arg("-k")
+            .arg(dir.path());
+        let process = Spawned::spawn(cmd);
+        process
+            .stderr
+            .wait_for("PostgreSQL to accept connections", |l| {
+                l.contains("ready to accept connections")
+            });
+        Postgres {
+            port,
+            process,
+            _dir: dir,
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
+    }
+
+    /// Runs SQL with psql (a client we did not write) and returns its unaligned output.
+    pub fn psql(&self, sql: &str) -> String {
+        let mut cmd = Command::new("psql");
+        cmd.args([
+            "-h",
+            "127.0.0.1",
+            "-p",
+            &self.port.to_string(),
+            "-U",
+            "postgres",
+            "-d",
+            "postgres",
+            "-X",
+            "-tA",
+            "-v",
+            "ON_ERROR_STOP=1",
+            "-c",
+            sql,
+        ]);
+        let (status, stdout, stderr) = output(cmd);
+        assert!(status.success(), "psql {sql:?} failed: {stderr}");
+        stdout.trim().to_string()
+    }
+}
+
+impl Postgres {
+    /// Runs `sql` until it answers `expected` (each run is a round trip, nothing sleeps).
+    pub fn wait_until(&self, what: &str, sql: &str, expected: &str) {
+        let deadline = std::time::Instant::now() + crate::PATIENCE;
+        loop {
+            let got = self.psql(sql);
+            if got == expected {
+                return;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "gave up waiting for {what}: {sql:?} answers {got:?}"
+            );
+        }
+    }
+}
+
+impl Drop for Postgres {
+    fn drop(&mut self) {
+        self.process.signal(libc::SIGKILL);
+    }
+}

@@ -1,0 +1,209 @@
+//! Two fence-proxy replicas in front of one upstream, with their marks in a real PostgreSQL.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use e2e::FenceProxy;
+use e2e::client::{body, client, send};
+use e2e::pg::Postgres;
+use e2e::upstream::Upstream;
+
+use crate::runtime;
+
+fn replica(dir: &Path, name: &str, pg: &Postgres, upstream: &Upstream) -> FenceProxy {
+    let dir = dir.join(name);
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = format!(
+        "data_dir = \"{}\"\n[fence]\nstore = \"postgres\"\npostgres_url = \"{}\"\nbarrier_wait_ms = 60000\n\
+         [[http]]\nlisten = \"127.0.0.1:0\"\nupstream = \"{}\"\n",
+        dir.join("data").display(),
+        pg.url(),
+        upstream.url()
+    );
+    FenceProxy::start(&dir, &config, 1)
+}
+
+#[test]
+fn replicas_share_the_marks_and_keep_them_across_kill_9() {
+    let dir = tempfile::tempdir().unwrap();
+    let pg = Postgres::start();
+    let upstream = Upstream::start();
+    let mut a = replica(dir.path(), "a", &pg, &upstream);
+    let b = replica(dir.path(), "b", &pg, &upstream);
+    let rt = runtime();
+    let c = client();
+    let put = |px: &FenceProxy, token: u64| {
+        let t = token.to_string();
+        rt.block_on(send(
+            &c,
+            "PUT",
+            &format!("{}/w", px.urls[0]),
+            &[("fencing-resource", "acct:7"), ("fencing-token", &t)],
+            body(""),
+        ))
+    };
+    assert_eq!(put(&a, 10).status, 200);
+    let stale = put(&b, 9);
+    assert_eq!(
+        (stale.status, stale.json()["highest"].as_u64()),
+        (409, Some(10)),
+        "replica b accepted what a had fenced off"
+    );
+    assert_eq!(put(&b, 10).status, 200);
+    assert_eq!(put(&b, 11).status, 200);
+    assert_eq!(
+        put(&a, 10).status,
+        409,
+        "replica a accepted what b had fenced off"
+    );
+    assert_eq!(
+        pg.psql("SELECT token FROM fence_proxy.marks WHERE resource = 'acct:7'"),
+        "11"
+    );
+    a.kill9();
+    let a = replica(dir.path(), "a", &pg, &upstream);
+    assert_eq!(put(&a, 10).status, 409);
+    assert_eq!(put(&a, 11).status, 200);
+}
+
+#[test]
+fn the_barrier_holds_across_replicas() {
+    let dir = tempfile::tempdir().unwrap();
+    let pg = Postgres::start();
+    let upstream = Upstream::start();
+    let a = replica(dir.path(), "a", &pg, &upstream);
+    let b = replica(dir.path(), "b", &pg, &upstream);
+    let rt = runtime();
+    let c = client();
+    let old = {
+        let (c, url) = (c.clone(), format!("{}/w", a.urls[0]));
+        rt.spawn(async move {
+            send(
+                &c,
+                "PUT",
+                &url,
+                &[
+                    ("fencing-resource", "r"),
+                    ("fencing-token", "1"),
+                    ("x-hold", "old"),
+                ],
+                body(""),
+            )
+            .await
+        })
+    };
+    upstream.wait_until("the old write, through replica a", |s| {
+        s.iter().any(|s| s.token == Some(1))
+    });
+    let new = {
+        let (c, url) = (c.clone(), format!("{}/w", b.urls[0]));
+        rt.spawn(async move {
+            send(
+                &c,
+                "PUT",
+                &url,
+                &[("fencing-resource", "r"), ("fencing-token", "2")],
+                body(""),
+            )
+            .await
+        })
+    };
+    // Replica b's raise waits in PostgreSQL for the old request's share lock, held by replica a.
+    pg.wait_until(
+        "replica b's raise to wait for the lock",
+        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE 'INSERT INTO fence_proxy.marks%'",
+        "1",
+    );
+    assert!(
+        upstream.seen().iter().all(|s| s.token != Some(2)),
+        "the new token overtook the old request"
+    );
+    upstream.release("old");
+    assert_eq!(rt.block_on(old).unwrap().status, 200);
+    assert_eq!(rt.block_on(new).unwrap().status, 200);
+    let order: Vec<Option<u64>> = upstream.seen().iter().map(|s| s.token).collect();
+    assert_eq!(order, vec![Some(1), Some(2)]);
+}
+
+#[test]
+fn with_clients_on_both_replicas_the_upstream_never_sees_a_token_go_backwards() {
+    let dir = tempfile::tempdir().unwrap();
+    let pg = Postgres::start();
+    let upstream = Upstream::start();
+    let replicas = [
+        replica(dir.path(), "a", &pg, &upstream),
+        replica(dir.path(), "b", &pg, &upstream),
+    ];
+    let urls: Vec<String> = replicas
+        .iter()
+        .map(|r| format!("{}/w", r.urls[0]))
+        .collect();
+    let rt = runtime();
+    let next = Arc::new(AtomicU64::new(0));
+    let answers = rt.block_on(async {
+        let mut tasks = Vec::new();
+        for i in 0..8 {
+            let (url, next, c) = (urls[i % 2].clone(), Arc::clone(&next), client());
+            tasks.push(tokio::spawn(async move {
+                let mut answers = Vec::new();
+                for _ in 0..25 {
+                    let token = next.fetch_add(1, Ordering::SeqCst) + 1;
+                    let resource = format!("shared-{}", token % 2);
+                    let t = token.to_string();
+                    let a = send(
+                        &c,
+                        "PUT",
+                        &url,
+                        &[("fencing-resource", &resource), ("fencing-token", &t)],
+                        body(""),
+                    )
+                    .await;
+                    answers.push((resource, token, a.status));
+                }
+                answers
+            }));
+        }
+        let mut all = Vec::new();
+        for t in tasks {
+            all.extend(t.await.unwrap());
+        }
+        all
+    });
+    let seen = upstream.seen();
+    let mut last: HashMap<String, u64> = HashMap::new();
+    for s in &seen {
+        let (r, t) = (s.resource.clone().unwrap(), s.token.unwrap());
+        let prev = last.insert(r.clone(), t).unwrap_or(0);
+        assert!(
+            t >= prev,
+            "{r}: token {t} reached the upstream after {prev}"
+        );
+    }
+    let mut accepted = 0;
+    for (resource, token, status) in &answers {
+        let reached = seen
+            .iter()
+            .any(|s| s.resource.as_deref() == Some(resource) && s.token == Some(*token));
+        match status {
+            200 => {
+                accepted += 1;
+                assert!(
+                    reached,
+                    "acknowledged write {resource}/{token} is missing at the upstream"
+                );
+            }
+            409 => assert!(
+                !reached,
+                "refused write {resource}/{token} reached the upstream"
+            ),
+            other => panic!("unexpected status {other} for {resource}/{token}"),
+        }
+    }
+    assert!(
+        accepted >= 10,
+        "only {accepted} of {} writes accepted",
+        answers.len()
+    );
+}
