@@ -63,6 +63,12 @@ fn allowed(c: char) -> bool {
 impl ResourceName {
     /// Validates `name`.
     pub fn new(name: &str) -> Result<ResourceName, ResourceNameError> {
+        ResourceName::validate(name)?;
+        Ok(ResourceName(Arc::from(name)))
+    }
+
+    /// Checks `name` without keeping it (no allocation).
+    pub fn validate(name: &str) -> Result<(), ResourceNameError> {
         if name.is_empty() {
             return Err(ResourceNameError::Empty);
         }
@@ -75,7 +81,7 @@ impl ResourceName {
                 character,
             });
         }
-        Ok(ResourceName(Arc::from(name)))
+        Ok(())
     }
 
     pub fn as_str(&self) -> &str {

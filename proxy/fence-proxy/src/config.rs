@@ -112,6 +112,25 @@ pub struct HttpArgs {
         value_name = "MS"
     )]
     pub upstream_timeout_ms: u64,
+    /// Threads serving the listener (0 = one per CPU).
+    #[arg(
+        long,
+        env = "FENCE_PROXY_WORKERS",
+        default_value_t = 0,
+        value_name = "N"
+    )]
+    pub workers: usize,
+    /// Where the marks live: redb (embedded, one proxy) or postgres (replicas).
+    #[arg(
+        long,
+        env = "FENCE_PROXY_MARKS_STORE",
+        default_value = "redb",
+        value_name = "STORE"
+    )]
+    pub marks_store: MarksStore,
+    /// PostgreSQL URL for --marks-store postgres (postgres://user:password@host:port/db).
+    #[arg(long, env = "FENCE_PROXY_POSTGRES_URL", value_name = "URL")]
+    pub postgres_url: Option<String>,
 }
 
 /// The whole configuration (the TOML file's schema).
@@ -125,6 +144,9 @@ pub struct Config {
     pub log: String,
     #[serde(default = "default_log_format")]
     pub log_format: LogFormat,
+    /// Threads serving each listener (0 = one per CPU).
+    #[serde(default)]
+    pub workers: usize,
     #[serde(default)]
     pub fence: FenceConfig,
     #[serde(default)]
@@ -182,7 +204,7 @@ impl Default for FenceConfig {
             postgres_pool_size: 64,
             barrier_wait_ms: 5_000,
             resources_max: 10_000_000,
-            cache_size_mb: 16,
+            cache_size_mb: 4,
         }
     }
 }
@@ -303,8 +325,11 @@ impl Config {
                     data_dir: a.data_dir.clone(),
                     log: a.log.clone(),
                     log_format: a.log_format,
+                    workers: a.workers,
                     fence: FenceConfig {
                         barrier_wait_ms: a.barrier_wait_ms,
+                        store: a.marks_store,
+                        postgres_url: a.postgres_url.clone(),
                         ..FenceConfig::default()
                     },
                     http: vec![http],
@@ -319,6 +344,14 @@ impl Config {
         Ok(config)
     }
 
+    /// The number of threads per listener.
+    pub fn workers(&self) -> usize {
+        match self.workers {
+            0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+            n => n,
+        }
+    }
+
     pub fn to_toml(&self) -> String {
         toml::to_string(self).expect("the configuration serialises")
     }
@@ -331,6 +364,9 @@ impl Config {
         }
         if self.http.is_empty() {
             bail!("no listeners configured: add an [[http]] section");
+        }
+        if self.workers > 1024 {
+            bail!("workers must be at most 1024 (0 = one per CPU)");
         }
         let mut seen = std::collections::HashSet::new();
         for h in &self.http {
@@ -358,6 +394,20 @@ impl Config {
             bail!(
                 "fence.resources_max, fence.barrier_wait_ms and fence.cache_size_mb must be at least 1"
             );
+        }
+        match (self.fence.store, &self.fence.postgres_url) {
+            (MarksStore::Postgres, None) => {
+                bail!("fence.store = \"postgres\" needs fence.postgres_url")
+            }
+            (MarksStore::Postgres, Some(url))
+                if !url.starts_with("postgres://") && !url.starts_with("postgresql://") =>
+            {
+                bail!("fence.postgres_url must be a postgres:// URL")
+            }
+            (MarksStore::Postgres, _) if self.fence.postgres_pool_size == 0 => {
+                bail!("fence.postgres_pool_size must be at least 1")
+            }
+            _ => {}
         }
         tracing_subscriber::EnvFilter::try_new(&self.log)
             .with_context(|| format!("log filter {:?} is not valid", self.log))?;
@@ -454,6 +504,18 @@ mod tests {
                 "[fence]\nbarrier_wait_ms = 0\n[[http]]\nlisten = \"127.0.0.1:1\"\nupstream = \"http://x\"",
                 "at least 1",
             ),
+            (
+                "[fence]\nstore = \"postgres\"\n[[http]]\nlisten = \"127.0.0.1:1\"\nupstream = \"http://x\"",
+                "needs fence.postgres_url",
+            ),
+            (
+                "[fence]\nstore = \"mysql\"\n[[http]]\nlisten = \"127.0.0.1:1\"\nupstream = \"http://x\"",
+                "unknown variant",
+            ),
+            (
+                "workers = 5000\n[[http]]\nlisten = \"127.0.0.1:1\"\nupstream = \"http://x\"",
+                "at most 1024",
+            ),
         ] {
             let (_d, p) = file(text);
             let err = format!(
@@ -506,6 +568,9 @@ mod tests {
             "--upstream-timeout-ms",
             "--log",
             "--log-format",
+            "--workers",
+            "--marks-store",
+            "--postgres-url",
         ] {
             assert!(
                 doc.contains(&format!("`{flag}`")),

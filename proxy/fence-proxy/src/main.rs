@@ -19,6 +19,7 @@ use tracing_subscriber::EnvFilter;
 const EXIT_STORE_FAILED: i32 = 74;
 
 fn main() -> ExitCode {
+    tame_malloc();
     let cli = Cli::parse();
     let config = match Config::from_cli(&cli) {
         Ok(c) => c,
@@ -100,33 +101,65 @@ async fn run(config: Config) -> anyhow::Result<()> {
         }
     };
 
+    let workers = config.workers();
     let (stop_tx, stop_rx) = watch::channel(false);
-    let mut servers = Vec::new();
+    let mut threads = Vec::new();
     for h in &config.http {
-        let listener = tokio::net::TcpListener::bind(h.listen)
-            .await
+        let shards = http_relay::bind_shards(h.listen, workers)
             .with_context(|| format!("cannot listen on {}", h.listen))?;
-        let addr = listener.local_addr()?;
-        tracing::info!(%addr, upstream = %h.upstream, routes = h.routes.len(), "listening (http)");
-        let relay = Arc::new(Relay::new(h.routes()?, Arc::clone(&fence), h.relay()?));
-        let mut stop = stop_rx.clone();
-        servers.push(tokio::spawn(http_relay::serve(
-            listener,
-            relay,
-            h.server(),
-            async move {
-                let _ = stop.changed().await;
-            },
-        )));
+        let addr = shards[0].local_addr()?;
+        tracing::info!(%addr, upstream = %h.upstream, routes = h.routes.len(), workers, "listening (http)");
+        let mut limits = h.server();
+        limits.connections_max = limits.connections_max.div_ceil(workers);
+        for (i, shard) in shards.into_iter().enumerate() {
+            let (fence, routes, relay, limits) =
+                (Arc::clone(&fence), h.routes()?, h.relay()?, limits.clone());
+            let mut stop = stop_rx.clone();
+            let thread = std::thread::Builder::new()
+                .name(format!("http-{}-{i}", addr.port()))
+                .spawn(move || {
+                    // One single-threaded runtime per worker: a request and its upstream exchange
+                    // stay on one thread (see http_relay::server).
+                    let rt = tokio::runtime::Builder::new_current_thread()
+                        .enable_all()
+                        .build()?;
+                    rt.block_on(async move {
+                        let listener = tokio::net::TcpListener::from_std(shard)?;
+                        let relay = Arc::new(Relay::new(routes, fence, relay));
+                        http_relay::serve(listener, relay, limits, async move {
+                            let _ = stop.changed().await;
+                        })
+                        .await;
+                        Ok::<(), std::io::Error>(())
+                    })
+                })?;
+            threads.push(thread);
+        }
     }
     shutdown_signal().await;
     tracing::info!("shutting down: finishing requests in progress");
     let _ = stop_tx.send(true);
-    for s in servers {
-        let _ = s.await;
-    }
+    tokio::task::spawn_blocking(move || {
+        for t in threads {
+            if let Ok(Err(e)) = t.join() {
+                tracing::warn!(error = %e, "a listener thread ended with an error");
+            }
+        }
+    })
+    .await?;
     tracing::info!("stopped");
     Ok(())
+}
+
+/// glibc raises its mmap threshold after a large block is freed, after which the growing
+/// vectors of the marks table are carved from the heap and their old buffers stay there: with a
+/// million marks that tripled the resident memory. A fixed threshold keeps large buffers in
+/// their own mappings, returned to the system when freed.
+fn tame_malloc() {
+    // SAFETY: mallopt only changes allocator parameters; called before any other thread exists.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 128 * 1024);
+    }
 }
 
 /// SIGINT or SIGTERM.

@@ -10,6 +10,7 @@
 use std::path::Path;
 use std::sync::mpsc;
 
+use compact_str::CompactString;
 use fencing::{FencingToken, ResourceName};
 use http_relay::{BoxFuture, MarkStore};
 use redb::{
@@ -49,7 +50,7 @@ pub fn open(
     dir: &Path,
     cache_bytes: usize,
     on_failure: Box<dyn FnOnce(&str) + Send>,
-) -> anyhow::Result<(RedbMarks, Vec<(ResourceName, FencingToken)>)> {
+) -> anyhow::Result<(RedbMarks, Vec<(CompactString, FencingToken)>)> {
     std::fs::create_dir_all(dir)
         .map_err(|e| anyhow::anyhow!("cannot create the data directory {}: {e}", dir.display()))?;
     let path = dir.join(MARKS_FILE);
@@ -73,13 +74,14 @@ pub fn open(
     let mut marks = Vec::with_capacity(table.len()? as usize);
     for entry in table.iter()? {
         let (k, v) = entry?;
-        let resource = ResourceName::new(k.value()).map_err(|e| {
+        ResourceName::validate(k.value()).map_err(|e| {
             anyhow::anyhow!(
                 "{}: stored resource {:?} is invalid: {e}",
                 path.display(),
                 k.value()
             )
         })?;
+        let resource = CompactString::new(k.value());
         let token = FencingToken::new(v.value()).ok_or_else(|| {
             anyhow::anyhow!(
                 "{}: stored mark {} of {resource} is out of range",
@@ -193,7 +195,7 @@ mod tests {
         let (_, mut stored) = open(dir.path(), 1 << 20, Box::new(|e| panic!("{e}"))).unwrap();
         stored.sort();
         assert_eq!(stored.len(), 102);
-        assert!(stored.contains(&(r("a"), t(5))));
-        assert!(stored.contains(&(r("b"), t(1))));
+        assert!(stored.contains(&("a".into(), t(5))));
+        assert!(stored.contains(&("b".into(), t(1))));
     }
 }

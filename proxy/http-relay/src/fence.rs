@@ -23,10 +23,10 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use compact_str::CompactString;
-use dashmap::DashMap;
 use fencing::{Decision, FencingToken, ResourceName};
 use tokio::sync::Notify;
+
+use crate::marks::MarkTable;
 
 /// A boxed future, for the object-safe traits of this module.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -113,23 +113,9 @@ impl MarkStore for MemoryMarks {
     }
 }
 
-/// Per resource: 40 bytes plus the name (inline up to 24 bytes), so that a million marks fit
-/// in about 100 MiB.
-#[derive(Default)]
-struct Entry {
-    /// The mark (0 = none yet).
-    highest: u64,
-    /// The highest mark known durable.
-    durable: u64,
-    /// In flight with token == `highest`.
-    current: u32,
-    /// In flight with a token below `highest` (admitted before the last raise).
-    older: u32,
-}
-
 /// The single-process fence. See the module documentation.
 pub struct LocalFence {
-    table: DashMap<CompactString, Entry>,
+    table: MarkTable,
     store: Arc<dyn MarkStore>,
     /// Woken whenever a mark becomes durable or a resource's older requests drain.
     changed: Notify,
@@ -159,21 +145,12 @@ impl LocalFence {
     /// A fence over `store`, starting from the marks `stored` (all durable).
     pub fn new(
         store: Arc<dyn MarkStore>,
-        stored: impl IntoIterator<Item = (ResourceName, FencingToken)>,
+        stored: impl IntoIterator<Item = (impl AsRef<str>, FencingToken)>,
         limits: FenceLimits,
     ) -> Arc<LocalFence> {
-        let table = DashMap::new();
+        let table = MarkTable::new();
         for (resource, token) in stored {
-            let t = token.get();
-            table.insert(
-                CompactString::new(resource.as_str()),
-                Entry {
-                    highest: t,
-                    durable: t,
-                    current: 0,
-                    older: 0,
-                },
-            );
+            table.insert_stored(resource.as_ref(), token.get());
         }
         Arc::new(LocalFence {
             table,
@@ -187,8 +164,8 @@ impl LocalFence {
     /// The highest accepted token of `resource`, if any.
     pub fn mark(&self, resource: &str) -> Option<FencingToken> {
         self.table
-            .get(resource)
-            .and_then(|e| FencingToken::new(e.highest))
+            .with(resource, |e| e.highest())
+            .and_then(FencingToken::new)
     }
 
     /// Resources tracked.
@@ -197,7 +174,7 @@ impl LocalFence {
     }
 
     pub fn is_empty(&self) -> bool {
-        self.table.is_empty()
+        self.table.len() == 0
     }
 
     async fn admit_local(
@@ -206,47 +183,59 @@ impl LocalFence {
         token: FencingToken,
     ) -> Result<Permit, Refusal> {
         let deadline = tokio::time::Instant::now() + self.barrier_wait;
-        let key = CompactString::new(resource.as_str());
+        let key = resource.as_str();
         loop {
             // Register for wake-ups before looking, so that no change is missed in between.
             let changed = self.changed.notified();
             tokio::pin!(changed);
             changed.as_mut().enable();
-            let raised = {
-                if !self.table.contains_key(&key) && self.table.len() >= self.resources_max {
-                    return Err(Refusal::TooManyResources {
-                        max: self.resources_max,
-                    });
-                }
-                let mut e = self.table.entry(key.clone()).or_default();
-                let highest = FencingToken::new(e.highest);
-                match fencing::check(highest, token) {
-                    Decision::Reject { highest } => {
-                        return Err(Refusal::Stale {
-                            resource,
-                            token,
-                            highest,
-                        });
-                    }
+            let decided = self.table.with_or_insert(key, self.resources_max, |e| {
+                match fencing::check(FencingToken::new(e.highest()), token) {
+                    Decision::Reject { highest } => Step::Stale(highest),
                     Decision::AcceptRaise => {
                         // From now on the older tokens are refused; their requests still in
                         // flight are the barrier.
                         e.older += e.current;
                         e.current = 0;
-                        e.highest = token.get();
-                        true
+                        e.raise(token.get());
+                        Step::Raised
                     }
-                    Decision::AcceptSame => {
-                        if e.durable >= e.highest && e.older == 0 {
-                            e.current += 1;
-                            return Ok(Permit::new(Hold {
-                                fence: Arc::clone(&self),
-                                key,
-                                token: token.get(),
-                            }));
-                        }
-                        false
+                    Decision::AcceptSame if e.durable() && e.older == 0 => {
+                        e.current += 1;
+                        Step::Admitted
                     }
+                    Decision::AcceptSame => Step::Wait {
+                        older: e.older,
+                        durable: e.durable(),
+                    },
+                }
+            });
+            let raised = match decided {
+                Err(_) => {
+                    return Err(Refusal::TooManyResources {
+                        max: self.resources_max,
+                    });
+                }
+                Ok(Step::Stale(highest)) => {
+                    return Err(Refusal::Stale {
+                        resource,
+                        token,
+                        highest,
+                    });
+                }
+                Ok(Step::Admitted) => {
+                    return Ok(Permit::new(Hold {
+                        fence: Arc::clone(&self),
+                        resource,
+                        token: token.get(),
+                    }));
+                }
+                Ok(Step::Raised) => true,
+                Ok(Step::Wait { older, durable }) => {
+                    if older > 0 {
+                        tracing::debug!(%resource, %token, older, durable, "waiting for older-token requests in flight");
+                    }
+                    false
                 }
             };
             if raised {
@@ -254,14 +243,8 @@ impl LocalFence {
                 self.persist(resource.clone(), token);
                 continue; // look again: the mark may already be durable and nothing older in flight
             }
-            if let Some(e) = self.table.get(&key)
-                && e.older > 0
-            {
-                let durable = e.durable >= e.highest;
-                tracing::debug!(%resource, %token, older = e.older, durable, "waiting for older-token requests in flight");
-            }
             if tokio::time::timeout_at(deadline, changed).await.is_err() {
-                let older = self.table.get(&key).map_or(0, |e| e.older);
+                let older = self.table.with(key, |e| e.older).unwrap_or(0);
                 return Err(Refusal::Barrier { resource, older });
             }
         }
@@ -274,9 +257,9 @@ impl LocalFence {
         tokio::spawn(async move {
             match fence.store.raise(resource.clone(), token).await {
                 Ok(()) => {
-                    if let Some(mut e) = fence.table.get_mut(resource.as_str()) {
-                        e.durable = e.durable.max(token.get());
-                    }
+                    fence
+                        .table
+                        .with(resource.as_str(), |e| e.stored_up_to(token.get()));
                     fence.changed.notify_waiters();
                 }
                 Err(reason) => {
@@ -302,19 +285,24 @@ impl Fence for Arc<LocalFence> {
 /// A request's hold on its resource.
 struct Hold {
     fence: Arc<LocalFence>,
-    key: CompactString,
+    resource: ResourceName,
     token: u64,
+}
+
+/// What the fence decided on one look at a resource.
+enum Step {
+    Stale(FencingToken),
+    Raised,
+    Admitted,
+    Wait { older: u32, durable: bool },
 }
 
 impl Drop for Hold {
     fn drop(&mut self) {
-        let drained = {
-            let Some(mut e) = self.fence.table.get_mut(&self.key) else {
-                return;
-            };
+        let drained = self.fence.table.with(self.resource.as_str(), |e| {
             // Every hold is counted in `current` while its token is the mark, and was moved to
             // `older` when the mark rose above it.
-            if self.token == e.highest {
+            if self.token == e.highest() {
                 debug_assert!(e.current > 0);
                 e.current = e.current.saturating_sub(1);
                 false
@@ -323,8 +311,8 @@ impl Drop for Hold {
                 e.older = e.older.saturating_sub(1);
                 e.older == 0
             }
-        };
-        if drained {
+        });
+        if drained == Some(true) {
             self.fence.changed.notify_waiters();
         }
     }
@@ -346,10 +334,12 @@ mod tests {
         FencingToken::new(n).unwrap()
     }
 
+    const NO_MARKS: [(&str, FencingToken); 0] = [];
+
     fn fence(wait_ms: u64) -> Arc<LocalFence> {
         LocalFence::new(
             Arc::new(MemoryMarks),
-            [],
+            NO_MARKS,
             FenceLimits {
                 barrier_wait: Duration::from_millis(wait_ms),
                 resources_max: 100,
@@ -441,7 +431,7 @@ mod tests {
     #[tokio::test]
     async fn nothing_with_a_new_mark_passes_before_the_mark_is_durable() {
         let store = Arc::new(SlowMarks(Mutex::new(Vec::new())));
-        let f = LocalFence::new(store.clone(), [], FenceLimits::default());
+        let f = LocalFence::new(store.clone(), NO_MARKS, FenceLimits::default());
         let f2 = Arc::clone(&f);
         let first = tokio::spawn(async move { f2.admit(&r("x"), t(3)).await.map(|_| ()) });
         let f3 = Arc::clone(&f);

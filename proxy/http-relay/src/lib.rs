@@ -24,6 +24,7 @@
 //! connection closes, or that check the `Fencing-Token` header themselves, close that gap.
 
 mod fence;
+mod marks;
 mod problem;
 mod relay;
 mod routes;
@@ -35,4 +36,4 @@ pub use fence::{
 pub use problem::Problem;
 pub use relay::{BoxError, Relay, RelayBody, RelayConfig, parse_upstream, strip_hop_by_hop};
 pub use routes::{Classification, RouteConfig, RouteError, Routes, Unmatched, is_safe};
-pub use server::{ServerLimits, serve};
+pub use server::{ServerLimits, bind_shards, serve};
