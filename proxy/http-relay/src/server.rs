@@ -1,9 +1,9 @@
 //! The listening side: HTTP/1.1 connections from clients, keep-alive, bounded in number, with
 //! a graceful shutdown.
 //!
-//! For throughput the binary runs one single-threaded runtime per CPU, each with its own socket
-//! bound to the same address ([`bind_shards`], `SO_REUSEPORT`: the kernel spreads connections)
-//! and its own upstream pool, so that a request and its upstream exchange never change threads.
+//! For throughput the binary runs one single-threaded runtime per CPU, each accepting on the
+//! same listening socket ([`bind_shards`]) and with its own upstream pool, so that a request and
+//! its upstream exchange never change threads.
 //! Measured on the benchmark machine: one thread relays as much as a two-thread work-stealing
 //! runtime did, because every request there crossed threads twice.
 
@@ -41,27 +41,19 @@ impl Default for ServerLimits {
     }
 }
 
-/// Binds `addr` `n` times with `SO_REUSEPORT`, so that `n` threads can each accept on their own
-/// socket. With port 0 the first bind picks the port and the others take the same one.
-///
-/// The address is first bound once *without* `SO_REUSEPORT`: if another process (a second
-/// proxy started by mistake, with marks of its own) already listens there, this fails with
-/// "address in use" instead of silently sharing its connections.
+/// Binds `addr` once and hands out `n` handles on the same socket, one per thread: each
+/// thread's runtime waits on it, and whichever is free first takes the next connection, so
+/// connections spread by load (with `SO_REUSEPORT` the kernel spreads them by hash, and a busy
+/// thread gets as many as an idle one). Binding once also means a second process on the same
+/// address is refused ("address in use").
 pub fn bind_shards(addr: SocketAddr, n: usize) -> std::io::Result<Vec<std::net::TcpListener>> {
-    use socket2::{Domain, Protocol, Socket, Type};
-    let mut addr = std::net::TcpListener::bind(addr)?.local_addr()?;
+    let listener = std::net::TcpListener::bind(addr)?;
+    listener.set_nonblocking(true)?;
     let mut out = Vec::with_capacity(n.max(1));
-    for _ in 0..n.max(1) {
-        let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
-        socket.set_reuse_address(true)?;
-        socket.set_reuse_port(true)?;
-        socket.set_nonblocking(true)?;
-        socket.bind(&addr.into())?;
-        socket.listen(1024)?;
-        let listener: std::net::TcpListener = socket.into();
-        addr = listener.local_addr()?;
-        out.push(listener);
+    for _ in 1..n.max(1) {
+        out.push(listener.try_clone()?);
     }
+    out.push(listener);
     Ok(out)
 }
 
