@@ -21,7 +21,12 @@ LB=target/release/lockbench
 RESULTS="$OUT/results.jsonl"
 : > "$RESULTS"
 pids=()
-cleanup() { for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done; }
+# SIGTERM first: nginx's master stops its workers only when it is not killed outright.
+cleanup() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  sleep 0.5
+  for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
+}
 trap cleanup EXIT
 
 wait_port() { # port

@@ -212,13 +212,14 @@ impl Relay {
         }
         let (mut parts, body) = req.into_parts();
         parts.uri = self.upstream_uri(&parts.uri);
-        let host = parts
-            .headers
-            .get(header::HOST)
-            .and_then(|h| h.to_str().ok())
-            .map(str::to_string);
+        // A clone of a header value shares its bytes: no copy.
+        let host = parts.headers.get(header::HOST).cloned();
         strip_hop_by_hop(&mut parts.headers);
-        add_forwarded(&mut parts.headers, peer, host.as_deref());
+        add_forwarded(
+            &mut parts.headers,
+            peer,
+            host.as_ref().and_then(|h| h.to_str().ok()),
+        );
         let body = Limited::new(body, usize::try_from(limit).unwrap_or(usize::MAX)).boxed();
         let upstream = Request::from_parts(parts, body);
         let timeout = self.config.upstream_timeout;
@@ -251,18 +252,19 @@ impl Relay {
     }
 
     fn upstream_uri(&self, original: &Uri) -> Uri {
-        let path_and_query = original.path_and_query().map_or("/", |pq| pq.as_str());
-        let mut builder = Uri::builder();
-        if let Some(scheme) = self.config.upstream.scheme() {
-            builder = builder.scheme(scheme.clone());
-        }
-        if let Some(authority) = self.config.upstream.authority() {
-            builder = builder.authority(authority.clone());
-        }
-        builder
-            .path_and_query(format!("{}{}", self.prefix, path_and_query))
-            .build()
-            .expect("an upstream URL plus a request's path and query is a URL")
+        let path_and_query = match original.path_and_query() {
+            // Without a prefix the request's path and query are reused as they are (shared
+            // bytes, no parsing).
+            Some(pq) if self.prefix.is_empty() => pq.clone(),
+            pq => format!("{}{}", self.prefix, pq.map_or("/", |pq| pq.as_str()))
+                .parse()
+                .expect("a prefix and a request's path and query form a path"),
+        };
+        let mut parts = http::uri::Parts::default();
+        parts.scheme = self.config.upstream.scheme().cloned();
+        parts.authority = self.config.upstream.authority().cloned();
+        parts.path_and_query = Some(path_and_query);
+        Uri::from_parts(parts).expect("an upstream URL plus a request's path and query is a URL")
     }
 }
 
@@ -320,28 +322,30 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
 
 /// Appends the client to `X-Forwarded-For` and `Forwarded` (RFC 7239).
 fn add_forwarded(headers: &mut HeaderMap, peer: SocketAddr, host: Option<&str>) {
-    let ip = peer.ip().to_string();
-    let xff = match headers.get("x-forwarded-for").and_then(|v| v.to_str().ok()) {
-        Some(previous) => format!("{previous}, {ip}"),
-        None => ip.clone(),
-    };
-    if let Ok(v) = HeaderValue::from_str(&xff) {
+    use std::fmt::Write;
+    // Each value is built in one string and handed to the header map without a copy.
+    let ip = peer.ip();
+    let mut xff = String::with_capacity(64);
+    if let Some(previous) = headers.get("x-forwarded-for").and_then(|v| v.to_str().ok()) {
+        let _ = write!(xff, "{previous}, ");
+    }
+    let _ = write!(xff, "{ip}");
+    if let Ok(v) = HeaderValue::try_from(xff) {
         headers.insert("x-forwarded-for", v);
     }
-    let node = if peer.is_ipv6() {
-        format!("\"[{ip}]\"")
-    } else {
-        ip
-    };
-    let mut element = format!("for={node};proto=http");
-    if let Some(h) = host.filter(|h| h.bytes().all(|b| b.is_ascii_graphic() && b != b'"')) {
-        element.push_str(&format!(";host=\"{h}\""));
+    let mut fwd = String::with_capacity(96);
+    if let Some(previous) = headers.get(header::FORWARDED).and_then(|v| v.to_str().ok()) {
+        let _ = write!(fwd, "{previous}, ");
     }
-    let forwarded = match headers.get(header::FORWARDED).and_then(|v| v.to_str().ok()) {
-        Some(previous) => format!("{previous}, {element}"),
-        None => element,
+    let _ = if peer.is_ipv6() {
+        write!(fwd, "for=\"[{ip}]\";proto=http")
+    } else {
+        write!(fwd, "for={ip};proto=http")
     };
-    if let Ok(v) = HeaderValue::from_str(&forwarded) {
+    if let Some(h) = host.filter(|h| h.bytes().all(|b| b.is_ascii_graphic() && b != b'"')) {
+        let _ = write!(fwd, ";host=\"{h}\"");
+    }
+    if let Ok(v) = HeaderValue::try_from(fwd) {
         headers.insert(header::FORWARDED, v);
     }
 }
