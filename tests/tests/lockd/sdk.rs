@@ -23,7 +23,7 @@ fn the_guard_keeps_the_lease_alive_past_its_ttl() {
     let rt = runtime();
     let _in_runtime = rt.enter();
     let client = Client::connect(&lockd.endpoint).unwrap();
-    let Acquired::Granted(guard) = rt.block_on(client.acquire("kept", opts(1_500))).unwrap() else {
+    let Acquired::Granted(guard) = rt.block_on(client.acquire("kept", opts(3_000))).unwrap() else {
         panic!("a free resource is granted")
     };
     // Renewals every ttl/3: by the fourth, the lease has outlived its TTL.

@@ -1,16 +1,13 @@
 //! Two fence-proxy replicas in front of one upstream, with their marks in a real PostgreSQL.
 
-use std::collections::HashMap;
 use std::path::Path;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use e2e::FenceProxy;
 use e2e::client::{body, client, send};
 use e2e::pg::Postgres;
 use e2e::upstream::Upstream;
 
-use crate::runtime;
+use crate::{check_order, racing_writers, runtime};
 
 fn replica(dir: &Path, name: &str, pg: &Postgres, upstream: &Upstream) -> FenceProxy {
     let dir = dir.join(name);
@@ -140,70 +137,7 @@ fn with_clients_on_both_replicas_the_upstream_never_sees_a_token_go_backwards() 
         .iter()
         .map(|r| format!("{}/w", r.urls[0]))
         .collect();
-    let rt = runtime();
-    let next = Arc::new(AtomicU64::new(0));
-    let answers = rt.block_on(async {
-        let mut tasks = Vec::new();
-        for i in 0..8 {
-            let (url, next, c) = (urls[i % 2].clone(), Arc::clone(&next), client());
-            tasks.push(tokio::spawn(async move {
-                let mut answers = Vec::new();
-                for _ in 0..25 {
-                    let token = next.fetch_add(1, Ordering::SeqCst) + 1;
-                    let resource = format!("shared-{}", token % 2);
-                    let t = token.to_string();
-                    let a = send(
-                        &c,
-                        "PUT",
-                        &url,
-                        &[("fencing-resource", &resource), ("fencing-token", &t)],
-                        body(""),
-                    )
-                    .await;
-                    answers.push((resource, token, a.status));
-                }
-                answers
-            }));
-        }
-        let mut all = Vec::new();
-        for t in tasks {
-            all.extend(t.await.unwrap());
-        }
-        all
-    });
-    let seen = upstream.seen();
-    let mut last: HashMap<String, u64> = HashMap::new();
-    for s in &seen {
-        let (r, t) = (s.resource.clone().unwrap(), s.token.unwrap());
-        let prev = last.insert(r.clone(), t).unwrap_or(0);
-        assert!(
-            t >= prev,
-            "{r}: token {t} reached the upstream after {prev}"
-        );
-    }
-    let mut accepted = 0;
-    for (resource, token, status) in &answers {
-        let reached = seen
-            .iter()
-            .any(|s| s.resource.as_deref() == Some(resource) && s.token == Some(*token));
-        match status {
-            200 => {
-                accepted += 1;
-                assert!(
-                    reached,
-                    "acknowledged write {resource}/{token} is missing at the upstream"
-                );
-            }
-            409 => assert!(
-                !reached,
-                "refused write {resource}/{token} reached the upstream"
-            ),
-            other => panic!("unexpected status {other} for {resource}/{token}"),
-        }
-    }
-    assert!(
-        accepted >= 10,
-        "only {accepted} of {} writes accepted",
-        answers.len()
-    );
+    let answers = racing_writers(&urls, 8, 10, 2);
+    let accepted = check_order(&upstream.seen(), &answers);
+    assert_eq!(accepted, 8 * 10, "every round ends with an accepted write");
 }
