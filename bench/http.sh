@@ -17,18 +17,7 @@ for b in nginx wrk; do
   command -v "$b" >/dev/null || { echo "bench/http.sh: $b is missing (apt-get install nginx wrk)" >&2; exit 1; }
 done
 cargo build --release -q -p fence-proxy -p http-relay --example fill_marks
-pids=()
-# SIGTERM first: nginx's master stops its workers only when it is not killed outright.
-cleanup() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-  sleep 0.5
-  for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
-}
-trap cleanup EXIT
-wait_port() {
-  for _ in $(seq 1 200); do (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0; sleep 0.05; done
-  echo "bench/http.sh: nothing listens on port $1" >&2; exit 1
-}
+. bench/common.sh
 
 # The upstream: nginx answering 200 "ok" to everything.
 cat >"$OUT/upstream.conf" <<CONF

@@ -20,19 +20,7 @@ cargo build --release -q -p lockd-server -p lockbench
 LB=target/release/lockbench
 RESULTS="$OUT/results.jsonl"
 : > "$RESULTS"
-pids=()
-# SIGTERM first: nginx's master stops its workers only when it is not killed outright.
-cleanup() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-  sleep 0.5
-  for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
-}
-trap cleanup EXIT
-
-wait_port() { # port
-  for _ in $(seq 1 200); do (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0; sleep 0.05; done
-  echo "bench/run.sh: nothing listens on port $1" >&2; exit 1
-}
+. bench/common.sh
 
 target/release/lockd --data-dir "$OUT/lockd" --listen 127.0.0.1:17420 --log warn 2>"$OUT/lockd.log" &
 LOCKD_PID=$!; pids+=("$LOCKD_PID")

@@ -39,6 +39,33 @@ pub fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Runtime::new().unwrap()
 }
 
+/// `PUT url` for `resource` with `token` (held at the upstream under `hold`, if given), sent in
+/// the background on `rt`.
+pub fn spawn_put(
+    rt: &tokio::runtime::Runtime,
+    url: &str,
+    resource: &str,
+    token: u64,
+    hold: Option<&str>,
+) -> tokio::task::JoinHandle<e2e::client::Answer> {
+    let (url, resource, token, hold) = (
+        url.to_string(),
+        resource.to_string(),
+        token.to_string(),
+        hold.map(str::to_string),
+    );
+    rt.spawn(async move {
+        let mut headers = vec![
+            ("fencing-resource", resource.as_str()),
+            ("fencing-token", token.as_str()),
+        ];
+        if let Some(h) = &hold {
+            headers.push(("x-hold", h.as_str()));
+        }
+        send(&client(), "PUT", &url, &headers, body("")).await
+    })
+}
+
 /// One answer to a write: resource, token, status.
 pub type Answer = (String, u64, u16);
 

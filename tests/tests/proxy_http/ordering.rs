@@ -3,7 +3,7 @@
 use e2e::client::{body, client, send};
 use e2e::upstream::Upstream;
 
-use crate::{check_order, proxy, racing_writers, runtime};
+use crate::{check_order, proxy, racing_writers, runtime, spawn_put};
 
 #[test]
 fn with_many_clients_the_upstream_never_sees_a_token_go_backwards() {
@@ -23,37 +23,9 @@ fn a_new_token_waits_for_an_older_request_still_at_the_upstream() {
     let rt = runtime();
     let c = client();
     let url = format!("{}/stock", px.urls[0]);
-    let old = {
-        let (c, url) = (c.clone(), url.clone());
-        rt.spawn(async move {
-            send(
-                &c,
-                "PUT",
-                &url,
-                &[
-                    ("fencing-resource", "r"),
-                    ("fencing-token", "1"),
-                    ("x-hold", "old"),
-                ],
-                body("old"),
-            )
-            .await
-        })
-    };
+    let old = spawn_put(&rt, &url, "r", 1, Some("old"));
     upstream.wait_until("the old write", |s| s.iter().any(|s| s.token == Some(1)));
-    let new = {
-        let (c, url) = (c.clone(), url.clone());
-        rt.spawn(async move {
-            send(
-                &c,
-                "PUT",
-                &url,
-                &[("fencing-resource", "r"), ("fencing-token", "2")],
-                body("new"),
-            )
-            .await
-        })
-    };
+    let new = spawn_put(&rt, &url, "r", 2, None);
     // The new mark is durable and the proxy still waits: only the old request holds it back.
     px.process
         .wait_events("waiting for older-token requests in flight", 1, |e| {
@@ -87,23 +59,7 @@ fn the_barrier_wait_is_bounded_and_says_retry() {
     let rt = runtime();
     let c = client();
     let url = format!("{}/stock", px.urls[0]);
-    let old = {
-        let (c, url) = (c.clone(), url.clone());
-        rt.spawn(async move {
-            send(
-                &c,
-                "PUT",
-                &url,
-                &[
-                    ("fencing-resource", "r"),
-                    ("fencing-token", "1"),
-                    ("x-hold", "old"),
-                ],
-                body(""),
-            )
-            .await
-        })
-    };
+    let old = spawn_put(&rt, &url, "r", 1, Some("old"));
     upstream.wait_until("the old write", |s| s.iter().any(|s| s.token == Some(1)));
     let refused = rt.block_on(send(
         &c,

@@ -7,7 +7,7 @@ use e2e::client::{body, client, send};
 use e2e::pg::Postgres;
 use e2e::upstream::Upstream;
 
-use crate::{check_order, racing_writers, runtime};
+use crate::{check_order, racing_writers, runtime, spawn_put};
 
 fn replica(dir: &Path, name: &str, pg: &Postgres, upstream: &Upstream) -> FenceProxy {
     let dir = dir.join(name);
@@ -73,40 +73,11 @@ fn the_barrier_holds_across_replicas() {
     let a = replica(dir.path(), "a", &pg, &upstream);
     let b = replica(dir.path(), "b", &pg, &upstream);
     let rt = runtime();
-    let c = client();
-    let old = {
-        let (c, url) = (c.clone(), format!("{}/w", a.urls[0]));
-        rt.spawn(async move {
-            send(
-                &c,
-                "PUT",
-                &url,
-                &[
-                    ("fencing-resource", "r"),
-                    ("fencing-token", "1"),
-                    ("x-hold", "old"),
-                ],
-                body(""),
-            )
-            .await
-        })
-    };
+    let old = spawn_put(&rt, &format!("{}/w", a.urls[0]), "r", 1, Some("old"));
     upstream.wait_until("the old write, through replica a", |s| {
         s.iter().any(|s| s.token == Some(1))
     });
-    let new = {
-        let (c, url) = (c.clone(), format!("{}/w", b.urls[0]));
-        rt.spawn(async move {
-            send(
-                &c,
-                "PUT",
-                &url,
-                &[("fencing-resource", "r"), ("fencing-token", "2")],
-                body(""),
-            )
-            .await
-        })
-    };
+    let new = spawn_put(&rt, &format!("{}/w", b.urls[0]), "r", 2, None);
     // Replica b's raise waits in PostgreSQL for the old request's share lock, held by replica a.
     pg.wait_until(
         "replica b's raise to wait for the lock",
