@@ -325,14 +325,23 @@ pub struct FenceProxy {
     pub process: Spawned,
     /// The base URL of each `[[http]]` listener, in configuration order.
     pub urls: Vec<String>,
+    /// The address (host:port) of each `[[pg]]` listener, in configuration order.
+    pub pg: Vec<String>,
 }
 
 impl FenceProxy {
     /// Starts fence-proxy with `config` (written to `dir/proxy.toml`; the harness sets the log
     /// settings) and waits until its `listeners` HTTP listeners listen.
     pub fn start(dir: &Path, config: &str, listeners: usize) -> FenceProxy {
+        FenceProxy::start_with(dir, config, listeners, 0)
+    }
+
+    /// Starts fence-proxy with `http` HTTP listeners and `pg` PostgreSQL listeners.
+    pub fn start_with(dir: &Path, config: &str, http: usize, pg: usize) -> FenceProxy {
         let path = dir.join("proxy.toml");
-        let text = format!("log = \"info,http_relay=debug\"\nlog_format = \"json\"\n{config}");
+        let text = format!(
+            "log = \"info,http_relay=debug,pg_relay=debug\"\nlog_format = \"json\"\n{config}"
+        );
         std::fs::write(&path, text).expect("writing the proxy configuration");
         let mut cmd = Command::new(bin("fence-proxy"));
         cmd.arg("--config")
@@ -340,14 +349,28 @@ impl FenceProxy {
             .env_remove("FENCE_PROXY_CONFIG");
         let process = Spawned::spawn(cmd);
         let mut urls = Vec::new();
-        for i in 1..=listeners {
+        for i in 1..=http {
             let e = process.wait_events("listening (http)", i, |_| true);
             urls.push(format!(
                 "http://{}",
                 e["addr"].as_str().expect("listening event has addr")
             ));
         }
-        FenceProxy { process, urls }
+        let mut pgs = Vec::new();
+        for i in 1..=pg {
+            let e = process.wait_events("listening (pg)", i, |_| true);
+            pgs.push(
+                e["addr"]
+                    .as_str()
+                    .expect("listening event has addr")
+                    .to_string(),
+            );
+        }
+        FenceProxy {
+            process,
+            urls,
+            pg: pgs,
+        }
     }
 
     /// `kill -9`, and waits until it is gone.

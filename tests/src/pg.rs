@@ -61,6 +61,12 @@ fn as_postgres(program: &Path) -> Command {
 
 impl Postgres {
     pub fn start() -> Postgres {
+        Postgres::start_with_hba(&[])
+    }
+
+    /// Starts PostgreSQL with `rules` placed before the trust rules of pg_hba.conf (for
+    /// password authentication of particular roles).
+    pub fn start_with_hba(rules: &[&str]) -> Postgres {
         let bin = bin_dir();
         let dir = tempfile::tempdir().expect("temporary directory");
         if is_root() {
@@ -82,6 +88,12 @@ impl Postgres {
         ]);
         let (status, _, stderr) = output(initdb);
         assert!(status.success(), "initdb failed: {stderr}");
+        if !rules.is_empty() {
+            let hba = data.join("pg_hba.conf");
+            let old = std::fs::read_to_string(&hba).expect("reading pg_hba.conf");
+            std::fs::write(&hba, format!("{}\n{old}", rules.join("\n")))
+                .expect("writing pg_hba.conf");
+        }
         let port: u16 = free_loopback_addr()
             .rsplit(':')
             .next()
@@ -112,6 +124,16 @@ impl Postgres {
             process,
             _dir: dir,
         }
+    }
+
+    /// Runs `program` (psql, pgbench...) from the PostgreSQL client tools with `args`.
+    pub fn client_tool(program: &str) -> Command {
+        let path = bin_dir().join(program);
+        Command::new(if path.is_file() {
+            path
+        } else {
+            PathBuf::from(program)
+        })
     }
 
     pub fn url(&self) -> String {

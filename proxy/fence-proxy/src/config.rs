@@ -19,10 +19,11 @@ use serde::{Deserialize, Serialize};
 #[command(
     name = "fence-proxy",
     version,
-    about = "A sidecar that rejects writes carrying a stale fencing token, in front of an HTTP service.",
-    long_about = "A sidecar that rejects writes carrying a stale fencing token, in front of an HTTP \
-                  service. Run one listener with `fence-proxy http --listen ... --upstream ...`, or \
-                  any number from a TOML file with `fence-proxy --config FILE`. See docs/fence-proxy.md."
+    about = "A sidecar that rejects writes carrying a stale fencing token, in front of PostgreSQL or an HTTP service.",
+    long_about = "A sidecar that rejects writes carrying a stale fencing token, in front of PostgreSQL \
+                  or an HTTP service. Run one listener with `fence-proxy pg --listen ... --upstream ...` \
+                  or `fence-proxy http --listen ... --upstream ...`, or any number of both from a TOML \
+                  file with `fence-proxy --config FILE`. See docs/fence-proxy.md."
 )]
 pub struct Cli {
     /// TOML configuration file (all listeners and settings).
@@ -41,6 +42,82 @@ pub struct Cli {
 pub enum Mode {
     /// One HTTP listener, configured by flags.
     Http(HttpArgs),
+    /// One PostgreSQL listener, configured by flags (or `pg print-schema`).
+    Pg(PgArgs),
+}
+
+#[derive(Args, Debug)]
+#[command(args_conflicts_with_subcommands = true)]
+pub struct PgArgs {
+    #[command(subcommand)]
+    pub action: Option<PgAction>,
+    /// Address to listen on.
+    #[arg(
+        long,
+        env = "FENCE_PROXY_PG_LISTEN",
+        default_value = "127.0.0.1:6543",
+        value_name = "ADDR"
+    )]
+    pub listen: SocketAddr,
+    /// The PostgreSQL server to protect (host:port).
+    #[arg(
+        long,
+        env = "FENCE_PROXY_PG_UPSTREAM",
+        default_value = "127.0.0.1:5432",
+        value_name = "HOST:PORT"
+    )]
+    pub upstream: String,
+    /// Install the fence check at start-up in the database this postgres:// URL names (a role
+    /// that may create the schema and end other sessions). Repeat for several databases.
+    #[arg(
+        long,
+        env = "FENCE_PROXY_SCHEMA_URL",
+        value_name = "URL",
+        value_delimiter = ','
+    )]
+    pub schema_url: Vec<String>,
+    /// Longest a newer token waits for an older token's open transaction before PostgreSQL ends
+    /// it, in ms.
+    #[arg(
+        long,
+        env = "FENCE_PROXY_FENCE_WAIT_MS",
+        default_value_t = 1_000,
+        value_name = "MS"
+    )]
+    pub fence_wait_ms: u64,
+    /// Client connections at most.
+    #[arg(
+        long,
+        env = "FENCE_PROXY_PG_CONNECTIONS_MAX",
+        default_value_t = 1_000,
+        value_name = "N"
+    )]
+    pub connections_max: usize,
+    /// Largest message a client may send, in bytes (COPY data excepted).
+    #[arg(long, env = "FENCE_PROXY_PG_MESSAGE_MAX_BYTES", default_value_t = 64 << 20, value_name = "BYTES")]
+    pub message_max_bytes: u64,
+    /// Log filter (tracing EnvFilter syntax).
+    #[arg(
+        long,
+        env = "FENCE_PROXY_LOG",
+        default_value = "info",
+        value_name = "FILTER"
+    )]
+    pub log: String,
+    /// Log format.
+    #[arg(
+        long,
+        env = "FENCE_PROXY_LOG_FORMAT",
+        default_value = "text",
+        value_name = "FORMAT"
+    )]
+    pub log_format: LogFormat,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum PgAction {
+    /// Print the SQL that installs the fence check (schema `fencing`), for a DBA to run.
+    PrintSchema,
 }
 
 /// Log line format.
@@ -149,11 +226,106 @@ pub struct Config {
     pub workers: usize,
     #[serde(default)]
     pub fence: FenceConfig,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub http: Vec<HttpConfig>,
-    /// Listeners of the PostgreSQL mode (not built yet: refused with a clear message).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub pg: Option<toml::Value>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pg: Vec<PgConfig>,
+}
+
+/// One PostgreSQL listener.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct PgConfig {
+    pub listen: SocketAddr,
+    /// The PostgreSQL server, host:port.
+    pub upstream: String,
+    /// postgres:// URLs of the databases to install the fence check in at start-up.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub schema_urls: Vec<String>,
+    #[serde(default = "d_fence_wait")]
+    pub fence_wait_ms: u64,
+    #[serde(default = "d_pg_message_max")]
+    pub message_max_bytes: u64,
+    #[serde(default = "d_pg_connections")]
+    pub connections_max: usize,
+    #[serde(default = "d_pg_connect_timeout")]
+    pub connect_timeout_ms: u64,
+    #[serde(default = "d_startup_timeout")]
+    pub startup_timeout_ms: u64,
+}
+
+fn d_fence_wait() -> u64 {
+    1_000
+}
+fn d_pg_message_max() -> u64 {
+    64 << 20
+}
+fn d_pg_connections() -> usize {
+    1_000
+}
+fn d_pg_connect_timeout() -> u64 {
+    5_000
+}
+fn d_startup_timeout() -> u64 {
+    10_000
+}
+
+impl PgConfig {
+    fn new(listen: SocketAddr, upstream: String) -> PgConfig {
+        PgConfig {
+            listen,
+            upstream,
+            schema_urls: Vec::new(),
+            fence_wait_ms: d_fence_wait(),
+            message_max_bytes: d_pg_message_max(),
+            connections_max: d_pg_connections(),
+            connect_timeout_ms: d_pg_connect_timeout(),
+            startup_timeout_ms: d_startup_timeout(),
+        }
+    }
+
+    /// The relay's settings.
+    pub fn relay(&self, marks_max: usize) -> pg_relay::PgRelayConfig {
+        pg_relay::PgRelayConfig {
+            upstream: self.upstream.clone(),
+            fence_wait: Duration::from_millis(self.fence_wait_ms),
+            message_max_bytes: usize::try_from(self.message_max_bytes).unwrap_or(usize::MAX),
+            connections_max: self.connections_max,
+            connect_timeout: Duration::from_millis(self.connect_timeout_ms),
+            startup_timeout: Duration::from_millis(self.startup_timeout_ms),
+            marks_max,
+        }
+    }
+
+    fn validate(&self) -> anyhow::Result<()> {
+        let l = self.listen;
+        match self.upstream.rsplit_once(':') {
+            Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok_and(|p| p > 0) => {}
+            _ => bail!(
+                "pg listener {l}: upstream {:?} must be host:port (for example 127.0.0.1:5432)",
+                self.upstream
+            ),
+        }
+        if self.fence_wait_ms == 0 || self.fence_wait_ms > 3_600_000 {
+            bail!("pg listener {l}: fence_wait_ms must be from 1 to 3600000");
+        }
+        if self.message_max_bytes < 1024 || self.message_max_bytes > 1 << 30 {
+            bail!("pg listener {l}: message_max_bytes must be from 1024 to 1073741824");
+        }
+        if self.connections_max == 0 || self.connect_timeout_ms == 0 || self.startup_timeout_ms == 0
+        {
+            bail!("pg listener {l}: connections_max and the timeouts must be at least 1");
+        }
+        for url in &self.schema_urls {
+            if !url.starts_with("postgres://") && !url.starts_with("postgresql://") {
+                bail!(
+                    "pg listener {l}: schema_urls entry {:?} must be a postgres:// URL",
+                    pg_relay::schema::redact(url)
+                );
+            }
+        }
+        Ok(())
+    }
 }
 
 fn default_data_dir() -> PathBuf {
@@ -314,7 +486,9 @@ impl Config {
     pub fn from_cli(cli: &Cli) -> anyhow::Result<Config> {
         let config = match (&cli.config, &cli.mode) {
             (Some(_), Some(_)) => {
-                bail!("give either --config FILE or the http subcommand with its flags, not both")
+                bail!(
+                    "give either --config FILE or the http or pg subcommand with its flags, not both"
+                )
             }
             (Some(path), None) => read_file(path)?,
             (None, Some(Mode::Http(a))) => {
@@ -333,11 +507,27 @@ impl Config {
                         ..FenceConfig::default()
                     },
                     http: vec![http],
-                    pg: None,
+                    pg: Vec::new(),
+                }
+            }
+            (None, Some(Mode::Pg(a))) => {
+                let mut pg = PgConfig::new(a.listen, a.upstream.clone());
+                pg.schema_urls = a.schema_url.clone();
+                pg.fence_wait_ms = a.fence_wait_ms;
+                pg.connections_max = a.connections_max;
+                pg.message_max_bytes = a.message_max_bytes;
+                Config {
+                    data_dir: default_data_dir(),
+                    log: a.log.clone(),
+                    log_format: a.log_format,
+                    workers: 0,
+                    fence: FenceConfig::default(),
+                    http: Vec::new(),
+                    pg: vec![pg],
                 }
             }
             (None, None) => bail!(
-                "nothing to run: give --config FILE, or `fence-proxy http --listen ADDR --upstream URL` (see --help)"
+                "nothing to run: give --config FILE, `fence-proxy pg --listen ADDR --upstream HOST:PORT` or `fence-proxy http --listen ADDR --upstream URL` (see --help)"
             ),
         };
         config.validate()?;
@@ -357,18 +547,19 @@ impl Config {
     }
 
     fn validate(&self) -> anyhow::Result<()> {
-        if self.pg.is_some() {
-            bail!(
-                "the PostgreSQL mode ([[pg]] listeners) is not built yet; this fence-proxy runs HTTP listeners only"
-            );
-        }
-        if self.http.is_empty() {
-            bail!("no listeners configured: add an [[http]] section");
+        if self.http.is_empty() && self.pg.is_empty() {
+            bail!("no listeners configured: add a [[pg]] or an [[http]] section");
         }
         if self.workers > 1024 {
             bail!("workers must be at most 1024 (0 = one per CPU)");
         }
         let mut seen = std::collections::HashSet::new();
+        for p in &self.pg {
+            if !seen.insert(p.listen) {
+                bail!("two listeners on {}", p.listen);
+            }
+            p.validate()?;
+        }
         for h in &self.http {
             if !seen.insert(h.listen) {
                 bail!("two listeners on {}", h.listen);
@@ -438,6 +629,52 @@ mod tests {
     }
 
     #[test]
+    fn the_pg_subcommand_has_the_documented_defaults() {
+        let c = Config::from_cli(&cli(&["pg"])).unwrap();
+        assert_eq!(c.pg[0].listen.to_string(), "127.0.0.1:6543");
+        assert_eq!(c.pg[0].upstream, "127.0.0.1:5432");
+        assert_eq!(c.pg[0].fence_wait_ms, 1000);
+        assert!(c.http.is_empty());
+        let c = Config::from_cli(&cli(&[
+            "pg",
+            "--upstream",
+            "db:5433",
+            "--schema-url",
+            "postgres://a@db/x,postgres://a@db/y",
+        ]))
+        .unwrap();
+        assert_eq!(c.pg[0].schema_urls.len(), 2);
+        assert!(matches!(
+            cli(&["pg", "print-schema"]).mode,
+            Some(Mode::Pg(PgArgs {
+                action: Some(PgAction::PrintSchema),
+                ..
+            }))
+        ));
+    }
+
+    #[test]
+    fn one_file_runs_both_modes() {
+        let (_d, p) = file(
+            r#"
+            [[pg]]
+            listen = "127.0.0.1:6543"
+            upstream = "127.0.0.1:5432"
+            schema_urls = ["postgres://postgres@127.0.0.1:5432/app"]
+            fence_wait_ms = 500
+            [[http]]
+            listen = "127.0.0.1:8420"
+            upstream = "http://127.0.0.1:8080"
+            "#,
+        );
+        let c = Config::from_cli(&cli(&["--config", &p])).unwrap();
+        assert_eq!((c.pg.len(), c.http.len()), (1, 1));
+        assert_eq!(c.pg[0].fence_wait_ms, 500);
+        let (_d2, p2) = file(&c.to_toml());
+        assert_eq!(Config::from_cli(&cli(&["--config", &p2])).unwrap(), c);
+    }
+
+    #[test]
     fn the_http_subcommand_has_the_documented_defaults() {
         let c = Config::from_cli(&cli(&["http"])).unwrap();
         assert_eq!(c.http[0].listen.to_string(), "127.0.0.1:8420");
@@ -497,8 +734,20 @@ mod tests {
             ),
             ("data_dir = \"x\"", "no listeners"),
             (
-                "[[pg]]\nlisten = \"127.0.0.1:6543\"\n[[http]]\nlisten = \"127.0.0.1:1\"\nupstream = \"http://x\"",
-                "not built yet",
+                "[[pg]]\nlisten = \"127.0.0.1:6543\"\nupstream = \"db\"",
+                "must be host:port",
+            ),
+            (
+                "[[pg]]\nlisten = \"127.0.0.1:6543\"\nupstream = \"db:5432\"\nfence_wait_ms = 0",
+                "fence_wait_ms",
+            ),
+            (
+                "[[pg]]\nlisten = \"127.0.0.1:6543\"\nupstream = \"db:5432\"\nschema_urls = [\"mysql://x:pw@h/d\"]",
+                "must be a postgres:// URL",
+            ),
+            (
+                "[[pg]]\nlisten = \"127.0.0.1:1\"\nupstream = \"db:5432\"\n[[http]]\nlisten = \"127.0.0.1:1\"\nupstream = \"http://x\"",
+                "two listeners",
             ),
             (
                 "[fence]\nbarrier_wait_ms = 0\n[[http]]\nlisten = \"127.0.0.1:1\"\nupstream = \"http://x\"",
@@ -549,6 +798,10 @@ mod tests {
         });
         c.http[0].unmatched = Some(Unmatched::Pass);
         c.fence.postgres_url = Some("postgres://localhost/db".into());
+        let mut pg = PgConfig::new("127.0.0.1:6543".parse().unwrap(), "db:5432".into());
+        pg.schema_urls
+            .push("postgres://postgres@db:5432/app".into());
+        c.pg.push(pg);
         let value: toml::Value = toml::from_str(&c.to_toml()).unwrap();
         let mut keys = Vec::new();
         collect(&value, "", &mut keys);
@@ -571,6 +824,11 @@ mod tests {
             "--workers",
             "--marks-store",
             "--postgres-url",
+            "--schema-url",
+            "--fence-wait-ms",
+            "--connections-max",
+            "--message-max-bytes",
+            "print-schema",
         ] {
             assert!(
                 doc.contains(&format!("`{flag}`")),

@@ -21,6 +21,14 @@ const EXIT_STORE_FAILED: i32 = 74;
 fn main() -> ExitCode {
     tame_malloc();
     let cli = Cli::parse();
+    if let Some(config::Mode::Pg(config::PgArgs {
+        action: Some(config::PgAction::PrintSchema),
+        ..
+    })) = &cli.mode
+    {
+        print!("{}", pg_relay::schema::SQL);
+        return ExitCode::SUCCESS;
+    }
     let config = match Config::from_cli(&cli) {
         Ok(c) => c,
         Err(e) => {
@@ -62,6 +70,52 @@ fn main() -> ExitCode {
 }
 
 async fn run(config: Config) -> anyhow::Result<()> {
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let mut pg_tasks = Vec::new();
+    for p in &config.pg {
+        for url in &p.schema_urls {
+            pg_relay::schema::install(url).await?;
+            tracing::info!(url = %pg_relay::schema::redact(url), "installed the fence check");
+        }
+        let listener = tokio::net::TcpListener::bind(p.listen)
+            .await
+            .with_context(|| format!("cannot listen on {}", p.listen))?;
+        let addr = listener.local_addr()?;
+        tracing::info!(%addr, upstream = %p.upstream, fence_wait_ms = p.fence_wait_ms, "listening (pg)");
+        let relay = Arc::new(pg_relay::Relay::new(p.relay(config.fence.resources_max)));
+        let mut stop = stop_rx.clone();
+        pg_tasks.push(tokio::spawn(pg_relay::serve(listener, relay, async move {
+            let _ = stop.changed().await;
+        })));
+    }
+    let threads = if config.http.is_empty() {
+        Vec::new()
+    } else {
+        start_http(&config, &stop_rx).await?
+    };
+    shutdown_signal().await;
+    tracing::info!("shutting down: finishing requests in progress");
+    let _ = stop_tx.send(true);
+    for t in pg_tasks {
+        let _ = t.await;
+    }
+    tokio::task::spawn_blocking(move || {
+        for t in threads {
+            if let Ok(Err(e)) = t.join() {
+                tracing::warn!(error = %e, "a listener thread ended with an error");
+            }
+        }
+    })
+    .await?;
+    tracing::info!("stopped");
+    Ok(())
+}
+
+/// Opens the marks store of the HTTP mode and starts its listener threads.
+async fn start_http(
+    config: &Config,
+    stop_rx: &watch::Receiver<bool>,
+) -> anyhow::Result<Vec<std::thread::JoinHandle<std::io::Result<()>>>> {
     let fence: Arc<dyn Fence> = match config.fence.store {
         MarksStore::Redb => {
             let (marks, stored) = marks_redb::open(
@@ -102,7 +156,6 @@ async fn run(config: Config) -> anyhow::Result<()> {
     };
 
     let workers = config.workers();
-    let (stop_tx, stop_rx) = watch::channel(false);
     let mut threads = Vec::new();
     for h in &config.http {
         let shards = http_relay::bind_shards(h.listen, workers)
@@ -136,19 +189,7 @@ async fn run(config: Config) -> anyhow::Result<()> {
             threads.push(thread);
         }
     }
-    shutdown_signal().await;
-    tracing::info!("shutting down: finishing requests in progress");
-    let _ = stop_tx.send(true);
-    tokio::task::spawn_blocking(move || {
-        for t in threads {
-            if let Ok(Err(e)) = t.join() {
-                tracing::warn!(error = %e, "a listener thread ended with an error");
-            }
-        }
-    })
-    .await?;
-    tracing::info!("stopped");
-    Ok(())
+    Ok(threads)
 }
 
 /// glibc raises its mmap threshold after a large block is freed, after which the growing

@@ -1,0 +1,219 @@
+//! fence-proxy's PostgreSQL mode: a session relay between PostgreSQL clients and one PostgreSQL
+//! server that makes PostgreSQL run the fence check inside every transaction of a session that
+//! carries a fencing token (`SET fencing.resource` / `SET fencing.token`).
+//!
+//! - [`schema`]: the check itself (schema `fencing`: a table of marks and a SECURITY DEFINER
+//!   function), its installation with sqlx, and the text `fence-proxy pg print-schema` prints.
+//! - `session`: one client connection: start-up, the two directions of the relay, where the
+//!   check is injected and how its replies are hidden.
+//! - [`Relay`]: what the sessions of one listener share: settings, the in-memory map of highest
+//!   tokens seen (a cache that rejects an obviously stale token without a round trip; the table
+//!   in PostgreSQL stays the authority), the cancel-key registry and the connection count.
+//!
+//! The codec is `pg-wire`; this crate owns the I/O.
+
+pub mod schema;
+mod session;
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use compact_str::CompactString;
+use dashmap::DashMap;
+use tokio::io::AsyncWriteExt;
+use tokio::net::{TcpListener, TcpStream};
+
+/// SQLSTATEs of the errors fence-proxy's PostgreSQL mode reports (none in class 40, so drivers
+/// do not retry them).
+pub mod sqlstate {
+    /// The session's token is older than the highest accepted for its resource.
+    pub const STALE_TOKEN: &str = "FN001";
+    /// `fencing.resource` or `fencing.token` is malformed.
+    pub const BAD_SETTING: &str = "FN002";
+    /// The session's open transaction was ended because a newer token waited for it.
+    pub const FENCED_OUT: &str = "FN003";
+    /// The fence check is not installed in the database the session uses.
+    pub const NOT_INSTALLED: &str = "FN004";
+    pub const PROTOCOL_VIOLATION: &str = "08P01";
+    pub const CANNOT_CONNECT: &str = "08001";
+    pub const TOO_MANY_CONNECTIONS: &str = "53300";
+    pub const FEATURE_NOT_SUPPORTED: &str = "0A000";
+}
+
+/// Settings of one PostgreSQL listener.
+#[derive(Debug, Clone)]
+pub struct PgRelayConfig {
+    /// The PostgreSQL server, `host:port`.
+    pub upstream: String,
+    /// Longest a transaction with a newer token waits for older-token transactions before
+    /// PostgreSQL ends them (passed to the check).
+    pub fence_wait: Duration,
+    /// Largest message a client may send (CopyData excepted: it is streamed).
+    pub message_max_bytes: usize,
+    /// Client connections at most; one more is refused with SQLSTATE 53300.
+    pub connections_max: usize,
+    pub connect_timeout: Duration,
+    /// Longest a client may take to send its start-up packet.
+    pub startup_timeout: Duration,
+    /// Resources the in-memory map of highest tokens holds at most.
+    pub marks_max: usize,
+}
+
+impl Default for PgRelayConfig {
+    fn default() -> PgRelayConfig {
+        PgRelayConfig {
+            upstream: "127.0.0.1:5432".into(),
+            fence_wait: Duration::from_millis(1000),
+            message_max_bytes: 64 << 20,
+            connections_max: 1000,
+            connect_timeout: Duration::from_secs(5),
+            startup_timeout: Duration::from_secs(10),
+            marks_max: 1_000_000,
+        }
+    }
+}
+
+/// Where a cancel request for one of our sessions goes.
+struct CancelTarget {
+    key: Vec<u8>,
+    upstream_pid: i32,
+    upstream_key: Vec<u8>,
+}
+
+/// What the sessions of one listener share.
+pub struct Relay {
+    config: PgRelayConfig,
+    /// The fence wait in milliseconds, as the check's text parameter.
+    wait_param: String,
+    /// Highest token seen accepted (or reported) per resource: a cache, never the authority.
+    marks: DashMap<CompactString, i64>,
+    cancels: DashMap<i32, CancelTarget>,
+    connections: AtomicUsize,
+}
+
+impl Relay {
+    pub fn new(config: PgRelayConfig) -> Relay {
+        let ms = config.fence_wait.as_millis().clamp(1, i32::MAX as u128);
+        Relay {
+            wait_param: ms.to_string(),
+            config,
+            marks: DashMap::new(),
+            cancels: DashMap::new(),
+            connections: AtomicUsize::new(0),
+        }
+    }
+
+    pub fn config(&self) -> &PgRelayConfig {
+        &self.config
+    }
+
+    /// Client connections open now.
+    pub fn connections(&self) -> usize {
+        self.connections.load(Ordering::Relaxed)
+    }
+
+    /// The highest token this relay has seen for `resource`.
+    pub fn mark(&self, resource: &str) -> Option<i64> {
+        self.marks.get(resource).map(|m| *m)
+    }
+
+    fn raise_mark(&self, resource: &str, token: i64) {
+        if let Some(mut m) = self.marks.get_mut(resource) {
+            if *m < token {
+                *m = token;
+            }
+            return;
+        }
+        if self.marks.len() < self.config.marks_max {
+            let mut m = self.marks.entry(resource.into()).or_insert(token);
+            if *m < token {
+                *m = token;
+            }
+        }
+    }
+
+    /// Registers a session's cancel key and returns the pid and key handed to the client.
+    fn register_cancel(&self, upstream_pid: i32, upstream_key: &[u8]) -> (i32, Vec<u8>) {
+        loop {
+            let mut bytes = [0u8; 4];
+            let mut key = vec![0u8; upstream_key.len()];
+            getrandom::fill(&mut bytes).expect("the operating system's random number generator");
+            getrandom::fill(&mut key).expect("the operating system's random number generator");
+            let pid = (u32::from_be_bytes(bytes) & 0x7fff_ffff) as i32;
+            if pid == 0 {
+                continue;
+            }
+            if let dashmap::Entry::Vacant(v) = self.cancels.entry(pid) {
+                v.insert(CancelTarget {
+                    key: key.clone(),
+                    upstream_pid,
+                    upstream_key: upstream_key.to_vec(),
+                });
+                return (pid, key);
+            }
+        }
+    }
+
+    fn unregister_cancel(&self, pid: i32) {
+        self.cancels.remove(&pid);
+    }
+
+    /// Forwards a client's CancelRequest to the upstream session it names, if the key matches.
+    async fn cancel(&self, pid: i32, key: &[u8]) {
+        let target = self.cancels.get(&pid).and_then(|t| {
+            let same = t.key.len() == key.len()
+                && t.key.iter().zip(key).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0;
+            same.then(|| (t.upstream_pid, t.upstream_key.clone()))
+        });
+        let Some((upstream_pid, upstream_key)) = target else {
+            tracing::debug!(
+                pid,
+                "cancel request for an unknown session or with a wrong key"
+            );
+            return;
+        };
+        let mut packet = Vec::new();
+        pg_wire::msg::cancel_request(&mut packet, upstream_pid, &upstream_key);
+        let sent = tokio::time::timeout(self.config.connect_timeout, async {
+            let mut s = TcpStream::connect(&self.config.upstream).await?;
+            s.write_all(&packet).await?;
+            s.shutdown().await
+        })
+        .await;
+        match sent {
+            Ok(Ok(())) => tracing::debug!(pid, upstream_pid, "forwarded a cancel request"),
+            Ok(Err(e)) => tracing::warn!(error = %e, "could not forward a cancel request"),
+            Err(_) => tracing::warn!("could not forward a cancel request: connect timed out"),
+        }
+    }
+}
+
+/// Accepts PostgreSQL clients on `listener` until `shutdown` completes; each session runs in its
+/// own task (sessions still open when it returns end with the runtime).
+pub async fn serve(listener: TcpListener, relay: Arc<Relay>, shutdown: impl Future<Output = ()>) {
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            _ = &mut shutdown => return,
+            accepted = listener.accept() => match accepted {
+                Ok((stream, peer)) => {
+                    let relay = Arc::clone(&relay);
+                    tokio::spawn(session::run(relay, stream, peer));
+                }
+                Err(e) => {
+                    // Out of file descriptors and the like: log, and keep serving the others.
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::task::yield_now().await;
+                }
+            }
+        }
+    }
+}
+
+/// The address a listener is bound to, for logs.
+pub fn describe(listener: &TcpListener) -> std::io::Result<SocketAddr> {
+    listener.local_addr()
+}

@@ -1,0 +1,325 @@
+//! The fence itself: invariant 3 (no write with an older token commits once a newer one was
+//! accepted) and what each client is told.
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
+
+use crate::{code, connect, connect_with, psql, runtime, setup};
+
+#[test]
+fn a_stale_token_is_refused_with_its_sqlstate_and_the_session_stays_usable() {
+    let s = setup(1000);
+    s.pg.psql(
+        "CREATE TABLE stock (sku text PRIMARY KEY, n int); INSERT INTO stock VALUES ('a', 10)",
+    );
+    let (ok, out, err) = psql(
+        s.addr(),
+        "SET fencing.resource = 'inventory:a';\n\
+         SET fencing.token = '42';\n\
+         UPDATE stock SET n = 9 WHERE sku = 'a';\n\
+         SET fencing.token = '41';\n\
+         UPDATE stock SET n = 0 WHERE sku = 'a';\n\
+         UPDATE stock SET n = 1 WHERE sku = 'a';\n\
+         RESET fencing.token;\n\
+         SELECT 'usable', n FROM stock;\n\
+         SET fencing.token = '43';\n\
+         BEGIN; UPDATE stock SET n = 8 WHERE sku = 'a'; COMMIT;\n\
+         SET fencing.token = 'x';\n\
+         UPDATE stock SET n = 0 WHERE sku = 'a';\n",
+        &[],
+    );
+    assert!(ok, "{err}");
+    // Both writes with 41 refused: the first by PostgreSQL, the second from the proxy's map;
+    // both say the same.
+    assert_eq!(
+        err.matches("ERROR:  FN001: fencing token 41 for resource 'inventory:a' is stale: the highest accepted token is 42").count(),
+        2,
+        "{err}"
+    );
+    assert!(
+        err.contains("ERROR:  FN002: fencing.token 'x' is not a valid fencing token"),
+        "{err}"
+    );
+    assert!(out.contains("usable|9"), "{out}");
+    assert_eq!(s.pg.psql("SELECT n FROM stock"), "8");
+    assert_eq!(
+        s.pg.psql("SELECT token FROM fencing.tokens WHERE resource = 'inventory:a'"),
+        "43"
+    );
+}
+
+#[test]
+fn the_zombie_in_a_transaction_is_fenced_and_does_not_block_the_new_holder() {
+    let s = setup(300);
+    s.pg.psql(
+        "CREATE TABLE acct (id int PRIMARY KEY, owner text); INSERT INTO acct VALUES (1, 'init')",
+    );
+    runtime().block_on(async {
+        // A takes token 41, begins, writes, and stops without committing.
+        let (a, a_conn) = connect_with(
+            s.addr(),
+            "options='-c fencing.resource=acct:1 -c fencing.token=41'",
+        )
+        .await;
+        a.batch_execute("BEGIN").await.unwrap();
+        a.execute("UPDATE acct SET owner = 'A' WHERE id = 1", &[])
+            .await
+            .unwrap();
+        // B, with 42, writes the same row and commits: it waits for A's transaction at most
+        // the fence wait, then PostgreSQL ends A's.
+        let b = connect(s.addr()).await;
+        b.batch_execute("SET fencing.resource = 'acct:1'; SET fencing.token = '42'")
+            .await
+            .unwrap();
+        b.execute("UPDATE acct SET owner = 'B' WHERE id = 1", &[])
+            .await
+            .expect("the new holder's write goes through");
+        // A wakes up and commits: refused, with the fenced error.
+        let commit = a.batch_execute("COMMIT").await;
+        assert!(commit.is_err(), "the zombie's COMMIT must fail");
+        let ended = a_conn
+            .await
+            .unwrap()
+            .expect_err("A's connection ends with an error");
+        assert_eq!(code(&ended), "FN003", "{ended}");
+        let msg = ended.as_db_error().unwrap().message().to_string();
+        assert!(
+            msg.contains("fencing token 41") && msg.contains("acct:1"),
+            "{msg}"
+        );
+    });
+    assert_eq!(s.pg.psql("SELECT owner FROM acct"), "B");
+}
+
+#[test]
+fn the_zombie_in_autocommit_is_refused_after_the_new_holder_wrote() {
+    let s = setup(1000);
+    s.pg.psql(
+        "CREATE TABLE acct (id int PRIMARY KEY, owner text); INSERT INTO acct VALUES (1, 'init')",
+    );
+    runtime().block_on(async {
+        let a = connect(s.addr()).await;
+        a.batch_execute("SET fencing.resource = 'acct:1'; SET fencing.token = '41'")
+            .await
+            .unwrap();
+        a.execute("UPDATE acct SET owner = 'A1' WHERE id = 1", &[])
+            .await
+            .unwrap();
+        let b = connect(s.addr()).await;
+        b.batch_execute("SET fencing.resource = 'acct:1'; SET fencing.token = '42'")
+            .await
+            .unwrap();
+        b.execute("UPDATE acct SET owner = 'B' WHERE id = 1", &[])
+            .await
+            .unwrap();
+        // A's late write, extended protocol and simple protocol.
+        let e = a
+            .execute("UPDATE acct SET owner = 'A2' WHERE id = 1", &[])
+            .await
+            .unwrap_err();
+        assert_eq!(code(&e), "FN001", "{e}");
+        let e = a
+            .batch_execute("UPDATE acct SET owner = 'A3' WHERE id = 1")
+            .await
+            .unwrap_err();
+        assert_eq!(code(&e), "FN001", "{e}");
+        let db = e.as_db_error().unwrap();
+        assert!(
+            db.message().contains("highest accepted token is 42"),
+            "{}",
+            db.message()
+        );
+        // Still usable for reads once it drops the token.
+        a.batch_execute("RESET fencing.token").await.unwrap();
+        let row = a
+            .query_one("SELECT owner FROM acct WHERE id = 1", &[])
+            .await
+            .unwrap();
+        assert_eq!(row.get::<_, String>(0), "B");
+    });
+}
+
+#[test]
+fn settings_mid_query_string_apply_to_the_statements_after_them() {
+    let s = setup(1000);
+    s.pg.psql("CREATE TABLE t (id int PRIMARY KEY, v text); INSERT INTO t VALUES (1, 'x')");
+    s.pg.psql("INSERT INTO fencing.tokens (resource, token) VALUES ('r', 10)");
+    runtime().block_on(async {
+        let c = connect(s.addr()).await;
+        // One simple Query: the settings, then the write; the write must be checked with 9.
+        let e = c
+            .batch_execute("SET fencing.resource = 'r'; SET fencing.token = '9'; UPDATE t SET v = 'stale' WHERE id = 1")
+            .await
+            .unwrap_err();
+        assert_eq!(code(&e), "FN001", "{e}");
+        // The query string was one implicit transaction: its failure undid the SETs too, so
+        // the session has no token now and is not fenced (as with PostgreSQL alone).
+        let token: String = c.query_one("SELECT current_setting('fencing.token', true)", &[]).await.unwrap().get(0);
+        assert_eq!(token, "");
+        c.batch_execute("UPDATE t SET v = 'unfenced' WHERE id = 1").await.unwrap();
+        // A valid token, then, after a COMMIT in the same string, a stale one: the statement
+        // after the SET is checked with the new token.
+        c.batch_execute("SET fencing.resource = 'r'; SET fencing.token = '11'").await.unwrap();
+        let e = c
+            .batch_execute("BEGIN; UPDATE t SET v = 'fresh' WHERE id = 1; COMMIT; SET fencing.token = '10'; UPDATE t SET v = 'stale2' WHERE id = 1")
+            .await
+            .unwrap_err();
+        assert_eq!(code(&e), "FN001", "{e}");
+        let token: String = c.query_one("SELECT current_setting('fencing.token', true)", &[]).await.unwrap().get(0);
+        assert_eq!(token, "11", "the failed implicit transaction undid the SET");
+        // Not refused from the proxy's memory either: 11 is still good.
+        c.batch_execute("UPDATE t SET v = 'fresh' WHERE id = 1").await.unwrap();
+    });
+    assert_eq!(s.pg.psql("SELECT v FROM t"), "fresh");
+    assert_eq!(
+        s.pg.psql("SELECT token FROM fencing.tokens WHERE resource = 'r'"),
+        "11"
+    );
+}
+
+/// Many sessions, tokens handed out in increasing order but used concurrently, doing
+/// read-modify-write on shared rows. Each write appends (row, version, token) to a log in the
+/// same transaction; the versions give the order in which writes to a row committed.
+#[test]
+fn interleaved_tokens_never_commit_out_of_order_and_nothing_acknowledged_is_lost() {
+    let s = setup(200);
+    s.pg.psql(
+        "CREATE TABLE counter (id int PRIMARY KEY, v bigint NOT NULL);
+         INSERT INTO counter VALUES (1, 0), (2, 0);
+         CREATE TABLE log (id int, v bigint, token bigint, PRIMARY KEY (id, v));",
+    );
+    let next = Arc::new(AtomicI64::new(1));
+    let acked = runtime().block_on(async {
+        let mut tasks = Vec::new();
+        for w in 0..8 {
+            let next = Arc::clone(&next);
+            let addr = s.addr().to_string();
+            tasks.push(tokio::spawn(async move {
+                let mut acked = Vec::new();
+                let mut refused = 0;
+                let mut c = connect(&addr).await;
+                for i in 0..25 {
+                    let row = 1 + (w + i) % 2;
+                    let token = next.fetch_add(1, Ordering::SeqCst);
+                    if c.is_closed() {
+                        c = connect(&addr).await;
+                    }
+                    let r = async {
+                        c.batch_execute(&format!(
+                            "SET fencing.resource = 'counter'; SET fencing.token = '{token}'"
+                        ))
+                        .await?;
+                        c.batch_execute("BEGIN").await?;
+                        let v: i64 = c
+                            .query_one("SELECT v FROM counter WHERE id = $1 FOR UPDATE", &[&row])
+                            .await?
+                            .get(0);
+                        c.execute("UPDATE counter SET v = $2 WHERE id = $1", &[&row, &(v + 1)])
+                            .await?;
+                        c.execute(
+                            "INSERT INTO log VALUES ($1, $2, $3)",
+                            &[&row, &(v + 1), &token],
+                        )
+                        .await?;
+                        c.batch_execute("COMMIT").await?;
+                        Ok::<_, tokio_postgres::Error>((row, v + 1))
+                    }
+                    .await;
+                    match r {
+                        Ok(w) => acked.push(w),
+                        Err(e) => {
+                            // Refused (stale) or fenced out (connection ended): both expected.
+                            if let Some(db) = e.as_db_error() {
+                                assert!(
+                                    ["FN001", "FN003"].contains(&db.code().code()),
+                                    "unexpected error: {e}"
+                                );
+                            }
+                            refused += 1;
+                            if !c.is_closed() {
+                                let _ = c.batch_execute("ROLLBACK").await;
+                            }
+                        }
+                    }
+                }
+                (acked, refused)
+            }));
+        }
+        let mut all = Vec::new();
+        let mut refused = 0;
+        for t in tasks {
+            let (a, r) = t.await.unwrap();
+            all.extend(a);
+            refused += r;
+        }
+        assert!(
+            refused > 0,
+            "no write was refused: the test did not interleave"
+        );
+        all
+    });
+    assert!(
+        acked.len() >= 10,
+        "too few writes accepted: {}",
+        acked.len()
+    );
+    let log = s.pg.psql("SELECT id, v, token FROM log ORDER BY id, v");
+    let mut by_row: BTreeMap<i32, Vec<(i64, i64)>> = BTreeMap::new();
+    for line in log.lines() {
+        let f: Vec<i64> = line.split('|').map(|x| x.parse().unwrap()).collect();
+        by_row.entry(f[0] as i32).or_default().push((f[1], f[2]));
+    }
+    for (row, writes) in &by_row {
+        for pair in writes.windows(2) {
+            assert!(
+                pair[1].1 >= pair[0].1,
+                "row {row}: version {} committed with token {} after version {} with token {}",
+                pair[1].0,
+                pair[1].1,
+                pair[0].0,
+                pair[0].1
+            );
+        }
+    }
+    let present: HashSet<(i32, i64)> = by_row
+        .iter()
+        .flat_map(|(r, w)| w.iter().map(move |(v, _)| (*r, *v)))
+        .collect();
+    for a in &acked {
+        assert!(present.contains(a), "acknowledged write {a:?} is missing");
+    }
+    // The counter agrees with the log.
+    for (row, writes) in &by_row {
+        assert_eq!(
+            s.pg.psql(&format!("SELECT v FROM counter WHERE id = {row}")),
+            writes.len().to_string()
+        );
+    }
+}
+
+#[test]
+fn a_session_without_a_token_is_relayed_unchanged() {
+    let s = setup(1000);
+    s.pg.psql("CREATE TABLE t (v text)");
+    runtime().block_on(async {
+        let c = connect(s.addr()).await;
+        c.execute("INSERT INTO t VALUES ('plain')", &[])
+            .await
+            .unwrap();
+        // Nothing ran the check: no mark, and the statement PostgreSQL saw is the client's own.
+        let q: String = c
+            .query_one(
+                "SELECT query FROM pg_stat_activity WHERE pid = pg_backend_pid()",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(
+            q,
+            "SELECT query FROM pg_stat_activity WHERE pid = pg_backend_pid()"
+        );
+    });
+    assert_eq!(s.pg.psql("SELECT count(*) FROM fencing.tokens"), "0");
+}

@@ -1,0 +1,148 @@
+//! Bad input closes only the offending connection, with an ErrorResponse saying why.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+
+use pg_wire::msg;
+
+use crate::{code, connect, runtime, setup_with};
+use e2e::pg::Postgres;
+
+/// Connects raw, completes start-up (trust), and returns the stream after ReadyForQuery.
+fn raw_session(addr: &str) -> TcpStream {
+    let mut s = TcpStream::connect(addr).unwrap();
+    let mut start = Vec::new();
+    msg::startup(
+        &mut start,
+        &[(b"user", b"postgres"), (b"database", b"postgres")],
+    );
+    s.write_all(&start).unwrap();
+    read_until(&mut s, b'Z');
+    s
+}
+
+/// Reads messages until one with `tag`; returns all the messages read.
+fn read_until(s: &mut TcpStream, tag: u8) -> Vec<(u8, Vec<u8>)> {
+    let mut got = Vec::new();
+    loop {
+        let mut head = [0u8; 5];
+        s.read_exact(&mut head)
+            .expect("the proxy closed before answering");
+        let len = u32::from_be_bytes([head[1], head[2], head[3], head[4]]) as usize;
+        let mut body = vec![0u8; len - 4];
+        s.read_exact(&mut body).unwrap();
+        let mut whole = head.to_vec();
+        whole.extend_from_slice(&body);
+        got.push((head[0], whole));
+        if head[0] == tag {
+            return got;
+        }
+    }
+}
+
+fn error_of(messages: &[(u8, Vec<u8>)]) -> (String, String, String) {
+    let (_, m) = messages
+        .iter()
+        .find(|(t, _)| *t == b'E')
+        .expect("an ErrorResponse");
+    let f = msg::error_fields(m).unwrap();
+    let s = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+    (s(f.severity), s(f.code), s(f.message))
+}
+
+fn closed(s: &mut TcpStream) -> bool {
+    let mut b = [0u8; 1];
+    matches!(s.read(&mut b), Ok(0) | Err(_))
+}
+
+#[test]
+fn malformed_and_oversized_messages_close_only_that_connection() {
+    let s = setup_with(Postgres::start(), 1000, "message_max_bytes = 4096");
+    runtime().block_on(async {
+        let bystander = connect(s.addr()).await;
+        bystander.batch_execute("BEGIN").await.unwrap();
+
+        for (what, bytes, needle) in [
+            (
+                "length below 4",
+                b"Q\0\0\0\x02".to_vec(),
+                "below the minimum",
+            ),
+            (
+                "Query without its NUL",
+                b"Q\0\0\0\x08abcd".to_vec(),
+                "malformed Query",
+            ),
+            (
+                "oversized",
+                b"Q\0\x10\0\0".to_vec(),
+                "exceeds message_max_bytes",
+            ),
+            (
+                "Bind without names",
+                b"B\0\0\0\x05x".to_vec(),
+                "malformed Bind",
+            ),
+        ] {
+            let mut raw = raw_session(s.addr());
+            raw.write_all(&bytes).unwrap();
+            let got = read_until(&mut raw, b'E');
+            let (severity, code, message) = error_of(&got);
+            assert_eq!(
+                (severity.as_str(), code.as_str()),
+                ("FATAL", "08P01"),
+                "{what}"
+            );
+            assert!(message.contains(needle), "{what}: {message}");
+            assert!(closed(&mut raw), "{what}: the connection stays open");
+        }
+        // A start-up packet of an unknown protocol version.
+        let mut raw = TcpStream::connect(s.addr()).unwrap();
+        raw.write_all(&[0, 0, 0, 8, 0, 2, 0, 0]).unwrap();
+        let (severity, code, _) = error_of(&read_until(&mut raw, b'E'));
+        assert_eq!((severity.as_str(), code.as_str()), ("FATAL", "0A000"));
+
+        // The other session never noticed.
+        bystander.batch_execute("SELECT 1; COMMIT").await.unwrap();
+    });
+    // And the proxy is still up.
+    assert!(
+        s.proxy
+            .process
+            .stderr
+            .text()
+            .contains("closing a client connection over a bad message")
+    );
+}
+
+#[test]
+fn an_upstream_down_and_the_connection_limit_get_clear_errors() {
+    let s = setup_with(Postgres::start(), 1000, "connections_max = 2");
+    runtime().block_on(async {
+        let _a = connect(s.addr()).await;
+        let _b = connect(s.addr()).await;
+        let e = tokio_postgres::connect(&crate::conninfo(s.addr(), ""), tokio_postgres::NoTls)
+            .await
+            .err()
+            .expect("a third connection is refused");
+        assert_eq!(code(&e), "53300", "{e}");
+    });
+    // A proxy whose PostgreSQL is not there.
+    let dir = tempfile::tempdir().unwrap();
+    let dead = e2e::free_loopback_addr();
+    let proxy = e2e::FenceProxy::start_with(
+        dir.path(),
+        &format!("[[pg]]\nlisten = \"127.0.0.1:0\"\nupstream = \"{dead}\"\n"),
+        0,
+        1,
+    );
+    runtime().block_on(async {
+        let e = tokio_postgres::connect(&crate::conninfo(&proxy.pg[0], ""), tokio_postgres::NoTls)
+            .await
+            .err()
+            .expect("no upstream, no session");
+        assert_eq!(code(&e), "08001", "{e}");
+        let message = e.as_db_error().unwrap().message().to_string();
+        assert!(message.contains(&dead), "{message}");
+    });
+}

@@ -1,0 +1,125 @@
+//! fence-proxy's PostgreSQL mode end to end: the real binary between real clients (psql,
+//! pgbench, tokio-postgres) and a throwaway PostgreSQL (`e2e::pg`), over real sockets.
+//!
+//! - `clients`: psql scripts, pgbench (-i, simple, extended, prepared), the extended protocol
+//!   with pipelining, COPY both ways, cancel, NOTIFY, md5 and SCRAM passwords;
+//! - `fencing`: stale tokens, the zombie in a transaction and in autocommit, many sessions with
+//!   interleaved tokens, settings through start-up options, RESET;
+//! - `replicas`: two proxies in front of one database, and a restart;
+//! - `input`: malformed and oversized messages, an upstream down, the connection limit.
+//!
+//! Needs the binaries: `cargo build --bins` first; PostgreSQL 15 in /usr/lib/postgresql/15/bin.
+
+mod clients;
+mod fencing;
+mod input;
+mod replicas;
+
+use e2e::FenceProxy;
+use e2e::pg::Postgres;
+use tokio_postgres::{Client, NoTls};
+
+/// A throwaway PostgreSQL and a fence-proxy in front of it that installed the check.
+pub struct Setup {
+    pub pg: Postgres,
+    pub proxy: FenceProxy,
+    pub dir: tempfile::TempDir,
+}
+
+pub fn setup(fence_wait_ms: u64) -> Setup {
+    setup_with(Postgres::start(), fence_wait_ms, "")
+}
+
+pub fn setup_with(pg: Postgres, fence_wait_ms: u64, extra: &str) -> Setup {
+    let dir = tempfile::tempdir().unwrap();
+    let proxy = start_proxy(&dir, &pg, fence_wait_ms, extra);
+    Setup { pg, proxy, dir }
+}
+
+pub fn start_proxy(
+    dir: &tempfile::TempDir,
+    pg: &Postgres,
+    fence_wait_ms: u64,
+    extra: &str,
+) -> FenceProxy {
+    let config = format!(
+        "[[pg]]\nlisten = \"127.0.0.1:0\"\nupstream = \"127.0.0.1:{}\"\nschema_urls = [\"{}\"]\nfence_wait_ms = {fence_wait_ms}\n{extra}\n",
+        pg.port,
+        pg.url()
+    );
+    FenceProxy::start_with(dir.path(), &config, 0, 1)
+}
+
+impl Setup {
+    pub fn addr(&self) -> &str {
+        &self.proxy.pg[0]
+    }
+}
+
+pub fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Runtime::new().unwrap()
+}
+
+/// A libpq-style connection string for `addr` (host:port).
+pub fn conninfo(addr: &str, extra: &str) -> String {
+    let (host, port) = addr.rsplit_once(':').unwrap();
+    format!("host={host} port={port} user=postgres dbname=postgres {extra}")
+}
+
+/// A tokio-postgres client through `addr`; the connection's own task is returned too, so that
+/// a test can read the error that ended it.
+pub async fn connect_with(
+    addr: &str,
+    extra: &str,
+) -> (
+    Client,
+    tokio::task::JoinHandle<Result<(), tokio_postgres::Error>>,
+) {
+    let (client, connection) = tokio_postgres::connect(&conninfo(addr, extra), NoTls)
+        .await
+        .unwrap_or_else(|e| panic!("connecting through {addr}: {e}"));
+    (client, tokio::spawn(connection))
+}
+
+pub async fn connect(addr: &str) -> Client {
+    connect_with(addr, "").await.0
+}
+
+/// The SQLSTATE of a database error (panics on any other error).
+pub fn code(e: &tokio_postgres::Error) -> String {
+    e.as_db_error()
+        .unwrap_or_else(|| panic!("not a database error: {e:?}"))
+        .code()
+        .code()
+        .to_string()
+}
+
+/// psql through `addr`, running `script` from standard input; returns (success, stdout, stderr).
+pub fn psql(addr: &str, script: &str, extra_env: &[(&str, &str)]) -> (bool, String, String) {
+    use std::io::Write;
+    let (host, port) = addr.rsplit_once(':').unwrap();
+    let mut cmd = Postgres::client_tool("psql");
+    cmd.args([
+        "-h", host, "-p", port, "-U", "postgres", "-d", "postgres", "-X", "-tA",
+    ])
+    .args(["-v", "VERBOSITY=verbose"])
+    .envs(extra_env.iter().copied())
+    .stdin(std::process::Stdio::piped())
+    .stdout(std::process::Stdio::piped())
+    .stderr(std::process::Stdio::piped());
+    let mut child = cmd
+        .spawn()
+        .expect("running psql (apt-get install postgresql-client-15)");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(script.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
