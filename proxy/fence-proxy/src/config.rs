@@ -555,13 +555,13 @@ impl Config {
         }
         let mut seen = std::collections::HashSet::new();
         for p in &self.pg {
-            if !seen.insert(p.listen) {
+            if p.listen.port() != 0 && !seen.insert(p.listen) {
                 bail!("two listeners on {}", p.listen);
             }
             p.validate()?;
         }
         for h in &self.http {
-            if !seen.insert(h.listen) {
+            if h.listen.port() != 0 && !seen.insert(h.listen) {
                 bail!("two listeners on {}", h.listen);
             }
             h.relay()

@@ -6,11 +6,13 @@
 //! - `fencing`: stale tokens, the zombie in a transaction and in autocommit, many sessions with
 //!   interleaved tokens, settings through start-up options, RESET;
 //! - `replicas`: two proxies in front of one database, and a restart;
-//! - `input`: malformed and oversized messages, an upstream down, the connection limit.
+//! - `input`: malformed and oversized messages, an upstream down, the connection limit;
+//! - `combined`: one process with a PostgreSQL and an HTTP listener.
 //!
 //! Needs the binaries: `cargo build --bins` first; PostgreSQL 15 in /usr/lib/postgresql/15/bin.
 
 mod clients;
+mod combined;
 mod fencing;
 mod input;
 mod replicas;

@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# Reproduces the fence-proxy (PostgreSQL) part of BENCHMARKS.md: pgbench directly against a
+# throwaway PostgreSQL 15, through PgBouncer (session mode) and through fence-proxy without a
+# token (select-only and simple-update, 1 and 16 clients); then a script that sets a token once
+# per connection and updates a row per transaction, sent directly and through fence-proxy; then
+# what the check costs PostgreSQL, to show it adds no round trip. One run, one machine. Needs
+# pgbouncer (apt-get install pgbouncer) and PostgreSQL 15; about 4 minutes. Run as root.
+#
+#   bench/pg.sh
+#   SECONDS_PER_RUN=5 bench/pg.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+RUN=${SECONDS_PER_RUN:-10}
+PGBIN=${PG_BIN:-/usr/lib/postgresql/15/bin}
+OUT=${OUT:-$(mktemp -d /tmp/pgbench.XXXXXX)}
+mkdir -p "$OUT"; chown postgres "$OUT"
+command -v pgbouncer >/dev/null || { echo "bench/pg.sh: pgbouncer is missing (apt-get install pgbouncer)" >&2; exit 1; }
+[ -x "$PGBIN/postgres" ] || { echo "bench/pg.sh: no PostgreSQL in $PGBIN (apt-get install postgresql-15)" >&2; exit 1; }
+cargo build --release -q -p fence-proxy
+. bench/common.sh
+
+PG=15432; BOUNCER=15433; PROXY=15434
+runuser -u postgres -- "$PGBIN/initdb" -D "$OUT/data" -A trust -U postgres --no-sync >/dev/null
+runuser -u postgres -- "$PGBIN/postgres" -D "$OUT/data" -p $PG -k "$OUT" \
+  -c listen_addresses=127.0.0.1 -c max_connections=200 -c shared_buffers=256MB 2>"$OUT/postgres.log" &
+pids+=("$!")
+wait_port $PG
+cat >"$OUT/pgbouncer.ini" <<INI
+[databases]
+postgres = host=127.0.0.1 port=$PG dbname=postgres
+[pgbouncer]
+listen_addr = 127.0.0.1
+listen_port = $BOUNCER
+auth_type = trust
+auth_file = $OUT/users.txt
+pool_mode = session
+max_client_conn = 200
+default_pool_size = 100
+unix_socket_dir =
+logfile = $OUT/pgbouncer.log
+INI
+echo '"postgres" ""' >"$OUT/users.txt"
+chown postgres "$OUT/pgbouncer.ini" "$OUT/users.txt"
+runuser -u postgres -- pgbouncer "$OUT/pgbouncer.ini" & pids+=("$!")
+target/release/fence-proxy pg --listen 127.0.0.1:$PROXY --upstream 127.0.0.1:$PG \
+  --schema-url "postgres://postgres@127.0.0.1:$PG/postgres" --log warn 2>"$OUT/fence-proxy.log" &
+pids+=("$!")
+wait_port $BOUNCER; wait_port $PROXY
+
+pgb() { "$PGBIN/pgbench" -h 127.0.0.1 -U postgres "$@" postgres; }
+pgb -p $PG -i -s 10 -q >/dev/null 2>&1
+
+cat >"$OUT/update.sql" <<'SQL'
+\set aid random(1, 100000 * :scale)
+UPDATE pgbench_accounts SET abalance = abalance + 1 WHERE aid = :aid;
+SQL
+echo 'SELECT * FROM fencing.check(1000);' >"$OUT/check.sql"
+echo 'SELECT 1;' >"$OUT/select1.sql"
+TOKEN="-c fencing.resource=bench:accounts -c fencing.token=42"
+
+RESULTS="$OUT/results.txt"; : >"$RESULTS"
+run() { # name port clients [PGOPTIONS] -- pgbench args
+  local name=$1 port=$2 clients=$3 opts=$4; shift 5
+  local out
+  out=$(PGOPTIONS="$opts" pgb -p "$port" -c "$clients" -j "$(( clients < 2 ? 1 : 2 ))" -T "$RUN" "$@" 2>&1)
+  local tps lat
+  tps=$(sed -n 's/^tps = \([0-9.]*\) .*/\1/p' <<<"$out")
+  lat=$(sed -n 's/^latency average = \([0-9.]*\) ms/\1/p' <<<"$out")
+  printf '%s\t%s\t%s\t%s\n' "$name" "$clients" "$tps" "$lat" | tee -a "$RESULTS"
+}
+for c in 1 16; do
+  for w in select-only simple-update; do
+    flag=$([ $w = select-only ] && echo -S || echo -N)
+    run "$w direct" $PG $c "" -- $flag
+    run "$w pgbouncer" $BOUNCER $c "" -- $flag
+    run "$w fence-proxy" $PROXY $c "" -- $flag
+  done
+  run "token-update direct" $PG $c "$TOKEN" -- -f "$OUT/update.sql"
+  run "token-update fence-proxy (no token)" $PROXY $c "" -- -f "$OUT/update.sql"
+  run "token-update fence-proxy (token)" $PROXY $c "$TOKEN" -- -f "$OUT/update.sql"
+done
+run "SELECT 1 direct" $PG 1 "" -- -f "$OUT/select1.sql"
+run "fencing.check() direct" $PG 1 "$TOKEN" -- -f "$OUT/check.sql"
+echo "results in $RESULTS" >&2
