@@ -41,7 +41,7 @@ logfile = $OUT/pgbouncer.log
 INI
 echo '"postgres" ""' >"$OUT/users.txt"
 chown postgres "$OUT/pgbouncer.ini" "$OUT/users.txt"
-runuser -u postgres -- pgbouncer "$OUT/pgbouncer.ini" & pids+=("$!")
+runuser -u postgres -- pgbouncer -q "$OUT/pgbouncer.ini" & pids+=("$!")
 target/release/fence-proxy pg --listen 127.0.0.1:$PROXY --upstream 127.0.0.1:$PG \
   --schema-url "postgres://postgres@127.0.0.1:$PG/postgres" --log warn 2>"$OUT/fence-proxy.log" &
 pids+=("$!")
@@ -76,6 +76,7 @@ for c in 1 16; do
     run "$w fence-proxy" $PROXY $c "" -- $flag
   done
   run "token-update direct" $PG $c "$TOKEN" -- -f "$OUT/update.sql"
+  run "token-update pgbouncer" $BOUNCER $c "$TOKEN" -- -f "$OUT/update.sql"
   run "token-update fence-proxy (no token)" $PROXY $c "" -- -f "$OUT/update.sql"
   run "token-update fence-proxy (token)" $PROXY $c "$TOKEN" -- -f "$OUT/update.sql"
 done

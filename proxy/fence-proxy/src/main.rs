@@ -71,34 +71,55 @@ fn main() -> ExitCode {
 
 async fn run(config: Config) -> anyhow::Result<()> {
     let (stop_tx, stop_rx) = watch::channel(false);
-    let mut pg_tasks = Vec::new();
+    let workers = config.workers();
+    let mut pg_threads = Vec::new();
     for p in &config.pg {
         for url in &p.schema_urls {
             pg_relay::schema::install(url).await?;
             tracing::info!(url = %pg_relay::schema::redact(url), "installed the fence check");
         }
-        let listener = tokio::net::TcpListener::bind(p.listen)
-            .await
+        if p.schema_urls.is_empty() {
+            tracing::info!(
+                "no schema_urls: the fence check must have been installed by a DBA (fence-proxy pg print-schema)"
+            );
+        }
+        let shards = http_relay::bind_shards(p.listen, workers)
             .with_context(|| format!("cannot listen on {}", p.listen))?;
-        let addr = listener.local_addr()?;
-        tracing::info!(%addr, upstream = %p.upstream, fence_wait_ms = p.fence_wait_ms, "listening (pg)");
+        let addr = shards[0].local_addr()?;
+        tracing::info!(%addr, upstream = %p.upstream, fence_wait_ms = p.fence_wait_ms, workers, "listening (pg)");
+        // One relay (limits, map of marks, cancel keys) for all the listener's threads; each
+        // thread runs its own event loop, and a session stays on the thread that accepted it.
         let relay = Arc::new(pg_relay::Relay::new(p.relay(config.fence.resources_max)));
-        let mut stop = stop_rx.clone();
-        pg_tasks.push(tokio::spawn(pg_relay::serve(listener, relay, async move {
-            let _ = stop.changed().await;
-        })));
+        for (i, shard) in shards.into_iter().enumerate() {
+            let relay = Arc::clone(&relay);
+            let mut stop = stop_rx.clone();
+            let thread = std::thread::Builder::new()
+                .name(format!("pg-{}-{i}", addr.port()))
+                .spawn(move || {
+                    let rt = tokio::runtime::Builder::new_current_thread()
+                        .enable_all()
+                        .build()?;
+                    rt.block_on(async move {
+                        let listener = tokio::net::TcpListener::from_std(shard)?;
+                        pg_relay::serve(listener, relay, async move {
+                            let _ = stop.changed().await;
+                        })
+                        .await;
+                        Ok::<(), std::io::Error>(())
+                    })
+                })?;
+            pg_threads.push(thread);
+        }
     }
-    let threads = if config.http.is_empty() {
+    let mut threads = if config.http.is_empty() {
         Vec::new()
     } else {
         start_http(&config, &stop_rx).await?
     };
+    threads.extend(pg_threads);
     shutdown_signal().await;
     tracing::info!("shutting down: finishing requests in progress");
     let _ = stop_tx.send(true);
-    for t in pg_tasks {
-        let _ = t.await;
-    }
     tokio::task::spawn_blocking(move || {
         for t in threads {
             if let Ok(Err(e)) = t.join() {

@@ -14,26 +14,49 @@ CREATE TABLE IF NOT EXISTS fencing.tokens (
     updated_at timestamptz NOT NULL DEFAULT now()
 );
 
--- Ends the open transactions, other than the caller's, that presented a token lower than
--- `p_token` for `p_resource`. Each fenced transaction advertises its resource and token in
--- transaction-scoped advisory locks (class ids 1178946115 to 1178946117), visible in pg_locks.
+-- How transactions on one resource coordinate: through a transaction-scoped advisory lock on a
+-- 64-bit hash of the resource name (`fencing.lock_key`). A transaction with the current token
+-- holds it shared; a transaction that raises the mark holds it exclusively, so a raise waits for
+-- the older-token transactions still open and every later transaction sees the raised mark.
+-- Shared advisory locks live in memory only: the common path writes nothing.
+CREATE OR REPLACE FUNCTION fencing.lock_key(p_resource text)
+RETURNS bigint
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $fn$ SELECT hashtextextended(p_resource, 1178946115) $fn$;
+
+-- Ends the open transactions, other than the caller's, that a raise to `p_token` on
+-- `p_resource` waits for and that presented an older token: those holding the resource's lock
+-- shared (their token is the mark, which is below `p_token`) and raisers that advertised a lower
+-- token (class ids 1178946116 and 1178946117, in pg_locks). Returns how many it ended. Does
+-- nothing if the mark has meanwhile reached `p_token` (the caller is then the older one).
 CREATE OR REPLACE FUNCTION fencing.evict_older(p_resource text, p_token bigint)
 RETURNS integer
 LANGUAGE sql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $fn$
+    WITH key AS (
+        SELECT ((fencing.lock_key(p_resource) >> 32) & 4294967295)::text::oid AS hi,
+               (fencing.lock_key(p_resource) & 4294967295)::text::oid AS lo,
+               (SELECT oid FROM pg_database WHERE datname = current_database()) AS db
+    ), holders AS (
+        SELECT l.pid, l.mode FROM pg_locks l, key
+        WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.classid = key.hi
+          AND l.objid = key.lo AND l.database = key.db AND l.granted
+          AND l.pid <> pg_backend_pid()
+    ), advertised AS (
+        SELECT lo.pid, coalesce(hi.objid::text::bigint, 0) * 4294967296 + lo.objid::text::bigint AS token
+        FROM key CROSS JOIN pg_locks lo
+        LEFT JOIN pg_locks hi ON hi.pid = lo.pid AND hi.locktype = 'advisory' AND hi.objsubid = 2
+                             AND hi.classid = 1178946117 AND hi.database = lo.database
+        WHERE lo.locktype = 'advisory' AND lo.objsubid = 2 AND lo.classid = 1178946116
+          AND lo.database = key.db
+    )
     SELECT count(*)::integer FROM (
-        SELECT pg_terminate_backend(r.pid)
-        FROM pg_locks r
-        JOIN pg_locks lo ON lo.pid = r.pid AND lo.locktype = 'advisory' AND lo.objsubid = 2
-                        AND lo.classid = 1178946116 AND lo.database = r.database
-        LEFT JOIN pg_locks hi ON hi.pid = r.pid AND hi.locktype = 'advisory' AND hi.objsubid = 2
-                        AND hi.classid = 1178946117 AND hi.database = r.database
-        WHERE r.locktype = 'advisory' AND r.objsubid = 2 AND r.classid = 1178946115
-          AND r.objid = (hashtext(p_resource)::bigint & 4294967295)::text::oid
-          AND r.database = (SELECT oid FROM pg_database WHERE datname = current_database())
-          AND r.granted AND r.pid <> pg_backend_pid()
-          AND (coalesce(hi.objid::text::bigint, 0) * 4294967296 + lo.objid::text::bigint) < p_token
+        SELECT pg_terminate_backend(h.pid) FROM holders h
+        WHERE NOT EXISTS (SELECT 1 FROM fencing.tokens k WHERE k.resource = p_resource AND k.token >= p_token)
+          AND (h.mode = 'ShareLock'
+               OR EXISTS (SELECT 1 FROM advertised a WHERE a.pid = h.pid AND a.token < p_token))
     ) ended;
 $fn$;
 
@@ -41,12 +64,14 @@ $fn$;
 -- `fencing.resource` and `fencing.token` set, inside that transaction. It reads the two settings
 -- itself, so they never travel as SQL text. Returns the resource and token it accepted, or no
 -- row when the session has no token.
---   token = highest accepted: a shared lock on the resource's row (one holder's transactions run
---           together);
---   token > highest: raises the row, waiting for older-token transactions still open; after
---           p_wait_ms those are ended (evict_older) and the raise goes through;
---   token < highest: SQLSTATE FN001, the transaction fails.
--- Malformed settings: SQLSTATE FN002.
+--   token = mark: the resource's lock, shared (one holder's transactions run together);
+--   token > mark: the resource's lock, exclusively, then the mark is raised; waiting for the
+--                 older-token transactions still open, and after p_wait_ms ending them
+--                 (evict_older; READ COMMITTED raisers, the default isolation);
+--   token < mark: SQLSTATE FN001, the transaction fails.
+-- Malformed settings: SQLSTATE FN002. Under REPEATABLE READ or SERIALIZABLE the mark is read
+-- FOR SHARE, so that a raise committed after the transaction's snapshot fails it (40001)
+-- rather than going unseen.
 CREATE OR REPLACE FUNCTION fencing.check(p_wait_ms integer)
 RETURNS TABLE (fenced_resource text, fenced_token bigint)
 LANGUAGE plpgsql SECURITY DEFINER
@@ -57,9 +82,10 @@ DECLARE
     t_text text := current_setting('fencing.token', true);
     t bigint;
     cur bigint;
+    k bigint;
+    read_committed boolean;
     old_timeout text;
-    raised boolean;
-    exists boolean;
+    found_row boolean;
 BEGIN
     IF coalesce(r, '') = '' OR coalesce(t_text, '') = '' THEN
         RETURN;  -- no token: nothing to check
@@ -79,21 +105,21 @@ BEGIN
             MESSAGE = format('fencing.token %s is not a valid fencing token', quote_literal(left(t_text, 40))),
             HINT = 'a whole number from 1 to 9223372036854775807';
     END IF;
-
-    -- Advertise this transaction's resource and token (see evict_older).
-    PERFORM pg_advisory_xact_lock_shared(1178946115, hashtext(r));
-    PERFORM pg_advisory_xact_lock_shared(1178946116,
-        ((t & 4294967295) - CASE WHEN (t & 4294967295) > 2147483647 THEN 4294967296 ELSE 0 END)::integer);
-    IF t > 4294967295 THEN
-        PERFORM pg_advisory_xact_lock_shared(1178946117, (t >> 32)::integer);
-    END IF;
+    k := fencing.lock_key(r);
+    read_committed := current_setting('transaction_isolation') = 'read committed';
 
     LOOP
-        SELECT k.token INTO cur FROM fencing.tokens k WHERE k.resource = r;
-        exists := FOUND;
-        IF exists AND cur >= t THEN
-            -- Same or older token: share the row, then look again under the lock.
-            SELECT k.token INTO cur FROM fencing.tokens k WHERE k.resource = r FOR SHARE;
+        SELECT m.token INTO cur FROM fencing.tokens m WHERE m.resource = r;
+        found_row := FOUND;
+        IF found_row AND cur >= t THEN
+            -- Same or older token: share the resource, then read the mark again under the lock
+            -- (a raise may have committed while we waited for it).
+            PERFORM pg_advisory_xact_lock_shared(k);
+            IF read_committed THEN
+                SELECT m.token INTO cur FROM fencing.tokens m WHERE m.resource = r;
+            ELSE
+                SELECT m.token INTO cur FROM fencing.tokens m WHERE m.resource = r FOR SHARE;
+            END IF;
             IF cur = t THEN
                 fenced_resource := r; fenced_token := t; RETURN NEXT; RETURN;
             ELSIF cur > t THEN
@@ -105,32 +131,38 @@ BEGIN
             END IF;
             CONTINUE;
         END IF;
-        -- Higher token (or a new resource): raise the row, waiting at most p_wait_ms for the
-        -- transactions holding it, then ending the older-token ones among them.
+        -- Higher token (or a new resource): advertise the token, take the resource exclusively,
+        -- waiting at most p_wait_ms before ending the older-token transactions in the way.
+        PERFORM pg_advisory_xact_lock_shared(1178946116,
+            ((t & 4294967295) - CASE WHEN (t & 4294967295) > 2147483647 THEN 4294967296 ELSE 0 END)::integer);
+        IF t > 4294967295 THEN
+            PERFORM pg_advisory_xact_lock_shared(1178946117, (t >> 32)::integer);
+        END IF;
         old_timeout := current_setting('lock_timeout');
         BEGIN
             PERFORM set_config('lock_timeout', p_wait_ms || 'ms', true);
-            IF exists THEN
-                UPDATE fencing.tokens k SET token = t, updated_at = now()
-                 WHERE k.resource = r AND k.token < t;
-            ELSE
-                INSERT INTO fencing.tokens AS k (resource, token) VALUES (r, t)
-                    ON CONFLICT (resource) DO NOTHING;
-            END IF;
-            raised := FOUND;
+            PERFORM pg_advisory_xact_lock(k);
             PERFORM set_config('lock_timeout', old_timeout, true);
         EXCEPTION WHEN lock_not_available THEN
             PERFORM set_config('lock_timeout', old_timeout, true);
-            IF fencing.evict_older(r, t) = 0 THEN
-                -- Only transactions with the same or a higher token hold the row: wait for them as
-                -- any statement would.
-                PERFORM k.token FROM fencing.tokens k WHERE k.resource = r FOR SHARE;
+            IF NOT read_committed OR fencing.evict_older(r, t) = 0 THEN
+                -- Only transactions with the same or a higher token are in the way (or this one
+                -- may not judge): wait for them as any statement would.
+                PERFORM pg_advisory_xact_lock(k);
             END IF;
             CONTINUE;
         END;
-        IF raised THEN
+        IF found_row THEN
+            UPDATE fencing.tokens m SET token = t, updated_at = now()
+             WHERE m.resource = r AND m.token < t;
+        ELSE
+            INSERT INTO fencing.tokens AS m (resource, token) VALUES (r, t)
+                ON CONFLICT (resource) DO NOTHING;
+        END IF;
+        IF FOUND THEN
             fenced_resource := r; fenced_token := t; RETURN NEXT; RETURN;
         END IF;
+        -- Someone else raised it first: look again (this transaction keeps the lock).
     END LOOP;
 END;
 $fn$;
@@ -139,4 +171,5 @@ REVOKE ALL ON TABLE fencing.tokens FROM PUBLIC;
 GRANT SELECT ON TABLE fencing.tokens TO PUBLIC;
 GRANT USAGE ON SCHEMA fencing TO PUBLIC;
 REVOKE ALL ON FUNCTION fencing.evict_older(text, bigint) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION fencing.lock_key(text) TO PUBLIC;
 GRANT EXECUTE ON FUNCTION fencing.check(integer) TO PUBLIC;

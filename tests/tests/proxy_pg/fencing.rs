@@ -51,6 +51,17 @@ fn a_stale_token_is_refused_with_its_sqlstate_and_the_session_stays_usable() {
 
 #[test]
 fn the_zombie_in_a_transaction_is_fenced_and_does_not_block_the_new_holder() {
+    // A's open transaction is the one that set the mark (41 is new)...
+    zombie_in_a_transaction(false);
+}
+
+#[test]
+fn the_zombie_sharing_the_current_mark_is_fenced_too() {
+    // ...or 41 was already the mark and A's transaction merely shares it.
+    zombie_in_a_transaction(true);
+}
+
+fn zombie_in_a_transaction(mark_already_41: bool) {
     let s = setup(300);
     s.pg.psql(
         "CREATE TABLE acct (id int PRIMARY KEY, owner text); INSERT INTO acct VALUES (1, 'init')",
@@ -62,6 +73,11 @@ fn the_zombie_in_a_transaction_is_fenced_and_does_not_block_the_new_holder() {
             "options='-c fencing.resource=acct:1 -c fencing.token=41'",
         )
         .await;
+        if mark_already_41 {
+            a.execute("UPDATE acct SET owner = 'A0' WHERE id = 1", &[])
+                .await
+                .unwrap();
+        }
         a.batch_execute("BEGIN").await.unwrap();
         a.execute("UPDATE acct SET owner = 'A' WHERE id = 1", &[])
             .await
