@@ -62,7 +62,8 @@ RESULTS="$OUT/results.txt"; : >"$RESULTS"
 run() { # name port clients [PGOPTIONS] -- pgbench args
   local name=$1 port=$2 clients=$3 opts=$4; shift 5
   local out
-  out=$(PGOPTIONS="$opts" pgb -p "$port" -c "$clients" -j "$(( clients < 2 ? 1 : 2 ))" -T "$RUN" "$@" 2>&1)
+  out=$(PGOPTIONS="$opts" pgb -p "$port" -c "$clients" -j "$(( clients < 2 ? 1 : 2 ))" -T "$RUN" "$@" 2>&1) \
+    || { printf '%s\t%s\tfailed: %s\n' "$name" "$clients" "$(tail -1 <<<"$out")" | tee -a "$RESULTS"; return; }
   local tps lat
   tps=$(sed -n 's/^tps = \([0-9.]*\) .*/\1/p' <<<"$out")
   lat=$(sed -n 's/^latency average = \([0-9.]*\) ms/\1/p' <<<"$out")
@@ -76,7 +77,8 @@ for c in 1 16; do
     run "$w fence-proxy" $PROXY $c "" -- $flag
   done
   run "token-update direct" $PG $c "$TOKEN" -- -f "$OUT/update.sql"
-  run "token-update pgbouncer" $BOUNCER $c "$TOKEN" -- -f "$OUT/update.sql"
+  # PgBouncer refuses the options start-up parameter, so it relays the script without a token.
+  run "token-update pgbouncer (no token)" $BOUNCER $c "" -- -f "$OUT/update.sql"
   run "token-update fence-proxy (no token)" $PROXY $c "" -- -f "$OUT/update.sql"
   run "token-update fence-proxy (token)" $PROXY $c "$TOKEN" -- -f "$OUT/update.sql"
 done

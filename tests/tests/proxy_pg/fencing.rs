@@ -25,8 +25,12 @@ fn a_stale_token_is_refused_with_its_sqlstate_and_the_session_stays_usable() {
          SELECT 'usable', n FROM stock;\n\
          SET fencing.token = '43';\n\
          BEGIN; UPDATE stock SET n = 8 WHERE sku = 'a'; COMMIT;\n\
+         BEGIN; SET LOCAL fencing.token = '40'; UPDATE stock SET n = 0 WHERE sku = 'a'; ROLLBACK;\n\
+         SELECT 'after local', current_setting('fencing.token');\n\
          SET fencing.token = 'x';\n\
-         UPDATE stock SET n = 0 WHERE sku = 'a';\n",
+         UPDATE stock SET n = 0 WHERE sku = 'a';\n\
+         DISCARD ALL;\n\
+         SELECT 'discarded', coalesce(current_setting('fencing.token', true), '');\n",
         &[],
     );
     assert!(ok, "{err}");
@@ -42,6 +46,13 @@ fn a_stale_token_is_refused_with_its_sqlstate_and_the_session_stays_usable() {
         "{err}"
     );
     assert!(out.contains("usable|9"), "{out}");
+    // SET LOCAL: one transaction, refused, and the session's own token is back afterwards.
+    assert!(
+        err.contains("ERROR:  FN001: fencing token 40 for resource 'inventory:a' is stale: the highest accepted token is 43"),
+        "{err}"
+    );
+    assert!(out.contains("after local|43"), "{out}");
+    assert!(out.contains("discarded|"), "{out}");
     assert_eq!(s.pg.psql("SELECT n FROM stock"), "8");
     assert_eq!(
         s.pg.psql("SELECT token FROM fencing.tokens WHERE resource = 'inventory:a'"),

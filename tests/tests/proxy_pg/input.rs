@@ -96,6 +96,25 @@ fn malformed_and_oversized_messages_close_only_that_connection() {
             assert!(message.contains(needle), "{what}: {message}");
             assert!(closed(&mut raw), "{what}: the connection stays open");
         }
+        // GSSENCRequest and SSLRequest are answered 'N', and the session goes on in clear.
+        let mut raw = TcpStream::connect(s.addr()).unwrap();
+        for code in [80_877_104u32, 80_877_103] {
+            let mut packet = 8u32.to_be_bytes().to_vec();
+            packet.extend_from_slice(&code.to_be_bytes());
+            raw.write_all(&packet).unwrap();
+            let mut answer = [0u8; 1];
+            raw.read_exact(&mut answer).unwrap();
+            assert_eq!(&answer, b"N");
+        }
+        let mut start = Vec::new();
+        msg::startup(&mut start, &[(b"user", b"postgres"), (b"database", b"postgres")]);
+        raw.write_all(&start).unwrap();
+        read_until(&mut raw, b'Z');
+        let mut q = Vec::new();
+        msg::query(&mut q, b"SELECT 1");
+        raw.write_all(&q).unwrap();
+        assert!(read_until(&mut raw, b'Z').iter().any(|(t, _)| *t == b'D'));
+
         // A start-up packet of an unknown protocol version.
         let mut raw = TcpStream::connect(s.addr()).unwrap();
         raw.write_all(&[0, 0, 0, 8, 0, 2, 0, 0]).unwrap();
