@@ -107,7 +107,10 @@ fn malformed_and_oversized_messages_close_only_that_connection() {
             assert_eq!(&answer, b"N");
         }
         let mut start = Vec::new();
-        msg::startup(&mut start, &[(b"user", b"postgres"), (b"database", b"postgres")]);
+        msg::startup(
+            &mut start,
+            &[(b"user", b"postgres"), (b"database", b"postgres")],
+        );
         raw.write_all(&start).unwrap();
         read_until(&mut raw, b'Z');
         let mut q = Vec::new();
