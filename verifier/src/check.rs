@@ -1,0 +1,447 @@
+//! The properties a history can show (DESIGN.md section 2), each judged on its own.
+//!
+//! Times are on the recorder's one monotonic clock, in nanoseconds; `ttl_ms` is in
+//! milliseconds. An operation's effect happened at some instant between its `invoke` and its
+//! `ok`; an `info` operation may or may not have happened at all.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::fmt;
+
+use crate::history::{Event, EventType, Op, name_of};
+
+/// The properties, in report order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Property {
+    /// Invariant 1: no two leases of a resource are certainly valid at the same instant.
+    SingleHolder,
+    /// Invariant 2: every grant's token is above every token granted before it was asked for,
+    /// and no token is granted twice.
+    MonotoneTokens,
+    /// Invariant 3: the resource never accepts a write with a token lower than one it had
+    /// already accepted, in its own order.
+    Fencing,
+    /// Invariant 8: every acknowledged write is in the final read.
+    AcknowledgedWritesPresent,
+    /// A write reported as refused (`fail`) never took effect.
+    FailedWritesAbsent,
+}
+
+impl Property {
+    pub const ALL: [Property; 5] = [
+        Property::SingleHolder,
+        Property::MonotoneTokens,
+        Property::Fencing,
+        Property::AcknowledgedWritesPresent,
+        Property::FailedWritesAbsent,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Property::SingleHolder => "single holder",
+            Property::MonotoneTokens => "monotone tokens",
+            Property::Fencing => "fencing",
+            Property::AcknowledgedWritesPresent => "acknowledged writes present",
+            Property::FailedWritesAbsent => "failed writes absent",
+        }
+    }
+}
+
+/// One way a history breaks a property, with the lines of the events involved.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Violation {
+    pub message: String,
+    pub lines: Vec<usize>,
+}
+
+/// The verdict on one property.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    Holds,
+    /// The history has nothing that bears on it (no grants, no writes, no final read...).
+    NotShown(String),
+    Violated(Vec<Violation>),
+}
+
+#[derive(Debug, Clone)]
+pub struct Report {
+    pub events: usize,
+    pub verdicts: Vec<(Property, Verdict)>,
+}
+
+impl Report {
+    pub fn ok(&self) -> bool {
+        !self
+            .verdicts
+            .iter()
+            .any(|(_, v)| matches!(v, Verdict::Violated(_)))
+    }
+
+    pub fn verdict(&self, p: Property) -> &Verdict {
+        &self
+            .verdicts
+            .iter()
+            .find(|(q, _)| *q == p)
+            .expect("every property is judged")
+            .1
+    }
+}
+
+impl fmt::Display for Report {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "{} events", self.events)?;
+        for (p, v) in &self.verdicts {
+            match v {
+                Verdict::Holds => writeln!(f, "  holds     {}", p.name())?,
+                Verdict::NotShown(why) => writeln!(f, "  not shown {} ({why})", p.name())?,
+                Verdict::Violated(vs) => {
+                    writeln!(f, "  VIOLATED  {} ({} times)", p.name(), vs.len())?;
+                    for v in vs.iter().take(20) {
+                        let lines: Vec<String> = v.lines.iter().map(|l| l.to_string()).collect();
+                        writeln!(f, "            {} [lines {}]", v.message, lines.join(", "))?;
+                    }
+                    if vs.len() > 20 {
+                        writeln!(f, "            ... and {} more", vs.len() - 20)?;
+                    }
+                }
+            }
+        }
+        write!(
+            f,
+            "verdict: {}",
+            if self.ok() {
+                "no violation"
+            } else {
+                "VIOLATION"
+            }
+        )
+    }
+}
+
+/// A completed operation: its invoke (if recorded) and its completion.
+struct Done<'a> {
+    invoke: Option<&'a Event>,
+    end: &'a Event,
+}
+
+impl Done<'_> {
+    /// The earliest instant the effect may have happened.
+    fn from(&self) -> u64 {
+        self.invoke.map_or(0, |i| i.time)
+    }
+}
+
+/// Pairs each completion with the latest earlier invoke of the same process, operation and
+/// resource.
+fn completions(events: &[Event]) -> Vec<Done<'_>> {
+    let mut open: HashMap<(&str, Op, &str), &Event> = HashMap::new();
+    let mut out = Vec::new();
+    for e in events {
+        let key = (e.process.as_str(), e.f, e.resource.as_str());
+        if e.kind == EventType::Invoke {
+            open.insert(key, e);
+        } else {
+            out.push(Done {
+                invoke: open.remove(&key),
+                end: e,
+            });
+        }
+    }
+    out
+}
+
+/// Judges every property.
+pub fn check(history: &[Event]) -> Report {
+    let mut events: Vec<Event> = history.to_vec();
+    // The recorder's order for equal times is the file's order.
+    events.sort_by_key(|e| (e.time, e.line));
+    let done = completions(&events);
+    Report {
+        events: events.len(),
+        verdicts: vec![
+            (Property::SingleHolder, single_holder(&events, &done)),
+            (Property::MonotoneTokens, monotone_tokens(&done)),
+            (Property::Fencing, fencing(&events, &done)),
+            (
+                Property::AcknowledgedWritesPresent,
+                acknowledged_present(&events, &done),
+            ),
+            (Property::FailedWritesAbsent, failed_absent(&events, &done)),
+        ],
+    }
+}
+
+fn verdict(violations: Vec<Violation>) -> Verdict {
+    if violations.is_empty() {
+        Verdict::Holds
+    } else {
+        Verdict::Violated(violations)
+    }
+}
+
+/// A lease as the history shows it: certainly valid from its grant's `ok` until the earliest
+/// of the release's invoke, a recorded expiry, and the acquire's invoke plus the TTL.
+struct Lease<'a> {
+    grant: &'a Done<'a>,
+    token: u64,
+    until: u64,
+    ended_by: Option<&'a Event>,
+}
+
+fn single_holder(events: &[Event], done: &[Done<'_>]) -> Verdict {
+    let mut leases: BTreeMap<&str, Vec<Lease<'_>>> = BTreeMap::new();
+    for d in done
+        .iter()
+        .filter(|d| d.end.f == Op::Acquire && d.end.kind == EventType::Ok)
+    {
+        let token = d.end.token.expect("validated");
+        let ttl_ns = d.end.ttl_ms.expect("validated").saturating_mul(1_000_000);
+        let mut until = d.from().saturating_add(ttl_ns);
+        let mut ended_by = None;
+        // The first release invoked, or expiry recorded, for this lease after its grant.
+        let end = events.iter().find(|e| {
+            e.resource == d.end.resource
+                && e.time >= d.end.time
+                && e.line != d.end.line
+                && match e.f {
+                    Op::Release => e.kind == EventType::Invoke && e.process == d.end.process,
+                    Op::Expire => {
+                        e.token == Some(token) || e.token.is_none() && e.process == d.end.process
+                    }
+                    _ => false,
+                }
+        });
+        if let Some(e) = end
+            && e.time < until
+        {
+            until = e.time;
+            ended_by = Some(e);
+        }
+        leases
+            .entry(d.end.resource.as_str())
+            .or_default()
+            .push(Lease {
+                grant: d,
+                token,
+                until,
+                ended_by,
+            });
+    }
+    if leases.is_empty() {
+        return Verdict::NotShown("no granted acquire".into());
+    }
+    let mut violations = Vec::new();
+    for (resource, ls) in &leases {
+        for (i, a) in ls.iter().enumerate() {
+            for b in &ls[i + 1..] {
+                let start = a.grant.end.time.max(b.grant.end.time);
+                if a.token != b.token && start < a.until.min(b.until) {
+                    let mut lines = vec![a.grant.end.line, b.grant.end.line];
+                    lines.extend(a.ended_by.map(|e| e.line));
+                    lines.extend(b.ended_by.map(|e| e.line));
+                    violations.push(Violation {
+                        message: format!(
+                            "{resource}: {} (token {}) and {} (token {}) both held the lock at time {start}",
+                            a.grant.end.process, a.token, b.grant.end.process, b.token
+                        ),
+                        lines,
+                    });
+                }
+            }
+        }
+    }
+    verdict(violations)
+}
+
+fn monotone_tokens(done: &[Done<'_>]) -> Verdict {
+    let grants: Vec<&Done<'_>> = done
+        .iter()
+        .filter(|d| d.end.f == Op::Acquire && d.end.kind == EventType::Ok)
+        .collect();
+    if grants.is_empty() {
+        return Verdict::NotShown("no granted acquire".into());
+    }
+    let mut violations = Vec::new();
+    let mut seen: HashMap<u64, &Done<'_>> = HashMap::new();
+    for g in &grants {
+        let t = g.end.token.expect("validated");
+        if let Some(other) = seen.insert(t, g) {
+            violations.push(Violation {
+                message: format!(
+                    "token {t} was granted twice ({} on {} and {} on {})",
+                    other.end.process, other.end.resource, g.end.process, g.end.resource
+                ),
+                lines: vec![other.end.line, g.end.line],
+            });
+        }
+    }
+    // A grant asked for after another was granted must carry a higher token. The grants are in
+    // time order, so the highest token granted before each invoke is a running maximum.
+    let mut by_ok: Vec<&Done<'_>> = grants.clone();
+    by_ok.sort_by_key(|g| g.end.time);
+    for g in &grants {
+        let t = g.end.token.expect("validated");
+        if let Some(prev) = by_ok
+            .iter()
+            .take_while(|p| p.end.time < g.from())
+            .filter(|p| p.end.token.expect("validated") >= t)
+            .max_by_key(|p| p.end.token)
+        {
+            violations.push(Violation {
+                message: format!(
+                    "{} was granted token {t} on {}, asked for after token {} had been granted",
+                    g.end.process,
+                    g.end.resource,
+                    prev.end.token.expect("validated")
+                ),
+                lines: vec![prev.end.line, g.end.line],
+            });
+        }
+    }
+    verdict(violations)
+}
+
+/// The final read of each resource: its last `ok` read.
+fn final_reads(events: &[Event]) -> HashMap<&str, (&Event, HashSet<String>)> {
+    let mut out = HashMap::new();
+    for e in events
+        .iter()
+        .filter(|e| e.f == Op::Read && e.kind == EventType::Ok)
+    {
+        let names = e
+            .value
+            .as_ref()
+            .and_then(|v| v.as_array())
+            .map(|a| a.iter().map(name_of).collect())
+            .unwrap_or_default();
+        out.insert(e.resource.as_str(), (e, names));
+    }
+    out
+}
+
+fn fencing(events: &[Event], done: &[Done<'_>]) -> Verdict {
+    let reads = final_reads(events);
+    // Writes the resource accepted: acknowledged ones, and unknown ones the final read shows.
+    let mut accepted: BTreeMap<&str, Vec<&Done<'_>>> = BTreeMap::new();
+    for d in done.iter().filter(|d| d.end.f == Op::Write) {
+        let shown = reads
+            .get(d.end.resource.as_str())
+            .is_some_and(|(_, names)| d.end.value_name().is_some_and(|n| names.contains(&n)));
+        if d.end.kind == EventType::Ok || d.end.kind == EventType::Info && shown {
+            accepted.entry(d.end.resource.as_str()).or_default().push(d);
+        }
+    }
+    if accepted.is_empty() {
+        return Verdict::NotShown("no accepted write".into());
+    }
+    let mut violations = Vec::new();
+    for (resource, ws) in &accepted {
+        let token = |d: &Done<'_>| d.end.token.expect("validated");
+        if ws.iter().all(|d| d.end.index.is_some()) {
+            // The resource told us its order.
+            let mut ordered = ws.clone();
+            ordered.sort_by_key(|d| d.end.index);
+            let mut highest: Option<&Done<'_>> = None;
+            for d in ordered {
+                if let Some(h) = highest {
+                    if token(d) < token(h) {
+                        violations.push(stale_write(resource, d, h));
+                        continue;
+                    }
+                }
+                if highest.is_none_or(|h| token(d) >= token(h)) {
+                    highest = Some(d);
+                }
+            }
+        } else {
+            // Real-time order: a write invoked after another was acknowledged comes after it.
+            for a in ws.iter().filter(|a| a.end.kind == EventType::Ok) {
+                for b in ws.iter() {
+                    if b.from() > a.end.time && token(b) < token(a) {
+                        violations.push(stale_write(resource, b, a));
+                    }
+                }
+            }
+        }
+    }
+    verdict(violations)
+}
+
+fn stale_write(resource: &str, late: &Done<'_>, earlier: &Done<'_>) -> Violation {
+    Violation {
+        message: format!(
+            "{resource}: write {} with token {} by {} was accepted after write {} with token {} by {}",
+            late.end.value_name().unwrap_or_default(),
+            late.end.token.unwrap_or(0),
+            late.end.process,
+            earlier.end.value_name().unwrap_or_default(),
+            earlier.end.token.unwrap_or(0),
+            earlier.end.process
+        ),
+        lines: vec![earlier.end.line, late.end.line],
+    }
+}
+
+fn acknowledged_present(events: &[Event], done: &[Done<'_>]) -> Verdict {
+    let reads = final_reads(events);
+    let mut judged = false;
+    let mut violations = Vec::new();
+    for d in done
+        .iter()
+        .filter(|d| d.end.f == Op::Write && d.end.kind == EventType::Ok)
+    {
+        let Some((read, names)) = reads.get(d.end.resource.as_str()) else {
+            continue;
+        };
+        if d.end.time >= read.time {
+            continue;
+        }
+        judged = true;
+        let name = d.end.value_name().unwrap_or_default();
+        if !names.contains(&name) {
+            violations.push(Violation {
+                message: format!(
+                    "{}: acknowledged write {name} (token {}) by {} is missing from the final read",
+                    d.end.resource,
+                    d.end.token.unwrap_or(0),
+                    d.end.process
+                ),
+                lines: vec![d.end.line, read.line],
+            });
+        }
+    }
+    if !judged {
+        return Verdict::NotShown("no acknowledged write before a final read".into());
+    }
+    verdict(violations)
+}
+
+fn failed_absent(events: &[Event], done: &[Done<'_>]) -> Verdict {
+    let reads = final_reads(events);
+    let mut judged = false;
+    let mut violations = Vec::new();
+    for d in done
+        .iter()
+        .filter(|d| d.end.f == Op::Write && d.end.kind == EventType::Fail)
+    {
+        let Some((read, names)) = reads.get(d.end.resource.as_str()) else {
+            continue;
+        };
+        judged = true;
+        let name = d.end.value_name().unwrap_or_default();
+        if names.contains(&name) {
+            violations.push(Violation {
+                message: format!(
+                    "{}: write {name} (token {}) by {} was refused, yet the final read holds it",
+                    d.end.resource,
+                    d.end.token.unwrap_or(0),
+                    d.end.process
+                ),
+                lines: vec![d.end.line, read.line],
+            });
+        }
+    }
+    if !judged {
+        return Verdict::NotShown("no refused write with a final read".into());
+    }
+    verdict(violations)
+}

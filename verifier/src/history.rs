@@ -1,0 +1,241 @@
+//! The history format: one JSON object per line.
+//!
+//! ```text
+//! {"type":"invoke","process":"A","time":1000,"f":"acquire","resource":"acct:1"}
+//! {"type":"ok","process":"A","time":1500,"f":"acquire","resource":"acct:1","token":41,"ttl_ms":2000}
+//! {"type":"invoke","process":"A","time":1600,"f":"write","resource":"acct:1","token":41,"value":"w1"}
+//! {"type":"ok","process":"A","time":1900,"f":"write","resource":"acct:1","token":41,"value":"w1"}
+//! {"type":"ok","process":"checker","time":9000,"f":"read","resource":"acct:1","value":["w1"]}
+//! ```
+
+use std::io::BufRead;
+
+use serde::Deserialize;
+
+/// What an event says about its operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum EventType {
+    /// The operation was started.
+    Invoke,
+    /// It took effect.
+    Ok,
+    /// It certainly did not take effect.
+    Fail,
+    /// Its outcome is unknown: it may have taken effect, or not (treated as "may have").
+    Info,
+}
+
+/// The operations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Op {
+    /// Take the lock; `ok` carries the granted `token` and the lease's `ttl_ms`.
+    Acquire,
+    /// Give it back (the lease ends at the latest when the release is invoked).
+    Release,
+    /// The lease ended by expiry (as lockd, or a client that saw its lease lost, recorded it).
+    Expire,
+    /// A write to the resource with `token`; `value` names the write (unique per write).
+    Write,
+    /// A read of the resource: `value` is the list of the writes it holds (the final read).
+    Read,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Raw {
+    #[serde(rename = "type")]
+    kind: EventType,
+    process: serde_json::Value,
+    time: u64,
+    f: Op,
+    resource: String,
+    #[serde(default)]
+    token: Option<u64>,
+    #[serde(default)]
+    ttl_ms: Option<u64>,
+    #[serde(default)]
+    value: Option<serde_json::Value>,
+    /// The write's position in the resource's own order, when the store reports it.
+    #[serde(default)]
+    index: Option<u64>,
+    /// Free text for the timeline (why a write was refused...).
+    #[serde(default)]
+    note: Option<String>,
+}
+
+/// One event of a history.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Event {
+    /// Line number in the file (1-based), to point at it in reports.
+    pub line: usize,
+    pub kind: EventType,
+    pub process: String,
+    /// On the recorder's one monotonic clock (any unit; nanoseconds by convention).
+    pub time: u64,
+    pub f: Op,
+    pub resource: String,
+    pub token: Option<u64>,
+    pub ttl_ms: Option<u64>,
+    /// A write's name, or a read's list of write names.
+    pub value: Option<serde_json::Value>,
+    pub index: Option<u64>,
+    pub note: Option<String>,
+}
+
+impl Event {
+    /// A write's name as text (numbers and strings alike).
+    pub fn value_name(&self) -> Option<String> {
+        self.value.as_ref().map(name_of)
+    }
+}
+
+/// Numbers and strings name writes alike.
+pub fn name_of(v: &serde_json::Value) -> String {
+    match v {
+        serde_json::Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// Why a history could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum HistoryError {
+    #[error("line {line}: {message}")]
+    Line { line: usize, message: String },
+    #[error("cannot read the history: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// Reads a history; blank lines are skipped. Every event is validated: tokens in the range of
+/// `fencing::FencingToken`, resource names as `fencing::ResourceName` allows, the fields each
+/// operation needs.
+pub fn parse(input: impl BufRead) -> Result<Vec<Event>, HistoryError> {
+    let mut out = Vec::new();
+    for (i, line) in input.lines().enumerate() {
+        let line_no = i + 1;
+        let line = line?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let bad = |message: String| HistoryError::Line {
+            line: line_no,
+            message,
+        };
+        let raw: Raw = serde_json::from_str(&line).map_err(|e| bad(e.to_string()))?;
+        let process = match &raw.process {
+            serde_json::Value::String(s) => s.clone(),
+            serde_json::Value::Number(n) => n.to_string(),
+            other => {
+                return Err(bad(format!(
+                    "process must be a string or a number, not {other}"
+                )));
+            }
+        };
+        fencing::ResourceName::validate(&raw.resource)
+            .map_err(|e| bad(format!("resource {:?}: {e}", raw.resource)))?;
+        if let Some(t) = raw.token
+            && fencing::FencingToken::new(t).is_none()
+        {
+            return Err(bad(format!("token {t} is out of range")));
+        }
+        let needs = |what: &str, present: bool| {
+            if present {
+                Ok(())
+            } else {
+                Err(bad(what.to_string()))
+            }
+        };
+        match (raw.f, raw.kind) {
+            (Op::Acquire, EventType::Ok) => {
+                needs("an ok acquire needs its token", raw.token.is_some())?;
+                needs("an ok acquire needs its ttl_ms", raw.ttl_ms.is_some())?;
+            }
+            (Op::Write, _) => {
+                needs("a write needs its token", raw.token.is_some())?;
+                needs(
+                    "a write needs its value (the write's name)",
+                    raw.value.is_some(),
+                )?;
+            }
+            (Op::Read, EventType::Ok) => needs(
+                "an ok read needs its value (the list of writes read)",
+                raw.value.as_ref().is_some_and(|v| v.is_array()),
+            )?,
+            _ => {}
+        }
+        out.push(Event {
+            line: line_no,
+            kind: raw.kind,
+            process,
+            time: raw.time,
+            f: raw.f,
+            resource: raw.resource,
+            token: raw.token,
+            ttl_ms: raw.ttl_ms,
+            value: raw.value,
+            index: raw.index,
+            note: raw.note,
+        });
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn events_are_read_with_their_lines() {
+        let h = "{\"type\":\"invoke\",\"process\":\"A\",\"time\":1,\"f\":\"acquire\",\"resource\":\"r\"}\n\n\
+                 {\"type\":\"ok\",\"process\":7,\"time\":2,\"f\":\"acquire\",\"resource\":\"r\",\"token\":4,\"ttl_ms\":10}\n";
+        let e = parse(h.as_bytes()).unwrap();
+        assert_eq!(e.len(), 2);
+        assert_eq!(
+            (e[1].line, e[1].process.as_str(), e[1].token),
+            (3, "7", Some(4))
+        );
+    }
+
+    #[test]
+    fn bad_lines_are_refused_with_the_reason() {
+        for (line, needle) in [
+            ("not json", "expected"),
+            (
+                "{\"type\":\"ok\",\"process\":\"A\",\"time\":1,\"f\":\"acquire\",\"resource\":\"r\"}",
+                "token",
+            ),
+            (
+                "{\"type\":\"ok\",\"process\":\"A\",\"time\":1,\"f\":\"write\",\"resource\":\"r\",\"token\":0,\"value\":1}",
+                "out of range",
+            ),
+            (
+                "{\"type\":\"ok\",\"process\":\"A\",\"time\":1,\"f\":\"write\",\"resource\":\"a b\",\"token\":1,\"value\":1}",
+                "resource",
+            ),
+            (
+                "{\"type\":\"done\",\"process\":\"A\",\"time\":1,\"f\":\"write\",\"resource\":\"r\"}",
+                "unknown variant",
+            ),
+            (
+                "{\"type\":\"ok\",\"process\":\"A\",\"time\":1,\"f\":\"read\",\"resource\":\"r\",\"value\":3}",
+                "list of writes",
+            ),
+            (
+                "{\"type\":\"ok\",\"process\":\"A\",\"time\":-1,\"f\":\"read\",\"resource\":\"r\",\"value\":[]}",
+                "invalid value",
+            ),
+            (
+                "{\"type\":\"ok\",\"process\":\"A\",\"time\":1,\"f\":\"read\",\"resource\":\"r\",\"value\":[],\"extra\":1}",
+                "unknown field",
+            ),
+        ] {
+            let err = parse(line.as_bytes()).unwrap_err().to_string();
+            assert!(
+                err.starts_with("line 1:") && err.contains(needle),
+                "{line}: {err}"
+            );
+        }
+    }
+}

@@ -1,0 +1,252 @@
+//! The checker against handcrafted histories: for each property one that breaks it and one that
+//! keeps it, so that a checker that cannot fail would be caught here.
+
+use verifier::check::Verdict;
+use verifier::{Property, check, parse};
+
+/// Builds a history line by line: `ev(kind, process, time_ms, f, resource, extra_json)`.
+fn h(lines: &[String]) -> Vec<verifier::Event> {
+    parse(lines.join("\n").as_bytes()).unwrap()
+}
+
+fn ev(kind: &str, process: &str, ms: u64, f: &str, resource: &str, extra: &str) -> String {
+    let extra = if extra.is_empty() {
+        String::new()
+    } else {
+        format!(",{extra}")
+    };
+    format!(
+        "{{\"type\":\"{kind}\",\"process\":\"{process}\",\"time\":{},\"f\":\"{f}\",\"resource\":\"{resource}\"{extra}}}",
+        ms * 1_000_000
+    )
+}
+
+fn acquire(p: &str, invoke_ms: u64, ok_ms: u64, r: &str, token: u64, ttl_ms: u64) -> Vec<String> {
+    vec![
+        ev("invoke", p, invoke_ms, "acquire", r, ""),
+        ev(
+            "ok",
+            p,
+            ok_ms,
+            "acquire",
+            r,
+            &format!("\"token\":{token},\"ttl_ms\":{ttl_ms}"),
+        ),
+    ]
+}
+
+fn write(
+    p: &str,
+    invoke_ms: u64,
+    end_ms: u64,
+    kind: &str,
+    r: &str,
+    token: u64,
+    name: &str,
+) -> Vec<String> {
+    let extra = format!("\"token\":{token},\"value\":\"{name}\"");
+    vec![
+        ev("invoke", p, invoke_ms, "write", r, &extra),
+        ev(kind, p, end_ms, "write", r, &extra),
+    ]
+}
+
+fn read(ms: u64, r: &str, names: &[&str]) -> String {
+    let list: Vec<String> = names.iter().map(|n| format!("\"{n}\"")).collect();
+    ev(
+        "ok",
+        "checker",
+        ms,
+        "read",
+        r,
+        &format!("\"value\":[{}]", list.join(",")),
+    )
+}
+
+fn violated(v: &Verdict) -> bool {
+    matches!(v, Verdict::Violated(_))
+}
+
+/// The zombie story, fenced: A's lease expires while it is paused, B takes the lock and writes,
+/// A's late write with its old token is refused.
+fn zombie_fenced() -> Vec<String> {
+    let mut l = Vec::new();
+    l.extend(acquire("A", 0, 1, "acct:1", 41, 1000));
+    l.extend(write("A", 2, 3, "ok", "acct:1", 41, "a1"));
+    l.push(ev("ok", "lockd", 1001, "expire", "acct:1", "\"token\":41"));
+    l.extend(acquire("B", 1002, 1003, "acct:1", 42, 1000));
+    l.extend(write("B", 1004, 1005, "ok", "acct:1", 42, "b1"));
+    l.extend(write("A", 1006, 1007, "fail", "acct:1", 41, "a2"));
+    l.push(read(2000, "acct:1", &["a1", "b1"]));
+    l
+}
+
+#[test]
+fn the_fenced_zombie_story_keeps_every_property() {
+    let r = check(&h(&zombie_fenced()));
+    assert!(r.ok(), "{r}");
+    for p in Property::ALL {
+        assert_eq!(r.verdict(p), &Verdict::Holds, "{}: {r}", p.name());
+    }
+}
+
+#[test]
+fn an_unfenced_zombie_write_breaks_fencing_and_is_named() {
+    let mut l = zombie_fenced();
+    // The store took A's late write after B's: what happens without the fence.
+    let last = l.len() - 1;
+    l.remove(last);
+    let a2_end = l.len() - 1;
+    l[a2_end] = l[a2_end].replace("\"type\":\"fail\"", "\"type\":\"ok\"");
+    l.push(read(2000, "acct:1", &["a1", "b1", "a2"]));
+    let r = check(&h(&l));
+    assert!(!r.ok());
+    let Verdict::Violated(vs) = r.verdict(Property::Fencing) else {
+        panic!("{r}");
+    };
+    assert!(
+        vs[0]
+            .message
+            .contains("write a2 with token 41 by A was accepted after write b1 with token 42 by B"),
+        "{r}"
+    );
+    assert!(r.to_string().contains("VIOLATED  fencing"), "{r}");
+}
+
+#[test]
+fn fencing_follows_the_resources_own_order_when_it_is_given() {
+    // Overlapping writes: real time cannot order them, the store's index does.
+    let mut l = vec![
+        ev("invoke", "A", 0, "write", "r", r#""token":5,"value":"x""#),
+        ev("invoke", "B", 0, "write", "r", r#""token":6,"value":"y""#),
+        ev(
+            "ok",
+            "B",
+            2,
+            "write",
+            "r",
+            r#""token":6,"value":"y","index":1"#,
+        ),
+        ev(
+            "ok",
+            "A",
+            3,
+            "write",
+            "r",
+            r#""token":5,"value":"x","index":2"#,
+        ),
+    ];
+    assert!(violated(check(&h(&l)).verdict(Property::Fencing)));
+    // The other order is fine.
+    l[2] = l[2].replace("\"index\":1", "\"index\":3");
+    assert_eq!(check(&h(&l)).verdict(Property::Fencing), &Verdict::Holds);
+}
+
+#[test]
+fn an_unknown_outcome_counts_only_if_the_store_shows_it() {
+    let mut l = Vec::new();
+    l.extend(write("B", 0, 1, "ok", "r", 42, "b"));
+    l.extend(write("A", 2, 3, "info", "r", 41, "a"));
+    l.push(read(10, "r", &["b"]));
+    assert_eq!(check(&h(&l)).verdict(Property::Fencing), &Verdict::Holds);
+    let last = l.len() - 1;
+    l[last] = read(10, "r", &["b", "a"]);
+    assert!(violated(check(&h(&l)).verdict(Property::Fencing)));
+}
+
+#[test]
+fn two_holders_at_once_break_single_holder() {
+    let mut l = Vec::new();
+    l.extend(acquire("A", 0, 1, "r", 1, 1000));
+    l.extend(acquire("B", 2, 3, "r", 2, 1000));
+    let r = check(&h(&l));
+    let Verdict::Violated(vs) = r.verdict(Property::SingleHolder) else {
+        panic!("{r}");
+    };
+    assert!(
+        vs[0]
+            .message
+            .contains("A (token 1) and B (token 2) both held"),
+        "{r}"
+    );
+    // After A releases (or its lease runs out) B may hold it.
+    let mut l = Vec::new();
+    l.extend(acquire("A", 0, 1, "r", 1, 1000));
+    l.push(ev("invoke", "A", 2, "release", "r", ""));
+    l.push(ev("ok", "A", 3, "release", "r", ""));
+    l.extend(acquire("B", 2, 3, "r", 2, 1000));
+    l.extend(acquire("C", 1000, 1001, "r", 3, 1000));
+    l.extend(acquire("D", 2004, 2005, "r", 4, 1000));
+    let r = check(&h(&l));
+    assert!(
+        violated(r.verdict(Property::SingleHolder)),
+        "B's and C's overlap: {r}"
+    );
+    l.truncate(l.len() - 4);
+    assert_eq!(
+        check(&h(&l)).verdict(Property::SingleHolder),
+        &Verdict::Holds
+    );
+}
+
+#[test]
+fn tokens_must_rise_and_never_repeat() {
+    let mut l = Vec::new();
+    l.extend(acquire("A", 0, 1, "r", 7, 10));
+    l.extend(acquire("B", 100, 101, "s", 7, 10));
+    let r = check(&h(&l));
+    let Verdict::Violated(vs) = r.verdict(Property::MonotoneTokens) else {
+        panic!("{r}");
+    };
+    assert!(
+        vs.iter()
+            .any(|v| v.message.contains("token 7 was granted twice")),
+        "{r}"
+    );
+    let mut l = Vec::new();
+    l.extend(acquire("A", 0, 1, "r", 7, 10));
+    l.extend(acquire("B", 100, 101, "s", 5, 10));
+    assert!(violated(check(&h(&l)).verdict(Property::MonotoneTokens)));
+    // Concurrent requests may be granted in either order.
+    let mut l = Vec::new();
+    l.extend(acquire("A", 0, 5, "r", 7, 10));
+    l.extend(acquire("B", 1, 4, "s", 8, 10));
+    l.extend(acquire("C", 100, 101, "r", 9, 10));
+    assert_eq!(
+        check(&h(&l)).verdict(Property::MonotoneTokens),
+        &Verdict::Holds
+    );
+}
+
+#[test]
+fn a_lost_acknowledged_write_and_a_refused_write_that_landed_are_caught() {
+    let mut l = Vec::new();
+    l.extend(write("A", 0, 1, "ok", "r", 1, "a"));
+    l.extend(write("B", 2, 3, "fail", "r", 1, "b"));
+    l.push(read(10, "r", &["b"]));
+    let r = check(&h(&l));
+    assert!(
+        violated(r.verdict(Property::AcknowledgedWritesPresent)),
+        "{r}"
+    );
+    assert!(violated(r.verdict(Property::FailedWritesAbsent)), "{r}");
+    let last = l.len() - 1;
+    l[last] = read(10, "r", &["a"]);
+    let r = check(&h(&l));
+    assert_eq!(
+        r.verdict(Property::AcknowledgedWritesPresent),
+        &Verdict::Holds
+    );
+    assert_eq!(r.verdict(Property::FailedWritesAbsent), &Verdict::Holds);
+}
+
+#[test]
+fn properties_a_history_cannot_show_are_said_so() {
+    let r = check(&h(&[read(1, "r", &[])]));
+    assert!(matches!(
+        r.verdict(Property::SingleHolder),
+        Verdict::NotShown(_)
+    ));
+    assert!(matches!(r.verdict(Property::Fencing), Verdict::NotShown(_)));
+    assert!(r.ok());
+}
