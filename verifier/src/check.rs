@@ -180,6 +180,32 @@ fn verdict(violations: Vec<Violation>) -> Verdict {
 
 /// A lease as the history shows it: certainly valid from its grant's `ok` until the earliest
 /// of the release's invoke, a recorded expiry, and the acquire's invoke plus the TTL.
+pub struct LeaseSpan {
+    pub process: String,
+    pub resource: String,
+    pub token: u64,
+    pub from: u64,
+    pub until: u64,
+}
+
+/// The leases of a history, as the single-holder check sees them (for the timeline).
+pub fn leases(history: &[Event]) -> Vec<LeaseSpan> {
+    let mut events: Vec<Event> = history.to_vec();
+    events.sort_by_key(|e| (e.time, e.line));
+    let done = completions(&events);
+    lease_spans(&events, &done)
+        .into_values()
+        .flatten()
+        .map(|l| LeaseSpan {
+            process: l.grant.end.process.clone(),
+            resource: l.grant.end.resource.clone(),
+            token: l.token,
+            from: l.grant.end.time,
+            until: l.until,
+        })
+        .collect()
+}
+
 struct Lease<'a> {
     grant: &'a Done<'a>,
     token: u64,
@@ -187,7 +213,7 @@ struct Lease<'a> {
     ended_by: Option<&'a Event>,
 }
 
-fn single_holder(events: &[Event], done: &[Done<'_>]) -> Verdict {
+fn lease_spans<'a>(events: &'a [Event], done: &'a [Done<'a>]) -> BTreeMap<&'a str, Vec<Lease<'a>>> {
     let mut leases: BTreeMap<&str, Vec<Lease<'_>>> = BTreeMap::new();
     for d in done
         .iter()
@@ -226,6 +252,11 @@ fn single_holder(events: &[Event], done: &[Done<'_>]) -> Verdict {
                 ended_by,
             });
     }
+    leases
+}
+
+fn single_holder(events: &[Event], done: &[Done<'_>]) -> Verdict {
+    let leases = lease_spans(events, done);
     if leases.is_empty() {
         return Verdict::NotShown("no granted acquire".into());
     }

@@ -40,6 +40,10 @@ pub enum Op {
     Write,
     /// A read of the resource: `value` is the list of the writes it holds (the final read).
     Read,
+    /// The process was paused (SIGSTOP, a GC pause...): for the timeline; not judged.
+    Pause,
+    /// The process was resumed.
+    Resume,
 }
 
 #[derive(Debug, Clone, Deserialize)]

@@ -49,3 +49,45 @@ fn exit_status_tells_the_verdict() {
     assert_eq!(code, 2);
     assert!(err.contains("line 1:"), "{err}");
 }
+
+#[test]
+fn the_timeline_is_written_and_shows_the_refused_write() {
+    let dir = tempfile::tempdir().unwrap();
+    let history = dir.path().join("h.jsonl");
+    let html = dir.path().join("t.html");
+    std::fs::write(&history, GOOD).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_verify"))
+        .arg("check")
+        .arg(&history)
+        .arg("--html")
+        .arg(&html)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let page = std::fs::read_to_string(&html).unwrap();
+    assert!(
+        page.contains("<svg") && page.contains("refused token 41"),
+        "{page}"
+    );
+}
+
+#[test]
+fn the_model_finds_the_counterexample_only_without_the_fence() {
+    let run = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_verify"))
+            .arg("model")
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let fenced = run(&[]);
+    assert_eq!(fenced.status.code(), Some(0));
+    let unfenced = run(&["--no-fencing"]);
+    assert_eq!(unfenced.status.code(), Some(1));
+    let story = String::from_utf8_lossy(&unfenced.stdout);
+    assert!(
+        story.contains("COUNTEREXAMPLE") && story.contains("VIOLATION"),
+        "{story}"
+    );
+    assert_eq!(run(&["--clients", "9"]).status.code(), Some(2));
+}
