@@ -70,8 +70,15 @@ fn crates_of(name: &str) -> &'static [&'static str] {
             "lockd-server",
         ],
         "lockctl" => &["fencing", "lockd-proto", "lockd-client"],
-        "fence-proxy" => &["fencing", "../proxy/http-relay", "../proxy/fence-proxy"],
+        "fence-proxy" => &[
+            "fencing",
+            "../proxy/http-relay",
+            "../proxy/pg-wire",
+            "../proxy/pg-relay",
+            "../proxy/fence-proxy",
+        ],
         "cron-dedup" => &["../examples/cron-dedup"],
+        "zombie" => &["fencing", "../examples/zombie", "../verifier"],
         _ => &[],
     }
 }

@@ -1,4 +1,4 @@
-//! README's demo runs to the end.
+//! README's demos run to the end.
 
 use std::process::Command;
 
@@ -16,4 +16,33 @@ fn the_cron_dedup_demo_runs_to_the_end() {
         stdout.contains("exited with 4 (4 = lease lost)"),
         "{stdout}"
     );
+}
+
+#[test]
+fn the_zombie_demo_fences_the_paused_client_and_its_history_checks_out() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cmd = Command::new(bin("zombie"));
+    cmd.arg("--out").arg(dir.path());
+    let (status, stdout, stderr) = output(cmd);
+    assert!(status.success(), "{stdout}\n{stderr}");
+    // The real pause, the newer token, and the refusal, told in order.
+    let pause = stdout
+        .find("A is paused for real (SIGSTOP")
+        .expect("the pause");
+    let b = stdout
+        .find("B: I hold inventory:sku-1 with token 2")
+        .expect("B's grant");
+    let refused = stdout.find("A: HTTP 409").expect("A refused");
+    assert!(pause < b && b < refused, "{stdout}");
+    assert!(stdout.contains("verdict: no violation"), "{stdout}");
+    // What it wrote is the history the checker judged, and the timeline shows the refusal.
+    let history = std::fs::read_to_string(dir.path().join("history.jsonl")).unwrap();
+    assert!(
+        history
+            .lines()
+            .any(|l| l.contains("\"type\":\"fail\"") && l.contains("\"a2\"")),
+        "{history}"
+    );
+    let timeline = std::fs::read_to_string(dir.path().join("timeline.html")).unwrap();
+    assert!(timeline.contains("refused token 1"), "{timeline}");
 }
