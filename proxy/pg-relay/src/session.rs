@@ -40,6 +40,8 @@ const CHECK_STATEMENT: &[u8] = b"__fence_proxy_check";
 /// Messages larger than this are streamed rather than held whole, where they may be (CopyData
 /// from either side, DataRow from the server).
 const STREAM_ABOVE: usize = 256 << 10;
+/// How long a client may still write after its server connection ended (see `session`).
+const DRAIN: std::time::Duration = std::time::Duration::from_secs(2);
 /// Largest server message held whole (everything but DataRow and CopyData is small).
 const SERVER_MESSAGE_MAX: usize = 64 << 20;
 
@@ -214,7 +216,14 @@ async fn session(relay: &Relay, mut client: TcpStream, peer: SocketAddr) -> std:
     let s2c = to_client.pump(upstream_r, client_w, local_rx);
     tokio::pin!(c2s, s2c);
     let result = tokio::select! {
-        r = &mut s2c => r,
+        r = &mut s2c => {
+            // PostgreSQL is gone; its last words (a FATAL) went to the client. Keep taking what
+            // the client still sends for a moment: closing at once would answer its next write
+            // with a reset, which can make it drop that message unread (a paused client that
+            // wakes up sends before it reads).
+            let _ = tokio::time::timeout(DRAIN, &mut c2s).await;
+            r
+        }
         r = &mut c2s => {
             // The client is gone or said Terminate: the server closes once it has read the
             // end, and its last words still reach the client.
