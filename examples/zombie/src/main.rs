@@ -4,7 +4,12 @@
 //! and writes; A is resumed and writes with its old token; fence-proxy refuses it. The story is
 //! told step by step, the history written, checked with `verify`'s checker, and drawn.
 //!
-//!     cargo build --bins && target/debug/zombie [--out DIR]
+//!     cargo build --bins && target/debug/zombie [--postgres] [--out DIR]
+//!
+//! With `--postgres` the same story runs through fence-proxy's PostgreSQL mode in front of a
+//! throwaway PostgreSQL (PostgreSQL 15 installed): A is paused inside an open transaction, B's
+//! write waits for it at most the fence wait, PostgreSQL ends A's transaction, and A's COMMIT
+//! fails with the fenced error.
 //!
 //! Runs the real `lockd`, `lockctl` and `fence-proxy` binaries from the same build directory.
 //! Exit status 0 when the story went as it should (A refused, no violation).
@@ -27,11 +32,21 @@ const A_TTL_MS: u64 = 1000;
 fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match args.first().map(String::as_str) {
-        Some("client") => client(&args[1..]),
-        Some("--out") if args.len() == 2 => demo(Some(PathBuf::from(&args[1]))),
-        None => demo(None),
-        _ => bail!("usage: zombie [--out DIR]"),
+        Some("client") => return client(&args[1..]),
+        Some("client-pg") => return client_pg(&args[1..]),
+        _ => {}
     }
+    let mut postgres = false;
+    let mut out = None;
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--postgres" => postgres = true,
+            "--out" => out = Some(PathBuf::from(it.next().context("--out takes a directory")?)),
+            _ => bail!("usage: zombie [--postgres] [--out DIR]"),
+        }
+    }
+    demo(out, postgres)
 }
 
 /// Nanoseconds on the machine's monotonic clock: the same clock in every process, so the
@@ -315,7 +330,108 @@ impl Drop for Killed {
     }
 }
 
-fn demo(out_dir: Option<PathBuf>) -> anyhow::Result<()> {
+enum Store {
+    Http(String),
+    Postgres(e2e::pg::Postgres),
+}
+
+fn pg_conninfo(proxy: &str, token: u64) -> anyhow::Result<String> {
+    let (host, port) = proxy.rsplit_once(':').context("host:port")?;
+    Ok(format!(
+        "host={host} port={port} user=postgres dbname=postgres options='-c fencing.resource={RESOURCE} -c fencing.token={token}'"
+    ))
+}
+
+/// Client A of the PostgreSQL story: writes once, then opens a transaction, writes, and waits
+/// (inside the transaction) for a line on stdin before its COMMIT.
+fn client_pg(args: &[String]) -> anyhow::Result<()> {
+    let [endpoint, proxy] = args else {
+        bail!("usage: zombie client-pg LOCKD_ENDPOINT PROXY_ADDR");
+    };
+    let emit = |e: Value| println!("EVENT {e}");
+    emit(event("invoke", "A", "acquire", json!({})));
+    let token = acquire(endpoint, "A", A_TTL, "5s")?;
+    emit(event(
+        "ok",
+        "A",
+        "acquire",
+        json!({"token": token, "ttl_ms": A_TTL_MS}),
+    ));
+    println!("A: I hold {RESOURCE} with token {token} (lease {A_TTL})");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(async {
+        let conninfo = pg_conninfo(proxy, token)?;
+        let (db, connection) = tokio_postgres::connect(&conninfo, tokio_postgres::NoTls).await?;
+        let connection = tokio::spawn(connection);
+        emit(event("invoke", "A", "write", json!({"token": token, "value": "a1"})));
+        db.batch_execute(
+            "BEGIN; UPDATE stock SET count = 7 WHERE sku = 'sku-1'; INSERT INTO applied VALUES ('a1'); COMMIT",
+        )
+        .await?;
+        emit(event("ok", "A", "write", json!({"token": token, "value": "a1"})));
+        println!("A: UPDATE stock SET count = 7 committed with token {token}");
+        emit(event("invoke", "A", "write", json!({"token": token, "value": "a2"})));
+        db.batch_execute(
+            "BEGIN; UPDATE stock SET count = 3 WHERE sku = 'sku-1'; INSERT INTO applied VALUES ('a2')",
+        )
+        .await?;
+        println!("A: began a transaction: UPDATE stock SET count = 3 (not committed yet)");
+        println!("A: READY to commit");
+        let mut line = String::new();
+        std::io::stdin().read_line(&mut line)?;
+        println!("A: (resumed, unaware) COMMIT");
+        match db.batch_execute("COMMIT").await {
+            Ok(()) => {
+                emit(event("ok", "A", "write", json!({"token": token, "value": "a2"})));
+                println!("A: COMMIT succeeded");
+            }
+            Err(e) => {
+                // The reason: the COMMIT's own error, or the one that ended the connection
+                // (FN003 either way when fence-proxy ended the session).
+                let db = |e: &tokio_postgres::Error| {
+                    e.as_db_error()
+                        .map(|d| format!("{}: {}", d.code().code(), d.message()))
+                };
+                let why = match db(&e) {
+                    Some(why) => why,
+                    None => match connection.await {
+                        Ok(Err(ended)) => db(&ended).unwrap_or_else(|| ended.to_string()),
+                        _ => e.to_string(),
+                    },
+                };
+                emit(event(
+                    "fail",
+                    "A",
+                    "write",
+                    json!({"token": token, "value": "a2", "note": why}),
+                ));
+                println!("A: COMMIT failed: {why}");
+            }
+        }
+        Ok::<(), anyhow::Error>(())
+    })
+}
+
+/// B's write in the PostgreSQL story: one transaction through fence-proxy with `token`.
+fn pg_write(proxy: &str, token: u64) -> anyhow::Result<()> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(async {
+        let (db, connection) =
+            tokio_postgres::connect(&pg_conninfo(proxy, token)?, tokio_postgres::NoTls).await?;
+        tokio::spawn(connection);
+        db.batch_execute(
+            "BEGIN; UPDATE stock SET count = 5 WHERE sku = 'sku-1'; INSERT INTO applied VALUES ('b1'); COMMIT",
+        )
+        .await?;
+        Ok(())
+    })
+}
+
+fn demo(out_dir: Option<PathBuf>, postgres: bool) -> anyhow::Result<()> {
     let tmp = tempfile::tempdir()?;
     let out_dir = match out_dir {
         Some(d) => d,
@@ -324,7 +440,21 @@ fn demo(out_dir: Option<PathBuf>) -> anyhow::Result<()> {
     std::fs::create_dir_all(&out_dir).with_context(|| format!("creating {}", out_dir.display()))?;
     let mut procs = Killed(Vec::new());
 
-    say("starting lockd, an inventory service, and fence-proxy in front of the service");
+    // The protected store: the inventory service behind fence-proxy's HTTP mode, or a table
+    // in PostgreSQL behind its PostgreSQL mode.
+    let store = if postgres {
+        say(
+            "starting lockd, a throwaway PostgreSQL, and fence-proxy (PostgreSQL mode) in front of it",
+        );
+        let pg = e2e::pg::Postgres::start();
+        pg.psql(
+            "CREATE TABLE stock (sku text PRIMARY KEY, count int); INSERT INTO stock VALUES ('sku-1', 10); CREATE TABLE applied (id text PRIMARY KEY)",
+        );
+        Store::Postgres(pg)
+    } else {
+        say("starting lockd, an inventory service, and fence-proxy in front of the service");
+        Store::Http(inventory()?)
+    };
     let mut cmd = Command::new(bin("lockd")?);
     cmd.arg("--data-dir").arg(tmp.path().join("lockd")).args([
         "--listen",
@@ -335,27 +465,51 @@ fn demo(out_dir: Option<PathBuf>) -> anyhow::Result<()> {
     let (lockd, lockd_addr) = start(cmd, "listening")?;
     procs.0.push(lockd);
     let endpoint = format!("http://{lockd_addr}");
-    let service = inventory()?;
+    let listener = match &store {
+        Store::Http(service) => format!(
+            "[[http]]\nlisten = \"127.0.0.1:0\"\nupstream = \"http://{service}\"\n[[http.routes]]\nmethods = [\"PUT\", \"POST\"]\npath = \"/inventory/{{sku}}\"\nresource = \"inventory:{{sku}}\"\n"
+        ),
+        Store::Postgres(pg) => format!(
+            "[[pg]]\nlisten = \"127.0.0.1:0\"\nupstream = \"127.0.0.1:{}\"\nschema_urls = [\"{}\"]\nfence_wait_ms = 1000\n",
+            pg.port,
+            pg.url()
+        ),
+    };
     let config = tmp.path().join("proxy.toml");
     std::fs::write(
         &config,
         format!(
-            "data_dir = \"{}\"\nlog_format = \"json\"\n[[http]]\nlisten = \"127.0.0.1:0\"\nupstream = \"http://{service}\"\n[[http.routes]]\nmethods = [\"PUT\", \"POST\"]\npath = \"/inventory/{{sku}}\"\nresource = \"inventory:{{sku}}\"\n",
+            "data_dir = \"{}\"\nlog_format = \"json\"\n{listener}",
             tmp.path().join("marks").display()
         ),
     )?;
     let mut cmd = Command::new(bin("fence-proxy")?);
     cmd.arg("--config").arg(&config);
-    let (proxy, proxy_addr) = start(cmd, "listening (http)")?;
+    let listening = if postgres {
+        "listening (pg)"
+    } else {
+        "listening (http)"
+    };
+    let (proxy, proxy_addr) = start(cmd, listening)?;
     procs.0.push(proxy);
-    println!(
-        "   lockd {endpoint}, inventory http://{service}, fence-proxy http://{proxy_addr} (fences PUT {PATH} as {RESOURCE})"
-    );
+    match &store {
+        Store::Http(service) => println!(
+            "   lockd {endpoint}, inventory http://{service}, fence-proxy http://{proxy_addr} (fences PUT {PATH} as {RESOURCE})"
+        ),
+        Store::Postgres(pg) => println!(
+            "   lockd {endpoint}, PostgreSQL on port {}, fence-proxy on {proxy_addr} (sessions set fencing.resource = '{RESOURCE}')",
+            pg.port
+        ),
+    }
 
     let mut events: Vec<Value> = Vec::new();
     say("client A (its own process) takes the lock and writes");
     let mut a = Command::new(std::env::current_exe()?)
-        .args(["client", &endpoint, &proxy_addr])
+        .args([
+            if postgres { "client-pg" } else { "client" },
+            &endpoint,
+            &proxy_addr,
+        ])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn()?;
@@ -364,7 +518,12 @@ fn demo(out_dir: Option<PathBuf>) -> anyhow::Result<()> {
     follow(&mut a_out, Some("READY"), &mut events)?;
 
     say(&format!(
-        "A is paused for real (SIGSTOP to pid {pid}), past its {A_TTL} lease"
+        "A is paused for real (SIGSTOP to pid {pid}), past its {A_TTL} lease{}",
+        if postgres {
+            ", inside its open transaction"
+        } else {
+            ""
+        }
     ));
     events.push(event("info", "A", "pause", json!({})));
     // SAFETY: signalling our own child.
@@ -386,16 +545,36 @@ fn demo(out_dir: Option<PathBuf>) -> anyhow::Result<()> {
         "write",
         json!({"token": b_token, "value": "b1"}),
     ));
-    let (status, _) = write_stock(&proxy_addr, b_token, "b1", 5)?;
+    let ok = match &store {
+        Store::Http(_) => {
+            let (status, _) = write_stock(&proxy_addr, b_token, "b1", 5)?;
+            println!("   B: wrote count=5 with token {b_token}: HTTP {status}");
+            status == 200
+        }
+        Store::Postgres(_) => {
+            println!(
+                "   B: UPDATE stock SET count = 5 with token {b_token} (it waits for A's open transaction, at most the fence wait)"
+            );
+            let r = pg_write(&proxy_addr, b_token);
+            match &r {
+                Ok(()) => println!("   B: committed; PostgreSQL ended A's transaction"),
+                Err(e) => println!("   B: failed: {e}"),
+            }
+            r.is_ok()
+        }
+    };
     events.push(event(
-        if status == 200 { "ok" } else { "fail" },
+        if ok { "ok" } else { "fail" },
         "B",
         "write",
         json!({"token": b_token, "value": "b1"}),
     ));
-    println!("   B: wrote count=5 with token {b_token}: HTTP {status}");
 
-    say("A is resumed (SIGCONT) and, unaware, writes with its old token");
+    say(if postgres {
+        "A is resumed (SIGCONT) and, unaware, commits its transaction"
+    } else {
+        "A is resumed (SIGCONT) and, unaware, writes with its old token"
+    });
     events.push(event("info", "A", "resume", json!({})));
     // SAFETY: as above.
     unsafe { libc::kill(pid, libc::SIGCONT) };
@@ -409,16 +588,22 @@ fn demo(out_dir: Option<PathBuf>) -> anyhow::Result<()> {
         bail!("client A failed: {a_status}");
     }
 
-    say("the service's final state");
-    let (_, state) = http(&service, "GET", &[], "")?;
-    let state: Value = serde_json::from_str(state.trim())?;
-    println!("   {state}");
-    events.push(event(
-        "ok",
-        "demo",
-        "read",
-        json!({"value": state["writes"]}),
-    ));
+    say("the store's final state");
+    let applied: Value = match &store {
+        Store::Http(service) => {
+            let (_, state) = http(service, "GET", &[], "")?;
+            let state: Value = serde_json::from_str(state.trim())?;
+            println!("   {state}");
+            state["writes"].clone()
+        }
+        Store::Postgres(pg) => {
+            println!("   count = {}", pg.psql("SELECT count FROM stock"));
+            let ids = pg.psql("SELECT id FROM applied ORDER BY id");
+            println!("   applied writes: {}", ids.replace('\n', ", "));
+            Value::from(ids.lines().map(str::to_string).collect::<Vec<_>>())
+        }
+    };
+    events.push(event("ok", "demo", "read", json!({"value": applied})));
 
     say("checking the history");
     let history = out_dir.join("history.jsonl");
@@ -447,6 +632,10 @@ fn demo(out_dir: Option<PathBuf>) -> anyhow::Result<()> {
     if !refused || !report.ok() {
         bail!("the zombie's write was not refused, or the history breaks a property");
     }
-    say("A's late write was refused: the fencing token did its job");
+    say(if postgres {
+        "A's transaction was ended and its COMMIT refused: the fencing token did its job"
+    } else {
+        "A's late write was refused: the fencing token did its job"
+    });
     Ok(())
 }

@@ -46,3 +46,19 @@ fn the_zombie_demo_fences_the_paused_client_and_its_history_checks_out() {
     let timeline = std::fs::read_to_string(dir.path().join("timeline.html")).unwrap();
     assert!(timeline.contains("refused token 1"), "{timeline}");
 }
+
+#[test]
+fn the_zombie_demo_through_postgres_ends_the_zombies_transaction() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cmd = Command::new(bin("zombie"));
+    cmd.arg("--postgres").arg("--out").arg(dir.path());
+    let (status, stdout, stderr) = output(cmd);
+    assert!(status.success(), "{stdout}\n{stderr}");
+    assert!(stdout.contains("inside its open transaction"), "{stdout}");
+    assert!(
+        stdout.contains("A: COMMIT failed: FN003: fenced"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("applied writes: a1, b1"), "{stdout}");
+    assert!(stdout.contains("verdict: no violation"), "{stdout}");
+}
