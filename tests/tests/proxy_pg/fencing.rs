@@ -350,3 +350,64 @@ fn a_session_without_a_token_is_relayed_unchanged() {
     });
     assert_eq!(s.pg.psql("SELECT count(*) FROM fencing.tokens"), "0");
 }
+
+/// A transaction with the current token that starts while a newer token's raise is still
+/// open waits for it, and then must not commit: under READ COMMITTED the check reads the raised
+/// mark (FN001); under REPEATABLE READ its snapshot predates the raise, so the check's locking
+/// read fails it (40001) instead of letting it see the old mark.
+#[test]
+fn a_transaction_that_waited_for_a_raise_sees_it_at_any_isolation_level() {
+    let s = setup(60_000);
+    // The two holders write different rows, so that only the check can stop the old one.
+    s.pg.psql("CREATE TABLE t (id int PRIMARY KEY, v text); INSERT INTO t VALUES (1, 'init'), (2, 'init')");
+    for (isolation, expected, token) in [
+        ("READ COMMITTED", "FN001", 10),
+        ("REPEATABLE READ", "40001", 20),
+    ] {
+        runtime().block_on(async {
+            let old = connect(s.addr()).await;
+            old.batch_execute(&format!(
+                "SET fencing.resource = 'iso'; SET fencing.token = '{token}'; UPDATE t SET v = 'old' WHERE id = 2"
+            ))
+            .await
+            .unwrap();
+            // The newer token raises the mark in a transaction it keeps open.
+            let new = connect(s.addr()).await;
+            new.batch_execute(&format!(
+                "SET fencing.resource = 'iso'; SET fencing.token = '{}'; BEGIN; UPDATE t SET v = 'new' WHERE id = 1",
+                token + 1
+            ))
+            .await
+            .unwrap();
+            // The old token's next transaction starts and waits for the raise.
+            let waiting = tokio::spawn(async move {
+                old.batch_execute(&format!(
+                    "BEGIN ISOLATION LEVEL {isolation}; UPDATE t SET v = 'stale' WHERE id = 2; COMMIT"
+                ))
+                .await
+            });
+            let watcher = connect(s.addr()).await;
+            loop {
+                let n: i64 = watcher
+                    .query_one(
+                        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted",
+                        &[],
+                    )
+                    .await
+                    .unwrap()
+                    .get(0);
+                if n == 1 {
+                    break;
+                }
+            }
+            new.batch_execute("COMMIT").await.unwrap();
+            let e = waiting.await.unwrap().expect_err("the old token must not commit");
+            assert_eq!(code(&e), expected, "{isolation}: {e}");
+        });
+        assert_eq!(
+            s.pg.psql("SELECT v FROM t ORDER BY id"),
+            "new\nold",
+            "{isolation}"
+        );
+    }
+}
