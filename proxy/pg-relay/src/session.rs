@@ -186,16 +186,17 @@ async fn session(relay: &Relay, mut client: TcpStream, peer: SocketAddr) -> std:
     upstream.write_all(&packet).await?;
     tracing::debug!(%peer, fenced, "session started");
 
-    let flow = Arc::new(Mutex::new(Flow {
+    // Both directions run in this task (never at once); the mutex only satisfies Send.
+    let flow = Mutex::new(Flow {
         fenced,
         ..Flow::default()
-    }));
+    });
     let (local_tx, local_rx) = mpsc::unbounded_channel();
     let (client_r, client_w) = client.into_split();
     let (upstream_r, upstream_w) = upstream.into_split();
     let mut to_server = ToServer {
         relay,
-        flow: Arc::clone(&flow),
+        flow: &flow,
         local: local_tx,
         need_check: true,
         rejecting: false,
@@ -208,7 +209,7 @@ async fn session(relay: &Relay, mut client: TcpStream, peer: SocketAddr) -> std:
     };
     let to_client = ToClient {
         relay,
-        flow,
+        flow: &flow,
         cancel_pid: None,
         check_row: None,
     };
@@ -279,6 +280,19 @@ impl Flow {
     }
 }
 
+impl Expect {
+    /// A simple Query (or FunctionCall) relayed as it is: every reply is the client's.
+    fn relayed(settings: bool) -> Expect {
+        Expect::Query {
+            units: VecDeque::from([Unit {
+                check: None,
+                count: u32::MAX,
+            }]),
+            settings,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy)]
 struct Unit {
     /// Settings generation, for the injected check.
@@ -314,8 +328,30 @@ struct Flow {
 }
 
 impl Flow {
+    /// Notes a statement that may change the settings or drop our prepared check.
+    fn note(&mut self, class: Class) {
+        if class.settings {
+            self.generation += 1;
+        }
+        if class.fencing {
+            self.fenced = true;
+        }
+        if class.drops_statements {
+            self.prepared = Prepared::No;
+        }
+    }
+
     fn idle(&self) -> bool {
         self.expect.is_empty()
+    }
+
+    /// The next DataRow (or CommandComplete) answers an injected check.
+    fn next_is_hidden(&self) -> bool {
+        match self.expect.front() {
+            Some(Expect::Execute { check: Some(_) }) => true,
+            Some(Expect::Query { units, .. }) => units.front().is_some_and(|u| u.check.is_some()),
+            _ => false,
+        }
     }
 
     /// A token the cache knows to be stale for the current settings: (resource, token, highest).
@@ -329,10 +365,67 @@ impl Flow {
     }
 }
 
+/// Splits a byte stream into protocol messages. A message larger than `STREAM_ABOVE` that the
+/// caller lets be streamed goes to the output as its bytes come, never held whole.
+#[derive(Default)]
+struct Framer {
+    /// Bytes of a streamed message still to pass through.
+    passthrough: usize,
+}
+
+impl Framer {
+    /// In the middle of a streamed message: nothing else may be written to that output now.
+    fn mid_message(&self) -> bool {
+        self.passthrough > 0
+    }
+
+    /// The next whole message in `buf`, or `None` when more bytes are needed (the bytes of a
+    /// streamed message go to `out` meanwhile). `stream` says which message types may be
+    /// streamed; any other message longer than `max` is an error.
+    fn next(
+        &mut self,
+        buf: &mut BytesMut,
+        out: &mut Vec<u8>,
+        max: usize,
+        stream: impl Fn(u8) -> bool,
+    ) -> Result<Option<(Header, BytesMut)>, WireError> {
+        loop {
+            if self.passthrough > 0 {
+                if buf.is_empty() {
+                    return Ok(None);
+                }
+                let n = self.passthrough.min(buf.len());
+                out.extend_from_slice(&buf[..n]);
+                buf.advance(n);
+                self.passthrough -= n;
+                continue;
+            }
+            let Some(head) = pg_wire::header(buf, usize::MAX)? else {
+                return Ok(None);
+            };
+            if head.total > STREAM_ABOVE && stream(head.tag) {
+                self.passthrough = head.total;
+                continue;
+            }
+            if head.total > max {
+                return Err(WireError::TooLarge {
+                    len: head.total,
+                    max,
+                });
+            }
+            if buf.len() < head.total {
+                buf.reserve(head.total - buf.len());
+                return Ok(None);
+            }
+            return Ok(Some((head, buf.split_to(head.total))));
+        }
+    }
+}
+
 /// Client to server.
 struct ToServer<'a> {
     relay: &'a Relay,
-    flow: Arc<Mutex<Flow>>,
+    flow: &'a Mutex<Flow>,
     local: mpsc::UnboundedSender<Local>,
     need_check: bool,
     /// Dropping client messages up to Sync (a batch refused from the cache).
@@ -358,6 +451,7 @@ const UNKNOWN: Class = Class {
     recheck_after: true,
     drops_statements: false,
     settings: true,
+    fencing: false,
 };
 
 impl ToServer<'_> {
@@ -368,53 +462,26 @@ impl ToServer<'_> {
         mut buf: BytesMut,
     ) -> std::io::Result<()> {
         let mut out = Vec::with_capacity(16 << 10);
-        let mut passthrough = 0usize;
+        let mut framer = Framer::default();
+        let max = self.relay.config.message_max_bytes;
         loop {
-            if buf.is_empty() || passthrough == 0 && !self.has_whole(&buf)? {
-                buf.reserve(16 << 10);
-                if client.read_buf(&mut buf).await? == 0 {
-                    let _ = server.write_all(&out).await;
-                    let _ = server.shutdown().await;
-                    return Ok(());
-                }
-            }
+            // What is in the buffer first (the start-up may have left whole messages in it).
             let mut terminate = false;
-            while !buf.is_empty() {
-                if passthrough > 0 {
-                    let n = passthrough.min(buf.len());
-                    out.extend_from_slice(&buf[..n]);
-                    buf.advance(n);
-                    passthrough -= n;
-                    continue;
-                }
-                let head = match pg_wire::header(&buf, usize::MAX) {
-                    Ok(Some(h)) => h,
-                    Ok(None) => break,
-                    Err(e) => return self.refuse(&e.to_string()),
-                };
-                if head.tag == b'd' && head.total > STREAM_ABOVE {
-                    // CopyData: streamed as it comes.
-                    passthrough = head.total;
-                    continue;
-                }
-                if head.total > self.relay.config.message_max_bytes {
-                    return self.refuse(&format!(
-                        "a message of {} bytes exceeds message_max_bytes ({})",
-                        head.total, self.relay.config.message_max_bytes
-                    ));
-                }
-                if buf.len() < head.total {
-                    buf.reserve(head.total - buf.len());
-                    break;
-                }
-                let message = buf.split_to(head.total);
-                match self.on_message(head, &message, &mut out) {
-                    Ok(true) => {}
-                    Ok(false) => {
-                        terminate = true;
-                        break;
+            {
+                let mut flow = self.flow.lock().expect("flow lock");
+                // CopyData is streamed as it comes.
+                while let Some((head, message)) = framer
+                    .next(&mut buf, &mut out, max, |tag| tag == b'd')
+                    .map_err(|e| self.refuse(&describe(e)))?
+                {
+                    match self.on_message(&mut flow, head, &message, &mut out) {
+                        Ok(true) => {}
+                        Ok(false) => {
+                            terminate = true;
+                            break;
+                        }
+                        Err(e) => return Err(self.refuse(&e.to_string())),
                     }
-                    Err(e) => return self.refuse(&e.to_string()),
                 }
             }
             if !out.is_empty() {
@@ -425,20 +492,16 @@ impl ToServer<'_> {
                 let _ = server.shutdown().await;
                 return Ok(());
             }
-        }
-    }
-
-    /// Whether `buf` holds at least one whole message (or the start of a streamed one).
-    fn has_whole(&self, buf: &[u8]) -> std::io::Result<bool> {
-        match pg_wire::header(buf, usize::MAX) {
-            Ok(Some(h)) => Ok(buf.len() >= h.total || h.tag == b'd' && h.total > STREAM_ABOVE),
-            Ok(None) => Ok(false),
-            Err(_) => Ok(true),
+            buf.reserve(16 << 10);
+            if client.read_buf(&mut buf).await? == 0 {
+                let _ = server.shutdown().await;
+                return Ok(());
+            }
         }
     }
 
     /// Closes the session over a malformed or oversized message, telling the client why.
-    fn refuse(&self, why: &str) -> std::io::Result<()> {
+    fn refuse(&self, why: &str) -> std::io::Error {
         tracing::info!(
             reason = why,
             "closing a client connection over a bad message"
@@ -455,12 +518,13 @@ impl ToServer<'_> {
             },
         );
         let _ = self.local.send(Local::Fatal(out));
-        Err(std::io::Error::other(why.to_string()))
+        std::io::Error::other(why.to_string())
     }
 
     /// Handles one whole client message; `Ok(false)` after Terminate.
     fn on_message(
         &mut self,
+        flow: &mut Flow,
         head: Header,
         message: &[u8],
         out: &mut Vec<u8>,
@@ -474,8 +538,6 @@ impl ToServer<'_> {
             }
             return Ok(head.tag != b'X');
         }
-        let shared = Arc::clone(&self.flow);
-        let mut flow = shared.lock().expect("flow lock");
         if starts_batch
             && flow.idle()
             && flow.status == b'T'
@@ -490,14 +552,14 @@ impl ToServer<'_> {
             b'Q' => {
                 let text = msg::query_text(message)?;
                 self.need_check = self.need_check || starts_batch;
-                self.on_query(&mut flow, message, text, out);
+                self.on_query(flow, message, text, out);
                 self.batch_start = true;
                 self.need_check = true;
             }
             b'P' => {
                 let (name, text) = msg::parse_parts(message)?;
                 let class = sql::classify(text);
-                self.note_settings(&mut flow, text, class);
+                flow.note(class);
                 self.batch_settings |= class.settings;
                 if name.is_empty() {
                     self.unnamed_statement = class;
@@ -514,11 +576,11 @@ impl ToServer<'_> {
                 } else {
                     self.statements.get(statement).copied().unwrap_or(UNKNOWN)
                 };
-                if class.needs_check && self.reject_from_cache(&flow, starts_batch) {
+                if class.needs_check && self.reject_from_cache(flow, starts_batch) {
                     return Ok(true);
                 }
                 if class.needs_check {
-                    self.inject_extended(&mut flow, out);
+                    self.inject_extended(flow, out);
                 }
                 if portal.is_empty() {
                     self.unnamed_portal = class;
@@ -535,11 +597,11 @@ impl ToServer<'_> {
                 } else {
                     self.portals.get(portal).copied().unwrap_or(UNKNOWN)
                 };
-                if class.needs_check && self.reject_from_cache(&flow, starts_batch) {
+                if class.needs_check && self.reject_from_cache(flow, starts_batch) {
                     return Ok(true);
                 }
                 if class.needs_check {
-                    self.inject_extended(&mut flow, out);
+                    self.inject_extended(flow, out);
                 }
                 flow.expect.push_back(Expect::Execute { check: None });
                 out.extend_from_slice(message);
@@ -576,13 +638,7 @@ impl ToServer<'_> {
             }
             b'F' => {
                 // FunctionCall: answered like a simple Query, never checked (see docs).
-                flow.expect.push_back(Expect::Query {
-                    units: VecDeque::from([Unit {
-                        check: None,
-                        count: u32::MAX,
-                    }]),
-                    settings: true,
-                });
+                flow.expect.push_back(Expect::relayed(true));
                 out.extend_from_slice(message);
                 self.batch_start = true;
                 self.need_check = true;
@@ -599,19 +655,6 @@ impl ToServer<'_> {
             }
         }
         Ok(true)
-    }
-
-    /// Notes a statement that may change the settings or drop our prepared check.
-    fn note_settings(&self, flow: &mut Flow, text: &[u8], class: Class) {
-        if class.settings {
-            flow.generation += 1;
-        }
-        if sql::mentions_fencing(text) {
-            flow.fenced = true;
-        }
-        if class.drops_statements {
-            flow.prepared = Prepared::No;
-        }
     }
 
     /// At the first message of a batch, with nothing in flight: when the cache already knows
@@ -661,6 +704,13 @@ impl ToServer<'_> {
     }
 
     fn on_query(&mut self, flow: &mut Flow, message: &[u8], text: &[u8], out: &mut Vec<u8>) {
+        if !flow.fenced && flow.prepared == Prepared::No && !sql::mentions_fencing(text) {
+            // No token and none to come from this text, and no prepared check for a DISCARD to
+            // drop: nothing to inject or to note, so the text is not even split.
+            flow.expect.push_back(Expect::relayed(true));
+            out.extend_from_slice(message);
+            return;
+        }
         let statements = sql::split(text).unwrap_or_else(|| {
             // Not splittable: one statement as far as the relay is concerned.
             vec![sql::Statement {
@@ -682,16 +732,10 @@ impl ToServer<'_> {
             if s.class.recheck_after {
                 need = true;
             }
-            self.note_settings(flow, &text[s.start..s.end], s.class);
+            flow.note(s.class);
         }
         if checks.is_empty() {
-            flow.expect.push_back(Expect::Query {
-                units: VecDeque::from([Unit {
-                    check: None,
-                    count: u32::MAX,
-                }]),
-                settings,
-            });
+            flow.expect.push_back(Expect::relayed(settings));
             out.extend_from_slice(message);
             return;
         }
@@ -740,6 +784,16 @@ impl ToServer<'_> {
     }
 }
 
+/// A framing error in words; an oversized message names the setting that bounds it.
+fn describe(e: WireError) -> String {
+    match e {
+        WireError::TooLarge { len, max } => {
+            format!("a message of {len} bytes exceeds message_max_bytes ({max})")
+        }
+        other => other.to_string(),
+    }
+}
+
 fn stale_error(out: &mut Vec<u8>, resource: &str, token: i64, highest: i64) {
     msg::error_response(
         out,
@@ -760,7 +814,7 @@ fn stale_error(out: &mut Vec<u8>, resource: &str, token: i64, highest: i64) {
 /// Server to client.
 struct ToClient<'a> {
     relay: &'a Relay,
-    flow: Arc<Mutex<Flow>>,
+    flow: &'a Mutex<Flow>,
     cancel_pid: Option<i32>,
     /// The row of the check being answered.
     check_row: Option<(CompactString, i64)>,
@@ -790,7 +844,7 @@ impl ToClient<'_> {
     ) -> std::io::Result<()> {
         let mut buf = BytesMut::with_capacity(32 << 10);
         let mut out = Vec::with_capacity(32 << 10);
-        let mut passthrough = 0usize;
+        let mut framer = Framer::default();
         let mut local_open = true;
         loop {
             tokio::select! {
@@ -799,7 +853,7 @@ impl ToClient<'_> {
                     None => local_open = false,
                     Some(Local::Reply(bytes)) => client.write_all(&bytes).await?,
                     Some(Local::Fatal(bytes)) => {
-                        if passthrough == 0 {
+                        if !framer.mid_message() {
                             let _ = client.write_all(&bytes).await;
                         }
                         let _ = client.shutdown().await;
@@ -811,35 +865,20 @@ impl ToClient<'_> {
                         let _ = client.shutdown().await;
                         return Ok(());
                     }
-                    while !buf.is_empty() {
-                        if passthrough > 0 {
-                            let n = passthrough.min(buf.len());
-                            out.extend_from_slice(&buf[..n]);
-                            buf.advance(n);
-                            passthrough -= n;
-                            continue;
-                        }
-                        let head = match pg_wire::header(&buf, usize::MAX) {
-                            Ok(Some(h)) => h,
-                            Ok(None) => break,
-                            Err(e) => return Err(std::io::Error::other(format!("PostgreSQL sent {e}"))),
-                        };
-                        if matches!(head.tag, b'D' | b'd') && head.total > STREAM_ABOVE && !self.next_is_hidden() {
-                            passthrough = head.total;
-                            continue;
-                        }
-                        if head.total > SERVER_MESSAGE_MAX {
-                            return Err(std::io::Error::other("PostgreSQL sent an oversized message"));
-                        }
-                        if buf.len() < head.total {
-                            buf.reserve(head.total - buf.len());
-                            break;
-                        }
-                        let message = buf.split_to(head.total);
-                        match self.on_message(head, &message) {
-                            Verdict::Forward => out.extend_from_slice(&message),
-                            Verdict::Hide => {}
-                            Verdict::Replace(bytes) => out.extend_from_slice(&bytes),
+                    {
+                        let mut flow = self.flow.lock().expect("flow lock");
+                        // DataRow and CopyData are streamed, unless they answer the check.
+                        while let Some((head, message)) = framer
+                            .next(&mut buf, &mut out, SERVER_MESSAGE_MAX, |tag| {
+                                matches!(tag, b'D' | b'd') && !flow.next_is_hidden()
+                            })
+                            .map_err(|e| std::io::Error::other(format!("PostgreSQL sent {e}")))?
+                        {
+                            match self.on_message(&mut flow, head, &message) {
+                                Verdict::Forward => out.extend_from_slice(&message),
+                                Verdict::Hide => {}
+                                Verdict::Replace(bytes) => out.extend_from_slice(&bytes),
+                            }
                         }
                     }
                     if !out.is_empty() {
@@ -851,19 +890,7 @@ impl ToClient<'_> {
         }
     }
 
-    fn next_is_hidden(&self) -> bool {
-        let flow = self.flow.lock().expect("flow lock");
-        match flow.expect.front() {
-            Some(Expect::Execute { check: Some(_) }) => true,
-            Some(Expect::Query { units, .. }) => units.front().is_some_and(|u| u.check.is_some()),
-            _ => false,
-        }
-    }
-
-    fn on_message(&mut self, head: Header, message: &[u8]) -> Verdict {
-        let shared = Arc::clone(&self.flow);
-        let mut flow = shared.lock().expect("flow lock");
-        let flow = &mut *flow;
+    fn on_message(&mut self, flow: &mut Flow, head: Header, message: &[u8]) -> Verdict {
         match head.tag {
             b'1' => match flow.expect.pop_front() {
                 Some(Expect::Parse { injected: true }) => {
@@ -901,14 +928,7 @@ impl ToClient<'_> {
                 _ => Verdict::Forward,
             },
             b'D' => {
-                let hidden = match flow.expect.front() {
-                    Some(Expect::Execute { check: Some(_) }) => true,
-                    Some(Expect::Query { units, .. }) => {
-                        units.front().is_some_and(|u| u.check.is_some())
-                    }
-                    _ => false,
-                };
-                if !hidden {
+                if !flow.next_is_hidden() {
                     return Verdict::Forward;
                 }
                 if let Ok(cols) = msg::data_row(message)

@@ -25,6 +25,8 @@ pub struct Class {
     /// It may change the session's fencing settings: it mentions `fencing`, `reset` or
     /// `discard`, or it is a `ROLLBACK` (which undoes a `SET` made in the transaction).
     pub settings: bool,
+    /// It mentions `fencing`: the session may have a token from now on.
+    pub fencing: bool,
 }
 
 /// One statement of a query string: `text[start..end]`, the trailing `;` included.
@@ -59,16 +61,15 @@ const ENDS_TRANSACTION: &[&str] = &["abort", "commit", "end", "prepare", "rollba
 pub fn classify(text: &[u8]) -> Class {
     let word = first_word(text);
     let is = |list: &[&str]| list.iter().any(|w| word.eq_ignore_ascii_case(w.as_bytes()));
-    let mentions = ["fencing", "reset", "discard"]
-        .iter()
-        .any(|n| contains_ignore_case(text, n.as_bytes()));
+    let fencing = mentions_fencing(text);
+    let discard = contains_ignore_case(text, b"discard");
+    let mentions = fencing || discard || contains_ignore_case(text, b"reset");
     Class {
         needs_check: !word.is_empty() && !is(NO_CHECK),
         recheck_after: mentions || is(ENDS_TRANSACTION),
-        drops_statements: ["discard", "deallocate"]
-            .iter()
-            .any(|n| contains_ignore_case(text, n.as_bytes())),
+        drops_statements: discard || contains_ignore_case(text, b"deallocate"),
         settings: mentions || is(&["rollback", "abort"]),
+        fencing,
     }
 }
 
@@ -313,5 +314,7 @@ mod tests {
         assert!(c("RESET ALL").settings && c("set fencing.resource = 'x'").settings);
         assert!(!c("COMMIT").settings && !c("UPDATE t SET v = 1").settings);
         assert!(c("ROLLBACK TO SAVEPOINT a").settings);
+        assert!(c("select set_config('FENCING.token', '1', false)").fencing);
+        assert!(!c("RESET ALL").fencing && c("RESET ALL").settings);
     }
 }
