@@ -145,6 +145,25 @@ fn write_stock(proxy: &str, token: u64, id: &str, count: u32) -> anyhow::Result<
     )
 }
 
+/// A client's event for the history, on its standard output.
+fn emit_event(e: Value) {
+    println!("EVENT {e}");
+}
+
+/// Client A's first step in both stories: the lock, with a short lease.
+fn a_takes_the_lock(endpoint: &str) -> anyhow::Result<u64> {
+    emit_event(event("invoke", "A", "acquire", json!({})));
+    let token = acquire(endpoint, "A", A_TTL, "5s")?;
+    emit_event(event(
+        "ok",
+        "A",
+        "acquire",
+        json!({"token": token, "ttl_ms": A_TTL_MS}),
+    ));
+    println!("A: I hold {RESOURCE} with token {token} (lease {A_TTL})");
+    Ok(token)
+}
+
 /// Client A, as its own process so that it can be paused for real. Prints `EVENT {json}` lines
 /// for the history and plain lines for the story; waits for a line on stdin before its second
 /// write.
@@ -152,24 +171,15 @@ fn client(args: &[String]) -> anyhow::Result<()> {
     let [endpoint, proxy] = args else {
         bail!("usage: zombie client LOCKD_ENDPOINT PROXY_ADDR");
     };
-    let emit = |e: Value| println!("EVENT {e}");
-    emit(event("invoke", "A", "acquire", json!({})));
-    let token = acquire(endpoint, "A", A_TTL, "5s")?;
-    emit(event(
-        "ok",
-        "A",
-        "acquire",
-        json!({"token": token, "ttl_ms": A_TTL_MS}),
-    ));
-    println!("A: I hold {RESOURCE} with token {token} (lease {A_TTL})");
-    emit(event(
+    let token = a_takes_the_lock(endpoint)?;
+    emit_event(event(
         "invoke",
         "A",
         "write",
         json!({"token": token, "value": "a1"}),
     ));
     let (status, _) = write_stock(proxy, token, "a1", 7)?;
-    emit(event(
+    emit_event(event(
         if status == 200 { "ok" } else { "fail" },
         "A",
         "write",
@@ -181,7 +191,7 @@ fn client(args: &[String]) -> anyhow::Result<()> {
     std::io::stdin().read_line(&mut line)?;
     // Here A was paused; it does not know. It still believes it holds the lock.
     println!("A: (resumed, unaware) writing count=3 with token {token}");
-    emit(event(
+    emit_event(event(
         "invoke",
         "A",
         "write",
@@ -189,7 +199,7 @@ fn client(args: &[String]) -> anyhow::Result<()> {
     ));
     let (status, body) = write_stock(proxy, token, "a2", 3)?;
     let kind = if status == 200 { "ok" } else { "fail" };
-    emit(event(
+    emit_event(event(
         kind,
         "A",
         "write",
@@ -348,16 +358,7 @@ fn client_pg(args: &[String]) -> anyhow::Result<()> {
     let [endpoint, proxy] = args else {
         bail!("usage: zombie client-pg LOCKD_ENDPOINT PROXY_ADDR");
     };
-    let emit = |e: Value| println!("EVENT {e}");
-    emit(event("invoke", "A", "acquire", json!({})));
-    let token = acquire(endpoint, "A", A_TTL, "5s")?;
-    emit(event(
-        "ok",
-        "A",
-        "acquire",
-        json!({"token": token, "ttl_ms": A_TTL_MS}),
-    ));
-    println!("A: I hold {RESOURCE} with token {token} (lease {A_TTL})");
+    let token = a_takes_the_lock(endpoint)?;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
@@ -365,14 +366,14 @@ fn client_pg(args: &[String]) -> anyhow::Result<()> {
         let conninfo = pg_conninfo(proxy, token)?;
         let (db, connection) = tokio_postgres::connect(&conninfo, tokio_postgres::NoTls).await?;
         let connection = tokio::spawn(connection);
-        emit(event("invoke", "A", "write", json!({"token": token, "value": "a1"})));
+        emit_event(event("invoke", "A", "write", json!({"token": token, "value": "a1"})));
         db.batch_execute(
             "BEGIN; UPDATE stock SET count = 7 WHERE sku = 'sku-1'; INSERT INTO applied VALUES ('a1'); COMMIT",
         )
         .await?;
-        emit(event("ok", "A", "write", json!({"token": token, "value": "a1"})));
+        emit_event(event("ok", "A", "write", json!({"token": token, "value": "a1"})));
         println!("A: UPDATE stock SET count = 7 committed with token {token}");
-        emit(event("invoke", "A", "write", json!({"token": token, "value": "a2"})));
+        emit_event(event("invoke", "A", "write", json!({"token": token, "value": "a2"})));
         db.batch_execute(
             "BEGIN; UPDATE stock SET count = 3 WHERE sku = 'sku-1'; INSERT INTO applied VALUES ('a2')",
         )
@@ -384,7 +385,7 @@ fn client_pg(args: &[String]) -> anyhow::Result<()> {
         println!("A: (resumed, unaware) COMMIT");
         match db.batch_execute("COMMIT").await {
             Ok(()) => {
-                emit(event("ok", "A", "write", json!({"token": token, "value": "a2"})));
+                emit_event(event("ok", "A", "write", json!({"token": token, "value": "a2"})));
                 println!("A: COMMIT succeeded");
             }
             Err(e) => {
@@ -401,7 +402,7 @@ fn client_pg(args: &[String]) -> anyhow::Result<()> {
                         _ => e.to_string(),
                     },
                 };
-                emit(event(
+                emit_event(event(
                     "fail",
                     "A",
                     "write",

@@ -93,22 +93,16 @@ async fn run(config: Config) -> anyhow::Result<()> {
         for (i, shard) in shards.into_iter().enumerate() {
             let relay = Arc::clone(&relay);
             let mut stop = stop_rx.clone();
-            let thread = std::thread::Builder::new()
-                .name(format!("pg-{}-{i}", addr.port()))
-                .spawn(move || {
-                    let rt = tokio::runtime::Builder::new_current_thread()
-                        .enable_all()
-                        .build()?;
-                    rt.block_on(async move {
-                        let listener = tokio::net::TcpListener::from_std(shard)?;
-                        pg_relay::serve(listener, relay, async move {
-                            let _ = stop.changed().await;
-                        })
-                        .await;
-                        Ok::<(), std::io::Error>(())
+            pg_threads.push(spawn_worker(
+                format!("pg-{}-{i}", addr.port()),
+                shard,
+                move |listener| async move {
+                    pg_relay::serve(listener, relay, async move {
+                        let _ = stop.changed().await;
                     })
-                })?;
-            pg_threads.push(thread);
+                    .await
+                },
+            )?);
         }
     }
     let mut threads = if config.http.is_empty() {
@@ -189,28 +183,43 @@ async fn start_http(
             let (fence, routes, relay, limits) =
                 (Arc::clone(&fence), h.routes()?, h.relay()?, limits.clone());
             let mut stop = stop_rx.clone();
-            let thread = std::thread::Builder::new()
-                .name(format!("http-{}-{i}", addr.port()))
-                .spawn(move || {
-                    // One single-threaded runtime per worker: a request and its upstream exchange
-                    // stay on one thread (see http_relay::server).
-                    let rt = tokio::runtime::Builder::new_current_thread()
-                        .enable_all()
-                        .build()?;
-                    rt.block_on(async move {
-                        let listener = tokio::net::TcpListener::from_std(shard)?;
-                        let relay = Arc::new(Relay::new(routes, fence, relay));
-                        http_relay::serve(listener, relay, limits, async move {
-                            let _ = stop.changed().await;
-                        })
-                        .await;
-                        Ok::<(), std::io::Error>(())
+            threads.push(spawn_worker(
+                format!("http-{}-{i}", addr.port()),
+                shard,
+                move |listener| async move {
+                    let relay = Arc::new(Relay::new(routes, fence, relay));
+                    http_relay::serve(listener, relay, limits, async move {
+                        let _ = stop.changed().await;
                     })
-                })?;
-            threads.push(thread);
+                    .await
+                },
+            )?);
         }
     }
     Ok(threads)
+}
+
+/// A listener thread: its own single-threaded runtime serving `shard` with `serve`, so that a
+/// connection and the work it causes (an upstream exchange, a PostgreSQL session) stay on one
+/// thread (see http_relay::server).
+fn spawn_worker<F, Fut>(
+    name: String,
+    shard: std::net::TcpListener,
+    serve: F,
+) -> std::io::Result<std::thread::JoinHandle<std::io::Result<()>>>
+where
+    F: FnOnce(tokio::net::TcpListener) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()>,
+{
+    std::thread::Builder::new().name(name).spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        rt.block_on(async move {
+            serve(tokio::net::TcpListener::from_std(shard)?).await;
+            Ok(())
+        })
+    })
 }
 
 /// glibc raises its mmap threshold after a large block is freed, after which the growing

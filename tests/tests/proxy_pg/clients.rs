@@ -5,7 +5,7 @@ use tokio_postgres::NoTls;
 
 use e2e::pg::Postgres;
 
-use crate::{code, connect, connect_with, conninfo, psql, runtime, setup, setup_with};
+use crate::{code, connect, connect_with, conninfo, mark, psql, runtime, setup, setup_with};
 
 #[test]
 fn psql_scripts_run_unchanged_with_ssl_refused_and_notifications_delivered() {
@@ -90,10 +90,7 @@ fn pgbench_initialises_and_runs_in_every_query_mode() {
         );
     }
     assert_eq!(s.pg.psql("SELECT sum(n) FROM hits"), "180");
-    assert_eq!(
-        s.pg.psql("SELECT token FROM fencing.tokens WHERE resource = 'bench'"),
-        "5"
-    );
+    assert_eq!(mark(&s.pg, "bench"), "5");
 }
 
 #[test]
@@ -146,10 +143,7 @@ fn extended_protocol_with_pipelining_and_copy_both_ways() {
             .get(0);
         assert_eq!(n, 2050);
     });
-    assert_eq!(
-        s.pg.psql("SELECT token FROM fencing.tokens WHERE resource = 'items'"),
-        "3"
-    );
+    assert_eq!(mark(&s.pg, "items"), "3");
 }
 
 #[test]

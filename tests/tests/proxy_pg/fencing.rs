@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
 
-use crate::{code, connect, connect_with, psql, runtime, setup};
+use crate::{code, connect, connect_with, holder, mark, psql, runtime, setup};
 
 #[test]
 fn a_stale_token_is_refused_with_its_sqlstate_and_the_session_stays_usable() {
@@ -54,10 +54,7 @@ fn a_stale_token_is_refused_with_its_sqlstate_and_the_session_stays_usable() {
     assert!(out.contains("after local|43"), "{out}");
     assert!(out.contains("discarded|"), "{out}");
     assert_eq!(s.pg.psql("SELECT n FROM stock"), "8");
-    assert_eq!(
-        s.pg.psql("SELECT token FROM fencing.tokens WHERE resource = 'inventory:a'"),
-        "43"
-    );
+    assert_eq!(mark(&s.pg, "inventory:a"), "43");
 }
 
 #[test]
@@ -95,10 +92,7 @@ fn zombie_in_a_transaction(mark_already_41: bool) {
             .unwrap();
         // B, with 42, writes the same row and commits: it waits for A's transaction at most
         // the fence wait, then PostgreSQL ends A's.
-        let b = connect(s.addr()).await;
-        b.batch_execute("SET fencing.resource = 'acct:1'; SET fencing.token = '42'")
-            .await
-            .unwrap();
+        let b = holder(s.addr(), "acct:1", 42).await;
         b.execute("UPDATE acct SET owner = 'B' WHERE id = 1", &[])
             .await
             .expect("the new holder's write goes through");
@@ -126,17 +120,11 @@ fn the_zombie_in_autocommit_is_refused_after_the_new_holder_wrote() {
         "CREATE TABLE acct (id int PRIMARY KEY, owner text); INSERT INTO acct VALUES (1, 'init')",
     );
     runtime().block_on(async {
-        let a = connect(s.addr()).await;
-        a.batch_execute("SET fencing.resource = 'acct:1'; SET fencing.token = '41'")
-            .await
-            .unwrap();
+        let a = holder(s.addr(), "acct:1", 41).await;
         a.execute("UPDATE acct SET owner = 'A1' WHERE id = 1", &[])
             .await
             .unwrap();
-        let b = connect(s.addr()).await;
-        b.batch_execute("SET fencing.resource = 'acct:1'; SET fencing.token = '42'")
-            .await
-            .unwrap();
+        let b = holder(s.addr(), "acct:1", 42).await;
         b.execute("UPDATE acct SET owner = 'B' WHERE id = 1", &[])
             .await
             .unwrap();
@@ -199,10 +187,7 @@ fn settings_mid_query_string_apply_to_the_statements_after_them() {
         c.batch_execute("UPDATE t SET v = 'fresh' WHERE id = 1").await.unwrap();
     });
     assert_eq!(s.pg.psql("SELECT v FROM t"), "fresh");
-    assert_eq!(
-        s.pg.psql("SELECT token FROM fencing.tokens WHERE resource = 'r'"),
-        "11"
-    );
+    assert_eq!(mark(&s.pg, "r"), "11");
 }
 
 /// Many sessions, tokens handed out in increasing order but used concurrently, doing

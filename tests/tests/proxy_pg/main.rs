@@ -87,6 +87,24 @@ pub async fn connect(addr: &str) -> Client {
     connect_with(addr, "").await.0
 }
 
+/// A session through `addr` that holds `token` for `resource` (session-level settings).
+pub async fn holder(addr: &str, resource: &str, token: i64) -> Client {
+    let c = connect(addr).await;
+    c.batch_execute(&format!(
+        "SET fencing.resource = '{resource}'; SET fencing.token = '{token}'"
+    ))
+    .await
+    .unwrap();
+    c
+}
+
+/// The mark PostgreSQL holds for `resource`, as psql prints it.
+pub fn mark(pg: &Postgres, resource: &str) -> String {
+    pg.psql(&format!(
+        "SELECT token FROM fencing.tokens WHERE resource = '{resource}'"
+    ))
+}
+
 /// The SQLSTATE of a database error (panics on any other error).
 pub fn code(e: &tokio_postgres::Error) -> String {
     e.as_db_error()

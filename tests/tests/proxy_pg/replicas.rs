@@ -1,7 +1,7 @@
 //! Invariant 4 for the PostgreSQL mode: the marks live in the protected database, so two proxies
 //! in front of it, and a proxy restarted after `kill -9`, keep them.
 
-use crate::{code, connect, runtime, setup, start_proxy};
+use crate::{code, holder, runtime, setup, start_proxy};
 
 #[test]
 fn two_proxies_and_a_restart_keep_the_marks() {
@@ -10,12 +10,7 @@ fn two_proxies_and_a_restart_keep_the_marks() {
     let second = start_proxy(&dir2, &s.pg, 1000, "");
     s.pg.psql("CREATE TABLE t (id int PRIMARY KEY, v text); INSERT INTO t VALUES (1, 'init')");
     let write = |addr: String, token: i64, v: &'static str| async move {
-        let c = connect(&addr).await;
-        c.batch_execute(&format!(
-            "SET fencing.resource = 'shared'; SET fencing.token = '{token}'"
-        ))
-        .await
-        .unwrap();
+        let c = holder(&addr, "shared", token).await;
         c.execute("UPDATE t SET v = $1 WHERE id = 1", &[&v]).await
     };
     runtime().block_on(async {
