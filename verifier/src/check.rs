@@ -413,66 +413,65 @@ fn stale_write(resource: &str, late: &Done<'_>, earlier: &Done<'_>) -> Violation
 }
 
 fn acknowledged_present(events: &[Event], done: &[Done<'_>]) -> Verdict {
-    let reads = final_reads(events);
-    let mut judged = false;
-    let mut violations = Vec::new();
-    for d in done
-        .iter()
-        .filter(|d| d.end.f == Op::Write && d.end.kind == EventType::Ok)
-    {
-        let Some((read, names)) = reads.get(d.end.resource.as_str()) else {
-            continue;
-        };
-        if d.end.time >= read.time {
-            continue;
-        }
-        judged = true;
-        let name = d.end.value_name().unwrap_or_default();
-        if !names.contains(&name) {
-            violations.push(Violation {
-                message: format!(
-                    "{}: acknowledged write {name} (token {}) by {} is missing from the final read",
-                    d.end.resource,
-                    d.end.token.unwrap_or(0),
-                    d.end.process
-                ),
-                lines: vec![d.end.line, read.line],
-            });
-        }
-    }
-    if !judged {
-        return Verdict::NotShown("no acknowledged write before a final read".into());
-    }
-    verdict(violations)
+    against_final_read(events, done, EventType::Ok, |d, name| {
+        format!(
+            "{}: acknowledged write {name} (token {}) by {} is missing from the final read",
+            d.resource,
+            d.token.unwrap_or(0),
+            d.process
+        )
+    })
 }
 
 fn failed_absent(events: &[Event], done: &[Done<'_>]) -> Verdict {
+    against_final_read(events, done, EventType::Fail, |d, name| {
+        format!(
+            "{}: write {name} (token {}) by {} was refused, yet the final read holds it",
+            d.resource,
+            d.token.unwrap_or(0),
+            d.process
+        )
+    })
+}
+
+/// Judges the writes that ended with `kind` against their resource's final read: an
+/// acknowledged write (`Ok`) that completed before the read must be in it; a refused one
+/// (`Fail`) must never be.
+fn against_final_read(
+    events: &[Event],
+    done: &[Done<'_>],
+    kind: EventType,
+    says: impl Fn(&Event, &str) -> String,
+) -> Verdict {
+    let present = kind == EventType::Ok;
     let reads = final_reads(events);
     let mut judged = false;
     let mut violations = Vec::new();
     for d in done
         .iter()
-        .filter(|d| d.end.f == Op::Write && d.end.kind == EventType::Fail)
+        .filter(|d| d.end.f == Op::Write && d.end.kind == kind)
     {
         let Some((read, names)) = reads.get(d.end.resource.as_str()) else {
             continue;
         };
+        if present && d.end.time >= read.time {
+            continue;
+        }
         judged = true;
         let name = d.end.value_name().unwrap_or_default();
-        if names.contains(&name) {
+        if names.contains(&name) != present {
             violations.push(Violation {
-                message: format!(
-                    "{}: write {name} (token {}) by {} was refused, yet the final read holds it",
-                    d.end.resource,
-                    d.end.token.unwrap_or(0),
-                    d.end.process
-                ),
+                message: says(d.end, &name),
                 lines: vec![d.end.line, read.line],
             });
         }
     }
     if !judged {
-        return Verdict::NotShown("no refused write with a final read".into());
+        return Verdict::NotShown(if present {
+            "no acknowledged write before a final read".into()
+        } else {
+            "no refused write with a final read".into()
+        });
     }
     verdict(violations)
 }
