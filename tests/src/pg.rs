@@ -14,7 +14,7 @@ use crate::{Spawned, free_loopback_addr, output};
 pub struct Postgres {
     pub port: u16,
     process: Spawned,
-    _dir: tempfile::TempDir,
+    dir: tempfile::TempDir,
 }
 
 fn bin_dir() -> PathBuf {
@@ -100,30 +100,17 @@ impl Postgres {
             .unwrap()
             .parse()
             .unwrap();
-        let mut cmd = as_postgres(&bin.join("postgres"));
-        cmd.arg("-D")
-            .arg(&data)
-            .args([
-                "-p",
-                &port.to_string(),
-                "-c",
-                "listen_addresses=127.0.0.1",
-                "-c",
-                "max_connections=300",
-            ])
-            .arg("-k")
-            .arg(dir.path());
-        let process = Spawned::spawn(cmd);
-        process
-            .stderr
-            .wait_for("PostgreSQL to accept connections", |l| {
-                l.contains("ready to accept connections")
-            });
-        Postgres {
-            port,
-            process,
-            _dir: dir,
-        }
+        let process = launch(dir.path(), port);
+        Postgres { port, process, dir }
+    }
+
+    /// Crashes PostgreSQL (an immediate shutdown: no checkpoint, every session cut) and starts
+    /// it again on the same port and data; returns once it accepts connections again, after
+    /// crash recovery.
+    pub fn restart(&mut self) {
+        self.process.signal(libc::SIGQUIT);
+        self.process.wait();
+        self.process = launch(self.dir.path(), self.port);
     }
 
     /// Runs `program` (psql, pgbench...) from the PostgreSQL client tools with `args`.
@@ -180,6 +167,30 @@ impl Postgres {
             );
         }
     }
+}
+
+/// Starts `postgres` on `dir/data` and waits until it accepts connections.
+fn launch(dir: &Path, port: u16) -> Spawned {
+    let mut cmd = as_postgres(&bin_dir().join("postgres"));
+    cmd.arg("-D")
+        .arg(dir.join("data"))
+        .args([
+            "-p",
+            &port.to_string(),
+            "-c",
+            "listen_addresses=127.0.0.1",
+            "-c",
+            "max_connections=300",
+        ])
+        .arg("-k")
+        .arg(dir);
+    let process = Spawned::spawn(cmd);
+    process
+        .stderr
+        .wait_for("PostgreSQL to accept connections", |l| {
+            l.contains("ready to accept connections")
+        });
+    process
 }
 
 impl Drop for Postgres {
