@@ -34,12 +34,13 @@ pub fn workspace() -> PathBuf {
 
 /// Path of a workspace binary, checked to exist and to be newer than the sources.
 pub fn bin(name: &str) -> PathBuf {
-    let exe = std::env::current_exe().expect("test executable path");
-    // target/<profile>/deps/<test> → target/<profile>/<name>
-    let dir = exe
-        .parent()
-        .and_then(Path::parent)
-        .expect("test executable lives in target/<profile>/deps");
+    let exe = std::env::current_exe().expect("executable path");
+    // A test: target/<profile>/deps/<test> → target/<profile>/<name>. A binary that uses the
+    // harness (the fault runner): target/<profile>/<it> → target/<profile>/<name>.
+    let mut dir = exe.parent().expect("an executable lives in a directory");
+    if dir.file_name().is_some_and(|n| n == "deps") {
+        dir = dir.parent().expect("deps/ is inside target/<profile>");
+    }
     let path = dir.join(name);
     let built = match std::fs::metadata(&path).and_then(|m| m.modified()) {
         Ok(t) => t,
@@ -79,6 +80,7 @@ fn crates_of(name: &str) -> &'static [&'static str] {
         ],
         "cron-dedup" => &["../examples/cron-dedup"],
         "zombie" => &["fencing", "../examples/zombie", "../verifier"],
+        "faults" => &["fencing", "../examples/faults", "../verifier"],
         _ => &[],
     }
 }

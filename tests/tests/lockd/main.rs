@@ -6,12 +6,14 @@
 //!   on drop) and, through the raw API, a cancelled wait and a full queue;
 //! - `server`: start-up refusals, bad input, and a clean shutdown;
 //! - `demo`: README's demo runs to the end.
+//! - `faults`: the fault runner, in both fence-proxy modes and with fencing off.
 //!
 //! Needs the binaries: `cargo build --bins` first (the harness says so if they are missing).
 
 mod cli;
 mod crash;
 mod demo;
+mod faults;
 mod sdk;
 mod server;
 

@@ -1,0 +1,406 @@
+//! A client of the fault run, as its own process (so that SIGSTOP pauses it for real).
+//!
+//! Loops until told to stop: picks a counter at random (from its seed), takes its lock from
+//! lockd (no renewal: the work is short unless a fault intervenes), reads the counter and
+//! writes it plus one with the token, through fence-proxy (or straight to the store with
+//! `--no-fencing`), then releases. It never checks whether its lease is still valid before
+//! writing: a real client's check would be racy anyway, and the fence is what is under test.
+//!
+//! Talks to the runner over its standard streams: stdout carries `EVENT {json}` lines for the
+//! history and `PAUSEPOINT` when it stopped before a write as asked; stdin carries `pause` (stop
+//! before the next write and wait), `go` (carry on) and `stop` (finish this round and exit).
+
+use std::time::Duration;
+
+use anyhow::Context;
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client as HttpClient;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use lockd_client::{AcquireOptions, Acquired, Client, ClientError};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use serde_json::{Value, json};
+use tokio::sync::mpsc;
+
+use crate::{Mode, now_ns};
+
+/// Longest a single store operation may take before its outcome is given up as unknown.
+const OP_TIMEOUT: Duration = Duration::from_secs(10);
+
+pub struct Args {
+    pub id: u32,
+    pub seed: u64,
+    pub mode: Mode,
+    pub lockd: String,
+    pub store: String,
+    pub resources: u32,
+    pub ttl_ms: u64,
+}
+
+enum Command {
+    Pause,
+    Go,
+    Stop,
+}
+
+/// How a write ended, for the history.
+enum Outcome {
+    /// Applied, at this position in the counter's own order.
+    Ok(u64),
+    /// Certainly not applied (the reason).
+    Fail(String),
+    /// Unknown (the reason).
+    Info(String),
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(main_loop(args))
+}
+
+async fn main_loop(args: Args) -> anyhow::Result<()> {
+    let name = format!("c{}", args.id);
+    let mut rng = StdRng::seed_from_u64(args.seed.wrapping_mul(1000).wrapping_add(args.id.into()));
+    let lockd = Client::connect(&args.lockd).context("lockd endpoint")?;
+    let mut store = Store::new(&args);
+    let (tx, mut commands) = mpsc::unbounded_channel();
+    // Commands from the runner, read by a thread (a blocking read of stdin).
+    std::thread::spawn(move || {
+        for line in std::io::stdin().lines() {
+            let Ok(line) = line else { break };
+            let c = match line.trim() {
+                "pause" => Command::Pause,
+                "go" => Command::Go,
+                _ => Command::Stop,
+            };
+            if tx.send(c).is_err() {
+                return;
+            }
+        }
+        // The runner went away: stop.
+        let _ = tx.send(Command::Stop);
+    });
+    let ttl = Duration::from_millis(args.ttl_ms);
+    let mut pause_requested = false;
+    for round in 1.. {
+        // Commands that arrived since the last round.
+        loop {
+            match commands.try_recv() {
+                Ok(Command::Pause) => pause_requested = true,
+                Ok(Command::Go) => {}
+                Ok(Command::Stop) | Err(mpsc::error::TryRecvError::Disconnected) => return Ok(()),
+                Err(mpsc::error::TryRecvError::Empty) => break,
+            }
+        }
+        let resource = format!("counter:{}", rng.random_range(1..=args.resources));
+        let event = |kind: &str, f: &str, extra: Value| {
+            let mut e = json!({"type": kind, "process": name, "time": now_ns(), "f": f, "resource": resource});
+            if let (Some(e), Value::Object(extra)) = (e.as_object_mut(), extra) {
+                e.extend(extra);
+            }
+            println!("EVENT {e}");
+        };
+
+        event("invoke", "acquire", json!({}));
+        let opts = AcquireOptions {
+            ttl: Some(ttl),
+            wait: Duration::from_secs(3),
+            holder: name.clone(),
+            request_id: None,
+        };
+        let lease = match lockd.acquire(&resource, opts).await {
+            Ok(Acquired::Granted(guard)) => {
+                // No renewal: the lease runs its TTL unless released.
+                let lease = guard.detach().await;
+                event(
+                    "ok",
+                    "acquire",
+                    json!({"token": lease.token, "ttl_ms": args.ttl_ms}),
+                );
+                lease
+            }
+            Ok(Acquired::NotGranted(why)) => {
+                event("fail", "acquire", json!({"note": why.to_string()}));
+                continue;
+            }
+            Err(e @ ClientError::Unavailable(_)) => {
+                // Perhaps granted, perhaps not: it may hold the lock until the TTL runs out.
+                event("info", "acquire", json!({"note": e.to_string()}));
+                continue;
+            }
+            Err(e) => {
+                event("fail", "acquire", json!({"note": e.to_string()}));
+                continue;
+            }
+        };
+
+        if pause_requested {
+            pause_requested = false;
+            println!("PAUSEPOINT");
+            loop {
+                match commands.recv().await {
+                    Some(Command::Go) => break,
+                    Some(Command::Pause) => {}
+                    // Still write: a stop must not prevent the zombie write being made.
+                    Some(Command::Stop) | None => break,
+                }
+            }
+        }
+
+        let write_id = format!("{name}.{round}");
+        let token = lease.token;
+        event(
+            "invoke",
+            "write",
+            json!({"token": token, "value": write_id}),
+        );
+        match store.read_modify_write(&resource, token, &write_id).await {
+            Outcome::Ok(index) => event(
+                "ok",
+                "write",
+                json!({"token": token, "value": write_id, "index": index}),
+            ),
+            Outcome::Fail(why) => event(
+                "fail",
+                "write",
+                json!({"token": token, "value": write_id, "note": why}),
+            ),
+            Outcome::Info(why) => event(
+                "info",
+                "write",
+                json!({"token": token, "value": write_id, "note": why}),
+            ),
+        }
+
+        event("invoke", "release", json!({"token": token}));
+        match lockd.release(&resource, &lease.lease_id).await {
+            Ok(true) => event("ok", "release", json!({"token": token})),
+            Ok(false) => event(
+                "fail",
+                "release",
+                json!({"token": token, "note": "the lease was no longer current"}),
+            ),
+            Err(e @ ClientError::Unavailable(_)) => event(
+                "info",
+                "release",
+                json!({"token": token, "note": e.to_string()}),
+            ),
+            Err(e) => event(
+                "fail",
+                "release",
+                json!({"token": token, "note": e.to_string()}),
+            ),
+        }
+
+        // A little think time between rounds, so that the history stays readable.
+        tokio::time::sleep(Duration::from_millis(rng.random_range(0..=10))).await;
+    }
+    Ok(())
+}
+
+/// The store a client writes to: over HTTP, or a PostgreSQL session.
+enum Store {
+    Http {
+        base: String,
+        client: HttpClient<HttpConnector, Full<Bytes>>,
+    },
+    Pg {
+        conninfo: String,
+        session: Option<tokio_postgres::Client>,
+    },
+}
+
+impl Store {
+    fn new(args: &Args) -> Store {
+        match args.mode {
+            Mode::Http => Store::Http {
+                base: format!("http://{}", args.store),
+                client: HttpClient::builder(TokioExecutor::new()).build_http(),
+            },
+            Mode::Pg => {
+                let (host, port) = args.store.rsplit_once(':').unwrap_or((&args.store, "5432"));
+                Store::Pg {
+                    conninfo: format!(
+                        "host={host} port={port} user=postgres dbname=postgres connect_timeout=5"
+                    ),
+                    session: None,
+                }
+            }
+        }
+    }
+
+    async fn read_modify_write(&mut self, resource: &str, token: u64, id: &str) -> Outcome {
+        match self {
+            Store::Http { base, client } => http_rmw(client, base, resource, token, id).await,
+            Store::Pg { conninfo, session } => {
+                let outcome = pg_rmw(conninfo, session, resource, token, id).await;
+                let broken = match &outcome {
+                    Outcome::Ok(_) => false,
+                    Outcome::Fail(why) => !why.starts_with("SQLSTATE"),
+                    Outcome::Info(_) => true,
+                };
+                if broken
+                    || session
+                        .as_ref()
+                        .is_some_and(tokio_postgres::Client::is_closed)
+                {
+                    // The session may be closed or mid-transaction: start afresh next time.
+                    *session = None;
+                }
+                outcome
+            }
+        }
+    }
+}
+
+async fn http_rmw(
+    client: &HttpClient<HttpConnector, Full<Bytes>>,
+    base: &str,
+    resource: &str,
+    token: u64,
+    id: &str,
+) -> Outcome {
+    let name = resource.strip_prefix("counter:").unwrap_or(resource);
+    let url = format!("{base}/counter/{name}");
+    let get = hyper::Request::get(&url)
+        .body(Full::new(Bytes::new()))
+        .expect("a valid request");
+    let value: i64 = match tokio::time::timeout(OP_TIMEOUT, async {
+        let resp = client.request(get).await.map_err(|e| e.to_string())?;
+        let status = resp.status();
+        let body = resp
+            .into_body()
+            .collect()
+            .await
+            .map_err(|e| e.to_string())?;
+        let text = String::from_utf8_lossy(&body.to_bytes()).into_owned();
+        if !status.is_success() {
+            return Err(format!("read: HTTP {status}: {text}"));
+        }
+        text.trim()
+            .parse()
+            .map_err(|_| format!("read: not a number: {text:?}"))
+    })
+    .await
+    {
+        Ok(Ok(v)) => v,
+        // Nothing was written yet.
+        Ok(Err(why)) => return Outcome::Fail(format!("read failed: {why}")),
+        Err(_) => return Outcome::Fail("read timed out".to_string()),
+    };
+    let put = hyper::Request::put(&url)
+        .header("Fencing-Resource", resource)
+        .header("Fencing-Token", token.to_string())
+        .header("X-Write-Id", id)
+        .body(Full::new(Bytes::from((value + 1).to_string())))
+        .expect("a valid request");
+    match tokio::time::timeout(OP_TIMEOUT, async {
+        let resp = client.request(put).await.map_err(|e| e.to_string())?;
+        let status = resp.status();
+        let body = resp
+            .into_body()
+            .collect()
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok::<_, String>((
+            status,
+            String::from_utf8_lossy(&body.to_bytes()).into_owned(),
+        ))
+    })
+    .await
+    {
+        Ok(Ok((status, body))) if status.is_success() => match body.trim().parse() {
+            Ok(index) => Outcome::Ok(index),
+            Err(_) => Outcome::Info(format!("HTTP {status} with an unreadable body {body:?}")),
+        },
+        // fence-proxy's own refusals: nothing reached the store.
+        Ok(Ok((status, body))) if [400, 409, 428].contains(&status.as_u16()) => {
+            Outcome::Fail(format!("HTTP {status}: {}", body.trim()))
+        }
+        // 502, 504, anything else: the store may or may not have applied it.
+        Ok(Ok((status, body))) => Outcome::Info(format!("HTTP {status}: {}", body.trim())),
+        Ok(Err(why)) => Outcome::Info(why),
+        Err(_) => Outcome::Info("no answer in time".to_string()),
+    }
+}
+
+/// One transaction: read the counter, write it plus one, log the write. Outcomes: a
+/// transaction that failed before its COMMIT was sent did not commit (`Fail`); an error or
+/// silence after COMMIT was sent is `Info`.
+async fn pg_rmw(
+    conninfo: &str,
+    session: &mut Option<tokio_postgres::Client>,
+    resource: &str,
+    token: u64,
+    id: &str,
+) -> Outcome {
+    let why = |e: tokio_postgres::Error| match e.as_db_error() {
+        Some(d) => format!("SQLSTATE {}: {}", d.code().code(), d.message()),
+        None => e.to_string(),
+    };
+    if session.is_none() {
+        match tokio::time::timeout(
+            OP_TIMEOUT,
+            tokio_postgres::connect(conninfo, tokio_postgres::NoTls),
+        )
+        .await
+        {
+            Ok(Ok((client, connection))) => {
+                tokio::spawn(connection);
+                *session = Some(client);
+            }
+            Ok(Err(e)) => return Outcome::Fail(format!("connect: {}", why(e))),
+            Err(_) => return Outcome::Fail("connect timed out".to_string()),
+        }
+    }
+    let db = session.as_ref().expect("connected just above");
+    let before_commit = async {
+        // The resource and token are ours (digits and `counter:N`), safe to quote as literals.
+        db.batch_execute(&format!(
+            "SET fencing.resource = '{resource}'; SET fencing.token = '{token}'; BEGIN"
+        ))
+        .await?;
+        let value: i64 = db
+            .query_one(
+                "SELECT value FROM counters WHERE resource = $1",
+                &[&resource],
+            )
+            .await?
+            .get(0);
+        let n: i64 = db
+            .query_one(
+                "UPDATE counters SET value = $2, n = n + 1 WHERE resource = $1 RETURNING n",
+                &[&resource, &(value + 1)],
+            )
+            .await?
+            .get(0);
+        db.execute(
+            "INSERT INTO applied (resource, id, token, n) VALUES ($1, $2, $3, $4)",
+            &[&resource, &id, &(token as i64), &n],
+        )
+        .await?;
+        Ok::<i64, tokio_postgres::Error>(n)
+    };
+    let n = match tokio::time::timeout(OP_TIMEOUT, before_commit).await {
+        Ok(Ok(n)) => n,
+        Ok(Err(e)) => {
+            let w = why(e);
+            if w.starts_with("SQLSTATE") {
+                // The session is usable; leave the failed transaction.
+                let _ = tokio::time::timeout(OP_TIMEOUT, db.batch_execute("ROLLBACK")).await;
+            }
+            return Outcome::Fail(w);
+        }
+        Err(_) => return Outcome::Fail("timed out before COMMIT".to_string()),
+    };
+    match tokio::time::timeout(OP_TIMEOUT, db.batch_execute("COMMIT")).await {
+        Ok(Ok(())) => Outcome::Ok(n as u64),
+        Ok(Err(e)) if e.as_db_error().is_some() => Outcome::Fail(why(e)),
+        Ok(Err(e)) => Outcome::Info(format!("COMMIT: {}", why(e))),
+        Err(_) => Outcome::Info("COMMIT: no answer in time".to_string()),
+    }
+}
