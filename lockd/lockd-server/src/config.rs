@@ -48,6 +48,16 @@ pub enum LogFormat {
     Json,
 }
 
+/// Where the locks live.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Backend {
+    /// The embedded store in `data_dir` (redb): one lockd.
+    Embedded,
+    /// An etcd cluster: several stateless lockd instances serve one set of locks.
+    Etcd,
+}
+
 /// Every setting, optional: what one source (flags+environment, or the file) says.
 #[derive(Args, Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -87,6 +97,31 @@ pub struct Settings {
     /// How long a ping may go unanswered before the connection is closed, in ms [default: 20000].
     #[arg(long, env = "LOCKD_KEEPALIVE_TIMEOUT_MS", value_name = "MS")]
     pub keepalive_timeout_ms: Option<u64>,
+
+    /// Where the locks live: `embedded` (redb in data_dir) or `etcd` [default: embedded].
+    #[arg(long, env = "LOCKD_BACKEND", value_name = "BACKEND")]
+    pub backend: Option<Backend>,
+
+    /// etcd members, comma-separated URLs (backend etcd) [default: http://127.0.0.1:2379].
+    #[arg(
+        long,
+        env = "LOCKD_ETCD_ENDPOINTS",
+        value_name = "URLS",
+        value_delimiter = ','
+    )]
+    pub etcd_endpoints: Option<Vec<String>>,
+
+    /// Key prefix in etcd; lockd clusters sharing an etcd use different ones [default: /lockd].
+    #[arg(long, env = "LOCKD_ETCD_PREFIX", value_name = "PREFIX")]
+    pub etcd_prefix: Option<String>,
+
+    /// Longest the etcd work of one call may take before it is answered UNAVAILABLE, in ms [default: 3000].
+    #[arg(long, env = "LOCKD_ETCD_REQUEST_TIMEOUT_MS", value_name = "MS")]
+    pub etcd_request_timeout_ms: Option<u64>,
+
+    /// TTL of this instance's etcd session, in ms: how long the waiters of a lockd that died stay queued [default: 10000].
+    #[arg(long, env = "LOCKD_ETCD_SESSION_TTL_MS", value_name = "MS")]
+    pub etcd_session_ttl_ms: Option<u64>,
 
     #[command(flatten)]
     #[serde(default)]
@@ -144,6 +179,11 @@ pub struct Config {
     pub journal_size_mb: u64,
     pub keepalive_interval_ms: u64,
     pub keepalive_timeout_ms: u64,
+    pub backend: Backend,
+    pub etcd_endpoints: Vec<String>,
+    pub etcd_prefix: String,
+    pub etcd_request_timeout_ms: u64,
+    pub etcd_session_ttl_ms: u64,
     pub limits: Limits,
 }
 
@@ -159,6 +199,11 @@ impl Default for Config {
             journal_size_mb: 32,
             keepalive_interval_ms: 10_000,
             keepalive_timeout_ms: 20_000,
+            backend: Backend::Embedded,
+            etcd_endpoints: vec!["http://127.0.0.1:2379".to_string()],
+            etcd_prefix: "/lockd".to_string(),
+            etcd_request_timeout_ms: 3_000,
+            etcd_session_ttl_ms: 10_000,
             limits: Limits::default(),
         }
     }
@@ -205,7 +250,12 @@ impl Config {
             cache_size_mb,
             journal_size_mb,
             keepalive_interval_ms,
-            keepalive_timeout_ms
+            keepalive_timeout_ms,
+            backend,
+            etcd_endpoints,
+            etcd_prefix,
+            etcd_request_timeout_ms,
+            etcd_session_ttl_ms
         );
         take_limit!(
             ttl_min_ms,
@@ -236,6 +286,30 @@ impl Config {
         }
         if self.keepalive_interval_ms > 0 && self.keepalive_timeout_ms == 0 {
             bail!("keepalive_timeout_ms must be at least 1 when keepalive_interval_ms is set");
+        }
+        if self.backend == Backend::Etcd {
+            if self.etcd_endpoints.is_empty() {
+                bail!("etcd_endpoints must name at least one etcd member");
+            }
+            for e in &self.etcd_endpoints {
+                if !e.starts_with("http://") || e.len() <= "http://".len() {
+                    bail!("etcd endpoint {e:?} must be an http:// URL, e.g. http://127.0.0.1:2379");
+                }
+            }
+            if !self.etcd_prefix.starts_with('/') || self.etcd_prefix.contains('#') {
+                bail!(
+                    "etcd_prefix {:?} must start with / and must not contain #",
+                    self.etcd_prefix
+                );
+            }
+            if !(100..=60_000).contains(&self.etcd_request_timeout_ms) {
+                bail!("etcd_request_timeout_ms must be 100 ..= 60000");
+            }
+            if !(2_000..=600_000).contains(&self.etcd_session_ttl_ms) {
+                bail!(
+                    "etcd_session_ttl_ms must be 2000 ..= 600000 (etcd's shortest lease is about 2 s)"
+                );
+            }
         }
         tracing_subscriber::EnvFilter::try_new(&self.log)
             .with_context(|| format!("log filter {:?} is not valid", self.log))?;
@@ -291,6 +365,19 @@ mod tests {
             ),
             ("sync_interval_ms = -1", "invalid value"),
             ("this is not toml", "config file"),
+            ("backend = \"zookeeper\"", "unknown variant"),
+            (
+                "backend = \"etcd\"\netcd_endpoints = []",
+                "at least one etcd member",
+            ),
+            (
+                "backend = \"etcd\"\netcd_endpoints = [\"h1:2379\"]",
+                "must be an http:// URL",
+            ),
+            (
+                "backend = \"etcd\"\netcd_session_ttl_ms = 500",
+                "etcd_session_ttl_ms must be",
+            ),
         ] {
             std::fs::write(&file, text).unwrap();
             let err = Config::from_cli(&cli(&["--config", file.to_str().unwrap()])).unwrap_err();
@@ -302,6 +389,20 @@ mod tests {
         assert!(Cli::try_parse_from(["lockd", "--listen", "nowhere"]).is_err());
         let bad_log = Config::from_cli(&cli(&["--log", "lockd=[[["])).unwrap_err();
         assert!(format!("{bad_log:#}").contains("log filter"));
+    }
+
+    #[test]
+    fn etcd_endpoints_come_comma_separated() {
+        let c = Config::from_cli(&cli(&[
+            "--backend",
+            "etcd",
+            "--etcd-endpoints",
+            "http://h1:2379,http://h2:2379,http://h3:2379",
+        ]))
+        .unwrap();
+        assert_eq!(c.backend, Backend::Etcd);
+        assert_eq!(c.etcd_endpoints.len(), 3);
+        assert_eq!(c.etcd_endpoints[2], "http://h3:2379");
     }
 
     #[test]

@@ -13,10 +13,11 @@ use tonic::transport::server::TcpIncoming;
 use tracing::{error, info};
 
 use crate::clock::Clock;
-use crate::config::Config;
+use crate::config::{Backend, Config};
 use crate::driver::{Driver, OsLeaseIds};
-use crate::service::LockApi;
+use crate::service::{LockApi, Locks};
 use crate::writer::Writer;
+use lockd_store_etcd::{EtcdLocks, EtcdOptions};
 
 /// Largest gRPC message lockd accepts. The largest valid request (names, ids and holders at
 /// their limits) is well under 4 KiB; anything bigger is garbage and is refused unread.
@@ -34,6 +35,9 @@ pub async fn run(
     config: Config,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
+    if config.backend == Backend::Etcd {
+        return run_etcd(config, shutdown).await;
+    }
     let options = RedbStoreOptions {
         cache_size_bytes: config.cache_size_mb << 20,
         journal_bytes: config.journal_size_mb << 20,
@@ -72,16 +76,6 @@ pub async fn run(
         async move { driver.run_timer().await }
     });
 
-    let incoming = TcpIncoming::bind(config.listen)
-        .with_context(|| format!("cannot listen on {}", config.listen))?
-        .with_nodelay(Some(true));
-    let addr = incoming.local_addr().context("reading the bound address")?;
-    info!(%addr, "listening");
-
-    let keepalive = (config.keepalive_interval_ms > 0)
-        .then(|| Duration::from_millis(config.keepalive_interval_ms));
-    let service = LockServiceServer::new(LockApi::new(Arc::clone(&driver), config.limits.clone()))
-        .max_decoding_message_size(MAX_MESSAGE_BYTES);
     let stop = {
         let driver = Arc::clone(&driver);
         async move {
@@ -90,7 +84,62 @@ pub async fn run(
             driver.shutdown();
         }
     };
-    let served = Server::builder()
+    let served = serve(&config, Locks::Embedded(Arc::clone(&driver)), stop).await;
+    driver.shutdown();
+    let _ = timer.await;
+    driver.close_store();
+    served?;
+    info!("stopped");
+    Ok(())
+}
+
+/// lockd over an etcd cluster: no local state but the token high-water file.
+async fn run_etcd(
+    config: Config,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let locks = EtcdLocks::start(EtcdOptions {
+        endpoints: config.etcd_endpoints.clone(),
+        prefix: config.etcd_prefix.clone(),
+        request_timeout: Duration::from_millis(config.etcd_request_timeout_ms),
+        session_ttl: Duration::from_millis(config.etcd_session_ttl_ms),
+        data_dir: config.data_dir.clone(),
+        limits: config.limits.clone(),
+    })
+    .await
+    .context("starting the etcd backend")?;
+    let stop = {
+        let locks = Arc::clone(&locks);
+        async move {
+            shutdown.await;
+            info!("shutting down: ending waits, finishing calls, leaving the etcd session");
+            locks.shutdown();
+        }
+    };
+    let served = serve(&config, Locks::Etcd(Arc::clone(&locks)), stop).await;
+    locks.shutdown();
+    served?;
+    info!("stopped");
+    Ok(())
+}
+
+/// Listens and serves the gRPC API until `stop` completes.
+async fn serve(
+    config: &Config,
+    locks: Locks,
+    stop: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let incoming = TcpIncoming::bind(config.listen)
+        .with_context(|| format!("cannot listen on {}", config.listen))?
+        .with_nodelay(Some(true));
+    let addr = incoming.local_addr().context("reading the bound address")?;
+    info!(%addr, backend = ?config.backend, "listening");
+
+    let keepalive = (config.keepalive_interval_ms > 0)
+        .then(|| Duration::from_millis(config.keepalive_interval_ms));
+    let service = LockServiceServer::new(LockApi::new(locks, config.limits.clone()))
+        .max_decoding_message_size(MAX_MESSAGE_BYTES);
+    Server::builder()
         .http2_keepalive_interval(keepalive)
         .http2_keepalive_timeout(
             keepalive.map(|_| Duration::from_millis(config.keepalive_timeout_ms)),
@@ -98,11 +147,6 @@ pub async fn run(
         .max_concurrent_streams(MAX_STREAMS_PER_CONNECTION)
         .add_service(service)
         .serve_with_incoming_shutdown(incoming, stop)
-        .await;
-    driver.shutdown();
-    let _ = timer.await;
-    driver.close_store();
-    served.context("serving gRPC")?;
-    info!("stopped");
-    Ok(())
+        .await
+        .context("serving gRPC")
 }

@@ -12,20 +12,45 @@ use lockd_proto::v1::lock_service_server::LockService;
 use tonic::{Request, Response, Status};
 
 use crate::driver::{AcquireReply, Driver};
-use crate::status::invalid_argument;
+use crate::status::{from_etcd, invalid_argument};
+use lockd_store_etcd::{AcquireArgs, Acquired, BusyInfo, EtcdLocks};
+
+/// Where the service's calls go.
+pub enum Locks {
+    /// The core in this process, over the embedded store.
+    Embedded(Arc<Driver>),
+    /// The etcd cluster (stateless lockd instances).
+    Etcd(Arc<EtcdLocks>),
+}
 
 pub struct LockApi {
-    driver: Arc<Driver>,
+    locks: Locks,
     limits: Limits,
 }
 
+fn etcd_busy(reason: pb::not_granted::Reason, busy: Option<BusyInfo>) -> pb::AcquireResponse {
+    let mut ng = pb::NotGranted {
+        reason: reason as i32,
+        ..Default::default()
+    };
+    if let Some(b) = busy {
+        ng.holder = b.holder;
+        ng.token = b.token.get();
+        ng.expires_at_ms = b.expires_at_ms;
+        ng.waiters = u32::try_from(b.waiters).unwrap_or(u32::MAX);
+    }
+    pb::AcquireResponse {
+        outcome: Some(pb::acquire_response::Outcome::NotGranted(ng)),
+    }
+}
+
 impl LockApi {
-    pub fn new(driver: Arc<Driver>, limits: Limits) -> LockApi {
-        LockApi { driver, limits }
+    pub fn new(locks: Locks, limits: Limits) -> LockApi {
+        LockApi { locks, limits }
     }
 
     fn not_granted(
-        &self,
+        driver: &Driver,
         reason: pb::not_granted::Reason,
         busy: Option<Busy>,
     ) -> pb::AcquireResponse {
@@ -36,7 +61,7 @@ impl LockApi {
         if let Some(b) = busy {
             ng.holder = b.holder.as_str().to_string();
             ng.token = b.token.get();
-            ng.expires_at_ms = self.driver.wall_ms(b.expires_at);
+            ng.expires_at_ms = driver.wall_ms(b.expires_at);
             ng.waiters = u32::try_from(b.waiters).unwrap_or(u32::MAX);
         }
         pb::AcquireResponse {
@@ -66,14 +91,47 @@ impl LockService for LockApi {
             "" => None,
             id => Some(RequestId::new(id, &self.limits).map_err(|e| invalid_argument(&e))?),
         };
+        let resource = resource(&r.resource)?;
+        let holder = Holder::new(&r.holder, &self.limits).map_err(|e| invalid_argument(&e))?;
+        let driver = match &self.locks {
+            Locks::Embedded(driver) => driver,
+            Locks::Etcd(etcd) => {
+                let args = AcquireArgs {
+                    resource,
+                    request_id,
+                    holder,
+                    ttl_ms: r.ttl_ms,
+                    wait_ms: r.wait_timeout_ms,
+                };
+                let response = match etcd.acquire(args).await.map_err(|e| from_etcd(&e))? {
+                    Acquired::Granted {
+                        lease,
+                        duplicate,
+                        held,
+                    } => pb::AcquireResponse {
+                        outcome: Some(pb::acquire_response::Outcome::Granted(pb::Lease {
+                            lease_id: lease.lease_id.to_string(),
+                            token: lease.token.get(),
+                            expires_at_ms: lease.expires_at_ms,
+                            ttl_ms: lease.ttl_ms,
+                            duplicate,
+                            held,
+                        })),
+                    },
+                    Acquired::Busy(b) => etcd_busy(pb::not_granted::Reason::Busy, b),
+                    Acquired::TimedOut(b) => etcd_busy(pb::not_granted::Reason::WaitTimeout, b),
+                };
+                return Ok(Response::new(response));
+            }
+        };
         let req = AcquireRequest {
-            resource: resource(&r.resource)?,
+            resource,
             request_id,
-            holder: Holder::new(&r.holder, &self.limits).map_err(|e| invalid_argument(&e))?,
+            holder,
             ttl_ms: r.ttl_ms,
             wait_ms: r.wait_timeout_ms,
         };
-        let response = match self.driver.acquire(req).await? {
+        let response = match driver.acquire(req).await? {
             AcquireReply::Granted {
                 grant,
                 duplicate,
@@ -82,15 +140,17 @@ impl LockService for LockApi {
                 outcome: Some(pb::acquire_response::Outcome::Granted(pb::Lease {
                     lease_id: grant.lease_id.to_string(),
                     token: grant.token.get(),
-                    expires_at_ms: self.driver.wall_ms(grant.expires_at),
+                    expires_at_ms: driver.wall_ms(grant.expires_at),
                     ttl_ms: grant.ttl_ms,
                     duplicate,
                     held,
                 })),
             },
-            AcquireReply::Busy(busy) => self.not_granted(pb::not_granted::Reason::Busy, Some(busy)),
+            AcquireReply::Busy(busy) => {
+                Self::not_granted(driver, pb::not_granted::Reason::Busy, Some(busy))
+            }
             AcquireReply::TimedOut(busy) => {
-                self.not_granted(pb::not_granted::Reason::WaitTimeout, busy)
+                Self::not_granted(driver, pb::not_granted::Reason::WaitTimeout, busy)
             }
         };
         Ok(Response::new(response))
@@ -101,14 +161,27 @@ impl LockService for LockApi {
         request: Request<pb::RenewRequest>,
     ) -> Result<Response<pb::RenewResponse>, Status> {
         let r = request.into_inner();
-        let renewed = self
-            .driver
-            .renew(&resource(&r.resource)?, lease_id(&r.lease_id)?)
-            .await?;
-        Ok(Response::new(pb::RenewResponse {
-            expires_at_ms: self.driver.wall_ms(renewed.expires_at),
-            ttl_ms: renewed.ttl_ms,
-        }))
+        let (resource, lease_id) = (resource(&r.resource)?, lease_id(&r.lease_id)?);
+        let reply = match &self.locks {
+            Locks::Embedded(driver) => {
+                let renewed = driver.renew(&resource, lease_id).await?;
+                pb::RenewResponse {
+                    expires_at_ms: driver.wall_ms(renewed.expires_at),
+                    ttl_ms: renewed.ttl_ms,
+                }
+            }
+            Locks::Etcd(etcd) => {
+                let lease = etcd
+                    .renew(&resource, lease_id)
+                    .await
+                    .map_err(|e| from_etcd(&e))?;
+                pb::RenewResponse {
+                    expires_at_ms: lease.expires_at_ms,
+                    ttl_ms: lease.ttl_ms,
+                }
+            }
+        };
+        Ok(Response::new(reply))
     }
 
     async fn release(
@@ -116,10 +189,20 @@ impl LockService for LockApi {
         request: Request<pb::ReleaseRequest>,
     ) -> Result<Response<pb::ReleaseResponse>, Status> {
         let r = request.into_inner();
-        let outcome = self
-            .driver
-            .release(&resource(&r.resource)?, lease_id(&r.lease_id)?)
-            .await?;
+        let (resource, lease_id) = (resource(&r.resource)?, lease_id(&r.lease_id)?);
+        let outcome = match &self.locks {
+            Locks::Embedded(driver) => driver.release(&resource, lease_id).await?,
+            Locks::Etcd(etcd) => match etcd
+                .release(&resource, lease_id)
+                .await
+                .map_err(|e| from_etcd(&e))?
+            {
+                None => ReleaseOutcome::Released {
+                    token: fencing::FencingToken::MIN,
+                },
+                Some(current) => ReleaseOutcome::NotHeld { current },
+            },
+        };
         Ok(Response::new(match outcome {
             ReleaseOutcome::Released { .. } => pb::ReleaseResponse {
                 released: true,
@@ -137,14 +220,36 @@ impl LockService for LockApi {
         request: Request<pb::DescribeRequest>,
     ) -> Result<Response<pb::DescribeResponse>, Status> {
         let r = request.into_inner();
-        let d = self.driver.describe(&resource(&r.resource)?).await?;
+        let resource = resource(&r.resource)?;
+        let driver = match &self.locks {
+            Locks::Embedded(driver) => driver,
+            Locks::Etcd(etcd) => {
+                let (held, waiters) = etcd.describe(&resource).await.map_err(|e| from_etcd(&e))?;
+                let waiters = u32::try_from(waiters).unwrap_or(u32::MAX);
+                return Ok(Response::new(match held {
+                    Some(b) => pb::DescribeResponse {
+                        held: true,
+                        holder: b.holder,
+                        token: b.token.get(),
+                        expires_at_ms: b.expires_at_ms,
+                        ttl_ms: b.ttl_ms,
+                        waiters,
+                    },
+                    None => pb::DescribeResponse {
+                        waiters,
+                        ..Default::default()
+                    },
+                }));
+            }
+        };
+        let d = driver.describe(&resource).await?;
         let waiters = u32::try_from(d.waiters).unwrap_or(u32::MAX);
         Ok(Response::new(match d.held {
             Some(h) => pb::DescribeResponse {
                 held: true,
                 holder: h.holder.as_str().to_string(),
                 token: h.token.get(),
-                expires_at_ms: self.driver.wall_ms(h.expires_at),
+                expires_at_ms: driver.wall_ms(h.expires_at),
                 ttl_ms: h.ttl_ms,
                 waiters,
             },

@@ -15,6 +15,7 @@ use tonic::metadata::MetadataValue;
 use tonic::{Code, Status};
 
 use crate::driver::DriverError;
+use lockd_store_etcd::LockError as EtcdError;
 
 /// Stable error codes, as documented in docs/api.md.
 pub mod codes {
@@ -29,6 +30,8 @@ pub mod codes {
     pub const SUPERSEDED: &str = "superseded";
     pub const SHUTTING_DOWN: &str = "shutting_down";
     pub const STORE_FAILED: &str = "store_failed";
+    pub const ETCD_UNAVAILABLE: &str = "etcd_unavailable";
+    pub const ETCD_FAILED: &str = "etcd_failed";
 }
 
 fn status(code: Code, stable: &'static str, message: String) -> Status {
@@ -85,5 +88,25 @@ pub fn from_driver(e: &DriverError) -> Status {
 impl From<DriverError> for Status {
     fn from(e: DriverError) -> Status {
         from_driver(&e)
+    }
+}
+
+/// The etcd backend's errors, on the same codes as the embedded one's.
+pub fn from_etcd(e: &EtcdError) -> Status {
+    let message = e.to_string();
+    match e {
+        EtcdError::Invalid(i) => invalid_argument(i),
+        EtcdError::RequestIdReused { .. } => {
+            status(Code::InvalidArgument, codes::REQUEST_ID_REUSED, message)
+        }
+        EtcdError::QueueFull { .. } => status(Code::ResourceExhausted, codes::QUEUE_FULL, message),
+        EtcdError::NotCurrent { .. } => {
+            status(Code::FailedPrecondition, codes::LEASE_NOT_CURRENT, message)
+        }
+        EtcdError::Unavailable(_) => status(Code::Unavailable, codes::ETCD_UNAVAILABLE, message),
+        EtcdError::Etcd(_) | EtcdError::Config(_) => {
+            status(Code::Unavailable, codes::ETCD_FAILED, message)
+        }
+        EtcdError::ShuttingDown => status(Code::Unavailable, codes::SHUTTING_DOWN, message),
     }
 }
