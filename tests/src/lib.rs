@@ -18,6 +18,7 @@ use std::time::{Duration, Instant, SystemTime};
 use serde_json::Value;
 
 pub mod client;
+pub mod etcd;
 pub mod pg;
 pub mod upstream;
 
@@ -67,6 +68,7 @@ fn crates_of(name: &str) -> &'static [&'static str] {
             "fencing",
             "lockd-core",
             "lockd-store",
+            "lockd-store-etcd",
             "lockd-proto",
             "lockd-server",
         ],

@@ -1,0 +1,99 @@
+//! Several stateless lockd instances over one etcd cluster.
+
+use std::time::Duration;
+
+use e2e::etcd::EtcdCluster;
+use lockd_client::{AcquireOptions, Acquired, Client};
+
+use crate::{Load, lockd_on};
+
+fn opts(ttl_s: u64, wait_s: u64, request_id: Option<&str>) -> AcquireOptions {
+    AcquireOptions {
+        ttl: Some(Duration::from_secs(ttl_s)),
+        wait: Duration::from_secs(wait_s),
+        holder: "test".to_string(),
+        request_id: request_id.map(str::to_string),
+    }
+}
+
+#[test]
+fn two_instances_serve_one_set_of_locks_and_one_may_die() {
+    let cluster = EtcdCluster::start(3);
+    let (da, db) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let mut a = lockd_on(da.path(), &cluster);
+    let b = lockd_on(db.path(), &cluster);
+    let load = Load::start(&[a.endpoint.clone(), b.endpoint.clone()], 6, 3);
+    load.recorder
+        .wait_grants(40, "grants through both instances");
+
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let _in = rt.enter();
+    let (ca, cb) = (
+        Client::connect(&a.endpoint).unwrap(),
+        Client::connect(&b.endpoint).unwrap(),
+    );
+    // A grant through A, retried with the same request id through B: the same grant.
+    let Acquired::Granted(g) = rt
+        .block_on(ca.acquire("job", opts(60, 0, Some("retry-me"))))
+        .unwrap()
+    else {
+        panic!("a free resource is granted");
+    };
+    let first = rt.block_on(g.detach());
+    let Acquired::Granted(again) = rt
+        .block_on(cb.acquire("job", opts(60, 0, Some("retry-me"))))
+        .unwrap()
+    else {
+        panic!("a retry is answered with the original grant");
+    };
+    let again = rt.block_on(again.detach());
+    assert_eq!(
+        (again.token, &again.lease_id),
+        (first.token, &first.lease_id)
+    );
+    assert!(again.duplicate);
+
+    // A waiter queued through A, another through B after it.
+    let queued_a = rt.spawn({
+        let ca = ca.clone();
+        async move { ca.acquire("job", opts(60, 60, None)).await }
+    });
+    let describe = |c: &Client| rt.block_on(c.describe("job")).unwrap().waiters;
+    let deadline = std::time::Instant::now() + e2e::PATIENCE;
+    while describe(&cb) < 1 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "A's waiter never queued"
+        );
+    }
+    let queued_b = rt.spawn({
+        let cb = cb.clone();
+        async move { cb.acquire("job", opts(60, 60, None)).await }
+    });
+    while describe(&cb) < 2 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "B's waiter never queued"
+        );
+    }
+
+    // A dies: its clients move to B, its waiter leaves the queue with its etcd session.
+    a.kill9();
+    drop(queued_a);
+    while describe(&cb) != 1 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the dead instance's waiter is still queued"
+        );
+    }
+    let before = load.recorder.grants();
+    load.recorder
+        .wait_grants(before + 40, "grants after instance A died");
+    // The holder releases (through B): B's waiter, now first, gets the lock.
+    assert!(rt.block_on(cb.release("job", &first.lease_id)).unwrap());
+    let Acquired::Granted(next) = rt.block_on(queued_b).unwrap().unwrap() else {
+        panic!("B's waiter is granted once the lock is released");
+    };
+    assert!(next.token() > first.token);
+    load.finish();
+}

@@ -1,0 +1,224 @@
+//! lockd over a real three-member etcd cluster (Debian `etcd-server`, loopback ports).
+//!
+//! - `faults`: `kill -9` of the etcd leader during a burst of grants, SIGSTOP of the leader,
+//!   two members down (no grant, no renewal) and back;
+//! - `instances`: two lockd instances with clients spread over both and one killed; a retry
+//!   with the same request id on the other instance; the waiters of a dead instance leave the
+//!   queue.
+//!
+//! Clients record what they saw as a history (docs/history.md), judged by `verify`'s checker:
+//! single holder and monotone tokens must hold.
+//!
+//! Needs the binaries (`cargo build --bins`) and `etcd` / `etcdctl` on the PATH.
+
+mod faults;
+mod instances;
+
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use e2e::etcd::EtcdCluster;
+use e2e::{Lockd, PATIENCE};
+use lockd_client::{AcquireOptions, Acquired, Client, ClientError};
+use serde_json::{Value, json};
+
+/// lockd over `cluster`, with a short session so that a dead instance's waiters leave soon.
+pub fn lockd_on(dir: &Path, cluster: &EtcdCluster) -> Lockd {
+    Lockd::start(
+        dir,
+        &[
+            "--backend",
+            "etcd",
+            "--etcd-endpoints",
+            &cluster.endpoints(),
+            "--etcd-session-ttl-ms",
+            "2000",
+        ],
+    )
+}
+
+pub fn now_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes into the timespec we pass.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// The history the clients write, and a count of grants to wait on.
+#[derive(Default)]
+pub struct Recorder {
+    state: Mutex<(Vec<Value>, usize)>,
+    changed: Condvar,
+}
+
+impl Recorder {
+    pub fn event(&self, kind: &str, process: &str, f: &str, resource: &str, extra: Value) {
+        let mut e = json!({"type": kind, "process": process, "time": now_ns(), "f": f, "resource": resource});
+        if let (Some(e), Value::Object(extra)) = (e.as_object_mut(), extra) {
+            e.extend(extra);
+        }
+        let mut st = self.state.lock().unwrap();
+        if kind == "ok" && f == "acquire" {
+            st.1 += 1;
+        }
+        st.0.push(e);
+        self.changed.notify_all();
+    }
+
+    pub fn grants(&self) -> usize {
+        self.state.lock().unwrap().1
+    }
+
+    /// Waits until `n` grants in all have been recorded.
+    pub fn wait_grants(&self, n: usize, what: &str) {
+        let deadline = Instant::now() + PATIENCE;
+        let mut st = self.state.lock().unwrap();
+        while st.1 < n {
+            let left = deadline.saturating_duration_since(Instant::now());
+            assert!(
+                !left.is_zero(),
+                "gave up waiting for {what}: {} grants",
+                st.1
+            );
+            st = self.changed.wait_timeout(st, left).unwrap().0;
+        }
+    }
+
+    /// Judges the history: single holder and monotone tokens must hold (and be shown).
+    pub fn check(&self) {
+        let events = self.state.lock().unwrap().0.clone();
+        let mut sorted = events;
+        sorted.sort_by_key(|e| e["time"].as_u64());
+        let text: String = sorted.iter().map(|e| format!("{e}\n")).collect();
+        let history = verifier::parse(text.as_bytes()).expect("a valid history");
+        let report = verifier::check(&history);
+        for p in [
+            verifier::Property::SingleHolder,
+            verifier::Property::MonotoneTokens,
+        ] {
+            assert!(
+                matches!(report.verdict(p), verifier::check::Verdict::Holds),
+                "{report}"
+            );
+        }
+        assert!(report.ok(), "{report}");
+    }
+}
+
+/// Clients that take and release locks on a few resources until stopped, recording
+/// everything. Each starts on one lockd endpoint and moves to the next when that one is
+/// unreachable.
+pub struct Load {
+    pub recorder: Arc<Recorder>,
+    stop: Arc<AtomicBool>,
+    rt: tokio::runtime::Runtime,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Load {
+    pub fn start(endpoints: &[String], clients: usize, resources: usize) -> Load {
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        let recorder = Arc::new(Recorder::default());
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut tasks = Vec::new();
+        for c in 0..clients {
+            let endpoints = endpoints.to_vec();
+            let recorder = Arc::clone(&recorder);
+            let stop = Arc::clone(&stop);
+            tasks.push(rt.spawn(async move {
+                let name = format!("c{c}");
+                let mut at = c % endpoints.len();
+                let mut client = Client::connect(&endpoints[at]).unwrap();
+                let mut round = 0usize;
+                while !stop.load(Ordering::Relaxed) {
+                    round += 1;
+                    let resource = format!("r{}", (c + round) % resources);
+                    recorder.event("invoke", &name, "acquire", &resource, json!({}));
+                    let opts = AcquireOptions {
+                        ttl: Some(Duration::from_secs(5)),
+                        wait: Duration::from_secs(5),
+                        holder: name.clone(),
+                        request_id: None,
+                    };
+                    let lease = match client.acquire(&resource, opts).await {
+                        Ok(Acquired::Granted(guard)) => {
+                            let lease = guard.detach().await;
+                            recorder.event(
+                                "ok",
+                                &name,
+                                "acquire",
+                                &resource,
+                                json!({"token": lease.token, "ttl_ms": lease.ttl.as_millis() as u64}),
+                            );
+                            lease
+                        }
+                        Ok(Acquired::NotGranted(_)) => {
+                            recorder.event("fail", &name, "acquire", &resource, json!({}));
+                            continue;
+                        }
+                        Err(e) => {
+                            recorder.event(
+                                "info",
+                                &name,
+                                "acquire",
+                                &resource,
+                                json!({"note": e.to_string()}),
+                            );
+                            if matches!(e, ClientError::Unavailable(_)) {
+                                at = (at + 1) % endpoints.len();
+                                client = Client::connect(&endpoints[at]).unwrap();
+                            }
+                            continue;
+                        }
+                    };
+                    // The work under the lock: one renewal (a round trip, and renewals
+                    // are exercised under the faults too).
+                    if let Err(e @ ClientError::LeaseNotCurrent(_)) =
+                        client.renew(&resource, &lease.lease_id).await
+                    {
+                        recorder.event(
+                            "info",
+                            &name,
+                            "expire",
+                            &resource,
+                            json!({"token": lease.token, "note": e.to_string()}),
+                        );
+                    }
+                    recorder.event(
+                        "invoke",
+                        &name,
+                        "release",
+                        &resource,
+                        json!({"token": lease.token}),
+                    );
+                    let kind = match client.release(&resource, &lease.lease_id).await {
+                        Ok(true) => "ok",
+                        Ok(false) => "fail",
+                        Err(_) => "info",
+                    };
+                    recorder.event(kind, &name, "release", &resource, json!({"token": lease.token}));
+                }
+            }));
+        }
+        Load {
+            recorder,
+            stop,
+            rt,
+            tasks,
+        }
+    }
+
+    /// Stops the clients after their current round and judges the history.
+    pub fn finish(self) {
+        self.stop.store(true, Ordering::Relaxed);
+        for t in self.tasks {
+            self.rt.block_on(t).expect("a client task panicked");
+        }
+        self.recorder.check();
+    }
+}
