@@ -393,9 +393,29 @@ impl FenceProxy {
 
 /// A loopback address with a port that was free a moment ago (for servers that must start
 /// after their clients already know where to find them).
+///
+/// The port is taken below the kernel's ephemeral range (32768 and up): a port from that range
+/// can be handed to some other test's outgoing connection between this check and the server's
+/// bind. Ports are drawn at random from 20000-32767 and checked free.
 pub fn free_loopback_addr() -> String {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
-    l.local_addr().expect("local address").to_string()
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static DRAWS: AtomicU64 = AtomicU64::new(0);
+    let seed = u64::from(std::process::id()) << 32
+        | SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos().into());
+    for _ in 0..1000 {
+        // A cheap mix of the process, the time and a counter: different tests in parallel
+        // draw different sequences.
+        let n = DRAWS.fetch_add(1, Ordering::Relaxed);
+        let x = (seed ^ n.wrapping_mul(0x9e37_79b9_7f4a_7c15)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        let port = 20_000 + (x >> 33) % 12_768;
+        let addr = format!("127.0.0.1:{port}");
+        if std::net::TcpListener::bind(&addr).is_ok() {
+            return addr;
+        }
+    }
+    panic!("no free loopback port found in 20000-32767")
 }
 
 /// Parses one JSON log line.
