@@ -69,7 +69,8 @@ impl Backend {
                 let mut v = Vec::new();
                 for _ in 0..n {
                     v.push(
-                        etcd_client::Client::connect([endpoint], None)
+                        // Every member, comma-separated, as a user of a cluster would give.
+                        etcd_client::Client::connect(endpoint.split(',').collect::<Vec<_>>(), None)
                             .await
                             .context("connecting to etcd")?,
                     );

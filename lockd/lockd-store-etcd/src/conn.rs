@@ -50,6 +50,34 @@ impl Etcd {
         })
     }
 
+    /// Asks the members which one leads, and sends calls there first: a write sent to a
+    /// follower is forwarded to the leader, one more hop. Members that do not answer within
+    /// `budget` are skipped; with no answer the preference stays as it was.
+    pub async fn prefer_leader(&self, budget: Duration) {
+        let mut asks = tokio::task::JoinSet::new();
+        for (i, (_, c)) in self.members.iter().enumerate() {
+            let mut c = c.clone();
+            asks.spawn(async move { (i, tokio::time::timeout(budget, c.status()).await) });
+        }
+        let mut leader = None;
+        let mut ids = Vec::new();
+        while let Some(Ok((i, answer))) = asks.join_next().await {
+            if let Ok(Ok(s)) = answer {
+                if let Some(h) = s.header() {
+                    ids.push((h.member_id(), i));
+                }
+                if s.leader() != 0 {
+                    leader = Some(s.leader());
+                }
+            }
+        }
+        if let Some(l) = leader
+            && let Some(&(_, i)) = ids.iter().find(|(id, _)| *id == l)
+        {
+            self.preferred.store(i, Ordering::Relaxed);
+        }
+    }
+
     /// The member calls go to first (for fire-and-forget clean-ups).
     pub fn any(&self) -> Client {
         let i = self.preferred.load(Ordering::Relaxed) % self.members.len();

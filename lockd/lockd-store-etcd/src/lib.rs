@@ -217,6 +217,7 @@ pub struct EtcdLocks {
     request_timeout: Duration,
     offset: Mutex<Offset>,
     highwater: HighWater,
+    granted: Granted,
     session: watch::Receiver<Option<i64>>,
     /// The current retention lease and when it was granted.
     retention: tokio::sync::Mutex<Option<(i64, Instant)>>,
@@ -248,6 +249,7 @@ impl EtcdLocks {
                 mod_revision: 0,
             }),
             highwater,
+            granted: Granted::default(),
             session,
             retention: tokio::sync::Mutex::new(None),
             closed: AtomicBool::new(false),
@@ -273,6 +275,7 @@ impl EtcdLocks {
             options.session_ttl,
         ));
         tokio::spawn(flush_loop(Arc::clone(&locks)));
+        tokio::spawn(leader_loop(Arc::clone(&locks)));
         Ok(locks)
     }
 
@@ -433,14 +436,16 @@ impl EtcdLocks {
         let deadline = self.deadline();
         loop {
             let ttl_s = etcd_ttl_s(ttl_ms);
+            // The lock's TTL runs from the lease's creation.
+            let started_ms = wall_ms();
             let grant = self
                 .etcd
                 .call(deadline, "granting an etcd lease", |mut c| async move {
                     c.lease_grant(ttl_s, None).await
                 })
                 .await?;
-            let etcd_lease = grant.id();
-            let granted_ttl_ms = (grant.ttl().max(ttl_s) as u64) * 1000;
+            let (etcd_lease, granted_ttl_s) = (grant.id(), grant.ttl().max(ttl_s));
+            let granted_ttl_ms = (granted_ttl_s as u64) * 1000;
             let lease_id = random_lease_id();
             let offset = self.offset();
             let meta = Meta {
@@ -524,12 +529,18 @@ impl EtcdLocks {
                     continue;
                 }
                 self.highwater.answered(token.get());
+                self.granted.put(
+                    resource,
+                    lease_id,
+                    etcd_lease,
+                    Duration::from_millis(granted_ttl_ms),
+                );
                 debug!(%resource, %token, "granted");
                 return Ok(Attempt::Granted(LeaseInfo {
                     lease_id,
                     token,
                     ttl_ms: granted_ttl_ms,
-                    expires_at_ms: wall_ms() + granted_ttl_ms,
+                    expires_at_ms: started_ms + granted_ttl_ms,
                 }));
             }
             // Not granted: the etcd lease is not needed.
@@ -546,7 +557,7 @@ impl EtcdLocks {
                     lease_id,
                     token,
                     ttl_ms: granted_ttl_ms,
-                    expires_at_ms: wall_ms() + granted_ttl_ms,
+                    expires_at_ms: started_ms + granted_ttl_ms,
                 }));
             }
             if a.request_id.is_some()
@@ -1022,24 +1033,58 @@ impl EtcdLocks {
     /// `Ok(None)`: released. `Ok(Some(current))`: the lease was not current (`current` = the
     /// token of the lease that is, if any).
     ///
-    /// A read with quorum checks the lease id, then the lock's etcd lease is revoked, which
-    /// deletes its keys atomically. Should the lock run out and be granted again between the
-    /// two, the revoke names the old etcd lease, which no longer exists: nothing else is
-    /// touched.
+    /// The lease id is checked against the member's own view of the lock (no quorum needed:
+    /// that view may lag, but only ever shows a grant as it was, so the etcd lease it names is
+    /// that grant's), then the lock's etcd lease is revoked, which deletes its keys at once.
+    /// Should the lock have run out and been granted again meanwhile, the revoke names the old
+    /// etcd lease, which no longer exists: nothing else is touched.
     pub async fn release(
         &self,
         resource: &ResourceName,
         lease_id: LeaseId,
     ) -> Result<Option<Option<FencingToken>>, LockError> {
         self.check_open()?;
-        let (meta, _) = match self.current(resource.as_str(), &lease_id).await {
-            Ok(found) => found,
-            Err(LockError::NotCurrent { current, .. }) => return Ok(Some(current)),
-            Err(e) => return Err(e),
-        };
-        let etcd_lease = meta.etcd_lease;
-        let revoked = self
+        let resource = resource.as_str();
+        // Granted here: this instance knows the etcd lease (and the caller knows the lease id).
+        if let Some(etcd_lease) = self.granted.take(resource, &lease_id)
+            && self.revoke(etcd_lease).await?
+        {
+            return Ok(None);
+        }
+        // Not granted here, or it ran out meanwhile: look at the lock.
+        let serializable = || Some(GetOptions::new().with_serializable());
+        let txn = Txn::new().and_then([
+            TxnOp::get(self.keys.lock(resource), serializable()),
+            TxnOp::get(self.keys.meta(resource), serializable()),
+        ]);
+        let resp = self
             .etcd
+            .call(self.deadline(), "reading a lock", |mut c| {
+                let txn = txn.clone();
+                async move { c.txn(txn).await }
+            })
+            .await?;
+        let ops = resp.op_responses();
+        let (lock, meta_kv) = (kvs(&ops[0]).first(), kvs(&ops[1]).first());
+        let meta: Option<Meta> = meta_kv.and_then(|kv| serde_json::from_slice(kv.value()).ok());
+        let current = match (lock, &meta) {
+            (Some(lock), Some(m)) => Some(token_of(lock.create_revision(), m.offset)?),
+            _ => None,
+        };
+        let same_grant = lock.zip(meta_kv).is_some_and(|(l, m)| {
+            l.value() == lease_id.to_string().as_bytes()
+                && l.create_revision() == m.create_revision()
+        });
+        let (true, Some(meta)) = (same_grant, meta) else {
+            return Ok(Some(current));
+        };
+        let revoked = self.revoke(meta.etcd_lease).await?;
+        Ok(if revoked { None } else { Some(None) })
+    }
+
+    /// Revokes a lock's etcd lease; `false`: it did not exist (any more).
+    async fn revoke(&self, etcd_lease: i64) -> Result<bool, LockError> {
+        self.etcd
             .call(
                 self.deadline(),
                 "revoking a lock's etcd lease",
@@ -1056,8 +1101,7 @@ impl EtcdLocks {
                     }
                 },
             )
-            .await?;
-        Ok(if revoked { None } else { Some(None) })
+            .await
     }
 
     /// The current holder (without its lease id) and the number of waiters.
@@ -1090,6 +1134,54 @@ impl EtcdLocks {
                     .count();
                 Ok((None, count.max(0) as usize))
             }
+        }
+    }
+}
+
+/// The grants this instance made and that are not known to be over: lease id → the lock's
+/// etcd lease, so that a release through this instance revokes at once without a read. A
+/// caller that presents a lease id found here knows the 128-bit secret, and revoking that
+/// etcd lease can end only that grant. Bounded: when full, entries past their TTL go, and if
+/// it is still full a grant is simply not remembered (its release reads the lock first).
+#[derive(Default)]
+struct Granted {
+    map: Mutex<GrantedMap>,
+}
+
+type GrantedMap = std::collections::HashMap<LeaseId, (String, i64, Instant)>;
+
+/// Grants remembered at most (about 100 bytes each).
+const GRANTED_MAX: usize = 100_000;
+
+impl Granted {
+    fn map(&self) -> std::sync::MutexGuard<'_, GrantedMap> {
+        self.map.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn put(&self, resource: &str, lease_id: LeaseId, etcd_lease: i64, ttl: Duration) {
+        let mut map = self.map();
+        if map.len() >= GRANTED_MAX {
+            let now = Instant::now();
+            map.retain(|_, (_, _, until)| *until > now);
+        }
+        if map.len() < GRANTED_MAX {
+            map.insert(
+                lease_id,
+                (resource.to_string(), etcd_lease, Instant::now() + ttl),
+            );
+        }
+    }
+
+    /// The etcd lease of `lease_id`'s grant of `resource`, forgotten as it is handed out.
+    fn take(&self, resource: &str, lease_id: &LeaseId) -> Option<i64> {
+        let mut map = self.map();
+        match map.get(lease_id) {
+            Some((r, etcd_lease, _)) if r == resource => {
+                let etcd_lease = *etcd_lease;
+                map.remove(lease_id);
+                Some(etcd_lease)
+            }
+            _ => None,
         }
     }
 }
@@ -1209,6 +1301,22 @@ async fn session_loop(locks: Arc<EtcdLocks>, tx: watch::Sender<Option<i64>>, ttl
         let _ = tx.send(None);
     }
 }
+
+/// Looks for the etcd leader every few seconds and sends calls there first.
+async fn leader_loop(locks: Arc<EtcdLocks>) {
+    let mut stop = locks.stop.subscribe();
+    loop {
+        locks.etcd.prefer_leader(conn::ATTEMPT_TIMEOUT).await;
+        tokio::select! {
+            _ = tokio::time::sleep(LEADER_CHECK_EVERY) => {}
+            _ = stop.changed() => return,
+        }
+    }
+}
+
+/// How often the leader is looked for (a call that fails moves on to another member at once;
+/// this only brings calls back to the leader after a change).
+const LEADER_CHECK_EVERY: Duration = Duration::from_secs(2);
 
 /// Writes the high-water down every 100 ms (and a last time on shutdown).
 async fn flush_loop(locks: Arc<EtcdLocks>) {
