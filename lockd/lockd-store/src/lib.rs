@@ -9,7 +9,8 @@
 //! - [`RedbStore`]: the embedded, durable default: a redb file behind a journal, in the data
 //!   directory.
 //! - [`conformance`]: the behaviour every store must show, as a suite that each implementation
-//!   runs from its own tests (the etcd store of a later issue will too).
+//!   runs from its own tests. (The etcd backend, `lockd-store-etcd`, is not a store behind the
+//!   core but decides in etcd transactions; the API-level suite in the e2e tests covers both.)
 //!
 //! # Assumptions about the disk
 //!
