@@ -17,6 +17,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use serde_json::Value;
 
+pub mod api;
 pub mod client;
 pub mod etcd;
 pub mod pg;

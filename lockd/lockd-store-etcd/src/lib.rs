@@ -284,6 +284,10 @@ impl EtcdLocks {
     pub fn shutdown(&self) {
         self.closed.store(true, Ordering::Release);
         let _ = self.stop.send(true);
+        // The last tokens answered, written down before the process goes.
+        if let Err(e) = self.highwater.tick() {
+            error!(error = %e, "cannot write the token high-water file");
+        }
     }
 
     fn check_open(&self) -> Result<(), LockError> {

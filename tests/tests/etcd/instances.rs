@@ -97,3 +97,44 @@ fn two_instances_serve_one_set_of_locks_and_one_may_die() {
     assert!(next.token() > first.token);
     load.finish();
 }
+
+#[test]
+fn tokens_stay_above_what_was_answered_when_etcd_loses_its_history() {
+    let dir = tempfile::tempdir().unwrap();
+    let old = EtcdCluster::start(1);
+    let mut lockd = lockd_on(dir.path(), &old);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let _in = rt.enter();
+    let client = Client::connect(&lockd.endpoint).unwrap();
+    let mut last = 0;
+    for i in 0..10 {
+        let Acquired::Granted(g) = rt
+            .block_on(client.acquire(&format!("h{i}"), opts(30, 0, None)))
+            .unwrap()
+        else {
+            panic!("a free resource is granted");
+        };
+        last = last.max(g.token());
+        rt.block_on(g.detach());
+    }
+    // lockd stops cleanly (its high-water is written down), and etcd is replaced by an empty
+    // cluster: its revisions start again from 1.
+    lockd.process.signal(libc::SIGTERM);
+    assert!(lockd.process.wait().success());
+    drop(old);
+    let fresh = EtcdCluster::start(1);
+    let lockd = lockd_on(dir.path(), &fresh);
+    let client = Client::connect(&lockd.endpoint).unwrap();
+    let Acquired::Granted(g) = rt
+        .block_on(client.acquire("h0", opts(30, 0, None)))
+        .unwrap()
+    else {
+        panic!("a free resource is granted");
+    };
+    assert!(
+        g.token() > last + (1 << 32) - 1_000,
+        "token {} after {last}: the offset must lift tokens past the floor and its margin",
+        g.token()
+    );
+    lockd.wait_event("etcd's revision is behind tokens this lockd has answered (etcd lost data, or was restored from a backup); raising the token offset", |_| true);
+}

@@ -1,5 +1,6 @@
 //! lockd over a real three-member etcd cluster (Debian `etcd-server`, loopback ports).
 //!
+//! - `api`: the API conformance suite (`e2e::api`), on a one-member etcd;
 //! - `faults`: `kill -9` of the etcd leader during a burst of grants, SIGSTOP of the leader,
 //!   two members down (no grant, no renewal) and back;
 //! - `instances`: two lockd instances with clients spread over both and one killed; a retry
@@ -11,6 +12,7 @@
 //!
 //! Needs the binaries (`cargo build --bins`) and `etcd` / `etcdctl` on the PATH.
 
+mod api;
 mod faults;
 mod instances;
 

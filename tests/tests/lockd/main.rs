@@ -1,5 +1,6 @@
 //! lockd and lockctl end to end, through the real binaries.
 //!
+//! - `api`: the API conformance suite (`e2e::api`), on the embedded store;
 //! - `cli`: contention, waiting, FIFO order, de-duplication, waiter removal, describe, `run`;
 //! - `crash`: `kill -9` during a burst of grants, then restart on the same data directory;
 //! - `sdk`: the client library (renewal, the lost signal, retries while lockd is down, release
@@ -10,6 +11,7 @@
 //!
 //! Needs the binaries: `cargo build --bins` first (the harness says so if they are missing).
 
+mod api;
 mod cli;
 mod crash;
 mod demo;

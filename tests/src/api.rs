@@ -1,0 +1,436 @@
+//! The API conformance suite: what every lockd backend must do, checked through the gRPC API
+//! against the real binary. The embedded backend runs it from the `lockd` tests, the etcd
+//! backend from the `etcd` tests ([`api_suite!`](crate::api_suite)), so that both keep one
+//! contract: contention, FIFO hand-off, expiry, request-id de-duplication, stale lease ids,
+//! tokens across restarts, the longest fields, cancelled waiters, queue limits, bad input.
+//!
+//! Each check panics with a message naming the broken rule. Waits are for states (a queue of
+//! the expected length, a grant), each a round trip, never a sleep.
+
+use std::path::Path;
+use std::time::Instant;
+
+use lockd_proto::v1::acquire_response::Outcome;
+use lockd_proto::v1::lock_service_client::LockServiceClient;
+use lockd_proto::v1::{
+    AcquireRequest, DescribeRequest, DescribeResponse, Lease, NotGranted, ReleaseRequest,
+    ReleaseResponse, RenewRequest, RenewResponse,
+};
+use tonic::transport::Channel;
+use tonic::{Code, Status};
+
+use crate::etcd::EtcdCluster;
+use crate::{Lockd, PATIENCE};
+
+/// How a check starts lockd.
+pub trait Backend {
+    fn start(&self, dir: &Path, extra: &[&str]) -> Lockd;
+}
+
+/// The embedded store.
+pub struct Embedded;
+
+impl Backend for Embedded {
+    fn start(&self, dir: &Path, extra: &[&str]) -> Lockd {
+        Lockd::start(dir, extra)
+    }
+}
+
+/// An etcd cluster (one member: the suite is about semantics; the failure tests use three).
+pub struct OverEtcd(pub EtcdCluster);
+
+impl OverEtcd {
+    pub fn new() -> OverEtcd {
+        OverEtcd(EtcdCluster::start(1))
+    }
+}
+
+impl Default for OverEtcd {
+    fn default() -> OverEtcd {
+        OverEtcd::new()
+    }
+}
+
+impl Backend for OverEtcd {
+    fn start(&self, dir: &Path, extra: &[&str]) -> Lockd {
+        let endpoints = self.0.endpoints();
+        let mut args = vec!["--backend", "etcd", "--etcd-endpoints", &endpoints];
+        args.extend_from_slice(extra);
+        Lockd::start(dir, &args)
+    }
+}
+
+/// Instantiates every check of the suite as a `#[test]`, each with a fresh backend from
+/// `$make`.
+#[macro_export]
+macro_rules! api_suite {
+    ($make:expr) => {
+        $crate::api_suite!(@each $make;
+            contention_is_an_answer_not_an_error,
+            waiters_are_served_in_order,
+            an_expired_lease_passes_the_lock_on,
+            a_retried_request_id_gets_the_original_grant,
+            stale_lease_ids_change_nothing,
+            tokens_rise_across_grants_and_restarts,
+            the_longest_fields_round_trip,
+            a_cancelled_waiter_leaves_the_queue,
+            a_full_queue_is_refused,
+            bad_input_is_refused_with_the_reason
+        );
+    };
+    (@each $make:expr; $($check:ident),*) => {
+        $(
+            #[test]
+            fn $check() {
+                let backend = $make;
+                $crate::api::$check(&backend);
+            }
+        )*
+    };
+}
+
+/// A raw gRPC client on its own runtime.
+struct Api {
+    rt: tokio::runtime::Runtime,
+    rpc: LockServiceClient<Channel>,
+}
+
+fn req(resource: &str, request_id: &str, ttl_ms: u64, wait_ms: u64) -> AcquireRequest {
+    AcquireRequest {
+        resource: resource.to_string(),
+        request_id: request_id.to_string(),
+        ttl_ms,
+        wait_timeout_ms: wait_ms,
+        holder: format!("holder-of-{resource}"),
+    }
+}
+
+impl Api {
+    fn new(lockd: &Lockd) -> Api {
+        let rt = tokio::runtime::Runtime::new().expect("a runtime");
+        let rpc = rt
+            .block_on(LockServiceClient::connect(lockd.endpoint.clone()))
+            .expect("connecting to lockd");
+        Api { rt, rpc }
+    }
+
+    fn acquire(&mut self, r: AcquireRequest) -> Result<Outcome, Status> {
+        let resp = self.rt.block_on(self.rpc.acquire(r))?;
+        Ok(resp.into_inner().outcome.expect("an outcome"))
+    }
+
+    fn grant(&mut self, resource: &str, ttl_ms: u64) -> Lease {
+        match self.acquire(req(resource, "", ttl_ms, 0)) {
+            Ok(Outcome::Granted(l)) => l,
+            other => panic!("a free resource is granted at once, not {other:?}"),
+        }
+    }
+
+    fn release(&mut self, resource: &str, lease_id: &str) -> ReleaseResponse {
+        self.rt
+            .block_on(self.rpc.release(ReleaseRequest {
+                resource: resource.to_string(),
+                lease_id: lease_id.to_string(),
+            }))
+            .expect("release is answered")
+            .into_inner()
+    }
+
+    fn renew(&mut self, resource: &str, lease_id: &str) -> Result<RenewResponse, Status> {
+        self.rt
+            .block_on(self.rpc.renew(RenewRequest {
+                resource: resource.to_string(),
+                lease_id: lease_id.to_string(),
+            }))
+            .map(tonic::Response::into_inner)
+    }
+
+    fn describe(&mut self, resource: &str) -> DescribeResponse {
+        self.rt
+            .block_on(self.rpc.describe(DescribeRequest {
+                resource: resource.to_string(),
+            }))
+            .expect("describe is answered")
+            .into_inner()
+    }
+
+    /// Starts a waiting acquire in the background.
+    fn queue(
+        &self,
+        r: AcquireRequest,
+    ) -> tokio::task::JoinHandle<Result<tonic::Response<lockd_proto::v1::AcquireResponse>, Status>>
+    {
+        let mut rpc = self.rpc.clone();
+        self.rt.spawn(async move { rpc.acquire(r).await })
+    }
+
+    /// Waits until `resource` has `n` waiters.
+    fn wait_waiters(&mut self, resource: &str, n: u32) {
+        let deadline = Instant::now() + PATIENCE;
+        loop {
+            let got = self.describe(resource).waiters;
+            if got == n {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{resource} kept {got} waiters, expected {n}"
+            );
+        }
+    }
+
+    fn granted(
+        &self,
+        h: tokio::task::JoinHandle<
+            Result<tonic::Response<lockd_proto::v1::AcquireResponse>, Status>,
+        >,
+    ) -> Lease {
+        let resp = self
+            .rt
+            .block_on(async { tokio::time::timeout(PATIENCE, h).await })
+            .expect("a queued acquire is answered")
+            .expect("the task ran")
+            .expect("a queued acquire succeeds");
+        match resp.into_inner().outcome {
+            Some(Outcome::Granted(l)) => l,
+            other => panic!("a queued acquire is granted, not {other:?}"),
+        }
+    }
+}
+
+fn busy(o: Result<Outcome, Status>) -> NotGranted {
+    match o {
+        Ok(Outcome::NotGranted(ng)) => ng,
+        other => panic!("a held lock is not granted (and that is no error): {other:?}"),
+    }
+}
+
+fn code(s: &Status) -> Option<&str> {
+    s.metadata()
+        .get("lockd-error")
+        .and_then(|v| v.to_str().ok())
+}
+
+pub fn contention_is_an_answer_not_an_error(b: &dyn Backend) {
+    let dir = tempfile::tempdir().unwrap();
+    let lockd = b.start(dir.path(), &[]);
+    let mut api = Api::new(&lockd);
+    let held = api.grant("inventory:sku-1", 30_000);
+    assert!(held.token >= 1 && held.ttl_ms >= 30_000, "{held:?}");
+    let ng = busy(api.acquire(req("inventory:sku-1", "", 30_000, 0)));
+    assert_eq!(ng.token, held.token, "the answer names the holder's token");
+    assert_eq!(ng.holder, "holder-of-inventory:sku-1");
+    let d = api.describe("inventory:sku-1");
+    assert!(
+        d.held && d.token == held.token && d.holder == ng.holder,
+        "{d:?}"
+    );
+    assert!(!api.describe("inventory:sku-2").held);
+}
+
+pub fn waiters_are_served_in_order(b: &dyn Backend) {
+    let dir = tempfile::tempdir().unwrap();
+    let lockd = b.start(dir.path(), &[]);
+    let mut api = Api::new(&lockd);
+    let held = api.grant("fifo", 60_000);
+    let mut queued = Vec::new();
+    for i in 1..=3 {
+        queued.push(api.queue(req("fifo", &format!("w{i}"), 60_000, 60_000)));
+        api.wait_waiters("fifo", i);
+    }
+    let mut previous = held;
+    for (i, h) in queued.into_iter().enumerate() {
+        assert!(api.release("fifo", &previous.lease_id).released);
+        let next = api.granted(h);
+        assert!(
+            next.token > previous.token,
+            "waiter {} got token {} after {}",
+            i + 1,
+            next.token,
+            previous.token
+        );
+        // The others still wait: the grant went to the head of the queue.
+        assert_eq!(api.describe("fifo").waiters, 2 - i as u32);
+        previous = next;
+    }
+}
+
+pub fn an_expired_lease_passes_the_lock_on(b: &dyn Backend) {
+    let dir = tempfile::tempdir().unwrap();
+    let lockd = b.start(dir.path(), &[]);
+    let mut api = Api::new(&lockd);
+    let short = api.grant("expiring", 1_000);
+    let waiter = api.queue(req("expiring", "next", 30_000, 60_000));
+    let next = api.granted(waiter);
+    assert!(next.token > short.token);
+    let err = api
+        .renew("expiring", &short.lease_id)
+        .expect_err("an expired lease is not renewed");
+    assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
+    assert_eq!(code(&err), Some("lease_not_current"));
+}
+
+pub fn a_retried_request_id_gets_the_original_grant(b: &dyn Backend) {
+    let dir = tempfile::tempdir().unwrap();
+    let lockd = b.start(dir.path(), &[]);
+    let mut api = Api::new(&lockd);
+    let first = match api.acquire(req("job", "req-1", 30_000, 0)) {
+        Ok(Outcome::Granted(l)) => l,
+        other => panic!("granted: {other:?}"),
+    };
+    assert!(!first.duplicate);
+    let again = match api.acquire(req("job", "req-1", 30_000, 0)) {
+        Ok(Outcome::Granted(l)) => l,
+        other => panic!("a retry gets the grant back: {other:?}"),
+    };
+    assert!(again.duplicate && again.held, "{again:?}");
+    assert_eq!(
+        (again.token, &again.lease_id),
+        (first.token, &first.lease_id)
+    );
+    // Released: a retry still gets the original answer, marked as no longer held.
+    assert!(api.release("job", &first.lease_id).released);
+    let late = match api.acquire(req("job", "req-1", 30_000, 0)) {
+        Ok(Outcome::Granted(l)) => l,
+        other => panic!("a late retry gets the original grant: {other:?}"),
+    };
+    assert!(late.duplicate && !late.held, "{late:?}");
+    assert_eq!(late.token, first.token);
+    assert!(
+        !api.describe("job").held,
+        "the retry did not take the lock again"
+    );
+    let err = api
+        .acquire(req("other-job", "req-1", 30_000, 0))
+        .expect_err("a request id is bound to its resource");
+    assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
+    assert_eq!(code(&err), Some("request_id_reused"));
+}
+
+pub fn stale_lease_ids_change_nothing(b: &dyn Backend) {
+    let dir = tempfile::tempdir().unwrap();
+    let lockd = b.start(dir.path(), &[]);
+    let mut api = Api::new(&lockd);
+    let held = api.grant("acct:1", 30_000);
+    let stranger = "0123456789abcdef0123456789abcdef";
+    let r = api.release("acct:1", stranger);
+    assert!(!r.released && r.current_token == held.token, "{r:?}");
+    let err = api
+        .renew("acct:1", stranger)
+        .expect_err("a stranger cannot renew");
+    assert_eq!(code(&err), Some("lease_not_current"), "{err:?}");
+    assert!(api.describe("acct:1").held, "still held by its holder");
+    assert!(api.renew("acct:1", &held.lease_id).is_ok());
+    assert!(api.release("acct:1", &held.lease_id).released);
+    let r = api.release("acct:1", &held.lease_id);
+    assert!(
+        !r.released && r.current_token == 0,
+        "a second release is not an error and changes nothing: {r:?}"
+    );
+    let err = api
+        .renew("acct:1", "not-a-lease-id")
+        .expect_err("a malformed lease id");
+    assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
+}
+
+pub fn tokens_rise_across_grants_and_restarts(b: &dyn Backend) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut lockd = b.start(dir.path(), &[]);
+    let mut last = 0;
+    {
+        let mut api = Api::new(&lockd);
+        for i in 0..5 {
+            let l = api.grant(&format!("t{}", i % 2), 30_000);
+            assert!(l.token > last, "token {} after {last}", l.token);
+            last = l.token;
+            assert!(api.release(&format!("t{}", i % 2), &l.lease_id).released);
+        }
+    }
+    lockd.kill9();
+    let lockd = b.start(dir.path(), &[]);
+    let mut api = Api::new(&lockd);
+    // A fresh resource: a release may be lost in a crash (it only keeps the lock held until
+    // its TTL), a grant never.
+    let l = api.grant("t-after", 30_000);
+    assert!(
+        l.token > last,
+        "after a kill -9 and restart, token {} after {last}",
+        l.token
+    );
+}
+
+pub fn the_longest_fields_round_trip(b: &dyn Backend) {
+    let dir = tempfile::tempdir().unwrap();
+    let lockd = b.start(dir.path(), &[]);
+    let mut api = Api::new(&lockd);
+    let alphabet = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.:/@";
+    let resource: String = alphabet.chars().cycle().take(256).collect();
+    let request_id: String = "r".repeat(128);
+    let holder = "h".repeat(128);
+    let mut r = req(&resource, &request_id, 30_000, 0);
+    r.holder = holder.clone();
+    let first = match api.acquire(r.clone()) {
+        Ok(Outcome::Granted(l)) => l,
+        other => panic!("the longest names are granted: {other:?}"),
+    };
+    let d = api.describe(&resource);
+    assert_eq!((d.held, d.holder.as_str()), (true, holder.as_str()));
+    let again = match api.acquire(r) {
+        Ok(Outcome::Granted(l)) => l,
+        other => panic!("a retry with the longest id: {other:?}"),
+    };
+    assert_eq!(again.lease_id, first.lease_id);
+    assert!(api.release(&resource, &first.lease_id).released);
+}
+
+pub fn a_cancelled_waiter_leaves_the_queue(b: &dyn Backend) {
+    let dir = tempfile::tempdir().unwrap();
+    let lockd = b.start(dir.path(), &[]);
+    let mut api = Api::new(&lockd);
+    let held = api.grant("busy", 60_000);
+    let waiter = api.queue(req("busy", "patient", 60_000, 60_000));
+    api.wait_waiters("busy", 1);
+    // The client gives up: the call is dropped, the waiter must leave.
+    waiter.abort();
+    api.wait_waiters("busy", 0);
+    assert!(api.release("busy", &held.lease_id).released);
+    assert!(!api.describe("busy").held, "nobody was granted the lock");
+}
+
+pub fn a_full_queue_is_refused(b: &dyn Backend) {
+    let dir = tempfile::tempdir().unwrap();
+    let lockd = b.start(dir.path(), &["--waiters-per-resource-max", "1"]);
+    let mut api = Api::new(&lockd);
+    let _held = api.grant("hot", 60_000);
+    let _first = api.queue(req("hot", "first", 60_000, 60_000));
+    api.wait_waiters("hot", 1);
+    let err = api
+        .acquire(req("hot", "second", 60_000, 60_000))
+        .expect_err("the queue is full");
+    assert_eq!(err.code(), Code::ResourceExhausted, "{err:?}");
+    assert_eq!(code(&err), Some("queue_full"));
+    assert_eq!(
+        api.describe("hot").waiters,
+        1,
+        "the refused call did not stay queued"
+    );
+}
+
+pub fn bad_input_is_refused_with_the_reason(b: &dyn Backend) {
+    let dir = tempfile::tempdir().unwrap();
+    let lockd = b.start(dir.path(), &[]);
+    let mut api = Api::new(&lockd);
+    for (r, needle) in [
+        (req("bad name", "", 30_000, 0), "resource"),
+        (req(&"x".repeat(257), "", 30_000, 0), "resource"),
+        (req("ok", "", 50, 0), "ttl_ms"),
+        (req("ok", "", 30_000, 10_000_000), "wait_timeout_ms"),
+        (req("ok", "has space", 30_000, 0), "request_id"),
+    ] {
+        let err = api.acquire(r).expect_err("refused");
+        assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
+        assert!(err.message().contains(needle), "{err:?}");
+    }
+    // The service is unharmed.
+    api.grant("ok", 30_000);
+}
