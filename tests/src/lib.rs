@@ -82,8 +82,8 @@ fn crates_of(name: &str) -> &'static [&'static str] {
             "../proxy/fence-proxy",
         ],
         "cron-dedup" => &["../examples/cron-dedup"],
-        "zombie" => &["fencing", "../examples/zombie", "../verifier"],
-        "faults" => &["fencing", "../examples/faults", "../verifier"],
+        "zombie" => &["fencing", "../examples/zombie", "../verifier", "../tests"],
+        "faults" => &["fencing", "../examples/faults", "../verifier", "../tests"],
         _ => &[],
     }
 }
@@ -417,6 +417,18 @@ pub fn free_loopback_addr() -> String {
         }
     }
     panic!("no free loopback port found in 20000-32767")
+}
+
+/// Nanoseconds on the machine's monotonic clock: one clock for every process on the machine,
+/// so that events recorded by separate processes (clients, runners) make one history.
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes into the timespec we pass.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 /// Parses one JSON log line.

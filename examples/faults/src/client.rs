@@ -29,13 +29,23 @@ use crate::{Mode, now_ns};
 /// Longest a single store operation may take before its outcome is given up as unknown.
 const OP_TIMEOUT: Duration = Duration::from_secs(10);
 
+#[derive(clap::Args, Debug)]
 pub struct Args {
+    #[arg(long)]
     pub id: u32,
+    #[arg(long)]
     pub seed: u64,
+    #[arg(long, value_enum)]
     pub mode: Mode,
+    /// lockd's endpoint (through the fault proxy).
+    #[arg(long)]
     pub lockd: String,
+    /// The store's address, host:port (through the fault proxy).
+    #[arg(long)]
     pub store: String,
+    #[arg(long)]
     pub resources: u32,
+    #[arg(long)]
     pub ttl_ms: u64,
 }
 
@@ -269,28 +279,15 @@ async fn http_rmw(
     let get = hyper::Request::get(&url)
         .body(Full::new(Bytes::new()))
         .expect("a valid request");
-    let value: i64 = match tokio::time::timeout(OP_TIMEOUT, async {
-        let resp = client.request(get).await.map_err(|e| e.to_string())?;
-        let status = resp.status();
-        let body = resp
-            .into_body()
-            .collect()
-            .await
-            .map_err(|e| e.to_string())?;
-        let text = String::from_utf8_lossy(&body.to_bytes()).into_owned();
-        if !status.is_success() {
-            return Err(format!("read: HTTP {status}: {text}"));
-        }
-        text.trim()
-            .parse()
-            .map_err(|_| format!("read: not a number: {text:?}"))
-    })
-    .await
-    {
-        Ok(Ok(v)) => v,
+    let value: i64 = match send(client, get).await {
+        Ok(Some((status, text))) if status.is_success() => match text.trim().parse() {
+            Ok(v) => v,
+            Err(_) => return Outcome::Fail(format!("read: not a number: {text:?}")),
+        },
         // Nothing was written yet.
-        Ok(Err(why)) => return Outcome::Fail(format!("read failed: {why}")),
-        Err(_) => return Outcome::Fail("read timed out".to_string()),
+        Ok(Some((status, text))) => return Outcome::Fail(format!("read: HTTP {status}: {text}")),
+        Err(why) => return Outcome::Fail(format!("read failed: {why}")),
+        Ok(None) => return Outcome::Fail("read timed out".to_string()),
     };
     let put = hyper::Request::put(&url)
         .header("Fencing-Resource", resource)
@@ -298,33 +295,43 @@ async fn http_rmw(
         .header("X-Write-Id", id)
         .body(Full::new(Bytes::from((value + 1).to_string())))
         .expect("a valid request");
-    match tokio::time::timeout(OP_TIMEOUT, async {
-        let resp = client.request(put).await.map_err(|e| e.to_string())?;
+    match send(client, put).await {
+        Ok(Some((status, body))) if status.is_success() => match body.trim().parse() {
+            Ok(index) => Outcome::Ok(index),
+            Err(_) => Outcome::Info(format!("HTTP {status} with an unreadable body {body:?}")),
+        },
+        // fence-proxy's own refusals: nothing reached the store.
+        Ok(Some((status, body))) if [400, 409, 428].contains(&status.as_u16()) => {
+            Outcome::Fail(format!("HTTP {status}: {}", body.trim()))
+        }
+        // 502, 504, anything else: the store may or may not have applied it.
+        Ok(Some((status, body))) => Outcome::Info(format!("HTTP {status}: {}", body.trim())),
+        Err(why) => Outcome::Info(why),
+        Ok(None) => Outcome::Info("no answer in time".to_string()),
+    }
+}
+
+/// One request and its whole answer: `Ok(None)` when none came within [`OP_TIMEOUT`].
+async fn send(
+    client: &HttpClient<HttpConnector, Full<Bytes>>,
+    req: hyper::Request<Full<Bytes>>,
+) -> Result<Option<(hyper::StatusCode, String)>, String> {
+    let exchange = async {
+        let resp = client.request(req).await.map_err(|e| e.to_string())?;
         let status = resp.status();
         let body = resp
             .into_body()
             .collect()
             .await
             .map_err(|e| e.to_string())?;
-        Ok::<_, String>((
+        Ok((
             status,
             String::from_utf8_lossy(&body.to_bytes()).into_owned(),
         ))
-    })
-    .await
-    {
-        Ok(Ok((status, body))) if status.is_success() => match body.trim().parse() {
-            Ok(index) => Outcome::Ok(index),
-            Err(_) => Outcome::Info(format!("HTTP {status} with an unreadable body {body:?}")),
-        },
-        // fence-proxy's own refusals: nothing reached the store.
-        Ok(Ok((status, body))) if [400, 409, 428].contains(&status.as_u16()) => {
-            Outcome::Fail(format!("HTTP {status}: {}", body.trim()))
-        }
-        // 502, 504, anything else: the store may or may not have applied it.
-        Ok(Ok((status, body))) => Outcome::Info(format!("HTTP {status}: {}", body.trim())),
-        Ok(Err(why)) => Outcome::Info(why),
-        Err(_) => Outcome::Info("no answer in time".to_string()),
+    };
+    match tokio::time::timeout(OP_TIMEOUT, exchange).await {
+        Ok(answer) => answer.map(Some),
+        Err(_) => Ok(None),
     }
 }
 

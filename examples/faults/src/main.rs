@@ -90,57 +90,14 @@ pub struct Cli {
 enum Sub {
     /// One client (started by the runner; not for direct use).
     #[command(hide = true)]
-    Client {
-        #[arg(long)]
-        id: u32,
-        #[arg(long)]
-        seed: u64,
-        #[arg(long, value_enum)]
-        mode: Mode,
-        #[arg(long)]
-        lockd: String,
-        #[arg(long)]
-        store: String,
-        #[arg(long)]
-        resources: u32,
-        #[arg(long)]
-        ttl_ms: u64,
-    },
+    Client(client::Args),
 }
 
-/// Nanoseconds on the machine's monotonic clock: the same clock in every process, so that the
-/// events of the clients and of the runner make one history.
-pub fn now_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes into the timespec we pass.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
+pub use e2e::monotonic_ns as now_ns;
 
 fn main() {
     let cli = Cli::parse();
-    if let Some(Sub::Client {
-        id,
-        seed,
-        mode,
-        lockd,
-        store,
-        resources,
-        ttl_ms,
-    }) = cli.client
-    {
-        let args = client::Args {
-            id,
-            seed,
-            mode,
-            lockd,
-            store,
-            resources,
-            ttl_ms,
-        };
+    if let Some(Sub::Client(args)) = cli.client {
         if let Err(e) = client::run(args) {
             eprintln!("faults client: {e:#}");
             std::process::exit(2);

@@ -49,17 +49,7 @@ fn main() -> anyhow::Result<()> {
     demo(out, postgres)
 }
 
-/// Nanoseconds on the machine's monotonic clock: the same clock in every process, so the
-/// events A and the demo record can be put in one history.
-fn now_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes into the timespec we pass.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
+use e2e::monotonic_ns as now_ns;
 
 fn event(kind: &str, process: &str, f: &str, extra: Value) -> Value {
     let mut e =

@@ -49,36 +49,47 @@ pub fn invalid_argument(e: &InvalidArgument) -> Status {
     )
 }
 
+fn from_acquire(a: &AcquireError) -> Status {
+    let message = a.to_string();
+    match a {
+        AcquireError::Invalid(i) => invalid_argument(i),
+        AcquireError::RequestIdReused { .. } => {
+            status(Code::InvalidArgument, codes::REQUEST_ID_REUSED, message)
+        }
+        AcquireError::QueueFull { .. } => {
+            status(Code::ResourceExhausted, codes::QUEUE_FULL, message)
+        }
+        AcquireError::WaitersExhausted { .. } => {
+            status(Code::ResourceExhausted, codes::WAITERS_EXHAUSTED, message)
+        }
+        AcquireError::LeasesExhausted { .. } => {
+            status(Code::ResourceExhausted, codes::LEASES_EXHAUSTED, message)
+        }
+        AcquireError::RequestsExhausted { .. } => {
+            status(Code::ResourceExhausted, codes::REQUESTS_EXHAUSTED, message)
+        }
+        AcquireError::TokensExhausted => {
+            status(Code::ResourceExhausted, codes::TOKENS_EXHAUSTED, message)
+        }
+    }
+}
+
+fn from_renew(r: &RenewError) -> Status {
+    match r {
+        RenewError::Invalid(i) => invalid_argument(i),
+        RenewError::NotCurrent { .. } => status(
+            Code::FailedPrecondition,
+            codes::LEASE_NOT_CURRENT,
+            r.to_string(),
+        ),
+    }
+}
+
 pub fn from_driver(e: &DriverError) -> Status {
     let message = e.to_string();
     match e {
-        DriverError::Acquire(a) => match a {
-            AcquireError::Invalid(i) => invalid_argument(i),
-            AcquireError::RequestIdReused { .. } => {
-                status(Code::InvalidArgument, codes::REQUEST_ID_REUSED, message)
-            }
-            AcquireError::QueueFull { .. } => {
-                status(Code::ResourceExhausted, codes::QUEUE_FULL, message)
-            }
-            AcquireError::WaitersExhausted { .. } => {
-                status(Code::ResourceExhausted, codes::WAITERS_EXHAUSTED, message)
-            }
-            AcquireError::LeasesExhausted { .. } => {
-                status(Code::ResourceExhausted, codes::LEASES_EXHAUSTED, message)
-            }
-            AcquireError::RequestsExhausted { .. } => {
-                status(Code::ResourceExhausted, codes::REQUESTS_EXHAUSTED, message)
-            }
-            AcquireError::TokensExhausted => {
-                status(Code::ResourceExhausted, codes::TOKENS_EXHAUSTED, message)
-            }
-        },
-        DriverError::Renew(r) => match r {
-            RenewError::Invalid(i) => invalid_argument(i),
-            RenewError::NotCurrent { .. } => {
-                status(Code::FailedPrecondition, codes::LEASE_NOT_CURRENT, message)
-            }
-        },
+        DriverError::Acquire(a) => from_acquire(a),
+        DriverError::Renew(r) => from_renew(r),
         DriverError::Superseded => status(Code::Aborted, codes::SUPERSEDED, message),
         DriverError::ShuttingDown => status(Code::Unavailable, codes::SHUTTING_DOWN, message),
         DriverError::StoreFailed => status(Code::Unavailable, codes::STORE_FAILED, message),
@@ -96,13 +107,8 @@ pub fn from_etcd(e: &EtcdError) -> Status {
     let message = e.to_string();
     match e {
         EtcdError::Invalid(i) => invalid_argument(i),
-        EtcdError::RequestIdReused { .. } => {
-            status(Code::InvalidArgument, codes::REQUEST_ID_REUSED, message)
-        }
-        EtcdError::QueueFull { .. } => status(Code::ResourceExhausted, codes::QUEUE_FULL, message),
-        EtcdError::NotCurrent { .. } => {
-            status(Code::FailedPrecondition, codes::LEASE_NOT_CURRENT, message)
-        }
+        EtcdError::Acquire(a) => from_acquire(a),
+        EtcdError::Renew(r) => from_renew(r),
         EtcdError::Unavailable(_) => status(Code::Unavailable, codes::ETCD_UNAVAILABLE, message),
         EtcdError::Etcd(_) | EtcdError::Config(_) => {
             status(Code::Unavailable, codes::ETCD_FAILED, message)

@@ -41,7 +41,7 @@ use etcd_client::{
     TxnOpResponse, TxnResponse, WatchOptions,
 };
 use fencing::{FencingToken, LeaseId, ResourceName};
-use lockd_core::{Holder, InvalidArgument, Limits, RequestId};
+use lockd_core::{AcquireError, Holder, InvalidArgument, Limits, RenewError, RequestId};
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tracing::{debug, error, info, warn};
@@ -50,28 +50,18 @@ use crate::conn::Etcd;
 use crate::highwater::{HighWater, MARGIN};
 use crate::keys::{Keys, Meta, RequestRecord, Waiter};
 
-/// Why a call failed.
+/// Why a call failed. The refusals a client can act on are the core's own types, so that
+/// both backends say the same thing with the same gRPC codes.
 #[derive(Debug, thiserror::Error)]
 pub enum LockError {
     #[error(transparent)]
     Invalid(#[from] InvalidArgument),
-    #[error(
-        "request_id {request_id:?} was already used to acquire {original}; use a new request id for {requested}"
-    )]
-    RequestIdReused {
-        request_id: String,
-        original: String,
-        requested: String,
-    },
-    #[error(
-        "the wait queue of {resource} is full ({max} waiters); retry later with backoff, or try-lock"
-    )]
-    QueueFull { resource: String, max: usize },
-    #[error("{}", not_current(resource, *current))]
-    NotCurrent {
-        resource: String,
-        current: Option<FencingToken>,
-    },
+    /// A reused request id, a full queue.
+    #[error(transparent)]
+    Acquire(#[from] AcquireError),
+    /// The lease is not current.
+    #[error(transparent)]
+    Renew(#[from] RenewError),
     /// etcd could not decide in time: no quorum, or no member reachable.
     #[error("{0}")]
     Unavailable(String),
@@ -84,14 +74,13 @@ pub enum LockError {
     Config(String),
 }
 
-fn not_current(resource: &str, current: Option<FencingToken>) -> String {
-    let now = match current {
-        Some(t) => format!("it is now held with token {t}"),
-        None => "it is not held now".to_string(),
-    };
-    format!(
-        "the lease is not the current lease of {resource} (it expired or was released; {now}); stop working under it and acquire again"
-    )
+impl LockError {
+    fn not_current(resource: &str, current: Option<FencingToken>) -> LockError {
+        match ResourceName::new(resource) {
+            Ok(resource) => LockError::Renew(RenewError::NotCurrent { resource, current }),
+            Err(e) => LockError::Invalid(e.into()),
+        }
+    }
 }
 
 /// What the etcd backend needs to know.
@@ -363,12 +352,7 @@ impl EtcdLocks {
                 current.mod_revision,
             )])
             .and_then([TxnOp::put(key.clone(), value.to_string(), None)]);
-        self.etcd
-            .call(self.deadline(), "raising the token offset", |mut c| {
-                let txn = txn.clone();
-                async move { c.txn(txn).await }
-            })
-            .await?;
+        self.txn("raising the token offset", txn).await?;
         // Whoever won, read what it is now.
         self.load_offset().await?;
         Ok(())
@@ -376,6 +360,26 @@ impl EtcdLocks {
 
     fn deadline(&self) -> Instant {
         Instant::now() + self.request_timeout
+    }
+
+    /// Runs `txn` (failing over between members) by `deadline`.
+    async fn txn_by(
+        &self,
+        deadline: Instant,
+        what: &str,
+        txn: Txn,
+    ) -> Result<TxnResponse, LockError> {
+        self.etcd
+            .call(deadline, what, |mut c| {
+                let txn = txn.clone();
+                async move { c.txn(txn).await }
+            })
+            .await
+    }
+
+    /// Runs `txn` within the request timeout.
+    async fn txn(&self, what: &str, txn: Txn) -> Result<TxnResponse, LockError> {
+        self.txn_by(self.deadline(), what, txn).await
     }
 
     fn validate(&self, a: &AcquireArgs) -> Result<u64, LockError> {
@@ -516,13 +520,7 @@ impl EtcdLocks {
                 otherwise.push(TxnOp::get(key, None));
             }
             let txn = Txn::new().when(when).and_then(then).or_else(otherwise);
-            let resp = self
-                .etcd
-                .call(deadline, "the grant transaction", |mut c| {
-                    let txn = txn.clone();
-                    async move { c.txn(txn).await }
-                })
-                .await?;
+            let resp = self.txn_by(deadline, "the grant transaction", txn).await?;
             let rev = revision(&resp);
             if resp.succeeded() {
                 let token = token_of(rev, offset.value)?;
@@ -609,16 +607,7 @@ impl EtcdLocks {
                 Compare::value(lock_key, CompareOp::Equal, lease_id.to_string()),
             ])
             .and_then(then);
-        self.etcd
-            .call(
-                self.deadline(),
-                "taking back a grant below the floor",
-                |mut c| {
-                    let txn = txn.clone();
-                    async move { c.txn(txn).await }
-                },
-            )
-            .await?;
+        self.txn("taking back a grant below the floor", txn).await?;
         Ok(())
     }
 
@@ -637,11 +626,16 @@ impl EtcdLocks {
             .unwrap_or_default()
             .to_string();
         if rec.resource != resource {
-            return Err(LockError::RequestIdReused {
+            let name = |r: &str| {
+                ResourceName::new(r)
+                    .map_err(|e| LockError::Etcd(format!("a request record names {r:?}: {e}")))
+            };
+            return Err(AcquireError::RequestIdReused {
                 request_id,
-                original: rec.resource,
-                requested: resource.to_string(),
-            });
+                original: name(&rec.resource)?,
+                requested: name(resource)?,
+            }
+            .into());
         }
         let lease_id: LeaseId = rec
             .lease_id
@@ -680,13 +674,7 @@ impl EtcdLocks {
                 Some(GetOptions::new().with_prefix().with_count_only()),
             ),
         ]);
-        let resp = self
-            .etcd
-            .call(self.deadline(), "reading a lock", |mut c| {
-                let txn = txn.clone();
-                async move { c.txn(txn).await }
-            })
-            .await?;
+        let resp = self.txn("reading a lock", txn).await?;
         let ops = resp.op_responses();
         let waiters = match &ops[2] {
             TxnOpResponse::Get(g) => g.count().max(0) as usize,
@@ -867,13 +855,7 @@ impl EtcdLocks {
                 ),
             ])
             .or_else([TxnOp::get(key, None)]);
-        let resp = self
-            .etcd
-            .call(self.deadline(), "joining a queue", |mut c| {
-                let txn = txn.clone();
-                async move { c.txn(txn).await }
-            })
-            .await?;
+        let resp = self.txn("joining a queue", txn).await?;
         let ops = resp.op_responses();
         if resp.succeeded() {
             let count = match &ops[1] {
@@ -891,10 +873,11 @@ impl EtcdLocks {
                 }
                 .leave()
                 .await;
-                return Err(LockError::QueueFull {
-                    resource: resource.to_string(),
+                return Err(AcquireError::QueueFull {
+                    resource: ResourceName::new(resource).map_err(InvalidArgument::from)?,
                     max,
-                });
+                }
+                .into());
             }
             Ok(mine)
         } else {
@@ -975,10 +958,7 @@ impl EtcdLocks {
             )
             .await?;
         if !renewed {
-            return Err(LockError::NotCurrent {
-                resource: resource.to_string(),
-                current: None,
-            });
+            return Err(LockError::not_current(resource.as_str(), None));
         }
         Ok(LeaseInfo {
             lease_id,
@@ -1009,13 +989,7 @@ impl EtcdLocks {
                 TxnOp::get(lock_key, None),
                 TxnOp::get(self.keys.meta(resource), None),
             ]);
-        let resp = self
-            .etcd
-            .call(self.deadline(), "reading a lock", |mut c| {
-                let txn = txn.clone();
-                async move { c.txn(txn).await }
-            })
-            .await?;
+        let resp = self.txn("reading a lock", txn).await?;
         let ops = resp.op_responses();
         let lock = kvs(&ops[0]).first();
         let meta = kvs(&ops[1])
@@ -1027,10 +1001,7 @@ impl EtcdLocks {
         };
         match (resp.succeeded(), meta, current) {
             (true, Some(meta), Some(token)) => Ok((meta, token)),
-            _ => Err(LockError::NotCurrent {
-                resource: resource.to_string(),
-                current,
-            }),
+            _ => Err(LockError::not_current(resource, current)),
         }
     }
 
@@ -1061,13 +1032,7 @@ impl EtcdLocks {
             TxnOp::get(self.keys.lock(resource), serializable()),
             TxnOp::get(self.keys.meta(resource), serializable()),
         ]);
-        let resp = self
-            .etcd
-            .call(self.deadline(), "reading a lock", |mut c| {
-                let txn = txn.clone();
-                async move { c.txn(txn).await }
-            })
-            .await?;
+        let resp = self.txn("reading a lock", txn).await?;
         let ops = resp.op_responses();
         let (lock, meta_kv) = (kvs(&ops[0]).first(), kvs(&ops[1]).first());
         let meta: Option<Meta> = meta_kv.and_then(|kv| serde_json::from_slice(kv.value()).ok());

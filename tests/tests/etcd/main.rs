@@ -41,15 +41,7 @@ pub fn lockd_on(dir: &Path, cluster: &EtcdCluster) -> Lockd {
     )
 }
 
-pub fn now_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes into the timespec we pass.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
+pub use e2e::monotonic_ns as now_ns;
 
 /// The history the clients write, and a count of grants to wait on.
 #[derive(Default)]
