@@ -55,6 +55,7 @@ cat >"$OUT/update.sql" <<'SQL'
 UPDATE pgbench_accounts SET abalance = abalance + 1 WHERE aid = :aid;
 SQL
 echo 'SELECT * FROM fencing.check(1000);' >"$OUT/check.sql"
+echo 'SELECT * FROM fencing.check(1000, true);' >"$OUT/check-current.sql"
 echo 'SELECT 1;' >"$OUT/select1.sql"
 TOKEN="-c fencing.resource=bench:accounts -c fencing.token=42"
 
@@ -83,5 +84,6 @@ for c in 1 16; do
   run "token-update fence-proxy (token)" $PROXY $c "$TOKEN" -- -f "$OUT/update.sql"
 done
 run "SELECT 1 direct" $PG 1 "" -- -f "$OUT/select1.sql"
-run "fencing.check() direct" $PG 1 "$TOKEN" -- -f "$OUT/check.sql"
+run "fencing.check(1000) direct (the full check)" $PG 1 "$TOKEN" -- -f "$OUT/check.sql"
+run "fencing.check(1000, true) direct (a current token)" $PG 1 "$TOKEN" -- -f "$OUT/check-current.sql"
 echo "results in $RESULTS" >&2

@@ -5,8 +5,8 @@
 pub const SQL: &str = include_str!("schema.sql");
 
 /// The statement the relay runs as the first of a checked transaction; `$1` is the fence wait
-/// in milliseconds.
-pub const CHECK_SQL_EXTENDED: &[u8] = b"SELECT * FROM fencing.check($1)";
+/// in milliseconds, `$2` whether the proxy believes the session's token is the mark.
+pub const CHECK_SQL_EXTENDED: &[u8] = b"SELECT * FROM fencing.check($1, $2)";
 
 /// Why the check could not be installed.
 #[derive(Debug, thiserror::Error)]

@@ -19,11 +19,11 @@ CREATE TABLE IF NOT EXISTS fencing.tokens (
 -- holds it shared; a transaction that raises the mark holds it exclusively, so a raise waits for
 -- the older-token transactions still open and every later transaction sees the raised mark.
 -- Shared advisory locks live in memory only: the common path writes nothing.
+-- (No SET clause and a schema-qualified body, so that PostgreSQL inlines it where it is used.)
 CREATE OR REPLACE FUNCTION fencing.lock_key(p_resource text)
 RETURNS bigint
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
-SET search_path = pg_catalog, pg_temp
-AS $fn$ SELECT hashtextextended(p_resource, 1178946115) $fn$;
+AS $fn$ SELECT pg_catalog.hashtextextended(p_resource, 1178946115) $fn$;
 
 -- Ends the open transactions, other than the caller's, that a raise to `p_token` on
 -- `p_resource` waits for and that presented an older token: those holding the resource's lock
@@ -167,9 +167,62 @@ BEGIN
 END;
 $fn$;
 
+-- The check as the relay calls it: `p_current` says that the proxy believes the session's
+-- token is the resource's mark (a check with the same settings passed, and no higher mark has
+-- been seen since). Then the common case costs one read: take the resource's lock shared and
+-- read the mark once. If the belief was wrong (the settings were changed where the proxy could
+-- not see it, or the marks were reset), the general check above decides; it then takes the lock
+-- exclusively while this transaction holds it shared, which PostgreSQL allows (a transaction
+-- does not conflict with itself; two such transactions at once would deadlock and one would be
+-- ended with 40P01, which drivers retry).
+CREATE OR REPLACE FUNCTION fencing.check(p_wait_ms integer, p_current boolean)
+RETURNS TABLE (fenced_resource text, fenced_token bigint)
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+DECLARE
+    r text;
+    t_text text;
+    t bigint;
+    cur bigint;
+BEGIN
+    IF NOT p_current THEN
+        RETURN QUERY SELECT * FROM fencing.check(p_wait_ms);
+        RETURN;
+    END IF;
+    r := current_setting('fencing.resource', true);
+    t_text := current_setting('fencing.token', true);
+    IF coalesce(r, '') = '' OR coalesce(t_text, '') = '' OR t_text !~ '^[1-9][0-9]{0,17}$' THEN
+        -- No token, or one the proxy did not see: the general check says what it is.
+        RETURN QUERY SELECT * FROM fencing.check(p_wait_ms);
+        RETURN;
+    END IF;
+    t := t_text::bigint;
+    PERFORM pg_advisory_xact_lock_shared(fencing.lock_key(r));
+    IF current_setting('transaction_isolation') = 'read committed' THEN
+        SELECT m.token INTO cur FROM fencing.tokens m WHERE m.resource = r;
+    ELSE
+        -- This snapshot may predate a raise committed while we waited for the lock: a locking
+        -- read of a row changed since fails with 40001 instead of reading it stale.
+        SELECT m.token INTO cur FROM fencing.tokens m WHERE m.resource = r FOR SHARE;
+    END IF;
+    IF FOUND AND cur = t THEN
+        fenced_resource := r; fenced_token := t; RETURN NEXT; RETURN;
+    ELSIF FOUND AND cur > t THEN
+        RAISE EXCEPTION USING ERRCODE = 'FN001',
+            MESSAGE = format('fencing token %s for resource %s is stale: the highest accepted token is %s',
+                             t, quote_literal(r), cur),
+            DETAIL = format('resource: %s, presented token: %s, highest accepted token: %s', r, t, cur),
+            HINT = 'this client no longer holds the lock; acquire it again for a new token';
+    END IF;
+    RETURN QUERY SELECT * FROM fencing.check(p_wait_ms);
+END;
+$fn$;
+
 REVOKE ALL ON TABLE fencing.tokens FROM PUBLIC;
 GRANT SELECT ON TABLE fencing.tokens TO PUBLIC;
 GRANT USAGE ON SCHEMA fencing TO PUBLIC;
 REVOKE ALL ON FUNCTION fencing.evict_older(text, bigint) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION fencing.lock_key(text) TO PUBLIC;
 GRANT EXECUTE ON FUNCTION fencing.check(integer) TO PUBLIC;
+GRANT EXECUTE ON FUNCTION fencing.check(integer, boolean) TO PUBLIC;

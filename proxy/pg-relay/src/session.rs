@@ -323,6 +323,9 @@ struct Flow {
     prepared: Prepared,
     /// The resource and token of the last check and the generation it ran under.
     last: Option<(CompactString, i64, u64)>,
+    /// Like `last`, but also after checks inside a transaction whose settings a rollback might
+    /// undo: only a hint for the check (which verifies it), never a reason to refuse.
+    passed: Option<(CompactString, i64, u64)>,
     /// The open transaction passed a check under this generation, with this resource and token.
     checked_txn: Option<(u64, CompactString, i64)>,
 }
@@ -352,6 +355,14 @@ impl Flow {
             Some(Expect::Query { units, .. }) => units.front().is_some_and(|u| u.check.is_some()),
             _ => false,
         }
+    }
+
+    /// Whether a check under `generation` may take the common path: a check with these same
+    /// settings passed, and the cache's mark for the resource is still that token.
+    fn known_current(&self, relay: &Relay, generation: u64) -> bool {
+        self.passed
+            .as_ref()
+            .is_some_and(|(r, t, g)| *g == generation && relay.mark(r) == Some(*t))
     }
 
     /// A token the cache knows to be stale for the current settings: (resource, token, highest).
@@ -538,20 +549,23 @@ impl ToServer<'_> {
             }
             return Ok(head.tag != b'X');
         }
-        if starts_batch
+        // A batch inside a transaction that already passed a check under these same settings
+        // needs none: that transaction holds the resource's lock shared until it ends (a raise
+        // waits for it, or ends it).
+        let checked_already = starts_batch
             && flow.idle()
             && flow.status == b'T'
             && flow
                 .checked_txn
                 .as_ref()
-                .is_some_and(|c| c.0 == flow.generation)
-        {
+                .is_some_and(|c| c.0 == flow.generation);
+        if checked_already {
             self.need_check = false;
         }
         match head.tag {
             b'Q' => {
                 let text = msg::query_text(message)?;
-                self.need_check = self.need_check || starts_batch;
+                self.need_check = self.need_check || (starts_batch && !checked_already);
                 self.on_query(flow, message, text, out);
                 self.batch_start = true;
                 self.need_check = true;
@@ -685,16 +699,20 @@ impl ToServer<'_> {
                 out,
                 CHECK_STATEMENT,
                 crate::schema::CHECK_SQL_EXTENDED,
-                &[23],
+                &[23, 16],
             );
             flow.expect.push_back(Expect::Parse { injected: true });
             flow.prepared = Prepared::Pending;
         }
+        let current = flow.known_current(self.relay, flow.generation);
         msg::bind(
             out,
             b"",
             CHECK_STATEMENT,
-            &[self.relay.wait_param.as_bytes()],
+            &[
+                self.relay.wait_param.as_bytes(),
+                if current { b"t" } else { b"f" },
+            ],
         );
         msg::execute(out, b"", 0);
         flow.expect.push_back(Expect::Bind { injected: true });
@@ -752,8 +770,13 @@ impl ToServer<'_> {
             let _ = self.local.send(Local::Reply(reply));
             return;
         }
-        let check = format!("SELECT * FROM fencing.check({}); ", self.relay.wait_param);
-        let mut new_text = Vec::with_capacity(text.len() + checks.len() * check.len());
+        let check = |current: bool| {
+            format!(
+                "SELECT * FROM fencing.check({}, {current}); ",
+                self.relay.wait_param
+            )
+        };
+        let mut new_text = Vec::with_capacity(text.len() + checks.len() * 64);
         let mut units = VecDeque::new();
         let mut copied = 0;
         let mut done = 0usize;
@@ -768,7 +791,8 @@ impl ToServer<'_> {
                 });
             }
             done = i;
-            new_text.extend_from_slice(check.as_bytes());
+            new_text
+                .extend_from_slice(check(flow.known_current(self.relay, generation)).as_bytes());
             units.push_back(Unit {
                 check: Some(generation),
                 count: 1,
@@ -1018,6 +1042,7 @@ impl ToClient<'_> {
                 flow.last = flow
                     .settled()
                     .then(|| (resource.clone(), token, generation));
+                flow.passed = Some((resource.clone(), token, generation));
                 flow.checked_txn = Some((generation, resource, token));
             }
             None => {
@@ -1026,6 +1051,7 @@ impl ToClient<'_> {
                     flow.fenced = false;
                 }
                 flow.last = None;
+                flow.passed = None;
             }
         }
     }

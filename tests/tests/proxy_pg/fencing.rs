@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
 
-use crate::{code, connect, connect_with, holder, mark, psql, runtime, setup};
+use crate::{code, connect, connect_with, holder, mark, psql, runtime, setup, start_proxy};
 
 #[test]
 fn a_stale_token_is_refused_with_its_sqlstate_and_the_session_stays_usable() {
@@ -345,9 +345,16 @@ fn a_transaction_that_waited_for_a_raise_sees_it_at_any_isolation_level() {
     let s = setup(60_000);
     // The two holders write different rows, so that only the check can stop the old one.
     s.pg.psql("CREATE TABLE t (id int PRIMARY KEY, v text); INSERT INTO t VALUES (1, 'init'), (2, 'init')");
-    for (isolation, expected, token) in [
-        ("READ COMMITTED", "FN001", 10),
-        ("REPEATABLE READ", "40001", 20),
+    // The newer token comes through this proxy, or through a second one in front of the same
+    // database: then the old token's proxy still believes its token current, and the check
+    // takes its short form (the lock shared, one read), which must see the raise just as well.
+    let dir2 = tempfile::tempdir().unwrap();
+    let other = start_proxy(&dir2, &s.pg, 60_000, "");
+    for (isolation, expected, token, raiser) in [
+        ("READ COMMITTED", "FN001", 10, s.addr()),
+        ("REPEATABLE READ", "40001", 20, s.addr()),
+        ("READ COMMITTED", "FN001", 30, other.pg[0].as_str()),
+        ("REPEATABLE READ", "40001", 40, other.pg[0].as_str()),
     ] {
         runtime().block_on(async {
             let old = connect(s.addr()).await;
@@ -357,7 +364,7 @@ fn a_transaction_that_waited_for_a_raise_sees_it_at_any_isolation_level() {
             .await
             .unwrap();
             // The newer token raises the mark in a transaction it keeps open.
-            let new = connect(s.addr()).await;
+            let new = connect(raiser).await;
             new.batch_execute(&format!(
                 "SET fencing.resource = 'iso'; SET fencing.token = '{}'; BEGIN; UPDATE t SET v = 'new' WHERE id = 1",
                 token + 1
@@ -395,4 +402,42 @@ fn a_transaction_that_waited_for_a_raise_sees_it_at_any_isolation_level() {
             "{isolation}"
         );
     }
+}
+
+#[test]
+fn a_current_token_takes_the_short_check_and_a_belief_gone_wrong_falls_back_to_the_full_one() {
+    let s = setup(1000);
+    s.pg.psql(
+        "CREATE TABLE t (n int); \
+         CREATE FUNCTION bump() RETURNS void LANGUAGE sql AS $$ SELECT set_config('fencing.token', '7', false) $$",
+    );
+    // Every statement below that starts a transaction gets a check: the relay passes
+    // `p_current` = whether a check with the same settings passed and the mark is that token.
+    let script = format!(
+        "SET track_functions = 'pl';\n\
+         SET fencing.resource = 'inv:b';\n\
+         SET fencing.token = '5';\n\
+         INSERT INTO t VALUES (1);\n\
+         BEGIN; INSERT INTO t VALUES (2); SELECT 'inside'; COMMIT;\n\
+         SELECT bump();\n\
+         BEGIN; INSERT INTO t VALUES (3); COMMIT;\n\
+         \\! psql -h 127.0.0.1 -p {port} -U postgres -d postgres -X -q -c \"DELETE FROM fencing.tokens\"\n\
+         BEGIN; INSERT INTO t VALUES (4); COMMIT;\n\
+         SELECT pg_stat_force_next_flush();\n\
+         SELECT 'calls', string_agg(p.pronargs || ':' || f.calls, ',' ORDER BY p.pronargs DESC) \
+           FROM pg_stat_user_functions f JOIN pg_proc p ON p.oid = f.funcid WHERE f.funcname = 'check';\n",
+        port = s.pg.port
+    );
+    let (ok, out, err) = psql(s.addr(), &script, &[]);
+    assert!(ok, "{err}");
+    // The relay's form `check(wait, current)` ran 6 times (INSERT 1, INSERT 2, SELECT bump(),
+    // INSERT 3, INSERT 4, the flush), not for `SELECT 'inside'` (its transaction was checked
+    // already). The full `check(wait)` ran 3 times: for INSERT 1 (first use of the token), for
+    // INSERT 3 (the token became 7 inside a function, where the proxy could not see it: the
+    // short check found the mark below it and handed over, and the full check raised it), and
+    // for INSERT 4 (the marks were deleted behind everyone's back: the full check put 7 back).
+    // The other three took the short check alone.
+    assert!(out.contains("calls|2:6,1:3"), "{out}\n{err}");
+    assert_eq!(mark(&s.pg, "inv:b"), "7");
+    assert_eq!(s.pg.psql("SELECT count(*) FROM t"), "4");
 }
