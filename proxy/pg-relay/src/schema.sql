@@ -208,13 +208,8 @@ BEGIN
     END IF;
     IF FOUND AND cur = t THEN
         fenced_resource := r; fenced_token := t; RETURN NEXT; RETURN;
-    ELSIF FOUND AND cur > t THEN
-        RAISE EXCEPTION USING ERRCODE = 'FN001',
-            MESSAGE = format('fencing token %s for resource %s is stale: the highest accepted token is %s',
-                             t, quote_literal(r), cur),
-            DETAIL = format('resource: %s, presented token: %s, highest accepted token: %s', r, t, cur),
-            HINT = 'this client no longer holds the lock; acquire it again for a new token';
     END IF;
+    -- Stale (the full check refuses it, FN001) or above the mark (it raises it).
     RETURN QUERY SELECT * FROM fencing.check(p_wait_ms);
 END;
 $fn$;

@@ -590,11 +590,8 @@ impl ToServer<'_> {
                 } else {
                     self.statements.get(statement).copied().unwrap_or(UNKNOWN)
                 };
-                if class.needs_check && self.reject_from_cache(flow, starts_batch) {
+                if self.check_before(flow, class, starts_batch, out) {
                     return Ok(true);
-                }
-                if class.needs_check {
-                    self.inject_extended(flow, out);
                 }
                 if portal.is_empty() {
                     self.unnamed_portal = class;
@@ -611,11 +608,8 @@ impl ToServer<'_> {
                 } else {
                     self.portals.get(portal).copied().unwrap_or(UNKNOWN)
                 };
-                if class.needs_check && self.reject_from_cache(flow, starts_batch) {
+                if self.check_before(flow, class, starts_batch, out) {
                     return Ok(true);
-                }
-                if class.needs_check {
-                    self.inject_extended(flow, out);
                 }
                 flow.expect.push_back(Expect::Execute { check: None });
                 out.extend_from_slice(message);
@@ -669,6 +663,25 @@ impl ToServer<'_> {
             }
         }
         Ok(true)
+    }
+
+    /// Before a Bind or an Execute of a statement of `class`: refuses the batch from the cache
+    /// (true: drop this message), or injects the check, when the statement needs one.
+    fn check_before(
+        &mut self,
+        flow: &mut Flow,
+        class: Class,
+        starts_batch: bool,
+        out: &mut Vec<u8>,
+    ) -> bool {
+        if !class.needs_check {
+            return false;
+        }
+        if self.reject_from_cache(flow, starts_batch) {
+            return true;
+        }
+        self.inject_extended(flow, out);
+        false
     }
 
     /// At the first message of a batch, with nothing in flight: when the cache already knows
