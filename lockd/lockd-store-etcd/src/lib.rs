@@ -37,8 +37,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use etcd_client::{
-    Compare, CompareOp, GetOptions, KeyValue, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
-    TxnOpResponse, TxnResponse, WatchOptions,
+    Compare, CompareOp, GetOptions, GetResponse, KeyValue, PutOptions, SortOrder, SortTarget, Txn,
+    TxnOp, TxnOpResponse, TxnResponse, WatchOptions,
 };
 use fencing::{FencingToken, LeaseId, ResourceName};
 use lockd_core::{AcquireError, Holder, InvalidArgument, Limits, RenewError, RequestId};
@@ -182,6 +182,19 @@ fn kvs(r: &TxnOpResponse) -> &[KeyValue] {
     }
 }
 
+/// The count of a count-only read in a transaction's answer.
+fn count(r: &TxnOpResponse) -> usize {
+    match r {
+        TxnOpResponse::Get(g) => g.count().max(0) as usize,
+        _ => 0,
+    }
+}
+
+/// Reads that only count the keys under a prefix.
+fn count_only() -> GetOptions {
+    GetOptions::new().with_prefix().with_count_only()
+}
+
 fn revision(t: &TxnResponse) -> i64 {
     t.header().map_or(0, |h| h.revision())
 }
@@ -317,13 +330,8 @@ impl EtcdLocks {
 
     /// Reads the offset; returns etcd's current revision.
     async fn load_offset(&self) -> Result<i64, LockError> {
-        let key = self.keys.offset();
         let resp = self
-            .etcd
-            .call(self.deadline(), "reading the token offset", |mut c| {
-                let key = key.clone();
-                async move { c.get(key, None).await }
-            })
+            .get("reading the token offset", self.keys.offset(), None)
             .await?;
         self.set_offset(resp.kvs().first())?;
         Ok(resp.header().map_or(0, |h| h.revision()))
@@ -380,6 +388,21 @@ impl EtcdLocks {
     /// Runs `txn` within the request timeout.
     async fn txn(&self, what: &str, txn: Txn) -> Result<TxnResponse, LockError> {
         self.txn_by(self.deadline(), what, txn).await
+    }
+
+    /// Reads `key` (with `options`) within the request timeout.
+    async fn get(
+        &self,
+        what: &str,
+        key: String,
+        options: Option<GetOptions>,
+    ) -> Result<GetResponse, LockError> {
+        self.etcd
+            .call(self.deadline(), what, |mut c| {
+                let (key, options) = (key.clone(), options.clone());
+                async move { c.get(key, options).await }
+            })
+            .await
     }
 
     fn validate(&self, a: &AcquireArgs) -> Result<u64, LockError> {
@@ -455,6 +478,8 @@ impl EtcdLocks {
             let (etcd_lease, granted_ttl_s) = (grant.id(), grant.ttl().max(ttl_s));
             let granted_ttl_ms = (granted_ttl_s as u64) * 1000;
             let lease_id = random_lease_id();
+            // The lock key's value, the request record's, and what an earlier attempt wrote.
+            let lease_text = lease_id.to_string();
             let offset = self.offset();
             let meta = Meta {
                 holder: a.holder.as_str().to_string(),
@@ -472,7 +497,7 @@ impl EtcdLocks {
             let mut then = vec![
                 TxnOp::put(
                     lock_key.clone(),
-                    lease_id.to_string(),
+                    lease_text.clone(),
                     Some(PutOptions::new().with_lease(etcd_lease)),
                 ),
                 TxnOp::put(
@@ -507,7 +532,7 @@ impl EtcdLocks {
                 when.push(Compare::create_revision(key.clone(), CompareOp::Equal, 0));
                 let record = RequestRecord {
                     resource: resource.to_string(),
-                    lease_id: lease_id.to_string(),
+                    lease_id: lease_text.clone(),
                     ttl_ms: granted_ttl_ms,
                     offset: offset.value,
                 };
@@ -551,7 +576,7 @@ impl EtcdLocks {
             let lock = kvs(&ops[0]).first();
             // An earlier attempt of this very transaction committed (its answer was lost).
             if let Some(kv) = lock
-                && kv.value() == lease_id.to_string().as_bytes()
+                && kv.value() == lease_text.as_bytes()
             {
                 let token = token_of(kv.create_revision(), offset.value)?;
                 self.highwater.answered(token.get());
@@ -669,17 +694,11 @@ impl EtcdLocks {
         let txn = Txn::new().and_then([
             TxnOp::get(self.keys.lock(resource), None),
             TxnOp::get(self.keys.meta(resource), None),
-            TxnOp::get(
-                self.keys.waiters(resource),
-                Some(GetOptions::new().with_prefix().with_count_only()),
-            ),
+            TxnOp::get(self.keys.waiters(resource), Some(count_only())),
         ]);
         let resp = self.txn("reading a lock", txn).await?;
         let ops = resp.op_responses();
-        let waiters = match &ops[2] {
-            TxnOpResponse::Get(g) => g.count().max(0) as usize,
-            _ => 0,
-        };
+        let waiters = count(&ops[2]);
         let (Some(lock), Some(meta)) = (kvs(&ops[0]).first(), kvs(&ops[1]).first()) else {
             return Ok(None);
         };
@@ -764,24 +783,17 @@ impl EtcdLocks {
                 return Ok(Acquired::TimedOut(self.busy(resource).await?));
             }
             // Who is before me?
-            let prefix = self.keys.waiters(resource);
             let queue = self
-                .etcd
-                .call(self.deadline(), "reading a queue", |mut c| {
-                    let prefix = prefix.clone();
-                    async move {
-                        c.get(
-                            prefix,
-                            Some(
-                                GetOptions::new()
-                                    .with_prefix()
-                                    .with_keys_only()
-                                    .with_sort(SortTarget::Create, SortOrder::Ascend),
-                            ),
-                        )
-                        .await
-                    }
-                })
+                .get(
+                    "reading a queue",
+                    self.keys.waiters(resource),
+                    Some(
+                        GetOptions::new()
+                            .with_prefix()
+                            .with_keys_only()
+                            .with_sort(SortTarget::Create, SortOrder::Ascend),
+                    ),
+                )
                 .await?;
             let revision_read = queue.header().map_or(0, |h| h.revision());
             let kvs = queue.kvs();
@@ -849,21 +861,15 @@ impl EtcdLocks {
             .when([Compare::create_revision(key, CompareOp::Equal, 0)])
             .and_then([
                 TxnOp::put(key, value, Some(PutOptions::new().with_lease(session))),
-                TxnOp::get(
-                    prefix.clone(),
-                    Some(GetOptions::new().with_prefix().with_count_only()),
-                ),
+                TxnOp::get(prefix.clone(), Some(count_only())),
             ])
             .or_else([TxnOp::get(key, None)]);
         let resp = self.txn("joining a queue", txn).await?;
         let ops = resp.op_responses();
         if resp.succeeded() {
-            let count = match &ops[1] {
-                TxnOpResponse::Get(g) => g.count().max(0) as usize,
-                _ => 0,
-            };
+            let queued = count(&ops[1]);
             let mine = revision(&resp);
-            if count > max {
+            if queued > max {
                 // Over the limit (counted with this one): leave again.
                 QueueGuard {
                     locks: self,
@@ -1086,19 +1092,12 @@ impl EtcdLocks {
                 Ok((Some(b), waiters))
             }
             None => {
-                let prefix = self.keys.waiters(resource);
                 let count = self
-                    .etcd
-                    .call(self.deadline(), "counting waiters", |mut c| {
-                        let prefix = prefix.clone();
-                        async move {
-                            c.get(
-                                prefix,
-                                Some(GetOptions::new().with_prefix().with_count_only()),
-                            )
-                            .await
-                        }
-                    })
+                    .get(
+                        "counting waiters",
+                        self.keys.waiters(resource),
+                        Some(count_only()),
+                    )
                     .await?
                     .count();
                 Ok((None, count.max(0) as usize))
