@@ -119,11 +119,19 @@ impl Api {
         Ok(resp.into_inner().outcome.expect("an outcome"))
     }
 
-    fn grant(&mut self, resource: &str, ttl_ms: u64) -> Lease {
-        match self.acquire(req(resource, "", ttl_ms, 0)) {
+    /// An acquire that must be granted at once (`what` says why, if it is not).
+    fn granted_now(&mut self, r: AcquireRequest, what: &str) -> Lease {
+        match self.acquire(r) {
             Ok(Outcome::Granted(l)) => l,
-            other => panic!("a free resource is granted at once, not {other:?}"),
+            other => panic!("{what}, not {other:?}"),
         }
+    }
+
+    fn grant(&mut self, resource: &str, ttl_ms: u64) -> Lease {
+        self.granted_now(
+            req(resource, "", ttl_ms, 0),
+            "a free resource is granted at once",
+        )
     }
 
     fn release(&mut self, resource: &str, lease_id: &str) -> ReleaseResponse {
@@ -274,15 +282,12 @@ pub fn a_retried_request_id_gets_the_original_grant(b: &dyn Backend) {
     let dir = tempfile::tempdir().unwrap();
     let lockd = b.start(dir.path(), &[]);
     let mut api = Api::new(&lockd);
-    let first = match api.acquire(req("job", "req-1", 30_000, 0)) {
-        Ok(Outcome::Granted(l)) => l,
-        other => panic!("granted: {other:?}"),
-    };
+    let first = api.granted_now(req("job", "req-1", 30_000, 0), "granted");
     assert!(!first.duplicate);
-    let again = match api.acquire(req("job", "req-1", 30_000, 0)) {
-        Ok(Outcome::Granted(l)) => l,
-        other => panic!("a retry gets the grant back: {other:?}"),
-    };
+    let again = api.granted_now(
+        req("job", "req-1", 30_000, 0),
+        "a retry gets the grant back",
+    );
     assert!(again.duplicate && again.held, "{again:?}");
     assert_eq!(
         (again.token, &again.lease_id),
@@ -290,10 +295,10 @@ pub fn a_retried_request_id_gets_the_original_grant(b: &dyn Backend) {
     );
     // Released: a retry still gets the original answer, marked as no longer held.
     assert!(api.release("job", &first.lease_id).released);
-    let late = match api.acquire(req("job", "req-1", 30_000, 0)) {
-        Ok(Outcome::Granted(l)) => l,
-        other => panic!("a late retry gets the original grant: {other:?}"),
-    };
+    let late = api.granted_now(
+        req("job", "req-1", 30_000, 0),
+        "a late retry gets the original grant",
+    );
     assert!(late.duplicate && !late.held, "{late:?}");
     assert_eq!(late.token, first.token);
     assert!(
@@ -369,16 +374,10 @@ pub fn the_longest_fields_round_trip(b: &dyn Backend) {
     let holder = "h".repeat(128);
     let mut r = req(&resource, &request_id, 30_000, 0);
     r.holder = holder.clone();
-    let first = match api.acquire(r.clone()) {
-        Ok(Outcome::Granted(l)) => l,
-        other => panic!("the longest names are granted: {other:?}"),
-    };
+    let first = api.granted_now(r.clone(), "the longest names are granted");
     let d = api.describe(&resource);
     assert_eq!((d.held, d.holder.as_str()), (true, holder.as_str()));
-    let again = match api.acquire(r) {
-        Ok(Outcome::Granted(l)) => l,
-        other => panic!("a retry with the longest id: {other:?}"),
-    };
+    let again = api.granted_now(r, "a retry with the longest id");
     assert_eq!(again.lease_id, first.lease_id);
     assert!(api.release(&resource, &first.lease_id).released);
 }

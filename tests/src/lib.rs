@@ -431,6 +431,18 @@ pub fn monotonic_ns() -> u64 {
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
+/// One event of a history (docs/history.md), timed now on [`monotonic_ns`]; `extra` (a JSON
+/// object) adds the fields the operation needs (token, value, note...).
+pub fn history_event(kind: &str, process: &str, f: &str, resource: &str, extra: Value) -> Value {
+    let mut e = serde_json::json!({
+        "type": kind, "process": process, "time": monotonic_ns(), "f": f, "resource": resource,
+    });
+    if let (Some(e), Value::Object(extra)) = (e.as_object_mut(), extra) {
+        e.extend(extra);
+    }
+    e
+}
+
 /// Parses one JSON log line.
 pub fn event(line: &str) -> Option<Value> {
     serde_json::from_str(line).ok()

@@ -24,7 +24,7 @@ use rand::{Rng, SeedableRng};
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
-use crate::{Mode, now_ns};
+use crate::Mode;
 
 /// Longest a single store operation may take before its outcome is given up as unknown.
 const OP_TIMEOUT: Duration = Duration::from_secs(10);
@@ -108,11 +108,10 @@ async fn main_loop(args: Args) -> anyhow::Result<()> {
         }
         let resource = format!("counter:{}", rng.random_range(1..=args.resources));
         let event = |kind: &str, f: &str, extra: Value| {
-            let mut e = json!({"type": kind, "process": name, "time": now_ns(), "f": f, "resource": resource});
-            if let (Some(e), Value::Object(extra)) = (e.as_object_mut(), extra) {
-                e.extend(extra);
-            }
-            println!("EVENT {e}");
+            println!(
+                "EVENT {}",
+                e2e::history_event(kind, &name, f, &resource, extra)
+            );
         };
 
         event("invoke", "acquire", json!({}));
@@ -205,9 +204,6 @@ async fn main_loop(args: Args) -> anyhow::Result<()> {
                 json!({"token": token, "note": e.to_string()}),
             ),
         }
-
-        // A little think time between rounds, so that the history stays readable.
-        tokio::time::sleep(Duration::from_millis(rng.random_range(0..=10))).await;
     }
     Ok(())
 }

@@ -93,8 +93,6 @@ enum Sub {
     Client(client::Args),
 }
 
-pub use e2e::monotonic_ns as now_ns;
-
 fn main() {
     let cli = Cli::parse();
     if let Some(Sub::Client(args)) = cli.client {

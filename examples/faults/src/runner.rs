@@ -19,7 +19,7 @@ use serde_json::{Value, json};
 
 use crate::faultproxy::FaultProxy;
 use crate::store::Counters;
-use crate::{Cli, Fault, Mode, now_ns};
+use crate::{Cli, Fault, Mode};
 
 /// What a client process said.
 enum Msg {
@@ -122,9 +122,8 @@ impl World {
         let resource = self.holding[i]
             .as_ref()
             .map_or("-".to_string(), |(r, _)| r.clone());
-        self.events.push(json!({
-            "type": "info", "process": self.clients[i].name, "time": now_ns(), "f": f, "resource": resource,
-        }));
+        let e = e2e::history_event("info", &self.clients[i].name, f, &resource, json!({}));
+        self.events.push(e);
     }
 }
 
@@ -358,7 +357,6 @@ pub fn run(cli: &Cli) -> anyhow::Result<bool> {
         };
         finals.push((resource, applied));
     }
-    let read_at = now_ns();
     for (resource, applied) in &finals {
         // An unknown-outcome write that the store holds gets its place in the store's order.
         for e in world.events.iter_mut() {
@@ -372,10 +370,8 @@ pub fn run(cli: &Cli) -> anyhow::Result<bool> {
                 e["index"] = json!(p + 1);
             }
         }
-        world.events.push(json!({
-            "type": "ok", "process": "runner", "time": read_at, "f": "read",
-            "resource": resource, "value": applied,
-        }));
+        let read = e2e::history_event("ok", "runner", "read", resource, json!({"value": applied}));
+        world.events.push(read);
     }
 
     report(&mut world.events, &out_dir, &counts, &replay)

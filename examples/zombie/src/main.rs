@@ -49,15 +49,8 @@ fn main() -> anyhow::Result<()> {
     demo(out, postgres)
 }
 
-use e2e::monotonic_ns as now_ns;
-
 fn event(kind: &str, process: &str, f: &str, extra: Value) -> Value {
-    let mut e =
-        json!({"type": kind, "process": process, "time": now_ns(), "f": f, "resource": RESOURCE});
-    if let (Some(e), Value::Object(extra)) = (e.as_object_mut(), extra) {
-        e.extend(extra);
-    }
-    e
+    e2e::history_event(kind, process, f, RESOURCE, extra)
 }
 
 fn bin(name: &str) -> anyhow::Result<PathBuf> {

@@ -16,6 +16,21 @@ fn opts(ttl_s: u64, wait_s: u64, request_id: Option<&str>) -> AcquireOptions {
     }
 }
 
+/// An acquire through `client` that must be granted (`what` says why, if not); the lease,
+/// detached from its guard (these tests renew nothing).
+fn granted(
+    rt: &tokio::runtime::Runtime,
+    client: &Client,
+    resource: &str,
+    opts: AcquireOptions,
+    what: &str,
+) -> lockd_client::Lease {
+    match rt.block_on(client.acquire(resource, opts)).unwrap() {
+        Acquired::Granted(g) => rt.block_on(g.detach()),
+        Acquired::NotGranted(why) => panic!("{what}, not {why}"),
+    }
+}
+
 #[test]
 fn two_instances_serve_one_set_of_locks_and_one_may_die() {
     let cluster = EtcdCluster::start(3);
@@ -33,20 +48,20 @@ fn two_instances_serve_one_set_of_locks_and_one_may_die() {
         Client::connect(&b.endpoint).unwrap(),
     );
     // A grant through A, retried with the same request id through B: the same grant.
-    let Acquired::Granted(g) = rt
-        .block_on(ca.acquire("job", opts(60, 0, Some("retry-me"))))
-        .unwrap()
-    else {
-        panic!("a free resource is granted");
-    };
-    let first = rt.block_on(g.detach());
-    let Acquired::Granted(again) = rt
-        .block_on(cb.acquire("job", opts(60, 0, Some("retry-me"))))
-        .unwrap()
-    else {
-        panic!("a retry is answered with the original grant");
-    };
-    let again = rt.block_on(again.detach());
+    let first = granted(
+        &rt,
+        &ca,
+        "job",
+        opts(60, 0, Some("retry-me")),
+        "a free resource is granted",
+    );
+    let again = granted(
+        &rt,
+        &cb,
+        "job",
+        opts(60, 0, Some("retry-me")),
+        "a retry is answered with the original grant",
+    );
     assert_eq!(
         (again.token, &again.lease_id),
         (first.token, &first.lease_id)
@@ -108,14 +123,14 @@ fn tokens_stay_above_what_was_answered_when_etcd_loses_its_history() {
     let client = Client::connect(&lockd.endpoint).unwrap();
     let mut last = 0;
     for i in 0..10 {
-        let Acquired::Granted(g) = rt
-            .block_on(client.acquire(&format!("h{i}"), opts(30, 0, None)))
-            .unwrap()
-        else {
-            panic!("a free resource is granted");
-        };
-        last = last.max(g.token());
-        rt.block_on(g.detach());
+        let g = granted(
+            &rt,
+            &client,
+            &format!("h{i}"),
+            opts(30, 0, None),
+            "a free resource is granted",
+        );
+        last = last.max(g.token);
     }
     // lockd stops cleanly (its high-water is written down), and etcd is replaced by an empty
     // cluster: its revisions start again from 1.
@@ -125,16 +140,17 @@ fn tokens_stay_above_what_was_answered_when_etcd_loses_its_history() {
     let fresh = EtcdCluster::start(1);
     let lockd = lockd_on(dir.path(), &fresh);
     let client = Client::connect(&lockd.endpoint).unwrap();
-    let Acquired::Granted(g) = rt
-        .block_on(client.acquire("h0", opts(30, 0, None)))
-        .unwrap()
-    else {
-        panic!("a free resource is granted");
-    };
+    let g = granted(
+        &rt,
+        &client,
+        "h0",
+        opts(30, 0, None),
+        "a free resource is granted",
+    );
     assert!(
-        g.token() > last + (1 << 32) - 1_000,
+        g.token > last + (1 << 32) - 1_000,
         "token {} after {last}: the offset must lift tokens past the floor and its margin",
-        g.token()
+        g.token
     );
     lockd.wait_event("etcd's revision is behind tokens this lockd has answered (etcd lost data, or was restored from a backup); raising the token offset", |_| true);
 }

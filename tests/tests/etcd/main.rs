@@ -41,8 +41,6 @@ pub fn lockd_on(dir: &Path, cluster: &EtcdCluster) -> Lockd {
     )
 }
 
-pub use e2e::monotonic_ns as now_ns;
-
 /// The history the clients write, and a count of grants to wait on.
 #[derive(Default)]
 pub struct Recorder {
@@ -52,10 +50,7 @@ pub struct Recorder {
 
 impl Recorder {
     pub fn event(&self, kind: &str, process: &str, f: &str, resource: &str, extra: Value) {
-        let mut e = json!({"type": kind, "process": process, "time": now_ns(), "f": f, "resource": resource});
-        if let (Some(e), Value::Object(extra)) = (e.as_object_mut(), extra) {
-            e.extend(extra);
-        }
+        let e = e2e::history_event(kind, process, f, resource, extra);
         let mut st = self.state.lock().unwrap();
         if kind == "ok" && f == "acquire" {
             st.1 += 1;

@@ -5,7 +5,9 @@ use tokio_postgres::NoTls;
 
 use e2e::pg::Postgres;
 
-use crate::{code, connect, connect_with, conninfo, mark, psql, runtime, setup, setup_with};
+use crate::{
+    code, connect, connect_with, conninfo, mark, psql, runtime, setup, setup_with, wait_count,
+};
 
 #[test]
 fn psql_scripts_run_unchanged_with_ssl_refused_and_notifications_delivered() {
@@ -157,19 +159,13 @@ fn a_cancel_request_reaches_the_right_session() {
             c.batch_execute("SELECT pg_sleep(600) /* cancel me */").await
         });
         // Wait until PostgreSQL runs it (each look is a round trip).
-        loop {
-            let n: i64 = other
-                .query_one(
-                    "SELECT count(*) FROM pg_stat_activity WHERE state = 'active' AND query LIKE '%cancel me%' AND pid <> pg_backend_pid()",
-                    &[],
-                )
-                .await
-                .unwrap()
-                .get(0);
-            if n == 1 {
-                break;
-            }
-        }
+        wait_count(
+            &other,
+            "the query to run",
+            "SELECT count(*) FROM pg_stat_activity WHERE state = 'active' AND query LIKE '%cancel me%' AND pid <> pg_backend_pid()",
+            1,
+        )
+        .await;
         token.cancel_query(NoTls).await.unwrap();
         let e = sleeping.await.unwrap().unwrap_err();
         assert_eq!(code(&e), "57014", "{e}");

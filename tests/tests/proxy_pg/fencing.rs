@@ -5,7 +5,9 @@ use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
 
-use crate::{code, connect, connect_with, holder, mark, psql, runtime, setup, start_proxy};
+use crate::{
+    code, connect, connect_with, holder, mark, psql, runtime, setup, start_proxy, wait_count,
+};
 
 #[test]
 fn a_stale_token_is_refused_with_its_sqlstate_and_the_session_stays_usable() {
@@ -379,19 +381,13 @@ fn a_transaction_that_waited_for_a_raise_sees_it_at_any_isolation_level() {
                 .await
             });
             let watcher = connect(s.addr()).await;
-            loop {
-                let n: i64 = watcher
-                    .query_one(
-                        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted",
-                        &[],
-                    )
-                    .await
-                    .unwrap()
-                    .get(0);
-                if n == 1 {
-                    break;
-                }
-            }
+            wait_count(
+                &watcher,
+                "the old token's transaction to wait for the raise",
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted",
+                1,
+            )
+            .await;
             new.batch_execute("COMMIT").await.unwrap();
             let e = waiting.await.unwrap().expect_err("the old token must not commit");
             assert_eq!(code(&e), expected, "{isolation}: {e}");

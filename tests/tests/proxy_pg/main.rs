@@ -105,6 +105,22 @@ pub fn mark(pg: &Postgres, resource: &str) -> String {
     ))
 }
 
+/// Runs `sql` (a count) through `client` until it answers `n`: each look is a round trip,
+/// bounded by the harness's patience.
+pub async fn wait_count(client: &Client, what: &str, sql: &str, n: i64) {
+    let deadline = std::time::Instant::now() + e2e::PATIENCE;
+    loop {
+        let got: i64 = client.query_one(sql, &[]).await.unwrap().get(0);
+        if got == n {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "gave up waiting for {what}: {sql:?} answers {got}"
+        );
+    }
+}
+
 /// The SQLSTATE of a database error (panics on any other error).
 pub fn code(e: &tokio_postgres::Error) -> String {
     e.as_db_error()
