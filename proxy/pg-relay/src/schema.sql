@@ -214,6 +214,14 @@ BEGIN
 END;
 $fn$;
 
+-- The fallback of the relay's fast path (see CHECK_FAST in schema.rs): the general check, as
+-- one value, the token it accepted (NULL when the session has no token).
+CREATE OR REPLACE FUNCTION fencing.check_token(p_wait_ms integer)
+RETURNS bigint
+LANGUAGE sql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $fn$ SELECT c.fenced_token FROM fencing.check(p_wait_ms) c $fn$;
+
 REVOKE ALL ON TABLE fencing.tokens FROM PUBLIC;
 GRANT SELECT ON TABLE fencing.tokens TO PUBLIC;
 GRANT USAGE ON SCHEMA fencing TO PUBLIC;
@@ -221,3 +229,4 @@ REVOKE ALL ON FUNCTION fencing.evict_older(text, bigint) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION fencing.lock_key(text) TO PUBLIC;
 GRANT EXECUTE ON FUNCTION fencing.check(integer) TO PUBLIC;
 GRANT EXECUTE ON FUNCTION fencing.check(integer, boolean) TO PUBLIC;
+GRANT EXECUTE ON FUNCTION fencing.check_token(integer) TO PUBLIC;

@@ -35,8 +35,16 @@ use tokio::sync::mpsc;
 
 use crate::{Relay, sqlstate};
 
-/// The prepared statement that holds the check on each server connection.
-const CHECK_STATEMENT: &[u8] = b"__fence_proxy_check";
+/// The prepared statements that hold the check on each server connection: the general check,
+/// and the two halves of the fast path (see `schema.rs`).
+const CHECK_STATEMENTS: [(&[u8], &[u8], &[u32]); 3] = [
+    (b"__fence_proxy_check", crate::schema::CHECK_FULL, &[23]),
+    (b"__fence_proxy_lock", crate::schema::CHECK_LOCK, &[]),
+    (b"__fence_proxy_fast", crate::schema::CHECK_FAST, &[23]),
+];
+const FULL: usize = 0;
+const LOCK: usize = 1;
+const FAST: usize = 2;
 /// Messages larger than this are streamed rather than held whole, where they may be (CopyData
 /// from either side, DataRow from the server).
 const STREAM_ABOVE: usize = 256 << 10;
@@ -250,16 +258,27 @@ enum Expect {
     Execute {
         check: Option<u64>,
     },
+    /// The injected Execute of the fast path's lock statement: its replies are hidden.
+    Lock,
     Describe,
-    Close,
+    /// `injected`: the relay's own Close, before it prepares its statements again.
+    Close {
+        injected: bool,
+    },
     /// `settings`: the batch it closes holds a statement that may change the settings.
+    /// `injected`: the relay's own Sync after a simple Query that followed the check's
+    /// extended-protocol messages (its ReadyForQuery is hidden, unless the check failed and
+    /// PostgreSQL skipped the Query: then it is the Query's).
     Sync {
         settings: bool,
+        injected: bool,
     },
-    /// A simple Query (or FunctionCall): its statements, run-length encoded.
+    /// A simple Query (or FunctionCall): its statements, run-length encoded. `after_check`: it
+    /// was sent right after the check's extended-protocol messages, before an injected Sync.
     Query {
         units: VecDeque<Unit>,
         settings: bool,
+        after_check: bool,
     },
 }
 
@@ -273,7 +292,9 @@ impl Flow {
                 .expect
                 .iter()
                 .find_map(|e| match e {
-                    Expect::Sync { settings } | Expect::Query { settings, .. } => Some(!settings),
+                    Expect::Sync { settings, .. } | Expect::Query { settings, .. } => {
+                        Some(!settings)
+                    }
                     _ => None,
                 })
                 .unwrap_or(false)
@@ -289,6 +310,7 @@ impl Expect {
                 count: u32::MAX,
             }]),
             settings,
+            after_check: false,
         }
     }
 }
@@ -351,7 +373,7 @@ impl Flow {
     /// The next DataRow (or CommandComplete) answers an injected check.
     fn next_is_hidden(&self) -> bool {
         match self.expect.front() {
-            Some(Expect::Execute { check: Some(_) }) => true,
+            Some(Expect::Execute { check: Some(_) } | Expect::Lock) => true,
             Some(Expect::Query { units, .. }) => units.front().is_some_and(|u| u.check.is_some()),
             _ => false,
         }
@@ -463,6 +485,7 @@ const UNKNOWN: Class = Class {
     drops_statements: false,
     settings: true,
     fencing: false,
+    pipelinable: false,
 };
 
 impl ToServer<'_> {
@@ -566,7 +589,7 @@ impl ToServer<'_> {
             b'Q' => {
                 let text = msg::query_text(message)?;
                 self.need_check = self.need_check || (starts_batch && !checked_already);
-                self.on_query(flow, message, text, out);
+                self.on_query(flow, message, text, starts_batch, out);
                 self.batch_start = true;
                 self.need_check = true;
             }
@@ -633,12 +656,13 @@ impl ToServer<'_> {
                     }
                     _ => {}
                 }
-                flow.expect.push_back(Expect::Close);
+                flow.expect.push_back(Expect::Close { injected: false });
                 out.extend_from_slice(message);
             }
             b'S' => {
                 flow.expect.push_back(Expect::Sync {
                     settings: std::mem::take(&mut self.batch_settings),
+                    injected: false,
                 });
                 out.extend_from_slice(message);
                 self.batch_start = true;
@@ -707,34 +731,50 @@ impl ToServer<'_> {
             return;
         }
         self.need_check = false;
-        if flow.prepared == Prepared::No {
-            msg::parse(
-                out,
-                CHECK_STATEMENT,
-                crate::schema::CHECK_SQL_EXTENDED,
-                &[23, 16],
-            );
-            flow.expect.push_back(Expect::Parse { injected: true });
-            flow.prepared = Prepared::Pending;
-        }
-        let current = flow.known_current(self.relay, flow.generation);
-        msg::bind(
-            out,
-            b"",
-            CHECK_STATEMENT,
-            &[
-                self.relay.wait_param.as_bytes(),
-                if current { b"t" } else { b"f" },
-            ],
-        );
-        msg::execute(out, b"", 0);
-        flow.expect.push_back(Expect::Bind { injected: true });
-        flow.expect.push_back(Expect::Execute {
-            check: Some(flow.generation),
-        });
+        self.push_check(flow, flow.generation, out);
     }
 
-    fn on_query(&mut self, flow: &mut Flow, message: &[u8], text: &[u8], out: &mut Vec<u8>) {
+    /// The check in extended-protocol messages (prepared on first use): the fast path when the
+    /// proxy believes the token is the mark, else the general check. Its replies are hidden.
+    fn push_check(&self, flow: &mut Flow, generation: u64, out: &mut Vec<u8>) {
+        if flow.prepared == Prepared::No {
+            for (name, text, types) in CHECK_STATEMENTS {
+                // Closing first: an earlier attempt may have prepared some of them (or a
+                // DEALLOCATE dropped only some); closing a missing statement is no error.
+                msg::close(out, b'S', name);
+                flow.expect.push_back(Expect::Close { injected: true });
+                msg::parse(out, name, text, types);
+                flow.expect.push_back(Expect::Parse { injected: true });
+            }
+            flow.prepared = Prepared::Pending;
+        }
+        let current = flow.known_current(self.relay, generation);
+        let wait = [self.relay.wait_param.as_bytes()];
+        let mut execute = |statement: usize, params: &[&[u8]], expect: Expect| {
+            msg::bind(out, b"", CHECK_STATEMENTS[statement].0, params);
+            msg::execute(out, b"", 0);
+            flow.expect.push_back(Expect::Bind { injected: true });
+            flow.expect.push_back(expect);
+        };
+        let check = Expect::Execute {
+            check: Some(generation),
+        };
+        if current {
+            execute(LOCK, &[], Expect::Lock);
+            execute(FAST, &wait, check);
+        } else {
+            execute(FULL, &wait, check);
+        }
+    }
+
+    fn on_query(
+        &mut self,
+        flow: &mut Flow,
+        message: &[u8],
+        text: &[u8],
+        starts_batch: bool,
+        out: &mut Vec<u8>,
+    ) {
         if !flow.fenced && flow.prepared == Prepared::No && !sql::mentions_fencing(text) {
             // No token and none to come from this text, and no prepared check for a DISCARD to
             // drop: nothing to inject or to note, so the text is not even split.
@@ -783,6 +823,33 @@ impl ToServer<'_> {
             let _ = self.local.send(Local::Reply(reply));
             return;
         }
+        if checks.len() == 1
+            && checks[0].0 == 0
+            && starts_batch
+            && statements.iter().all(|s| s.class.pipelinable)
+        {
+            // The common case: one check, before everything. It goes as prepared statements
+            // in extended-protocol messages ahead of the Query (PostgreSQL runs them in the
+            // Query's transaction, without parsing or planning them again), and a Sync after
+            // it ends what they began. Only for statements that read or write rows: a COPY
+            // FROM STDIN would swallow the Sync.
+            self.push_check(flow, checks[0].1, out);
+            flow.expect.push_back(Expect::Query {
+                units: VecDeque::from([Unit {
+                    check: None,
+                    count: u32::MAX,
+                }]),
+                settings,
+                after_check: true,
+            });
+            out.extend_from_slice(message);
+            msg::sync(out);
+            flow.expect.push_back(Expect::Sync {
+                settings,
+                injected: true,
+            });
+            return;
+        }
         let check = |current: bool| {
             format!(
                 "SELECT * FROM fencing.check({}, {current}); ",
@@ -816,7 +883,11 @@ impl ToServer<'_> {
             check: None,
             count: u32::MAX,
         });
-        flow.expect.push_back(Expect::Query { units, settings });
+        flow.expect.push_back(Expect::Query {
+            units,
+            settings,
+            after_check: false,
+        });
         msg::query(out, &new_text);
     }
 }
@@ -942,10 +1013,10 @@ impl ToClient<'_> {
                 Some(Expect::Bind { injected: true }) => Verdict::Hide,
                 _ => Verdict::Forward,
             },
-            b'3' => {
-                flow.expect.pop_front();
-                Verdict::Forward
-            }
+            b'3' => match flow.expect.pop_front() {
+                Some(Expect::Close { injected: true }) => Verdict::Hide,
+                _ => Verdict::Forward,
+            },
             b'n' => {
                 if matches!(flow.expect.front(), Some(Expect::Describe)) {
                     flow.expect.pop_front();
@@ -968,6 +1039,9 @@ impl ToClient<'_> {
                 if !flow.next_is_hidden() {
                     return Verdict::Forward;
                 }
+                if matches!(flow.expect.front(), Some(Expect::Lock)) {
+                    return Verdict::Hide;
+                }
                 if let Ok(cols) = msg::data_row(message)
                     && let [Some(r), Some(t)] = cols[..]
                     && let (Ok(r), Some(t)) = (
@@ -987,6 +1061,10 @@ impl ToClient<'_> {
                 Verdict::Hide
             }
             b'C' | b'I' | b's' => {
+                if matches!(flow.expect.front(), Some(Expect::Lock)) {
+                    flow.expect.pop_front();
+                    return Verdict::Hide;
+                }
                 let check = match flow.expect.front_mut() {
                     Some(Expect::Execute { check }) => {
                         let c = *check;
@@ -1018,9 +1096,15 @@ impl ToClient<'_> {
             }
             b'E' => self.on_error(flow, message),
             b'Z' => {
+                let mut hide = false;
                 while let Some(e) = flow.expect.pop_front() {
-                    if matches!(e, Expect::Sync { .. } | Expect::Query { .. }) {
-                        break;
+                    match e {
+                        Expect::Sync { injected, .. } => {
+                            hide = injected;
+                            break;
+                        }
+                        Expect::Query { .. } => break,
+                        _ => {}
                     }
                 }
                 if let Ok(s) = msg::ready_status(message) {
@@ -1029,7 +1113,11 @@ impl ToClient<'_> {
                         flow.checked_txn = None;
                     }
                 }
-                Verdict::Forward
+                if hide {
+                    Verdict::Hide
+                } else {
+                    Verdict::Forward
+                }
             }
             b'K' => match msg::backend_key(message) {
                 Ok((pid, key)) => {
@@ -1075,9 +1163,12 @@ impl ToClient<'_> {
                 flow.prepared = Prepared::No;
                 true
             }
-            Some(Expect::Bind { injected: true }) | Some(Expect::Execute { check: Some(_) }) => {
-                true
-            }
+            Some(
+                Expect::Bind { injected: true }
+                | Expect::Execute { check: Some(_) }
+                | Expect::Lock
+                | Expect::Close { injected: true },
+            ) => true,
             Some(Expect::Query { units, .. }) => {
                 let c = units.front().is_some_and(|u| u.check.is_some());
                 units.clear();
@@ -1093,11 +1184,28 @@ impl ToClient<'_> {
                 Expect::Parse { .. }
                     | Expect::Bind { .. }
                     | Expect::Execute { .. }
+                    | Expect::Lock
                     | Expect::Describe
-                    | Expect::Close
+                    | Expect::Close { .. }
             )
         ) {
             flow.expect.pop_front();
+        }
+        // A simple Query sent after the check's messages is skipped with them: the injected
+        // Sync's ReadyForQuery is then the Query's.
+        if from_check
+            && matches!(
+                flow.expect.front(),
+                Some(Expect::Query {
+                    after_check: true,
+                    ..
+                })
+            )
+        {
+            flow.expect.pop_front();
+            if let Some(Expect::Sync { injected, .. }) = flow.expect.front_mut() {
+                *injected = false;
+            }
         }
         self.check_row = None;
         let Ok(fields) = msg::error_fields(message) else {

@@ -286,6 +286,14 @@ pub fn execute(out: &mut Vec<u8>, portal: &[u8], max_rows: i32) {
     finish(out, at);
 }
 
+/// Close of a prepared statement (`kind` b'S') or a portal (b'P').
+pub fn close(out: &mut Vec<u8>, kind: u8, name: &[u8]) {
+    let at = begin(out, b'C');
+    out.push(kind);
+    cstr(out, name);
+    finish(out, at);
+}
+
 pub fn sync(out: &mut Vec<u8>) {
     let at = begin(out, b'S');
     finish(out, at);
@@ -360,6 +368,12 @@ mod tests {
         assert_eq!(execute_portal(&e), Ok(&b""[..]));
 
         assert_eq!(target(b"C\0\0\0\x08Sab\0", "Close"), Ok((b'S', &b"ab"[..])));
+        let mut c = Vec::new();
+        close(&mut c, b'S', b"ab");
+        assert_eq!(c, b"C\0\0\0\x08Sab\0");
+        let mut y = Vec::new();
+        sync(&mut y);
+        assert_eq!(y, b"S\0\0\0\x04");
         assert_eq!(
             target(b"C\0\0\0\x08Xab\0", "Close"),
             Err(WireError::Malformed("Close"))

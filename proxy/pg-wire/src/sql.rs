@@ -27,6 +27,10 @@ pub struct Class {
     pub settings: bool,
     /// It mentions `fencing`: the session may have a token from now on.
     pub fencing: bool,
+    /// It is a plain query or data change (`SELECT`, `INSERT`, `UPDATE`, `DELETE`, `MERGE`,
+    /// `WITH`, `VALUES`, `TABLE`): it may follow extended-protocol messages in one
+    /// transaction, reads no COPY data and is no transaction-block-only command.
+    pub pipelinable: bool,
 }
 
 /// One statement of a query string: `text[start..end]`, the trailing `;` included.
@@ -56,6 +60,9 @@ const NO_CHECK: &[&str] = &[
     "unlisten",
 ];
 const ENDS_TRANSACTION: &[&str] = &["abort", "commit", "end", "prepare", "rollback"];
+const PIPELINABLE: &[&str] = &[
+    "delete", "insert", "merge", "select", "table", "update", "values", "with",
+];
 
 /// Classifies one statement's text.
 pub fn classify(text: &[u8]) -> Class {
@@ -70,6 +77,7 @@ pub fn classify(text: &[u8]) -> Class {
         drops_statements: discard || contains_ignore_case(text, b"deallocate"),
         settings: mentions || is(&["rollback", "abort"]),
         fencing,
+        pipelinable: is(PIPELINABLE),
     }
 }
 
@@ -316,5 +324,21 @@ mod tests {
         assert!(c("ROLLBACK TO SAVEPOINT a").settings);
         assert!(c("select set_config('FENCING.token', '1', false)").fencing);
         assert!(!c("RESET ALL").fencing && c("RESET ALL").settings);
+        for t in [
+            "UPDATE t SET v = 1",
+            "(select 1)",
+            "with x as (select 1) delete from t",
+        ] {
+            assert!(c(t).pipelinable, "{t}");
+        }
+        for t in [
+            "COPY t FROM STDIN",
+            "VACUUM",
+            "CALL p()",
+            "BEGIN",
+            "DO $$ BEGIN END $$",
+        ] {
+            assert!(!c(t).pipelinable, "{t}");
+        }
     }
 }

@@ -401,16 +401,19 @@ fn a_transaction_that_waited_for_a_raise_sees_it_at_any_isolation_level() {
 }
 
 #[test]
-fn a_current_token_takes_the_short_check_and_a_belief_gone_wrong_falls_back_to_the_full_one() {
+fn a_current_token_takes_the_fast_path_and_a_belief_gone_wrong_falls_back_to_the_full_check() {
     let s = setup(1000);
     s.pg.psql(
         "CREATE TABLE t (n int); \
          CREATE FUNCTION bump() RETURNS void LANGUAGE sql AS $$ SELECT set_config('fencing.token', '7', false) $$",
     );
-    // Every statement below that starts a transaction gets a check: the relay passes
-    // `p_current` = whether a check with the same settings passed and the mark is that token.
+    // Every statement below that starts a transaction gets a check. psql sends one statement
+    // per Query, so the check goes as prepared statements ahead of it: the general check
+    // `fencing.check(wait)` unless a check with the same settings passed and the mark is that
+    // token, else the fast path (two plain statements, no function call unless the mark is not
+    // the token: then `fencing.check_token`, which calls the general check).
     let script = format!(
-        "SET track_functions = 'pl';\n\
+        "SET track_functions = 'all';\n\
          SET fencing.resource = 'inv:b';\n\
          SET fencing.token = '5';\n\
          INSERT INTO t VALUES (1);\n\
@@ -419,21 +422,68 @@ fn a_current_token_takes_the_short_check_and_a_belief_gone_wrong_falls_back_to_t
          BEGIN; INSERT INTO t VALUES (3); COMMIT;\n\
          \\! psql -h 127.0.0.1 -p {port} -U postgres -d postgres -X -q -c \"DELETE FROM fencing.tokens\"\n\
          BEGIN; INSERT INTO t VALUES (4); COMMIT;\n\
+         BEGIN \\; INSERT INTO t VALUES (5) \\; COMMIT;\n\
          SELECT pg_stat_force_next_flush();\n\
-         SELECT 'calls', string_agg(p.pronargs || ':' || f.calls, ',' ORDER BY p.pronargs DESC) \
-           FROM pg_stat_user_functions f JOIN pg_proc p ON p.oid = f.funcid WHERE f.funcname = 'check';\n",
+         SELECT 'calls', string_agg(f.funcname || '/' || p.pronargs || ':' || f.calls, ',' \
+           ORDER BY f.funcname, p.pronargs) FROM pg_stat_user_functions f \
+           JOIN pg_proc p ON p.oid = f.funcid WHERE f.funcname IN ('check', 'check_token');\n",
         port = s.pg.port
     );
     let (ok, out, err) = psql(s.addr(), &script, &[]);
     assert!(ok, "{err}");
-    // The relay's form `check(wait, current)` ran 6 times (INSERT 1, INSERT 2, SELECT bump(),
-    // INSERT 3, INSERT 4, the flush), not for `SELECT 'inside'` (its transaction was checked
-    // already). The full `check(wait)` ran 3 times: for INSERT 1 (first use of the token), for
-    // INSERT 3 (the token became 7 inside a function, where the proxy could not see it: the
-    // short check found the mark below it and handed over, and the full check raised it), and
-    // for INSERT 4 (the marks were deleted behind everyone's back: the full check put 7 back).
-    // The other three took the short check alone.
-    assert!(out.contains("calls|2:6,1:3"), "{out}\n{err}");
+    // The general check ran 3 times: for INSERT 1 (first use of the token), for INSERT 3 (the
+    // token became 7 inside a function, where the proxy could not see it: the fast path found
+    // the mark below it and handed over through check_token, and the general check raised it)
+    // and for INSERT 4 (the marks were deleted behind everyone's back: the fast path found no
+    // mark, the general check put 7 back). INSERT 2, SELECT bump() and the flush took the fast
+    // path alone, and `SELECT 'inside'` no check at all (its transaction was checked already).
+    // The one Query holding BEGIN, INSERT 5 and COMMIT needs its check after BEGIN, inside the
+    // text: that is the form `check(wait, current)`, called once.
+    assert!(
+        out.contains("calls|check/1:3,check/2:1,check_token/1:2"),
+        "{out}\n{err}"
+    );
     assert_eq!(mark(&s.pg, "inv:b"), "7");
-    assert_eq!(s.pg.psql("SELECT count(*) FROM t"), "4");
+    assert_eq!(s.pg.psql("SELECT count(*) FROM t"), "5");
+}
+
+#[test]
+fn failing_statements_after_the_check_and_a_dropped_check_statement_leave_the_session_in_step() {
+    let s = setup(1000);
+    s.pg.psql("CREATE TABLE t (n int)");
+    // Each line below is one Query; its check goes ahead of it as extended-protocol messages
+    // with a Sync after it, whose ReadyForQuery the proxy hides. If any reply were paired
+    // with the wrong request, psql would see a second ReadyForQuery or miss one, and the
+    // answers below would shift or the script would stop.
+    let (ok, out, err) = psql(
+        s.addr(),
+        "SET fencing.resource = 'inv:c';\n\
+         SET fencing.token = '3';\n\
+         INSERT INTO t VALUES (1);\n\
+         SELECT 1 / 0;\n\
+         SELECT 'after division', count(*) FROM t;\n\
+         SELECT no_such_column FROM t;\n\
+         INSERT INTO t VALUES (2) \\; INSERT INTO t VALUES (1 / 0);\n\
+         SELECT 'after a failed pair', count(*) FROM t;\n\
+         DEALLOCATE __fence_proxy_fast;\n\
+         INSERT INTO t VALUES (3);\n\
+         DEALLOCATE ALL;\n\
+         INSERT INTO t VALUES (4);\n\
+         SELECT 'in step', count(*) FROM t;\n",
+        &[],
+    );
+    assert!(ok, "{err}");
+    assert_eq!(
+        err.matches("ERROR:  22012: division by zero").count(),
+        2,
+        "{err}"
+    );
+    assert!(err.contains("ERROR:  42703"), "{err}");
+    assert!(out.contains("after division|1"), "{out}");
+    // The pair was one transaction: neither row kept.
+    assert!(out.contains("after a failed pair|1"), "{out}");
+    // After one of the proxy's statements was dropped by hand and after all of them were, the
+    // proxy prepared them again (closing the survivors first) and the checks ran.
+    assert!(out.contains("in step|3"), "{out}\n{err}");
+    assert_eq!(mark(&s.pg, "inv:c"), "3");
 }
