@@ -4,7 +4,7 @@
 # token (select-only and simple-update, 1 and 16 clients); then a script that sets a token once
 # per connection and updates a row per transaction, sent directly and through fence-proxy; then
 # what the check costs PostgreSQL, to show it adds no round trip. One run, one machine. Needs
-# pgbouncer (apt-get install pgbouncer) and PostgreSQL 15; about 4 minutes. Run as root.
+# pgbouncer (apt-get install pgbouncer) and PostgreSQL 15; about 5 minutes. Run as root.
 #
 #   bench/pg.sh
 #   SECONDS_PER_RUN=5 bench/pg.sh
@@ -57,6 +57,14 @@ SQL
 echo 'SELECT * FROM fencing.check(1000);' >"$OUT/check.sql"
 echo 'SELECT * FROM fencing.check(1000, true);' >"$OUT/check-current.sql"
 echo 'SELECT 1;' >"$OUT/select1.sql"
+# The fast path as fence-proxy prepares and sends it (proxy/pg-relay/src/schema.rs, CHECK_LOCK
+# and CHECK_FAST), in one pipeline like the proxy's batch.
+cat >"$OUT/fast.sql" <<'SQL'
+\startpipeline
+SELECT pg_catalog.pg_advisory_xact_lock_shared(fencing.lock_key(pg_catalog.current_setting('fencing.resource', true)));
+SELECT s.r, CASE WHEN s.rc AND (SELECT m.token FROM fencing.tokens m WHERE m.resource OPERATOR(pg_catalog.=) s.r)::pg_catalog.text OPERATOR(pg_catalog.=) s.t THEN s.t::pg_catalog.int8 ELSE fencing.check_token(1000) END FROM (SELECT pg_catalog.current_setting('fencing.resource', true) AS r, pg_catalog.current_setting('fencing.token', true) AS t, pg_catalog.current_setting('transaction_isolation') OPERATOR(pg_catalog.=) 'read committed' AS rc) s;
+\endpipeline
+SQL
 TOKEN="-c fencing.resource=bench:accounts -c fencing.token=42"
 
 RESULTS="$OUT/results.txt"; : >"$RESULTS"
@@ -82,8 +90,12 @@ for c in 1 16; do
   run "token-update pgbouncer (no token)" $BOUNCER $c "" -- -f "$OUT/update.sql"
   run "token-update fence-proxy (no token)" $PROXY $c "" -- -f "$OUT/update.sql"
   run "token-update fence-proxy (token)" $PROXY $c "$TOKEN" -- -f "$OUT/update.sql"
+  run "token-update prepared direct" $PG $c "$TOKEN" -- -M prepared -f "$OUT/update.sql"
+  run "token-update prepared fence-proxy (token)" $PROXY $c "$TOKEN" -- -M prepared -f "$OUT/update.sql"
 done
 run "SELECT 1 direct" $PG 1 "" -- -f "$OUT/select1.sql"
+run "SELECT 1 prepared direct" $PG 1 "" -- -M prepared -f "$OUT/select1.sql"
+run "fast path prepared direct (a current token)" $PG 1 "$TOKEN" -- -M prepared -f "$OUT/fast.sql"
 run "fencing.check(1000) direct (the full check)" $PG 1 "$TOKEN" -- -f "$OUT/check.sql"
 run "fencing.check(1000, true) direct (a current token)" $PG 1 "$TOKEN" -- -f "$OUT/check-current.sql"
 echo "results in $RESULTS" >&2

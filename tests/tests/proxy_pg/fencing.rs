@@ -349,15 +349,25 @@ fn a_transaction_that_waited_for_a_raise_sees_it_at_any_isolation_level() {
     s.pg.psql("CREATE TABLE t (id int PRIMARY KEY, v text); INSERT INTO t VALUES (1, 'init'), (2, 'init')");
     // The newer token comes through this proxy, or through a second one in front of the same
     // database: then the old token's proxy still believes its token current, and the check
-    // takes its short form (the lock shared, one read), which must see the raise just as well.
+    // takes its fast form (the lock shared, one read), which must see the raise just as well.
+    // The old token's transaction is one Query (BEGIN; UPDATE; COMMIT: the check goes into the
+    // text, after BEGIN) or three (the UPDATE's check goes ahead of it as prepared statements:
+    // with a current token the lock and the read are two statements, so that the read's
+    // snapshot is taken after the wait).
     let dir2 = tempfile::tempdir().unwrap();
     let other = start_proxy(&dir2, &s.pg, 60_000, "");
-    for (isolation, expected, token, raiser) in [
-        ("READ COMMITTED", "FN001", 10, s.addr()),
-        ("REPEATABLE READ", "40001", 20, s.addr()),
-        ("READ COMMITTED", "FN001", 30, other.pg[0].as_str()),
-        ("REPEATABLE READ", "40001", 40, other.pg[0].as_str()),
+    let mut token = 0;
+    for (isolation, expected, raiser, split) in [
+        ("READ COMMITTED", "FN001", s.addr(), false),
+        ("REPEATABLE READ", "40001", s.addr(), false),
+        ("READ COMMITTED", "FN001", other.pg[0].as_str(), false),
+        ("REPEATABLE READ", "40001", other.pg[0].as_str(), false),
+        ("READ COMMITTED", "FN001", s.addr(), true),
+        ("REPEATABLE READ", "40001", s.addr(), true),
+        ("READ COMMITTED", "FN001", other.pg[0].as_str(), true),
+        ("REPEATABLE READ", "40001", other.pg[0].as_str(), true),
     ] {
+        token += 10;
         runtime().block_on(async {
             let old = connect(s.addr()).await;
             old.batch_execute(&format!(
@@ -375,10 +385,18 @@ fn a_transaction_that_waited_for_a_raise_sees_it_at_any_isolation_level() {
             .unwrap();
             // The old token's next transaction starts and waits for the raise.
             let waiting = tokio::spawn(async move {
-                old.batch_execute(&format!(
-                    "BEGIN ISOLATION LEVEL {isolation}; UPDATE t SET v = 'stale' WHERE id = 2; COMMIT"
-                ))
-                .await
+                if split {
+                    old.batch_execute(&format!("BEGIN ISOLATION LEVEL {isolation}"))
+                        .await?;
+                    old.batch_execute("UPDATE t SET v = 'stale' WHERE id = 2")
+                        .await?;
+                    old.batch_execute("COMMIT").await
+                } else {
+                    old.batch_execute(&format!(
+                        "BEGIN ISOLATION LEVEL {isolation}; UPDATE t SET v = 'stale' WHERE id = 2; COMMIT"
+                    ))
+                    .await
+                }
             });
             let watcher = connect(s.addr()).await;
             wait_count(
@@ -390,12 +408,12 @@ fn a_transaction_that_waited_for_a_raise_sees_it_at_any_isolation_level() {
             .await;
             new.batch_execute("COMMIT").await.unwrap();
             let e = waiting.await.unwrap().expect_err("the old token must not commit");
-            assert_eq!(code(&e), expected, "{isolation}: {e}");
+            assert_eq!(code(&e), expected, "{isolation}, split {split}: {e}");
         });
         assert_eq!(
             s.pg.psql("SELECT v FROM t ORDER BY id"),
             "new\nold",
-            "{isolation}"
+            "{isolation}, split {split}"
         );
     }
 }
