@@ -5,6 +5,7 @@
 //!   new token from overtaking older requests still at the upstream; durable marks behind a
 //!   [`MarkStore`];
 //! - `relay`: the streaming relay to the upstream (headers, limits, timeouts);
+//! - `upstream`: connections to the upstream, one kept per client connection, bounded;
 //! - `problem`: the proxy's own answers, `application/problem+json`, in one table;
 //! - `server`: HTTP/1.1 connections from clients.
 //!
@@ -29,6 +30,7 @@ mod problem;
 mod relay;
 mod routes;
 mod server;
+mod upstream;
 
 pub use fence::{
     BoxFuture, Fence, FenceLimits, LocalFence, MarkStore, MemoryMarks, Permit, Refusal,
@@ -37,3 +39,4 @@ pub use problem::Problem;
 pub use relay::{BoxError, Relay, RelayBody, RelayConfig, parse_upstream, strip_hop_by_hop};
 pub use routes::{Classification, RouteConfig, RouteError, Routes, Unmatched, is_safe};
 pub use server::{ServerLimits, bind_shards, serve};
+pub use upstream::Slot;

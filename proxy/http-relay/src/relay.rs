@@ -26,13 +26,11 @@ use http::{Request, Response, Uri};
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::{Body, Frame, Incoming, SizeHint};
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
 
 use crate::fence::{Fence, Permit};
 use crate::problem::Problem;
 use crate::routes::{Classification, Routes};
+use crate::upstream::{Held, Slot, Upstream};
 
 /// The error type of relayed bodies.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -50,7 +48,8 @@ pub struct RelayConfig {
     pub upstream_timeout: Duration,
     /// Longest wait for a connection to the upstream.
     pub connect_timeout: Duration,
-    /// Idle upstream connections kept per host.
+    /// Idle upstream connections kept at once (each client connection keeps the one its last
+    /// request used, see [`crate::upstream`]).
     pub pool_idle_per_host: usize,
     /// How long an idle upstream connection is kept.
     pub pool_idle_timeout: Duration,
@@ -79,37 +78,54 @@ pub fn parse_upstream(url: &str) -> Result<Uri, String> {
 pub struct Relay {
     routes: Routes,
     fence: Arc<dyn Fence>,
-    client: Client<HttpConnector, RelayBody>,
+    upstream: Arc<Upstream>,
     config: RelayConfig,
     prefix: String,
+    /// The upstream's `host:port`, for requests that came without `Host`.
+    host: HeaderValue,
 }
 
 impl Relay {
     pub fn new(routes: Routes, fence: Arc<dyn Fence>, config: RelayConfig) -> Relay {
-        let mut connector = HttpConnector::new();
-        connector.set_nodelay(true);
-        connector.set_connect_timeout(Some(config.connect_timeout));
-        let client = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(config.pool_idle_timeout)
-            .pool_max_idle_per_host(config.pool_idle_per_host)
-            .build(connector);
+        let host = config.upstream.host().unwrap_or_default();
+        let authority = format!("{host}:{}", config.upstream.port_u16().unwrap_or(80));
+        let upstream = Arc::new(Upstream::new(
+            authority,
+            config.connect_timeout,
+            config.pool_idle_timeout,
+            config.pool_idle_per_host,
+        ));
         let prefix = config.upstream.path().trim_end_matches('/').to_string();
+        let host = config
+            .upstream
+            .authority()
+            .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
+            .unwrap_or_else(|| HeaderValue::from_static("localhost"));
         Relay {
             routes,
             fence,
-            client,
+            upstream,
             config,
             prefix,
+            host,
         }
     }
 
-    /// Handles one request from `peer`. Never fails: every failure is an answer.
+    /// The upstream side of a new client connection: pass it to every [`Relay::handle`] of
+    /// that connection.
+    pub fn slot(&self) -> Arc<Slot> {
+        Arc::new(Slot::new(Arc::clone(&self.upstream)))
+    }
+
+    /// Handles one request from `peer` on the client connection that `slot` belongs to. Never
+    /// fails: every failure is an answer.
     pub async fn handle(
         &self,
         req: Request<Incoming>,
         peer: SocketAddr,
+        slot: &Arc<Slot>,
     ) -> Result<Response<RelayBody>, Infallible> {
-        Ok(match self.route(req, peer).await {
+        Ok(match self.route(req, peer, slot).await {
             Ok(response) => response,
             Err(problem) => {
                 if problem.status().is_server_error() {
@@ -136,13 +152,14 @@ impl Relay {
         &self,
         req: Request<Incoming>,
         peer: SocketAddr,
+        slot: &Arc<Slot>,
     ) -> Result<Response<RelayBody>, Problem> {
         let permit = match self.routes.classify(req.method(), req.uri().path()) {
             Classification::Pass => None,
             Classification::FenceByHeader => Some(self.admit(req.headers(), None).await?),
             Classification::FenceNamed(name) => Some(self.admit(req.headers(), Some(name)).await?),
         };
-        self.forward(req, peer, permit).await
+        self.forward(req, peer, permit, slot).await
     }
 
     async fn admit(&self, headers: &HeaderMap, named: Option<String>) -> Result<Permit, Problem> {
@@ -201,6 +218,7 @@ impl Relay {
         req: Request<Incoming>,
         peer: SocketAddr,
         permit: Option<Permit>,
+        slot: &Arc<Slot>,
     ) -> Result<Response<RelayBody>, Problem> {
         let limit = self.config.body_max_bytes;
         let declared = req
@@ -214,6 +232,9 @@ impl Relay {
         parts.uri = self.upstream_uri(&parts.uri);
         // A clone of a header value shares its bytes: no copy.
         let host = parts.headers.get(header::HOST).cloned();
+        if host.is_none() {
+            parts.headers.insert(header::HOST, self.host.clone());
+        }
         strip_hop_by_hop(&mut parts.headers);
         add_forwarded(
             &mut parts.headers,
@@ -223,18 +244,18 @@ impl Relay {
         let body = Limited::new(body, usize::try_from(limit).unwrap_or(usize::MAX)).boxed();
         let upstream = Request::from_parts(parts, body);
         let timeout = self.config.upstream_timeout;
-        let response = match tokio::time::timeout(timeout, self.client.request(upstream)).await {
+        let (response, held) = match tokio::time::timeout(timeout, slot.send(upstream)).await {
             Err(_) => {
                 return Err(Problem::UpstreamTimeout {
                     after_ms: timeout.as_millis() as u64,
                 });
             }
             Ok(Err(e)) => {
-                if source_is::<http_body_util::LengthLimitError>(&e) {
+                if source_is::<http_body_util::LengthLimitError>(&*e) {
                     return Err(Problem::BodyTooLarge { limit });
                 }
                 return Err(Problem::UpstreamUnreachable {
-                    reason: describe(&e),
+                    reason: describe(&*e),
                 });
             }
             Ok(Ok(r)) => r,
@@ -246,11 +267,13 @@ impl Relay {
             HoldingBody {
                 inner: body,
                 permit,
+                reuse: Some((held, Arc::clone(slot))),
             }
             .boxed(),
         ))
     }
 
+    /// The request target towards the upstream, in origin form (`/path?query`).
     fn upstream_uri(&self, original: &Uri) -> Uri {
         let path_and_query = match original.path_and_query() {
             // Without a prefix the request's path and query are reused as they are (shared
@@ -260,11 +283,7 @@ impl Relay {
                 .parse()
                 .expect("a prefix and a request's path and query form a path"),
         };
-        let mut parts = http::uri::Parts::default();
-        parts.scheme = self.config.upstream.scheme().cloned();
-        parts.authority = self.config.upstream.authority().cloned();
-        parts.path_and_query = Some(path_and_query);
-        Uri::from_parts(parts).expect("an upstream URL plus a request's path and query is a URL")
+        Uri::from(path_and_query)
     }
 }
 
@@ -351,10 +370,24 @@ fn add_forwarded(headers: &mut HeaderMap, peer: SocketAddr, host: Option<&str>) 
 }
 
 /// The upstream's response body, holding the request's permit until it has been relayed
-/// completely (or dropped).
+/// completely (or dropped), and its upstream connection, which goes back to the client
+/// connection's slot once the body has been read to its end.
 struct HoldingBody {
     inner: Incoming,
     permit: Option<Permit>,
+    reuse: Option<(Held, Arc<Slot>)>,
+}
+
+impl Drop for HoldingBody {
+    fn drop(&mut self) {
+        // hyper stops polling a body that says it has ended; a body dropped before its end
+        // leaves its connection mid-response, and the connection is closed with it.
+        if let Some((held, slot)) = self.reuse.take()
+            && self.inner.is_end_stream()
+        {
+            slot.put_back(held);
+        }
+    }
 }
 
 impl Body for HoldingBody {
@@ -367,7 +400,16 @@ impl Body for HoldingBody {
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let polled = Pin::new(&mut self.inner).poll_frame(cx);
         match &polled {
-            Poll::Ready(None) | Poll::Ready(Some(Err(_))) => self.permit = None,
+            Poll::Ready(None) => {
+                self.permit = None;
+                if let Some((held, slot)) = self.reuse.take() {
+                    slot.put_back(held);
+                }
+            }
+            Poll::Ready(Some(Err(_))) => {
+                self.permit = None;
+                self.reuse = None;
+            }
             _ => {}
         }
         polled.map(|frame| frame.map(|r| r.map_err(BoxError::from)))

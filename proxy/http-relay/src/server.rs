@@ -90,9 +90,11 @@ pub async fn serve(
         let header_read_timeout = limits.header_read_timeout;
         tokio::spawn(async move {
             let _slot = permit;
+            let slot = relay.slot();
             let service = service_fn(move |req| {
                 let relay = Arc::clone(&relay);
-                async move { relay.handle(req, peer).await }
+                let slot = Arc::clone(&slot);
+                async move { relay.handle(req, peer, &slot).await }
             });
             let conn = http1::Builder::new()
                 .timer(TokioTimer::new())
