@@ -180,8 +180,10 @@ async fn start_http(
         let mut limits = h.server();
         limits.connections_max = limits.connections_max.div_ceil(workers);
         for (i, shard) in shards.into_iter().enumerate() {
-            let (fence, routes, relay, limits) =
+            let (fence, routes, mut relay, limits) =
                 (Arc::clone(&fence), h.routes()?, h.relay()?, limits.clone());
+            // Like connections_max, the bound on idle upstream connections is the listener's.
+            relay.pool_idle_per_host = relay.pool_idle_per_host.div_ceil(workers);
             let mut stop = stop_rx.clone();
             threads.push(spawn_worker(
                 format!("http-{}-{i}", addr.port()),
