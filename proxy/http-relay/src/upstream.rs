@@ -214,6 +214,16 @@ mod tests {
         Arc<AtomicUsize>,
         tokio::sync::watch::Receiver<usize>,
     ) {
+        upstream_with(true).await
+    }
+
+    async fn upstream_with(
+        keep_alive: bool,
+    ) -> (
+        String,
+        Arc<AtomicUsize>,
+        tokio::sync::watch::Receiver<usize>,
+    ) {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap().to_string();
         let accepted = Arc::new(AtomicUsize::new(0));
@@ -232,6 +242,7 @@ mod tests {
                         )))
                     });
                     let _ = hyper::server::conn::http1::Builder::new()
+                        .keep_alive(keep_alive)
                         .serve_connection(TokioIo::new(stream), service)
                         .await;
                     ended_tx.send_modify(|n| *n += 1);
@@ -323,5 +334,23 @@ mod tests {
         // The next request finds it closed and opens another.
         exchange(&slot, &addr).await;
         assert_eq!(accepted.load(Ordering::Acquire), 2);
+    }
+
+    #[tokio::test]
+    async fn connections_the_upstream_says_it_closes_are_not_kept() {
+        // This upstream answers with `Connection: close` and closes every connection after one
+        // response: each request needs a new connection, and none fails.
+        let (addr, accepted, _) = upstream_with(false).await;
+        let shared = Arc::new(Upstream::new(
+            addr.clone(),
+            Duration::from_secs(5),
+            Duration::from_secs(60),
+            8,
+        ));
+        let slot = Slot::new(Arc::clone(&shared));
+        for _ in 0..3 {
+            exchange(&slot, &addr).await;
+        }
+        assert_eq!(accepted.load(Ordering::Acquire), 3);
     }
 }
