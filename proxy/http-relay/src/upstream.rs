@@ -265,6 +265,16 @@ mod tests {
             .unwrap()
     }
 
+    /// The listener side for `addr`, with these idle bounds.
+    fn shared(addr: &str, idle_timeout: Duration, idle_max: usize) -> Arc<Upstream> {
+        Arc::new(Upstream::new(
+            addr.to_string(),
+            Duration::from_secs(5),
+            idle_timeout,
+            idle_max,
+        ))
+    }
+
     async fn exchange(slot: &Slot, addr: &str) {
         use http_body_util::BodyExt;
         let (response, held) = slot.send(request(addr)).await.unwrap();
@@ -276,12 +286,7 @@ mod tests {
     #[tokio::test]
     async fn a_client_connection_reuses_its_upstream_connection_within_the_bounds() {
         let (addr, accepted, _) = upstream().await;
-        let shared = Arc::new(Upstream::new(
-            addr.clone(),
-            Duration::from_secs(5),
-            Duration::from_secs(60),
-            1,
-        ));
+        let shared = shared(&addr, Duration::from_secs(60), 1);
         let a = Slot::new(Arc::clone(&shared));
         for _ in 0..3 {
             exchange(&a, &addr).await;
@@ -310,12 +315,7 @@ mod tests {
     #[tokio::test]
     async fn an_idle_upstream_connection_is_closed_after_the_idle_timeout_and_replaced() {
         let (addr, accepted, mut ended) = upstream().await;
-        let shared = Arc::new(Upstream::new(
-            addr.clone(),
-            Duration::from_secs(5),
-            Duration::from_millis(500),
-            8,
-        ));
+        let shared = shared(&addr, Duration::from_millis(500), 8);
         let slot = Slot::new(Arc::clone(&shared));
         exchange(&slot, &addr).await;
         assert_eq!(accepted.load(Ordering::Acquire), 1);
@@ -341,12 +341,7 @@ mod tests {
         // This upstream answers with `Connection: close` and closes every connection after one
         // response: each request needs a new connection, and none fails.
         let (addr, accepted, _) = upstream_with(false).await;
-        let shared = Arc::new(Upstream::new(
-            addr.clone(),
-            Duration::from_secs(5),
-            Duration::from_secs(60),
-            8,
-        ));
+        let shared = shared(&addr, Duration::from_secs(60), 8);
         let slot = Slot::new(Arc::clone(&shared));
         for _ in 0..3 {
             exchange(&slot, &addr).await;
