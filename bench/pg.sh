@@ -57,14 +57,19 @@ SQL
 echo 'SELECT * FROM fencing.check(1000);' >"$OUT/check.sql"
 echo 'SELECT * FROM fencing.check(1000, true);' >"$OUT/check-current.sql"
 echo 'SELECT 1;' >"$OUT/select1.sql"
-# The fast path as fence-proxy prepares and sends it (proxy/pg-relay/src/schema.rs, CHECK_LOCK
-# and CHECK_FAST), in one pipeline like the proxy's batch.
-cat >"$OUT/fast.sql" <<'SQL'
-\startpipeline
-SELECT pg_catalog.pg_advisory_xact_lock_shared(fencing.lock_key(pg_catalog.current_setting('fencing.resource', true)));
-SELECT s.r, CASE WHEN s.rc AND (SELECT m.token FROM fencing.tokens m WHERE m.resource OPERATOR(pg_catalog.=) s.r)::pg_catalog.text OPERATOR(pg_catalog.=) s.t THEN s.t::pg_catalog.int8 ELSE fencing.check_token(1000) END FROM (SELECT pg_catalog.current_setting('fencing.resource', true) AS r, pg_catalog.current_setting('fencing.token', true) AS t, pg_catalog.current_setting('transaction_isolation') OPERATOR(pg_catalog.=) 'read committed' AS rc) s;
-\endpipeline
-SQL
+# The fast path as fence-proxy prepares and sends it, read from its source (CHECK_LOCK and
+# CHECK_FAST in proxy/pg-relay/src/schema.rs, `$1` = 1000), in one pipeline like the proxy's batch.
+python3 - proxy/pg-relay/src/schema.rs >"$OUT/fast.sql" <<'PY'
+import re, sys
+src = open(sys.argv[1]).read()
+def const(name):
+    m = re.search(r'pub const %s: &\[u8\] = b"(.*?)";' % name, src, re.S)
+    return re.sub(r'\\\n\s*', '', m.group(1)).replace('$1', '1000')
+print('\\startpipeline')
+print(const('CHECK_LOCK') + ';')
+print(const('CHECK_FAST') + ';')
+print('\\endpipeline')
+PY
 TOKEN="-c fencing.resource=bench:accounts -c fencing.token=42"
 
 RESULTS="$OUT/results.txt"; : >"$RESULTS"

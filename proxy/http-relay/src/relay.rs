@@ -87,10 +87,13 @@ pub struct Relay {
 
 impl Relay {
     pub fn new(routes: Routes, fence: Arc<dyn Fence>, config: RelayConfig) -> Relay {
-        let host = config.upstream.host().unwrap_or_default();
-        let authority = format!("{host}:{}", config.upstream.port_u16().unwrap_or(80));
+        let address = format!(
+            "{}:{}",
+            config.upstream.host().unwrap_or_default(),
+            config.upstream.port_u16().unwrap_or(80)
+        );
         let upstream = Arc::new(Upstream::new(
-            authority,
+            address,
             config.connect_timeout,
             config.pool_idle_timeout,
             config.pool_idle_per_host,

@@ -167,7 +167,8 @@ BEGIN
 END;
 $fn$;
 
--- The check as the relay calls it: `p_current` says that the proxy believes the session's
+-- The check as the relay writes it into a Query's text, where the prepared statements of its
+-- fast path (schema.rs) cannot go: `p_current` says that the proxy believes the session's
 -- token is the resource's mark (a check with the same settings passed, and no higher mark has
 -- been seen since). Then the common case costs one read: take the resource's lock shared and
 -- read the mark once. If the belief was wrong (the settings were changed where the proxy could

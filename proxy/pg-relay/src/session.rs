@@ -304,13 +304,18 @@ impl Flow {
 impl Expect {
     /// A simple Query (or FunctionCall) relayed as it is: every reply is the client's.
     fn relayed(settings: bool) -> Expect {
+        Expect::relayed_after(settings, false)
+    }
+
+    /// Like [`Expect::relayed`]; `after_check`: sent right after the check's messages.
+    fn relayed_after(settings: bool, after_check: bool) -> Expect {
         Expect::Query {
             units: VecDeque::from([Unit {
                 check: None,
                 count: u32::MAX,
             }]),
             settings,
-            after_check: false,
+            after_check,
         }
     }
 }
@@ -834,14 +839,7 @@ impl ToServer<'_> {
             // it ends what they began. Only for statements that read or write rows: a COPY
             // FROM STDIN would swallow the Sync.
             self.push_check(flow, checks[0].1, out);
-            flow.expect.push_back(Expect::Query {
-                units: VecDeque::from([Unit {
-                    check: None,
-                    count: u32::MAX,
-                }]),
-                settings,
-                after_check: true,
-            });
+            flow.expect.push_back(Expect::relayed_after(settings, true));
             out.extend_from_slice(message);
             msg::sync(out);
             flow.expect.push_back(Expect::Sync {
