@@ -219,6 +219,12 @@ fn code(s: &Status) -> Option<&str> {
         .and_then(|v| v.to_str().ok())
 }
 
+/// `err` is the gRPC status `grpc` with lockd's error code `code`.
+fn assert_refused(err: &Status, grpc: Code, lockd_code: &str) {
+    assert_eq!(err.code(), grpc, "{err:?}");
+    assert_eq!(code(err), Some(lockd_code), "{err:?}");
+}
+
 pub fn contention_is_an_answer_not_an_error(b: &dyn Backend) {
     let dir = tempfile::tempdir().unwrap();
     let lockd = b.start(dir.path(), &[]);
@@ -274,8 +280,7 @@ pub fn an_expired_lease_passes_the_lock_on(b: &dyn Backend) {
     let err = api
         .renew("expiring", &short.lease_id)
         .expect_err("an expired lease is not renewed");
-    assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
-    assert_eq!(code(&err), Some("lease_not_current"));
+    assert_refused(&err, Code::FailedPrecondition, "lease_not_current");
 }
 
 pub fn a_retried_request_id_gets_the_original_grant(b: &dyn Backend) {
@@ -308,8 +313,7 @@ pub fn a_retried_request_id_gets_the_original_grant(b: &dyn Backend) {
     let err = api
         .acquire(req("other-job", "req-1", 30_000, 0))
         .expect_err("a request id is bound to its resource");
-    assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
-    assert_eq!(code(&err), Some("request_id_reused"));
+    assert_refused(&err, Code::InvalidArgument, "request_id_reused");
 }
 
 pub fn stale_lease_ids_change_nothing(b: &dyn Backend) {
@@ -406,8 +410,7 @@ pub fn a_full_queue_is_refused(b: &dyn Backend) {
     let err = api
         .acquire(req("hot", "second", 60_000, 60_000))
         .expect_err("the queue is full");
-    assert_eq!(err.code(), Code::ResourceExhausted, "{err:?}");
-    assert_eq!(code(&err), Some("queue_full"));
+    assert_refused(&err, Code::ResourceExhausted, "queue_full");
     assert_eq!(
         api.describe("hot").waiters,
         1,

@@ -59,15 +59,12 @@ impl Recorder {
         self.changed.notify_all();
     }
 
-    pub fn grants(&self) -> usize {
-        self.state.lock().unwrap().1
-    }
-
-    /// Waits until `n` grants in all have been recorded.
+    /// Waits until `n` more grants than so far have been recorded.
     pub fn wait_grants(&self, n: usize, what: &str) {
         let deadline = Instant::now() + PATIENCE;
         let mut st = self.state.lock().unwrap();
-        while st.1 < n {
+        let target = st.1 + n;
+        while st.1 < target {
             let left = deadline.saturating_duration_since(Instant::now());
             assert!(
                 !left.is_zero(),
