@@ -4,10 +4,12 @@
 //! - `fence`: the rule (stale refused, equal shared, higher raises) and the barrier that keeps a
 //!   new token from overtaking older requests still at the upstream; durable marks behind a
 //!   [`MarkStore`];
-//! - `relay`: the streaming relay to the upstream (headers, limits, timeouts);
-//! - `upstream`: connections to the upstream, one kept per client connection, bounded;
+//! - `h1`: HTTP/1.1 framing: heads parsed in place and written on as bytes (hop-by-hop headers
+//!   out, forwarding headers in), chunked bodies decoded and encoded again;
+//! - `relay`: one task per client connection relaying its requests, streaming, to the upstream
+//!   connection it keeps (limits, timeouts, the fence's permit);
 //! - `problem`: the proxy's own answers, `application/problem+json`, in one table;
-//! - `server`: HTTP/1.1 connections from clients.
+//! - `server`: accepting client connections, bounded in number, graceful shutdown.
 //!
 //! It depends on `fencing` only among the project's crates; the stores of marks live in the
 //! `fence-proxy` binary.
@@ -25,18 +27,17 @@
 //! connection closes, or that check the `Fencing-Token` header themselves, close that gap.
 
 mod fence;
+mod h1;
 mod marks;
 mod problem;
 mod relay;
 mod routes;
 mod server;
-mod upstream;
 
 pub use fence::{
     BoxFuture, Fence, FenceLimits, LocalFence, MarkStore, MemoryMarks, Permit, Refusal,
 };
 pub use problem::Problem;
-pub use relay::{BoxError, Relay, RelayBody, RelayConfig, parse_upstream, strip_hop_by_hop};
+pub use relay::{Relay, RelayConfig, parse_upstream};
 pub use routes::{Classification, RouteConfig, RouteError, Routes, Unmatched, is_safe};
 pub use server::{ServerLimits, bind_shards, serve};
-pub use upstream::Slot;

@@ -4,8 +4,7 @@
 //! Types are URNs (`urn:fencing:problem:stale-token`); they, the status codes and the
 //! `resource` / `token` / `highest` members are the API. The `detail` text is for people.
 
-use bytes::Bytes;
-use http::{HeaderValue, Response, StatusCode, header};
+use http::StatusCode;
 use serde_json::json;
 
 use crate::fence::Refusal;
@@ -27,6 +26,15 @@ pub enum Problem {
     UpstreamUnreachable { reason: String },
     /// The upstream did not answer in time.
     UpstreamTimeout { after_ms: u64 },
+    /// The upstream's answer cannot be relayed (malformed, or an upgrade).
+    UpstreamBadResponse { reason: String },
+    /// The request is not HTTP/1.1 the proxy can relay unambiguously.
+    BadRequest { reason: String },
+    /// The request head is longer than `limit` bytes or has more than `fields` fields.
+    HeadTooLarge { limit: usize, fields: usize },
+    /// A well-formed request the proxy does not relay (CONNECT, transfer codings other than
+    /// chunked).
+    NotImplemented { reason: String },
 }
 
 impl Problem {
@@ -85,6 +93,24 @@ impl Problem {
                 "upstream-timeout",
                 "Upstream timed out",
             ),
+            Problem::UpstreamBadResponse { .. } => (
+                StatusCode::BAD_GATEWAY,
+                "upstream-bad-response",
+                "Upstream answer cannot be relayed",
+            ),
+            Problem::BadRequest { .. } => {
+                (StatusCode::BAD_REQUEST, "bad-request", "Malformed request")
+            }
+            Problem::HeadTooLarge { .. } => (
+                StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+                "head-too-large",
+                "Request head too large",
+            ),
+            Problem::NotImplemented { .. } => (
+                StatusCode::NOT_IMPLEMENTED,
+                "not-relayed",
+                "Request not relayed",
+            ),
         }
     }
 
@@ -93,8 +119,31 @@ impl Problem {
         self.parts().0
     }
 
-    /// The answer: status, `application/problem+json` body, `Retry-After` where a retry helps.
-    pub fn response<B: From<Bytes>>(&self) -> Response<B> {
+    /// Appends the answer as an HTTP/1.1 response: status, `application/problem+json` body,
+    /// `Retry-After` where a retry helps, `Connection: close` when the connection closes after.
+    pub fn write_response(&self, out: &mut Vec<u8>, close: bool) {
+        use std::io::Write;
+        let status = self.status();
+        let body = self.json();
+        let _ = write!(
+            out,
+            "HTTP/1.1 {} {}\r\ncontent-type: application/problem+json\r\ncontent-length: {}\r\n",
+            status.as_u16(),
+            status.canonical_reason().unwrap_or(""),
+            body.len()
+        );
+        if status == StatusCode::SERVICE_UNAVAILABLE {
+            out.extend_from_slice(b"retry-after: 1\r\n");
+        }
+        if close {
+            out.extend_from_slice(b"connection: close\r\n");
+        }
+        out.extend_from_slice(b"\r\n");
+        out.extend_from_slice(body.as_bytes());
+    }
+
+    /// The `application/problem+json` body.
+    pub fn json(&self) -> String {
         let (status, kind, title) = self.parts();
         let mut body = json!({
             "type": format!("urn:fencing:problem:{kind}"),
@@ -146,18 +195,16 @@ impl Problem {
             Problem::UpstreamTimeout { after_ms } => {
                 format!("the upstream did not answer within {after_ms} ms")
             }
+            Problem::UpstreamBadResponse { reason } => {
+                format!("the upstream's answer cannot be relayed: {reason}")
+            }
+            Problem::BadRequest { reason } => reason.clone(),
+            Problem::HeadTooLarge { limit, fields } => format!(
+                "the request head is longer than {limit} bytes or has more than {fields} fields"
+            ),
+            Problem::NotImplemented { reason } => reason.clone(),
         };
         body["detail"] = json!(detail);
-        let mut response = Response::new(B::from(Bytes::from(body.to_string())));
-        *response.status_mut() = status;
-        let headers = response.headers_mut();
-        headers.insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/problem+json"),
-        );
-        if status == StatusCode::SERVICE_UNAVAILABLE {
-            headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
-        }
-        response
+        body.to_string()
     }
 }

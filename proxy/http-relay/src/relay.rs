@@ -1,41 +1,47 @@
-//! The relay: one request in, one request to the upstream, its response back, streaming.
+//! The relay: one task per client connection, owning the client socket and the upstream
+//! connection its last request used; each request's head is parsed in place, written on as
+//! bytes with the hop-by-hop headers left out ([`crate::h1`]), and the response comes back the
+//! same way. Bodies stream through a bounded buffer, never held whole.
 //!
-//! Bodies are never held whole: request and response bodies are passed on frame by frame, so
-//! memory per request is bounded by hyper's buffers whatever the body size. Hop-by-hop headers
-//! (RFC 9110 §7.6.1: `Connection` and the headers it names, `Keep-Alive`, `Proxy-*`, `TE`,
-//! `Trailer`, `Transfer-Encoding`, `Upgrade`) are removed in both directions; `X-Forwarded-For`
-//! and `Forwarded` are appended. The client's `Host` is kept. Connection upgrades (WebSocket)
-//! are not relayed.
+//! A fenced request's [`Permit`] is held until its response has been relayed completely, or
+//! until the exchange is abandoned (the client went away, the upstream broke or timed out):
+//! that is the end of "in flight" for the fence.
 //!
-//! A fenced request's [`Permit`] travels in its response body and is dropped when the body has
-//! been relayed completely, or when the exchange is abandoned (the client went away): that is
-//! the end of "in flight" for the fence.
+//! Upstream connections: a client connection keeps the one its last request used (HTTP/1.1
+//! serves one request at a time per connection, so one is enough) and sends its next request on
+//! it. At most `pool_idle_per_host` are kept idle at once per listener thread; an idle one is
+//! closed after `pool_idle_timeout`, when the upstream closes it, or with its client connection.
+//! Before a kept connection is reused it is checked for a close the upstream sent meanwhile; if
+//! the upstream closes it anyway before answering, a request with an idempotent method whose
+//! body the relay still has is sent once more on a new connection, anything else gets 502.
 
-use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use bytes::Bytes;
-use fencing::wire::{HTTP_HEADER_RESOURCE, HTTP_HEADER_TOKEN};
+use bytes::{Buf, BytesMut};
 use fencing::{FencingToken, ResourceName};
-use http::header::{self, HeaderMap, HeaderName, HeaderValue};
-use http::{Request, Response, Uri};
-use http_body_util::combinators::BoxBody;
-use http_body_util::{BodyExt, Full, Limited};
-use hyper::body::{Body, Frame, Incoming, SizeHint};
+use http::{Method, Uri};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::sync::watch;
+use tokio::time::Instant;
 
 use crate::fence::{Fence, Permit};
+use crate::h1::{self, Decoded, Framing};
 use crate::problem::Problem;
 use crate::routes::{Classification, Routes};
-use crate::upstream::{Held, Slot, Upstream};
 
-/// The error type of relayed bodies.
-pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
-/// A relayed body.
-pub type RelayBody = BoxBody<Bytes, BoxError>;
+/// Bytes read from a socket at a time.
+const READ_CHUNK: usize = 16 * 1024;
+/// Relayed body bytes gathered before they are written.
+const WRITE_CHUNK: usize = 64 * 1024;
+/// After refusing a request whose body was not read, how long and how much of it is read and
+/// discarded before the connection closes, so that the client reads the answer instead of a
+/// reset.
+const LINGER: Duration = Duration::from_secs(2);
+const LINGER_BYTES: usize = 4 << 20;
 
 /// Settings of a relay.
 #[derive(Clone, Debug)]
@@ -44,12 +50,13 @@ pub struct RelayConfig {
     pub upstream: Uri,
     /// Largest request body relayed, in bytes.
     pub body_max_bytes: u64,
-    /// Longest wait for the upstream's response headers.
+    /// Longest wait for the upstream's response headers (from the connection on, with the
+    /// request body's upload).
     pub upstream_timeout: Duration,
     /// Longest wait for a connection to the upstream.
     pub connect_timeout: Duration,
     /// Idle upstream connections kept at once (each client connection keeps the one its last
-    /// request used, see [`crate::upstream`]).
+    /// request used).
     pub pool_idle_per_host: usize,
     /// How long an idle upstream connection is kept.
     pub pool_idle_timeout: Duration,
@@ -74,15 +81,19 @@ pub fn parse_upstream(url: &str) -> Result<Uri, String> {
     Ok(uri)
 }
 
-/// A reverse proxy for one upstream, fencing the routes that say so.
+/// A reverse proxy for one upstream, fencing the routes that say so. One per listener thread.
 pub struct Relay {
     routes: Routes,
     fence: Arc<dyn Fence>,
-    upstream: Arc<Upstream>,
     config: RelayConfig,
+    /// The upstream URL's path, without a trailing `/`.
     prefix: String,
-    /// The upstream's `host:port`, for requests that came without `Host`.
-    host: HeaderValue,
+    /// `host:port` to connect to.
+    address: String,
+    /// `Host` for requests that came without one.
+    host: String,
+    /// Upstream connections kept idle right now.
+    idle: AtomicUsize,
 }
 
 impl Relay {
@@ -92,89 +103,312 @@ impl Relay {
             config.upstream.host().unwrap_or_default(),
             config.upstream.port_u16().unwrap_or(80)
         );
-        let upstream = Arc::new(Upstream::new(
-            address,
-            config.connect_timeout,
-            config.pool_idle_timeout,
-            config.pool_idle_per_host,
-        ));
         let prefix = config.upstream.path().trim_end_matches('/').to_string();
         let host = config
             .upstream
             .authority()
-            .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
-            .unwrap_or_else(|| HeaderValue::from_static("localhost"));
+            .map_or_else(|| "localhost".to_string(), |a| a.to_string());
         Relay {
             routes,
             fence,
-            upstream,
             config,
             prefix,
+            address,
             host,
+            idle: AtomicUsize::new(0),
         }
     }
 
-    /// The upstream side of a new client connection: pass it to every [`Relay::handle`] of
-    /// that connection.
-    pub fn slot(&self) -> Arc<Slot> {
-        Arc::new(Slot::new(Arc::clone(&self.upstream)))
+    /// Serves one client connection until it closes, a request says so, its head does not
+    /// arrive within `header_read_timeout` (counted from when the relay starts waiting for it,
+    /// so also for an idle kept-alive connection), or `stop` changes (between requests).
+    pub async fn serve_connection(
+        &self,
+        client: TcpStream,
+        peer: SocketAddr,
+        header_read_timeout: Duration,
+        stop: watch::Receiver<bool>,
+    ) {
+        let mut conn = Conn {
+            relay: self,
+            client,
+            peer,
+            input: BytesMut::with_capacity(READ_CHUNK),
+            out: Vec::with_capacity(1024),
+            kept: None,
+            stop,
+        };
+        while let Some(req) = conn.next_request(header_read_timeout).await {
+            if !conn.exchange(req).await {
+                break;
+            }
+        }
     }
 
-    /// Handles one request from `peer` on the client connection that `slot` belongs to. Never
-    /// fails: every failure is an answer.
-    pub async fn handle(
-        &self,
-        req: Request<Incoming>,
-        peer: SocketAddr,
-        slot: &Arc<Slot>,
-    ) -> Result<Response<RelayBody>, Infallible> {
-        Ok(match self.route(req, peer, slot).await {
-            Ok(response) => response,
-            Err(problem) => {
-                if problem.status().is_server_error() {
-                    tracing::warn!(
-                        status = problem.status().as_u16(),
-                        ?problem,
-                        "answered by the proxy"
-                    );
-                } else {
-                    tracing::debug!(
-                        status = problem.status().as_u16(),
-                        ?problem,
-                        "answered by the proxy"
-                    );
-                }
-                problem
-                    .response::<Full<Bytes>>()
-                    .map(|b| b.map_err(|never| match never {}).boxed())
-            }
+    async fn connect(&self) -> Result<Upstream, String> {
+        let stream = tokio::time::timeout(
+            self.config.connect_timeout,
+            TcpStream::connect(&self.address),
+        )
+        .await
+        .map_err(|_| {
+            format!(
+                "connecting to {} timed out after {} ms",
+                self.address,
+                self.config.connect_timeout.as_millis()
+            )
+        })?
+        .map_err(|e| format!("cannot connect to {}: {e}", self.address))?;
+        let _ = stream.set_nodelay(true);
+        Ok(Upstream {
+            stream,
+            input: BytesMut::with_capacity(READ_CHUNK),
+            reused: false,
         })
     }
+}
 
-    async fn route(
-        &self,
-        req: Request<Incoming>,
-        peer: SocketAddr,
-        slot: &Arc<Slot>,
-    ) -> Result<Response<RelayBody>, Problem> {
-        let permit = match self.routes.classify(req.method(), req.uri().path()) {
-            Classification::Pass => None,
-            Classification::FenceByHeader => Some(self.admit(req.headers(), None).await?),
-            Classification::FenceNamed(name) => Some(self.admit(req.headers(), Some(name)).await?),
-        };
-        self.forward(req, peer, permit, slot).await
+/// A connection to the upstream and the bytes read from it not yet relayed.
+struct Upstream {
+    stream: TcpStream,
+    input: BytesMut,
+    /// It served an earlier request.
+    reused: bool,
+}
+
+/// One client connection.
+struct Conn<'r> {
+    relay: &'r Relay,
+    client: TcpStream,
+    peer: SocketAddr,
+    /// Bytes from the client not yet relayed.
+    input: BytesMut,
+    /// Bytes to write: a head towards the upstream (with the body, when it was all there),
+    /// then the response head and body towards the client.
+    out: Vec<u8>,
+    /// The upstream connection kept idle for the next request, and since when.
+    kept: Option<(Upstream, Instant)>,
+    stop: watch::Receiver<bool>,
+}
+
+impl Drop for Conn<'_> {
+    fn drop(&mut self) {
+        self.release_kept();
+    }
+}
+
+/// Why an exchange with the upstream failed before a response head arrived.
+enum SendError {
+    /// The client went away (while its body was read, or while a 1xx was written to it).
+    ClientGone,
+    /// The request body went above the limit.
+    TooLarge,
+    /// The connection failed before any byte of a response arrived.
+    Closed(String),
+    /// The connection failed after that, or could not be made.
+    Unreachable(String),
+    /// The upstream's answer cannot be relayed.
+    BadResponse(String),
+}
+
+/// The request body still to relay.
+struct BodyIn {
+    framing: Framing,
+    /// Bytes left of a Content-Length body.
+    left: u64,
+    chunked: h1::Chunked,
+    /// Body bytes relayed so far (the limit counts them).
+    sent: u64,
+    /// The whole body has been sent to the upstream.
+    done: bool,
+    /// The whole request (head and body) is in `Conn::out`, so it can be sent again.
+    replayable: bool,
+}
+
+impl Conn<'_> {
+    /// Waits for the next request head. `None`: the connection is to close (the client closed
+    /// it, its head timed out, shutdown, or its head was refused and answered).
+    async fn next_request(&mut self, header_read_timeout: Duration) -> Option<h1::Request> {
+        let deadline = Instant::now() + header_read_timeout;
+        loop {
+            if !self.input.is_empty() {
+                let ctx = h1::Context {
+                    prefix: &self.relay.prefix,
+                    host: &self.relay.host,
+                    peer: self.peer,
+                };
+                match h1::request(&self.input, &ctx, &mut self.out) {
+                    Ok(Some(req)) => return Some(req),
+                    Ok(None) => {}
+                    Err(reject) => {
+                        let problem = match reject {
+                            h1::Reject::Bad(reason) => Problem::BadRequest { reason },
+                            h1::Reject::TooLarge => Problem::HeadTooLarge {
+                                limit: h1::HEAD_MAX,
+                                fields: h1::HEADERS_MAX,
+                            },
+                            h1::Reject::NotImplemented(reason) => {
+                                Problem::NotImplemented { reason }
+                            }
+                        };
+                        self.answer(&problem, true).await;
+                        self.linger().await;
+                        return None;
+                    }
+                }
+            } else if *self.stop.borrow() {
+                return None;
+            }
+            let idle_until = self
+                .kept
+                .as_ref()
+                .map(|(_, since)| *since + self.relay.config.pool_idle_timeout);
+            let wake = idle_until.map_or(deadline, |t| t.min(deadline));
+            self.input.reserve(READ_CHUNK);
+            tokio::select! {
+                biased;
+                read = self.client.read_buf(&mut self.input) => match read {
+                    Ok(0) | Err(_) => return None,
+                    Ok(_) => {}
+                },
+                () = kept_readable(&self.kept) => {
+                    // The upstream closed its idle connection (or sent what it must not).
+                    if self.kept.as_ref().is_some_and(|(up, _)| !alive(&up.stream)) {
+                        self.release_kept();
+                    }
+                }
+                () = tokio::time::sleep_until(wake) => {
+                    if Instant::now() >= deadline {
+                        tracing::debug!(peer = %self.peer, "no request head within the header read timeout");
+                        return None;
+                    }
+                    self.release_kept();
+                }
+                _ = self.stop.changed(), if self.input.is_empty() => return None,
+            }
+        }
     }
 
-    async fn admit(&self, headers: &HeaderMap, named: Option<String>) -> Result<Permit, Problem> {
-        let token = headers.get(HTTP_HEADER_TOKEN);
-        let resource_header = headers.get(HTTP_HEADER_RESOURCE);
-        let resource_text = match (&named, resource_header) {
-            (Some(n), _) => Some(n.as_str()),
-            (None, Some(v)) => Some(v.to_str().map_err(|_| Problem::MalformedResource {
-                value: String::from_utf8_lossy(v.as_bytes()).into_owned(),
-                reason: "the header is not visible ASCII".into(),
-            })?),
-            (None, None) => None,
+    /// Relays one request and its response. Returns whether the connection stays open.
+    async fn exchange(&mut self, req: h1::Request) -> bool {
+        let relay = self.relay;
+        let path = std::str::from_utf8(&self.input[req.path.clone()]).unwrap_or("/");
+        let path = if path.is_empty() { "/" } else { path };
+        let admission = match relay.routes.classify(&req.method, path) {
+            Classification::Pass => None,
+            Classification::FenceByHeader => Some(self.fence_args(&req, None)),
+            Classification::FenceNamed(name) => Some(self.fence_args(&req, Some(name))),
+        };
+        self.input.advance(req.head_len);
+        let permit: Option<Permit> = match admission {
+            None => None,
+            Some(Err(problem)) => return self.refuse(problem, &req).await,
+            Some(Ok((resource, token))) => match relay.fence.admit(&resource, token).await {
+                Ok(permit) => Some(permit),
+                Err(refusal) => return self.refuse(Problem::Refused(refusal), &req).await,
+            },
+        };
+        let limit = relay.config.body_max_bytes;
+        let mut body = BodyIn {
+            framing: req.framing,
+            left: 0,
+            chunked: h1::Chunked::default(),
+            sent: 0,
+            done: false,
+            replayable: false,
+        };
+        match req.framing {
+            Framing::Length(n) if n > limit => {
+                return self.refuse(Problem::BodyTooLarge { limit }, &req).await;
+            }
+            // All of it is here already: it goes out with the head, in one write.
+            Framing::Length(n) if self.input.len() as u64 >= n => {
+                let n = n as usize;
+                self.out.extend_from_slice(&self.input[..n]);
+                self.input.advance(n);
+                (body.done, body.replayable) = (true, true);
+            }
+            Framing::Length(n) => body.left = n,
+            Framing::Empty => (body.done, body.replayable) = (true, true),
+            Framing::Chunked | Framing::UntilClose => {}
+        }
+
+        let timeout = relay.config.upstream_timeout;
+        let sent = tokio::time::timeout(timeout, self.send(&req, &mut body)).await;
+        let (mut up, response) = match sent {
+            Ok(Ok(sent)) => sent,
+            Ok(Err(SendError::ClientGone)) => return false,
+            Ok(Err(e)) => {
+                let problem = match e {
+                    SendError::TooLarge => Problem::BodyTooLarge { limit },
+                    SendError::Closed(reason) | SendError::Unreachable(reason) => {
+                        Problem::UpstreamUnreachable { reason }
+                    }
+                    SendError::BadResponse(reason) => Problem::UpstreamBadResponse { reason },
+                    SendError::ClientGone => unreachable!("handled above"),
+                };
+                let close = !body.done || !req.keep_alive;
+                self.answer(&problem, close).await;
+                if close {
+                    self.linger().await;
+                }
+                return !close;
+            }
+            Err(_) => {
+                let problem = Problem::UpstreamTimeout {
+                    after_ms: timeout.as_millis() as u64,
+                };
+                self.answer(&problem, true).await;
+                self.linger().await;
+                return false;
+            }
+        };
+        let closing = response.closing;
+        if self
+            .relay_response(&mut up, &response, req.http10)
+            .await
+            .is_err()
+        {
+            return false;
+        }
+        drop(permit);
+        if response.keep_alive
+            && response.framing != Framing::UntilClose
+            && body.done
+            && up.input.is_empty()
+        {
+            self.keep(up);
+        }
+        if closing {
+            if body.done {
+                let _ = self.client.shutdown().await;
+            } else {
+                self.linger().await;
+            }
+        }
+        !closing
+    }
+
+    /// The validated resource and token of a fenced request, from its headers (and the route's
+    /// resource name, when it names one).
+    fn fence_args(
+        &self,
+        req: &h1::Request,
+        named: Option<String>,
+    ) -> Result<(ResourceName, FencingToken), Problem> {
+        let value = |r: &Option<std::ops::Range<usize>>| r.clone().map(|r| &self.input[r]);
+        let token = value(&req.token);
+        let header_resource = value(&req.resource);
+        let by_header = named.is_none();
+        let resource_text: Option<&str> = match &named {
+            Some(n) => Some(n.as_str()),
+            None => match header_resource {
+                Some(v) => Some(visible(v).ok_or_else(|| Problem::MalformedResource {
+                    value: String::from_utf8_lossy(v).into_owned(),
+                    reason: "the header is not visible ASCII".into(),
+                })?),
+                None => None,
+            },
         };
         let (token, resource_text) = match (token, resource_text) {
             (Some(t), Some(r)) => (t, r),
@@ -194,10 +428,22 @@ impl Relay {
                 });
             }
         };
-        let token_text = token.to_str().map_err(|_| Problem::MalformedToken {
-            value: String::from_utf8_lossy(token.as_bytes()).into_owned(),
+        let token_text = visible(token).ok_or_else(|| Problem::MalformedToken {
+            value: String::from_utf8_lossy(token).into_owned(),
             reason: "the header is not visible ASCII".into(),
         })?;
+        if req.tokens > 1 {
+            return Err(Problem::MalformedToken {
+                value: token_text.to_string(),
+                reason: "more than one Fencing-Token header".into(),
+            });
+        }
+        if by_header && req.resources > 1 {
+            return Err(Problem::MalformedResource {
+                value: resource_text.to_string(),
+                reason: "more than one Fencing-Resource header".into(),
+            });
+        }
         let token: FencingToken =
             token_text
                 .parse()
@@ -210,265 +456,496 @@ impl Relay {
                 value: resource_text.to_string(),
                 reason: e.to_string(),
             })?;
-        self.fence
-            .admit(&resource, token)
-            .await
-            .map_err(Problem::Refused)
+        Ok((resource, token))
     }
 
-    async fn forward(
-        &self,
-        req: Request<Incoming>,
-        peer: SocketAddr,
-        permit: Option<Permit>,
-        slot: &Arc<Slot>,
-    ) -> Result<Response<RelayBody>, Problem> {
-        let limit = self.config.body_max_bytes;
-        let declared = req
-            .headers()
-            .get(header::CONTENT_LENGTH)
-            .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
-        if declared.is_some_and(|n| n > limit) {
-            return Err(Problem::BodyTooLarge { limit });
-        }
-        let (mut parts, body) = req.into_parts();
-        parts.uri = self.upstream_uri(&parts.uri);
-        // A clone of a header value shares its bytes: no copy.
-        let host = parts.headers.get(header::HOST).cloned();
-        if host.is_none() {
-            parts.headers.insert(header::HOST, self.host.clone());
-        }
-        strip_hop_by_hop(&mut parts.headers);
-        add_forwarded(
-            &mut parts.headers,
-            peer,
-            host.as_ref().and_then(|h| h.to_str().ok()),
-        );
-        let body = Limited::new(body, usize::try_from(limit).unwrap_or(usize::MAX)).boxed();
-        let upstream = Request::from_parts(parts, body);
-        let timeout = self.config.upstream_timeout;
-        let (response, held) = match tokio::time::timeout(timeout, slot.send(upstream)).await {
-            Err(_) => {
-                return Err(Problem::UpstreamTimeout {
-                    after_ms: timeout.as_millis() as u64,
-                });
+    /// Answers `problem` instead of relaying `req` (whose head has been consumed). The
+    /// connection stays open if the request's body, if any, is already here (it is skipped).
+    async fn refuse(&mut self, problem: Problem, req: &h1::Request) -> bool {
+        let body_here = match req.framing {
+            Framing::Empty => true,
+            Framing::Length(n) if self.input.len() as u64 >= n => {
+                self.input.advance(n as usize);
+                true
             }
-            Ok(Err(e)) => {
-                if source_is::<http_body_util::LengthLimitError>(&*e) {
-                    return Err(Problem::BodyTooLarge { limit });
+            _ => false,
+        };
+        let close = !body_here || !req.keep_alive;
+        if !self.answer(&problem, close).await {
+            return false;
+        }
+        if close {
+            if body_here {
+                let _ = self.client.shutdown().await;
+            } else {
+                self.linger().await;
+            }
+        }
+        !close
+    }
+
+    /// Writes the proxy's own answer. Returns whether it was written.
+    async fn answer(&mut self, problem: &Problem, close: bool) -> bool {
+        if problem.status().is_server_error() {
+            tracing::warn!(status = problem.status().as_u16(), ?problem, peer = %self.peer, "answered by the proxy");
+        } else {
+            tracing::debug!(status = problem.status().as_u16(), ?problem, peer = %self.peer, "answered by the proxy");
+        }
+        self.out.clear();
+        problem.write_response(&mut self.out, close);
+        self.client.write_all(&self.out).await.is_ok()
+    }
+
+    /// Closes the client connection after an answer given while part of its request was not
+    /// read: stops writing, then reads and discards what the client still sends (bounded in
+    /// time and bytes), so that its kernel does not meet unread data and reset the connection
+    /// before the client has read the answer.
+    async fn linger(&mut self) {
+        if self.client.shutdown().await.is_err() {
+            return;
+        }
+        let mut discarded = 0usize;
+        let _ = tokio::time::timeout(LINGER, async {
+            loop {
+                self.input.clear();
+                self.input.reserve(READ_CHUNK);
+                match self.client.read_buf(&mut self.input).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => discarded += n,
                 }
-                return Err(Problem::UpstreamUnreachable {
-                    reason: describe(&*e),
-                });
-            }
-            Ok(Ok(r)) => r,
-        };
-        let (mut parts, body) = response.into_parts();
-        strip_hop_by_hop(&mut parts.headers);
-        Ok(Response::from_parts(
-            parts,
-            HoldingBody {
-                inner: body,
-                permit,
-                reuse: Some((held, Arc::clone(slot))),
-            }
-            .boxed(),
-        ))
-    }
-
-    /// The request target towards the upstream, in origin form (`/path?query`).
-    fn upstream_uri(&self, original: &Uri) -> Uri {
-        let path_and_query = match original.path_and_query() {
-            // Without a prefix the request's path and query are reused as they are (shared
-            // bytes, no parsing).
-            Some(pq) if self.prefix.is_empty() => pq.clone(),
-            pq => format!("{}{}", self.prefix, pq.map_or("/", |pq| pq.as_str()))
-                .parse()
-                .expect("a prefix and a request's path and query form a path"),
-        };
-        Uri::from(path_and_query)
-    }
-}
-
-fn source_is<E: std::error::Error + 'static>(e: &(dyn std::error::Error + 'static)) -> bool {
-    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
-    while let Some(err) = cur {
-        if err.is::<E>() {
-            return true;
-        }
-        cur = err.source();
-    }
-    false
-}
-
-fn describe(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = e.to_string();
-    let mut cur = e.source();
-    while let Some(err) = cur {
-        text.push_str(": ");
-        text.push_str(&err.to_string());
-        cur = err.source();
-    }
-    text
-}
-
-const HOP_BY_HOP: [&str; 8] = [
-    "connection",
-    "keep-alive",
-    "proxy-connection",
-    "proxy-authenticate",
-    "proxy-authorization",
-    "te",
-    "trailer",
-    "upgrade",
-];
-
-/// Removes the hop-by-hop headers, including those the `Connection` header names.
-/// (`Transfer-Encoding` is hyper's: it frames each hop itself.)
-pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    let named: Vec<HeaderName> = headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
-        .collect();
-    for name in named {
-        headers.remove(name);
-    }
-    for name in HOP_BY_HOP {
-        headers.remove(name);
-    }
-    headers.remove(header::TRANSFER_ENCODING);
-}
-
-/// Appends the client to `X-Forwarded-For` and `Forwarded` (RFC 7239).
-fn add_forwarded(headers: &mut HeaderMap, peer: SocketAddr, host: Option<&str>) {
-    use std::fmt::Write;
-    // Each value is built in one string and handed to the header map without a copy.
-    let ip = peer.ip();
-    let mut xff = String::with_capacity(64);
-    if let Some(previous) = headers.get("x-forwarded-for").and_then(|v| v.to_str().ok()) {
-        let _ = write!(xff, "{previous}, ");
-    }
-    let _ = write!(xff, "{ip}");
-    if let Ok(v) = HeaderValue::try_from(xff) {
-        headers.insert("x-forwarded-for", v);
-    }
-    let mut fwd = String::with_capacity(96);
-    if let Some(previous) = headers.get(header::FORWARDED).and_then(|v| v.to_str().ok()) {
-        let _ = write!(fwd, "{previous}, ");
-    }
-    let _ = if peer.is_ipv6() {
-        write!(fwd, "for=\"[{ip}]\";proto=http")
-    } else {
-        write!(fwd, "for={ip};proto=http")
-    };
-    if let Some(h) = host.filter(|h| h.bytes().all(|b| b.is_ascii_graphic() && b != b'"')) {
-        let _ = write!(fwd, ";host=\"{h}\"");
-    }
-    if let Ok(v) = HeaderValue::try_from(fwd) {
-        headers.insert(header::FORWARDED, v);
-    }
-}
-
-/// The upstream's response body, holding the request's permit until it has been relayed
-/// completely (or dropped), and its upstream connection, which goes back to the client
-/// connection's slot once the body has been read to its end.
-struct HoldingBody {
-    inner: Incoming,
-    permit: Option<Permit>,
-    reuse: Option<(Held, Arc<Slot>)>,
-}
-
-impl Drop for HoldingBody {
-    fn drop(&mut self) {
-        // hyper stops polling a body that says it has ended; a body dropped before its end
-        // leaves its connection mid-response, and the connection is closed with it.
-        if let Some((held, slot)) = self.reuse.take()
-            && self.inner.is_end_stream()
-        {
-            slot.put_back(held);
-        }
-    }
-}
-
-impl Body for HoldingBody {
-    type Data = Bytes;
-    type Error = BoxError;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        let polled = Pin::new(&mut self.inner).poll_frame(cx);
-        match &polled {
-            Poll::Ready(None) => {
-                self.permit = None;
-                if let Some((held, slot)) = self.reuse.take() {
-                    slot.put_back(held);
+                if discarded > LINGER_BYTES {
+                    return;
                 }
             }
-            Poll::Ready(Some(Err(_))) => {
-                self.permit = None;
-                self.reuse = None;
+        })
+        .await;
+    }
+
+    /// Sends the request and waits for the final response head, whose head towards the client
+    /// is then in `self.out`. A request on a kept connection that the upstream closed before
+    /// answering is sent once more on a new connection if that is safe (idempotent method, the
+    /// whole request still here).
+    async fn send(
+        &mut self,
+        req: &h1::Request,
+        body: &mut BodyIn,
+    ) -> Result<(Upstream, h1::Response), SendError> {
+        let mut up = match self.take_kept() {
+            Some(up) => up,
+            None => self.relay.connect().await.map_err(SendError::Unreachable)?,
+        };
+        match self.send_on(&mut up, req, body).await {
+            Ok(response) => Ok((up, response)),
+            Err(SendError::Closed(reason))
+                if up.reused && body.replayable && idempotent(&req.method) =>
+            {
+                tracing::debug!(%reason, "the upstream closed a kept connection; sending the request again");
+                let mut up = self.relay.connect().await.map_err(SendError::Unreachable)?;
+                let response = self.send_on(&mut up, req, body).await?;
+                Ok((up, response))
             }
-            _ => {}
+            Err(e) => Err(e),
         }
-        polled.map(|frame| frame.map(|r| r.map_err(BoxError::from)))
     }
 
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
+    async fn send_on(
+        &mut self,
+        up: &mut Upstream,
+        req: &h1::Request,
+        body: &mut BodyIn,
+    ) -> Result<h1::Response, SendError> {
+        if let Err(e) = up.stream.write_all(&self.out).await {
+            return Err(SendError::Closed(format!("writing the request: {e}")));
+        }
+        let closing = !req.keep_alive || *self.stop.borrow();
+        let to = h1::ResponseTo {
+            head_request: req.method == Method::HEAD,
+            http10: req.http10,
+            closing,
+        };
+        if body.done {
+            let (_, mut client_write) = self.client.split();
+            return read_head(
+                &mut up.stream,
+                &mut up.input,
+                &mut client_write,
+                to,
+                &mut self.out,
+            )
+            .await;
+        }
+        // The body streams up while the answer is awaited: an upstream may answer early (an
+        // error, or a 100 Continue the client waits for before it sends the body). An answer
+        // before the body was all sent is relayed, then both connections close (the rest of
+        // the body is not read).
+        let limit = self.relay.config.body_max_bytes;
+        let to_early = h1::ResponseTo {
+            closing: true,
+            ..to
+        };
+        let mut early_out = Vec::new();
+        let early = {
+            let (mut client_read, mut client_write) = self.client.split();
+            let (mut up_read, mut up_write) = up.stream.split();
+            let copy = copy_body(
+                &mut client_read,
+                &mut self.input,
+                &mut up_write,
+                body,
+                limit,
+            );
+            let head = read_head(
+                &mut up_read,
+                &mut up.input,
+                &mut client_write,
+                to_early,
+                &mut early_out,
+            );
+            tokio::pin!(copy, head);
+            let mut copying = true;
+            loop {
+                tokio::select! {
+                    biased;
+                    copied = &mut copy, if copying => {
+                        copying = false;
+                        match copied {
+                            Ok(()) => break None,
+                            Err(CopyError::ClientGone) => break Some(Err(SendError::ClientGone)),
+                            Err(CopyError::TooLarge) => break Some(Err(SendError::TooLarge)),
+                            // The upstream stopped reading: its answer may still come.
+                            Err(CopyError::UpstreamWrite) => {}
+                        }
+                    }
+                    response = &mut head => break Some(response),
+                }
+            }
+        };
+        if let Some(response) = early {
+            let response = response?;
+            self.out = early_out;
+            return Ok(response);
+        }
+        // The body is all sent. What the dropped head future had read is in `up.input`.
+        let (_, mut client_write) = self.client.split();
+        read_head(
+            &mut up.stream,
+            &mut up.input,
+            &mut client_write,
+            to,
+            &mut self.out,
+        )
+        .await
     }
 
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
+    /// Relays the response body (its head is in `self.out`).
+    async fn relay_response(
+        &mut self,
+        up: &mut Upstream,
+        response: &h1::Response,
+        http10: bool,
+    ) -> Result<(), ()> {
+        match response.framing {
+            Framing::Empty => self.write_out().await,
+            Framing::Length(n) => {
+                let mut left = n;
+                let here = (up.input.len() as u64).min(left) as usize;
+                self.out.extend_from_slice(&up.input[..here]);
+                up.input.advance(here);
+                left -= here as u64;
+                self.write_out().await?;
+                while left > 0 {
+                    fill(&mut up.stream, &mut up.input).await?;
+                    let here = (up.input.len() as u64).min(left) as usize;
+                    self.client
+                        .write_all(&up.input[..here])
+                        .await
+                        .map_err(|_| ())?;
+                    up.input.advance(here);
+                    left -= here as u64;
+                }
+                Ok(())
+            }
+            Framing::Chunked => {
+                let mut decoder = h1::Chunked::default();
+                loop {
+                    match decoder.decode(&mut up.input) {
+                        Ok(Decoded::Data(n)) => {
+                            if http10 {
+                                self.out.extend_from_slice(&up.input[..n]);
+                            } else {
+                                h1::encode_chunk(&mut self.out, &up.input[..n]);
+                            }
+                            up.input.advance(n);
+                            decoder.took(n);
+                            if self.out.len() >= WRITE_CHUNK {
+                                self.write_out().await?;
+                            }
+                        }
+                        Ok(Decoded::Need) => {
+                            if !self.out.is_empty() {
+                                self.write_out().await?;
+                            }
+                            fill(&mut up.stream, &mut up.input).await?;
+                        }
+                        Ok(Decoded::End) => {
+                            if !http10 {
+                                self.out.extend_from_slice(h1::LAST_CHUNK);
+                            }
+                            return self.write_out().await;
+                        }
+                        Err(reason) => {
+                            tracing::warn!(
+                                reason,
+                                "malformed chunked response from the upstream; closing"
+                            );
+                            return Err(());
+                        }
+                    }
+                }
+            }
+            Framing::UntilClose => {
+                self.out.extend_from_slice(&up.input);
+                up.input.clear();
+                self.write_out().await?;
+                loop {
+                    up.input.reserve(READ_CHUNK);
+                    match up.stream.read_buf(&mut up.input).await {
+                        Ok(0) => return Ok(()),
+                        Ok(_) => {
+                            self.client.write_all(&up.input).await.map_err(|_| ())?;
+                            up.input.clear();
+                        }
+                        Err(_) => return Err(()),
+                    }
+                }
+            }
+        }
     }
+
+    async fn write_out(&mut self) -> Result<(), ()> {
+        let written = self.client.write_all(&self.out).await;
+        self.out.clear();
+        written.map_err(|_| ())
+    }
+
+    /// Takes the kept upstream connection if it is still usable.
+    fn take_kept(&mut self) -> Option<Upstream> {
+        let (mut up, since) = self.release_kept()?;
+        if since.elapsed() >= self.relay.config.pool_idle_timeout || !alive(&up.stream) {
+            return None;
+        }
+        up.reused = true;
+        Some(up)
+    }
+
+    fn release_kept(&mut self) -> Option<(Upstream, Instant)> {
+        let kept = self.kept.take()?;
+        self.relay.idle.fetch_sub(1, Ordering::AcqRel);
+        Some(kept)
+    }
+
+    /// Keeps `up` for the next request, if the bound on idle connections allows.
+    fn keep(&mut self, up: Upstream) {
+        if self.relay.idle.fetch_add(1, Ordering::AcqRel) >= self.relay.config.pool_idle_per_host {
+            self.relay.idle.fetch_sub(1, Ordering::AcqRel);
+            return;
+        }
+        self.release_kept();
+        self.kept = Some((up, Instant::now()));
+    }
+}
+
+enum CopyError {
+    ClientGone,
+    TooLarge,
+    UpstreamWrite,
+}
+
+/// Streams the rest of the request body from the client to the upstream.
+async fn copy_body<R, W>(
+    client: &mut R,
+    input: &mut BytesMut,
+    upstream: &mut W,
+    body: &mut BodyIn,
+    limit: u64,
+) -> Result<(), CopyError>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    match body.framing {
+        Framing::Length(_) => {
+            while body.left > 0 {
+                if input.is_empty() {
+                    fill(client, input)
+                        .await
+                        .map_err(|()| CopyError::ClientGone)?;
+                }
+                let here = (input.len() as u64).min(body.left) as usize;
+                upstream
+                    .write_all(&input[..here])
+                    .await
+                    .map_err(|_| CopyError::UpstreamWrite)?;
+                input.advance(here);
+                body.left -= here as u64;
+                body.sent += here as u64;
+            }
+        }
+        Framing::Chunked => {
+            let mut out = Vec::new();
+            loop {
+                match body.chunked.decode(input) {
+                    Ok(Decoded::Data(n)) => {
+                        body.sent += n as u64;
+                        if body.sent > limit {
+                            return Err(CopyError::TooLarge);
+                        }
+                        h1::encode_chunk(&mut out, &input[..n]);
+                        input.advance(n);
+                        body.chunked.took(n);
+                        if out.len() >= WRITE_CHUNK {
+                            upstream
+                                .write_all(&out)
+                                .await
+                                .map_err(|_| CopyError::UpstreamWrite)?;
+                            out.clear();
+                        }
+                    }
+                    Ok(Decoded::Need) => {
+                        if !out.is_empty() {
+                            upstream
+                                .write_all(&out)
+                                .await
+                                .map_err(|_| CopyError::UpstreamWrite)?;
+                            out.clear();
+                        }
+                        fill(client, input)
+                            .await
+                            .map_err(|()| CopyError::ClientGone)?;
+                    }
+                    Ok(Decoded::End) => {
+                        out.extend_from_slice(h1::LAST_CHUNK);
+                        upstream
+                            .write_all(&out)
+                            .await
+                            .map_err(|_| CopyError::UpstreamWrite)?;
+                        break;
+                    }
+                    Err(reason) => {
+                        // The client's framing is broken: nothing more of it can be trusted.
+                        tracing::debug!(reason, "malformed chunked request body");
+                        return Err(CopyError::ClientGone);
+                    }
+                }
+            }
+        }
+        Framing::Empty | Framing::UntilClose => {}
+    }
+    body.done = true;
+    Ok(())
+}
+
+/// Reads from `from` into `input`; `Err` at the end of the stream or on an error.
+async fn fill<R: AsyncRead + Unpin>(from: &mut R, input: &mut BytesMut) -> Result<(), ()> {
+    input.reserve(READ_CHUNK);
+    match from.read_buf(input).await {
+        Ok(0) | Err(_) => Err(()),
+        Ok(_) => Ok(()),
+    }
+}
+
+/// Reads the upstream's response head, passing interim (1xx) responses to the client, and
+/// writes the final one's head towards the client into `out`.
+async fn read_head<R, W>(
+    upstream: &mut R,
+    input: &mut BytesMut,
+    client: &mut W,
+    to: h1::ResponseTo,
+    out: &mut Vec<u8>,
+) -> Result<h1::Response, SendError>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    let mut answered = false;
+    loop {
+        if !input.is_empty() {
+            match h1::response(input, to, out) {
+                Ok(Some(response)) if response.status < 200 => {
+                    // Taken from the input before it is written: if this future is dropped
+                    // mid-write, the interim answer is cut short, never sent twice.
+                    let interim = input.split_to(response.head_len);
+                    answered = true;
+                    if !to.http10 {
+                        client
+                            .write_all(&interim)
+                            .await
+                            .map_err(|_| SendError::ClientGone)?;
+                    }
+                    continue;
+                }
+                Ok(Some(response)) => {
+                    input.advance(response.head_len);
+                    return Ok(response);
+                }
+                Ok(None) => {}
+                Err(reason) => return Err(SendError::BadResponse(reason)),
+            }
+        }
+        input.reserve(READ_CHUNK);
+        let read = upstream.read_buf(input).await;
+        let failed = match read {
+            Ok(0) => "the upstream closed the connection".to_string(),
+            Ok(_) => continue,
+            Err(e) => format!("reading the response: {e}"),
+        };
+        return Err(if answered || !input.is_empty() {
+            SendError::Unreachable(format!("{failed} in the middle of a response"))
+        } else {
+            SendError::Closed(format!("{failed} before answering"))
+        });
+    }
+}
+
+/// Resolves when the kept upstream connection, if any, has something to read (a close, most
+/// likely); never without one.
+async fn kept_readable(kept: &Option<(Upstream, Instant)>) {
+    match kept {
+        Some((up, _)) => {
+            let _ = up.stream.readable().await;
+        }
+        None => std::future::pending().await,
+    }
+}
+
+/// An idle connection is usable when there is nothing to read on it (no close, no stray bytes).
+fn alive(stream: &TcpStream) -> bool {
+    let mut probe = [0u8; 1];
+    matches!(stream.try_read(&mut probe), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
+}
+
+/// RFC 9110 §9.2.2: methods a client may repeat automatically.
+fn idempotent(method: &Method) -> bool {
+    matches!(
+        *method,
+        Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE | Method::PUT | Method::DELETE
+    )
+}
+
+/// The header value as text if it is visible ASCII (and spaces).
+fn visible(v: &[u8]) -> Option<&str> {
+    v.iter()
+        .all(|&b| b == b' ' || b == b'\t' || b.is_ascii_graphic())
+        .then(|| std::str::from_utf8(v).expect("ASCII"))
 }
 
 #[cfg(test)]
-mod tests {
+#[path = "relay_tests.rs"]
+mod tests;
+
+#[cfg(test)]
+mod url_tests {
     use super::*;
-
-    #[test]
-    fn hop_by_hop_headers_and_those_connection_names_are_removed() {
-        let mut h = HeaderMap::new();
-        h.insert(
-            "connection",
-            HeaderValue::from_static("keep-alive, x-secret-hop"),
-        );
-        h.insert("keep-alive", HeaderValue::from_static("timeout=5"));
-        h.insert("x-secret-hop", HeaderValue::from_static("1"));
-        h.insert("te", HeaderValue::from_static("trailers"));
-        h.insert("upgrade", HeaderValue::from_static("websocket"));
-        h.insert("transfer-encoding", HeaderValue::from_static("chunked"));
-        h.insert("fencing-token", HeaderValue::from_static("7"));
-        h.insert("content-type", HeaderValue::from_static("text/plain"));
-        strip_hop_by_hop(&mut h);
-        let mut left: Vec<&str> = h.keys().map(|k| k.as_str()).collect();
-        left.sort();
-        assert_eq!(left, vec!["content-type", "fencing-token"]);
-    }
-
-    #[test]
-    fn forwarding_headers_are_appended() {
-        let mut h = HeaderMap::new();
-        h.insert("x-forwarded-for", HeaderValue::from_static("10.0.0.1"));
-        add_forwarded(
-            &mut h,
-            "192.0.2.7:5555".parse().unwrap(),
-            Some("shop.example"),
-        );
-        assert_eq!(h["x-forwarded-for"], "10.0.0.1, 192.0.2.7");
-        assert_eq!(
-            h["forwarded"],
-            "for=192.0.2.7;proto=http;host=\"shop.example\""
-        );
-        let mut h = HeaderMap::new();
-        add_forwarded(&mut h, "[2001:db8::1]:80".parse().unwrap(), None);
-        assert_eq!(h["forwarded"], "for=\"[2001:db8::1]\";proto=http");
-    }
 
     #[test]
     fn upstream_urls_are_checked() {

@@ -12,9 +12,6 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use hyper::server::conn::http1;
-use hyper::service::service_fn;
-use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
 use tokio::sync::{Semaphore, watch};
 
@@ -25,7 +22,9 @@ use crate::relay::Relay;
 pub struct ServerLimits {
     /// Client connections open at once; past it, new connections wait in the kernel's backlog.
     pub connections_max: usize,
-    /// Longest time a client may take to send a request's headers (slow-loris guard).
+    /// Longest time a client may take to send a request's headers (slow-loris guard), counted
+    /// from when the proxy starts waiting for the request: it also closes a kept-alive
+    /// connection idle for that long.
     pub header_read_timeout: Duration,
     /// On shutdown, how long requests in progress may take to finish.
     pub shutdown_grace: Duration,
@@ -86,33 +85,13 @@ pub async fn serve(
         };
         let _ = stream.set_nodelay(true);
         let relay = Arc::clone(&relay);
-        let mut stop = stop_rx.clone();
+        let stop = stop_rx.clone();
         let header_read_timeout = limits.header_read_timeout;
         tokio::spawn(async move {
             let _slot = permit;
-            let slot = relay.slot();
-            let service = service_fn(move |req| {
-                let relay = Arc::clone(&relay);
-                let slot = Arc::clone(&slot);
-                async move { relay.handle(req, peer, &slot).await }
-            });
-            let conn = http1::Builder::new()
-                .timer(TokioTimer::new())
-                .header_read_timeout(header_read_timeout)
-                .keep_alive(true)
-                .serve_connection(TokioIo::new(stream), service);
-            tokio::pin!(conn);
-            tokio::select! {
-                r = conn.as_mut() => {
-                    if let Err(e) = r {
-                        tracing::debug!(%peer, error = %e, "client connection ended with an error");
-                    }
-                }
-                _ = stop.changed() => {
-                    conn.as_mut().graceful_shutdown();
-                    let _ = conn.await;
-                }
-            }
+            relay
+                .serve_connection(stream, peer, header_read_timeout, stop)
+                .await;
         });
     }
     let _ = stop_tx.send(true);
