@@ -83,12 +83,13 @@ async fn run(config: Config) -> anyhow::Result<()> {
                 "no schema_urls: the fence check must have been installed by a DBA (fence-proxy pg print-schema)"
             );
         }
-        let shards = http_relay::bind_shards(p.listen, workers)
+        let shards = shards::bind(p.listen, workers)
             .with_context(|| format!("cannot listen on {}", p.listen))?;
         let addr = shards[0].local_addr()?;
         tracing::info!(%addr, upstream = %p.upstream, fence_wait_ms = p.fence_wait_ms, workers, "listening (pg)");
         // One relay (limits, map of marks, cancel keys) for all the listener's threads; each
-        // thread runs its own event loop, and a session stays on the thread that accepted it.
+        // thread runs its own event loop, and a session stays on the thread that accepted it
+        // (the thread with the fewest sessions accepts the next).
         let relay = Arc::new(pg_relay::Relay::new(p.relay(config.fence.resources_max)));
         for (i, shard) in shards.into_iter().enumerate() {
             let relay = Arc::clone(&relay);
@@ -173,7 +174,7 @@ async fn start_http(
     let workers = config.workers();
     let mut threads = Vec::new();
     for h in &config.http {
-        let shards = http_relay::bind_shards(h.listen, workers)
+        let shards = shards::bind(h.listen, workers)
             .with_context(|| format!("cannot listen on {}", h.listen))?;
         let addr = shards[0].local_addr()?;
         tracing::info!(%addr, upstream = %h.upstream, routes = h.routes.len(), workers, "listening (http)");
@@ -206,11 +207,11 @@ async fn start_http(
 /// thread (see http_relay::server).
 fn spawn_worker<F, Fut>(
     name: String,
-    shard: std::net::TcpListener,
+    shard: shards::Shard,
     serve: F,
 ) -> std::io::Result<std::thread::JoinHandle<std::io::Result<()>>>
 where
-    F: FnOnce(tokio::net::TcpListener) -> Fut + Send + 'static,
+    F: FnOnce(shards::Listener) -> Fut + Send + 'static,
     Fut: std::future::Future<Output = ()>,
 {
     std::thread::Builder::new().name(name).spawn(move || {
@@ -218,7 +219,7 @@ where
             .enable_all()
             .build()?;
         rt.block_on(async move {
-            serve(tokio::net::TcpListener::from_std(shard)?).await;
+            serve(shard.listen()?).await;
             Ok(())
         })
     })

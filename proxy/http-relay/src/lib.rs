@@ -40,4 +40,4 @@ pub use fence::{
 pub use problem::Problem;
 pub use relay::{Relay, RelayConfig, parse_upstream};
 pub use routes::{Classification, RouteConfig, RouteError, Routes, Unmatched, is_safe};
-pub use server::{ServerLimits, bind_shards, serve};
+pub use server::{ServerLimits, serve};

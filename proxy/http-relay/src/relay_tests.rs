@@ -256,7 +256,12 @@ async fn proxy(
     let relay = Arc::new(Relay::new(routes, Arc::new(fence), config));
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    tokio::spawn(serve(listener, relay, limits, pending()));
+    tokio::spawn(serve(
+        shards::Listener::single(listener),
+        relay,
+        limits,
+        pending(),
+    ));
     addr
 }
 

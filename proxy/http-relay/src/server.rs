@@ -2,17 +2,17 @@
 //! a graceful shutdown.
 //!
 //! For throughput the binary runs one single-threaded runtime per CPU, each accepting on the
-//! same listening socket ([`bind_shards`]) and with its own upstream pool, so that a request and
-//! its upstream exchange never change threads.
+//! same listening socket (a [`shards::Listener`]: the worker with the fewest connections takes
+//! the next) and with its own upstream connections, so that a request and its upstream exchange
+//! never change threads.
 //! Measured on the benchmark machine: one thread relays as much as a two-thread work-stealing
 //! runtime did, because every request there crossed threads twice.
 
 use std::future::Future;
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::net::TcpListener;
+use shards::Listener;
 use tokio::sync::{Semaphore, watch};
 
 use crate::relay::Relay;
@@ -40,26 +40,10 @@ impl Default for ServerLimits {
     }
 }
 
-/// Binds `addr` once and hands out `n` handles on the same socket, one per thread: each
-/// thread's runtime waits on it, and whichever is free first takes the next connection, so
-/// connections spread by load (with `SO_REUSEPORT` the kernel spreads them by hash, and a busy
-/// thread gets as many as an idle one). Binding once also means a second process on the same
-/// address is refused ("address in use").
-pub fn bind_shards(addr: SocketAddr, n: usize) -> std::io::Result<Vec<std::net::TcpListener>> {
-    let listener = std::net::TcpListener::bind(addr)?;
-    listener.set_nonblocking(true)?;
-    let mut out = Vec::with_capacity(n.max(1));
-    for _ in 1..n.max(1) {
-        out.push(listener.try_clone()?);
-    }
-    out.push(listener);
-    Ok(out)
-}
-
 /// Serves `relay` on `listener` until `shutdown` completes, then lets requests in progress
 /// finish (up to the grace period).
 pub async fn serve(
-    listener: TcpListener,
+    listener: Listener,
     relay: Arc<Relay>,
     limits: ServerLimits,
     shutdown: impl Future<Output = ()>,
@@ -72,7 +56,7 @@ pub async fn serve(
             () = &mut shutdown => break,
             p = Arc::clone(&slots).acquire_owned() => p.expect("the semaphore is never closed"),
         };
-        let (stream, peer) = tokio::select! {
+        let (stream, peer, load) = tokio::select! {
             () = &mut shutdown => break,
             accepted = listener.accept() => match accepted {
                 Ok(a) => a,
@@ -88,7 +72,7 @@ pub async fn serve(
         let stop = stop_rx.clone();
         let header_read_timeout = limits.header_read_timeout;
         tokio::spawn(async move {
-            let _slot = permit;
+            let _counted = (permit, load);
             relay
                 .serve_connection(stream, peer, header_read_timeout, stop)
                 .await;

@@ -16,7 +16,6 @@ pub mod schema;
 mod session;
 
 use std::future::Future;
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -24,7 +23,7 @@ use std::time::Duration;
 use compact_str::CompactString;
 use dashmap::DashMap;
 use tokio::io::AsyncWriteExt;
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpStream;
 
 /// SQLSTATEs of the errors fence-proxy's PostgreSQL mode reports (none in class 40, so drivers
 /// do not retry them).
@@ -192,16 +191,24 @@ impl Relay {
 }
 
 /// Accepts PostgreSQL clients on `listener` until `shutdown` completes; each session runs in its
-/// own task (sessions still open when it returns end with the runtime).
-pub async fn serve(listener: TcpListener, relay: Arc<Relay>, shutdown: impl Future<Output = ()>) {
+/// own task (sessions still open when it returns end with the runtime), counted as its worker's
+/// load while it lasts.
+pub async fn serve(
+    listener: shards::Listener,
+    relay: Arc<Relay>,
+    shutdown: impl Future<Output = ()>,
+) {
     tokio::pin!(shutdown);
     loop {
         tokio::select! {
             _ = &mut shutdown => return,
             accepted = listener.accept() => match accepted {
-                Ok((stream, peer)) => {
+                Ok((stream, peer, load)) => {
                     let relay = Arc::clone(&relay);
-                    tokio::spawn(session::run(relay, stream, peer));
+                    tokio::spawn(async move {
+                        session::run(relay, stream, peer).await;
+                        drop(load);
+                    });
                 }
                 Err(e) => {
                     // Out of file descriptors and the like: log, and keep serving the others.
@@ -211,9 +218,4 @@ pub async fn serve(listener: TcpListener, relay: Arc<Relay>, shutdown: impl Futu
             }
         }
     }
-}
-
-/// The address a listener is bound to, for logs.
-pub fn describe(listener: &TcpListener) -> std::io::Result<SocketAddr> {
-    listener.local_addr()
 }
