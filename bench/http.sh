@@ -13,6 +13,9 @@ CONNS=${CONNECTIONS:-64}
 MARKS=${MARKS:-1000000}
 OUT=${OUT:-$(mktemp -d /tmp/httpbench.XXXXXX)}
 mkdir -p "$OUT"
+# A fresh marks store: marks left by an earlier run would be loaded at start and make the
+# memory figure a measure of loading, not of filling.
+rm -rf "$OUT/fence-proxy"
 for b in nginx wrk; do
   command -v "$b" >/dev/null || { echo "bench/http.sh: $b is missing (apt-get install nginx wrk)" >&2; exit 1; }
 done
