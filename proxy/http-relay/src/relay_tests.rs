@@ -205,6 +205,10 @@ impl Got {
         self.head[9..12].parse().unwrap()
     }
 
+    fn assert_has(&self, line: &str) {
+        assert!(self.head.contains(line), "{line:?} not in {}", self.head);
+    }
+
     fn problem_type(&self) -> String {
         let v: serde_json::Value = serde_json::from_slice(&self.body).unwrap();
         v["type"].as_str().unwrap().to_string()
@@ -291,10 +295,7 @@ async fn eof(stream: &mut TcpStream) -> bool {
 #[tokio::test]
 async fn a_client_connections_requests_share_one_upstream_connection_and_pipelined_ones_stay_in_order()
  {
-    let (up, mut events) = upstream(|_, _, _| Plan::Read(Reply::Echo)).await;
-    let px = proxy(up, |_, _| {}).await;
-    let mut c = TcpStream::connect(px).await.unwrap();
-    let mut buf = BytesMut::new();
+    let (mut c, mut buf, mut events, _) = start(|_, _, _| Plan::Read(Reply::Echo)).await;
     c.write_all(b"POST /1 HTTP/1.1\r\nHost: a\r\nContent-Length: 3\r\n\r\none")
         .await
         .unwrap();
@@ -323,7 +324,7 @@ async fn a_client_connections_requests_share_one_upstream_connection_and_pipelin
 
 #[tokio::test]
 async fn chunked_bodies_are_relayed_both_ways_and_decoded_for_http_1_0() {
-    let (up, mut events) = upstream(|_, _, head| {
+    let (mut c, mut buf, mut events, px) = start(|_, _, head| {
         if head.starts_with("GET") {
             Plan::Read(Reply::Raw(
                 "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n4;x=y\r\ndefg\r\n0\r\nT: 1\r\n\r\n",
@@ -333,9 +334,6 @@ async fn chunked_bodies_are_relayed_both_ways_and_decoded_for_http_1_0() {
         }
     })
     .await;
-    let px = proxy(up, |_, _| {}).await;
-    let mut c = TcpStream::connect(px).await.unwrap();
-    let mut buf = BytesMut::new();
     c.write_all(
         b"POST /c HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n5;ext\r\nhello\r\n",
     )
@@ -353,11 +351,7 @@ async fn chunked_bodies_are_relayed_both_ways_and_decoded_for_http_1_0() {
         .await
         .unwrap();
     let got = response(&mut c, &mut buf, false).await;
-    assert!(
-        got.head.contains("transfer-encoding: chunked\r\n"),
-        "{}",
-        got.head
-    );
+    got.assert_has("transfer-encoding: chunked\r\n");
     assert_eq!(got.body, b"abcdefg");
 
     // HTTP/1.0 knows no chunks: the decoded body, delimited by the close.
@@ -376,22 +370,20 @@ async fn chunked_bodies_are_relayed_both_ways_and_decoded_for_http_1_0() {
 
 #[tokio::test]
 async fn a_response_without_length_is_relayed_until_the_upstream_closes() {
-    let (up, _events) =
-        upstream(|_, _, _| Plan::Read(Reply::RawThenClose("HTTP/1.1 200 OK\r\n\r\nuntil the end")))
+    let (mut c, _buf, _events, _) =
+        start(|_, _, _| Plan::Read(Reply::RawThenClose("HTTP/1.1 200 OK\r\n\r\nuntil the end")))
             .await;
-    let px = proxy(up, |_, _| {}).await;
-    let mut c = TcpStream::connect(px).await.unwrap();
     c.write_all(b"GET / HTTP/1.1\r\nHost: a\r\n\r\n")
         .await
         .unwrap();
     let got = response(&mut c, &mut BytesMut::new(), false).await;
-    assert!(got.head.contains("connection: close\r\n"), "{}", got.head);
+    got.assert_has("connection: close\r\n");
     assert_eq!(got.body, b"until the end");
 }
 
 #[tokio::test]
 async fn head_responses_have_no_body_and_the_connection_goes_on() {
-    let (up, _events) = upstream(|_, _, head| {
+    let (mut c, mut buf, _events, _) = start(|_, _, head| {
         if head.starts_with("HEAD") {
             Plan::Read(Reply::Raw(
                 "HTTP/1.1 200 OK\r\ncontent-length: 1000\r\n\r\n",
@@ -401,27 +393,17 @@ async fn head_responses_have_no_body_and_the_connection_goes_on() {
         }
     })
     .await;
-    let px = proxy(up, |_, _| {}).await;
-    let mut c = TcpStream::connect(px).await.unwrap();
-    let mut buf = BytesMut::new();
     c.write_all(b"HEAD / HTTP/1.1\r\nHost: a\r\n\r\nGET / HTTP/1.1\r\nHost: a\r\n\r\n")
         .await
         .unwrap();
     let got = response(&mut c, &mut buf, true).await;
-    assert!(
-        got.head.contains("content-length: 1000\r\n"),
-        "{}",
-        got.head
-    );
+    got.assert_has("content-length: 1000\r\n");
     assert_eq!(response(&mut c, &mut buf, false).await.body, b"after");
 }
 
 #[tokio::test]
 async fn expect_100_continue_passes_through() {
-    let (up, mut events) = upstream(|_, _, _| Plan::Continue(Reply::Echo)).await;
-    let px = proxy(up, |_, _| {}).await;
-    let mut c = TcpStream::connect(px).await.unwrap();
-    let mut buf = BytesMut::new();
+    let (mut c, mut buf, mut events, _) = start(|_, _, _| Plan::Continue(Reply::Echo)).await;
     c.write_all(b"PUT /e HTTP/1.1\r\nHost: a\r\nExpect: 100-continue\r\nContent-Length: 4\r\n\r\n")
         .await
         .unwrap();
@@ -437,18 +419,16 @@ async fn expect_100_continue_passes_through() {
 
 #[tokio::test]
 async fn an_answer_before_the_body_is_relayed_and_both_connections_close() {
-    let (up, mut events) = upstream(|_, _, _| {
+    let (mut c, _buf, mut events, _) = start(|_, _, _| {
         Plan::Early("HTTP/1.1 413 Payload Too Large\r\ncontent-length: 4\r\n\r\nbig!")
     })
     .await;
-    let px = proxy(up, |_, _| {}).await;
-    let mut c = TcpStream::connect(px).await.unwrap();
     c.write_all(b"POST /big HTTP/1.1\r\nHost: a\r\nContent-Length: 100000\r\n\r\nsome of it")
         .await
         .unwrap();
     let got = response(&mut c, &mut BytesMut::new(), false).await;
     assert_eq!((got.status(), got.body.as_slice()), (413, &b"big!"[..]));
-    assert!(got.head.contains("connection: close\r\n"), "{}", got.head);
+    got.assert_has("connection: close\r\n");
     assert!(eof(&mut c).await, "the client connection closes");
     next_request(&mut events).await;
     assert!(matches!(next(&mut events).await, Event::Closed { conn: 0 }));
@@ -457,7 +437,7 @@ async fn an_answer_before_the_body_is_relayed_and_both_connections_close() {
 #[tokio::test]
 async fn a_kept_connection_closed_before_answering_is_retried_only_for_idempotent_requests() {
     // Every upstream connection closes without answering its second request.
-    let (up, mut events) = upstream(|_, nth, _| {
+    let (mut c, mut buf, mut events, _) = start(|_, nth, _| {
         Plan::Read(if nth == 1 {
             Reply::Silent
         } else {
@@ -465,9 +445,6 @@ async fn a_kept_connection_closed_before_answering_is_retried_only_for_idempoten
         })
     })
     .await;
-    let px = proxy(up, |_, _| {}).await;
-    let mut c = TcpStream::connect(px).await.unwrap();
-    let mut buf = BytesMut::new();
     c.write_all(b"GET /1 HTTP/1.1\r\nHost: a\r\n\r\n")
         .await
         .unwrap();
@@ -514,15 +491,12 @@ async fn a_kept_connection_closed_before_answering_is_retried_only_for_idempoten
 #[tokio::test]
 async fn a_kept_connection_the_upstream_closed_while_idle_is_replaced() {
     // Each upstream connection answers one request (keep-alive by its head) and closes.
-    let (up, mut events) = upstream(|_, _, _| {
+    let (mut c, mut buf, mut events, _) = start(|_, _, _| {
         Plan::Read(Reply::RawThenClose(
             "HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok",
         ))
     })
     .await;
-    let px = proxy(up, |_, _| {}).await;
-    let mut c = TcpStream::connect(px).await.unwrap();
-    let mut buf = BytesMut::new();
     for conn in 0..3 {
         // A POST is never sent twice: it must go out on a live connection.
         c.write_all(b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 1\r\n\r\nx")
@@ -534,6 +508,36 @@ async fn a_kept_connection_the_upstream_closed_while_idle_is_replaced() {
     }
 }
 
+/// The scripted upstream, the proxy in front of it with default settings, and a client
+/// connection to the proxy with its read buffer.
+async fn start(
+    script: impl Fn(usize, usize, &str) -> Plan + Send + Sync + 'static,
+) -> (
+    TcpStream,
+    BytesMut,
+    mpsc::UnboundedReceiver<Event>,
+    SocketAddr,
+) {
+    let (up, events) = upstream(script).await;
+    let px = proxy(up, |_, _| {}).await;
+    let c = TcpStream::connect(px).await.unwrap();
+    (c, BytesMut::new(), events, px)
+}
+
+/// Sends `GET path` on `c`, expects 200, and returns the upstream connection that served it.
+async fn get(
+    c: &mut TcpStream,
+    buf: &mut BytesMut,
+    events: &mut mpsc::UnboundedReceiver<Event>,
+    path: &str,
+) -> usize {
+    c.write_all(format!("GET {path} HTTP/1.1\r\nHost: a\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    assert_eq!(response(c, buf, false).await.status(), 200);
+    next_request(events).await.0
+}
+
 #[tokio::test]
 async fn idle_upstream_connections_are_bounded() {
     let (up, mut events) = upstream(|_, _, _| Plan::Read(Reply::Ok("ok"))).await;
@@ -541,45 +545,16 @@ async fn idle_upstream_connections_are_bounded() {
     let mut a = TcpStream::connect(px).await.unwrap();
     let mut b = TcpStream::connect(px).await.unwrap();
     let (mut abuf, mut bbuf) = (BytesMut::new(), BytesMut::new());
-    a.write_all(b"GET /a HTTP/1.1\r\nHost: a\r\n\r\n")
-        .await
-        .unwrap();
-    assert_eq!(response(&mut a, &mut abuf, false).await.status(), 200);
-    assert!(matches!(
-        next(&mut events).await,
-        Event::Request { conn: 0, .. }
-    ));
+    assert_eq!(get(&mut a, &mut abuf, &mut events, "/a").await, 0);
     // a keeps its connection, the one idle allowed: b's is closed after its request.
-    b.write_all(b"GET /b HTTP/1.1\r\nHost: a\r\n\r\n")
-        .await
-        .unwrap();
-    assert_eq!(response(&mut b, &mut bbuf, false).await.status(), 200);
-    assert!(matches!(
-        next(&mut events).await,
-        Event::Request { conn: 1, .. }
-    ));
+    assert_eq!(get(&mut b, &mut bbuf, &mut events, "/b").await, 1);
     assert!(matches!(next(&mut events).await, Event::Closed { conn: 1 }));
-    a.write_all(b"GET /a HTTP/1.1\r\nHost: a\r\n\r\n")
-        .await
-        .unwrap();
-    assert_eq!(response(&mut a, &mut abuf, false).await.status(), 200);
-    assert!(matches!(
-        next(&mut events).await,
-        Event::Request { conn: 0, .. }
-    ));
+    assert_eq!(get(&mut a, &mut abuf, &mut events, "/a").await, 0);
     // When a goes away, its connection goes with it, and b's next one may be kept.
     drop(a);
     assert!(matches!(next(&mut events).await, Event::Closed { conn: 0 }));
-    for _ in 0..2 {
-        b.write_all(b"GET /b HTTP/1.1\r\nHost: a\r\n\r\n")
-            .await
-            .unwrap();
-        assert_eq!(response(&mut b, &mut bbuf, false).await.status(), 200);
-        assert!(matches!(
-            next(&mut events).await,
-            Event::Request { conn: 2, .. }
-        ));
-    }
+    assert_eq!(get(&mut b, &mut bbuf, &mut events, "/b").await, 2);
+    assert_eq!(get(&mut b, &mut bbuf, &mut events, "/b").await, 2);
 }
 
 #[tokio::test]
@@ -588,24 +563,10 @@ async fn an_idle_upstream_connection_is_closed_after_the_idle_timeout_and_replac
     let px = proxy(up, |c, _| c.pool_idle_timeout = Duration::from_millis(50)).await;
     let mut c = TcpStream::connect(px).await.unwrap();
     let mut buf = BytesMut::new();
-    c.write_all(b"GET / HTTP/1.1\r\nHost: a\r\n\r\n")
-        .await
-        .unwrap();
-    assert_eq!(response(&mut c, &mut buf, false).await.status(), 200);
-    assert!(matches!(
-        next(&mut events).await,
-        Event::Request { conn: 0, .. }
-    ));
+    assert_eq!(get(&mut c, &mut buf, &mut events, "/").await, 0);
     // Closed by the proxy while the client connection stays open and idle.
     assert!(matches!(next(&mut events).await, Event::Closed { conn: 0 }));
-    c.write_all(b"GET / HTTP/1.1\r\nHost: a\r\n\r\n")
-        .await
-        .unwrap();
-    assert_eq!(response(&mut c, &mut buf, false).await.status(), 200);
-    assert!(matches!(
-        next(&mut events).await,
-        Event::Request { conn: 1, .. }
-    ));
+    assert_eq!(get(&mut c, &mut buf, &mut events, "/").await, 1);
 }
 
 #[tokio::test]
@@ -643,21 +604,19 @@ async fn malformed_oversized_and_unsupported_requests_get_their_answers_and_clos
             "{}",
             String::from_utf8_lossy(&raw[..raw.len().min(80)])
         );
-        assert!(got.head.contains("connection: close\r\n"), "{}", got.head);
+        got.assert_has("connection: close\r\n");
         assert!(eof(&mut c).await, "closed after {status}");
     }
 }
 
 #[tokio::test]
 async fn a_malformed_upstream_answer_gets_502() {
-    let (up, _events) = upstream(|_, _, _| {
+    let (mut c, _buf, _events, _) = start(|_, _, _| {
         Plan::Read(Reply::Raw(
             "HTTP/1.1 200 OK\r\ncontent-length: 1\r\ncontent-length: 2\r\n\r\nxy",
         ))
     })
     .await;
-    let px = proxy(up, |_, _| {}).await;
-    let mut c = TcpStream::connect(px).await.unwrap();
     c.write_all(b"GET / HTTP/1.1\r\nHost: a\r\n\r\n")
         .await
         .unwrap();
