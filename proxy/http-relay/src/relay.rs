@@ -557,11 +557,10 @@ impl Conn<'_> {
         if let Err(e) = up.stream.write_all(&self.out).await {
             return Err(SendError::Closed(format!("writing the request: {e}")));
         }
-        let closing = !req.keep_alive || *self.stop.borrow();
         let to = h1::ResponseTo {
             head_request: req.method == Method::HEAD,
             http10: req.http10,
-            closing,
+            closing: !req.keep_alive,
         };
         if body.done {
             let (_, mut client_write) = self.client.split();
@@ -570,6 +569,7 @@ impl Conn<'_> {
                 &mut up.input,
                 &mut client_write,
                 to,
+                &self.stop,
                 &mut self.out,
             )
             .await;
@@ -599,6 +599,7 @@ impl Conn<'_> {
                 &mut up.input,
                 &mut client_write,
                 to_early,
+                &self.stop,
                 &mut early_out,
             );
             tokio::pin!(copy, head);
@@ -632,6 +633,7 @@ impl Conn<'_> {
             &mut up.input,
             &mut client_write,
             to,
+            &self.stop,
             &mut self.out,
         )
         .await
@@ -855,12 +857,14 @@ async fn fill<R: AsyncRead + Unpin>(from: &mut R, input: &mut BytesMut) -> Resul
 }
 
 /// Reads the upstream's response head, passing interim (1xx) responses to the client, and
-/// writes the final one's head towards the client into `out`.
+/// writes the final one's head towards the client into `out`; the client connection closes
+/// after it if `to` says so or the proxy is shutting down (`stop`).
 async fn read_head<R, W>(
     upstream: &mut R,
     input: &mut BytesMut,
     client: &mut W,
     to: h1::ResponseTo,
+    stop: &watch::Receiver<bool>,
     out: &mut Vec<u8>,
 ) -> Result<h1::Response, SendError>
 where
@@ -870,6 +874,10 @@ where
     let mut answered = false;
     loop {
         if !input.is_empty() {
+            let to = h1::ResponseTo {
+                closing: to.closing || *stop.borrow(),
+                ..to
+            };
             match h1::response(input, to, out) {
                 Ok(Some(response)) if response.status < 200 => {
                     // Taken from the input before it is written: if this future is dropped

@@ -9,7 +9,7 @@ use std::time::Duration;
 use bytes::{Buf, BytesMut};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::mpsc;
+use tokio::sync::{Notify, mpsc, oneshot};
 
 use super::*;
 use crate::fence::{FenceLimits, LocalFence, MemoryMarks};
@@ -40,6 +40,8 @@ enum Reply {
     RawThenClose(&'static str),
     /// Closes the connection without answering.
     Silent,
+    /// `200 OK` once this is notified.
+    After(Arc<Notify>),
 }
 
 #[derive(Debug)]
@@ -111,14 +113,19 @@ async fn upstream_connection(
         let Some(body) = read_body(&mut stream, &mut buf, framing).await else {
             return;
         };
+        let echo = matches!(reply, Reply::Echo).then(|| ok(&body));
+        let _ = events.send(Event::Request { conn, head, body });
+        let close = matches!(reply, Reply::RawThenClose(_) | Reply::Silent);
         let answer = match reply {
             Reply::Ok(text) => ok(text.as_bytes()),
-            Reply::Echo => ok(&body),
+            Reply::Echo => echo.expect("made above"),
             Reply::Raw(text) | Reply::RawThenClose(text) => text.as_bytes().to_vec(),
             Reply::Silent => Vec::new(),
+            Reply::After(release) => {
+                release.notified().await;
+                ok(b"late")
+            }
         };
-        let close = matches!(reply, Reply::RawThenClose(_) | Reply::Silent);
-        let _ = events.send(Event::Request { conn, head, body });
         if stream.write_all(&answer).await.is_err() || close {
             return;
         }
@@ -233,11 +240,20 @@ async fn response(stream: &mut TcpStream, buf: &mut BytesMut, head_request: bool
     Got { head, body }
 }
 
-/// The proxy in front of `upstream`, relaying everything unfenced unless `fenced`.
+/// The proxy in front of `upstream`, relaying everything unfenced, never shut down.
 async fn proxy(
     upstream: SocketAddr,
     tweak: impl FnOnce(&mut RelayConfig, &mut ServerLimits),
 ) -> SocketAddr {
+    proxy_until(upstream, tweak, pending()).await.0
+}
+
+/// The proxy in front of `upstream` until `shutdown`; its address and its serving task.
+async fn proxy_until(
+    upstream: SocketAddr,
+    tweak: impl FnOnce(&mut RelayConfig, &mut ServerLimits),
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> (SocketAddr, tokio::task::JoinHandle<()>) {
     let mut config = RelayConfig {
         upstream: format!("http://{upstream}").parse().unwrap(),
         body_max_bytes: 1 << 20,
@@ -260,13 +276,13 @@ async fn proxy(
     let relay = Arc::new(Relay::new(routes, Arc::new(fence), config));
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    tokio::spawn(serve(
+    let serving = tokio::spawn(serve(
         shards::Listener::single(listener),
         relay,
         limits,
-        pending(),
+        shutdown,
     ));
-    addr
+    (addr, serving)
 }
 
 async fn next(events: &mut mpsc::UnboundedReceiver<Event>) -> Event {
@@ -637,4 +653,43 @@ async fn a_client_that_does_not_finish_its_head_in_time_is_disconnected() {
     let mut c = TcpStream::connect(px).await.unwrap();
     c.write_all(b"GET / HTTP/1.1\r\nHost:").await.unwrap();
     assert!(eof(&mut c).await, "closed without an answer");
+}
+
+#[tokio::test]
+async fn on_shutdown_idle_connections_close_and_requests_in_progress_finish() {
+    let release = Arc::new(Notify::new());
+    let held = Arc::clone(&release);
+    let (up, mut events) = upstream(move |_, _, head| {
+        Plan::Read(if head.starts_with("GET /slow") {
+            Reply::After(Arc::clone(&held))
+        } else {
+            Reply::Ok("ok")
+        })
+    })
+    .await;
+    let (stop, stopped) = oneshot::channel::<()>();
+    let (px, serving) = proxy_until(up, |_, _| {}, async {
+        let _ = stopped.await;
+    })
+    .await;
+    let mut idle = TcpStream::connect(px).await.unwrap();
+    let mut idle_buf = BytesMut::new();
+    get(&mut idle, &mut idle_buf, &mut events, "/fast").await;
+    let mut busy = TcpStream::connect(px).await.unwrap();
+    busy.write_all(b"GET /slow HTTP/1.1\r\nHost: a\r\n\r\n")
+        .await
+        .unwrap();
+    next_request(&mut events).await;
+    // The slow request is at the upstream: shut down.
+    stop.send(()).unwrap();
+    assert!(eof(&mut idle).await, "an idle connection closes at once");
+    release.notify_one();
+    let got = response(&mut busy, &mut BytesMut::new(), false).await;
+    assert_eq!((got.status(), got.body.as_slice()), (200, &b"late"[..]));
+    got.assert_has("connection: close\r\n");
+    assert!(eof(&mut busy).await, "closed after its response");
+    tokio::time::timeout(PATIENCE, serving)
+        .await
+        .expect("serve returns once its connections are done")
+        .unwrap();
 }
