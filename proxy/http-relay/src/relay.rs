@@ -562,71 +562,61 @@ impl Conn<'_> {
             http10: req.http10,
             closing: !req.keep_alive,
         };
-        if body.done {
-            let (_, mut client_write) = self.client.split();
-            return read_head(
-                &mut up.stream,
-                &mut up.input,
-                &mut client_write,
-                to,
-                &self.stop,
-                &mut self.out,
-            )
-            .await;
-        }
-        // The body streams up while the answer is awaited: an upstream may answer early (an
-        // error, or a 100 Continue the client waits for before it sends the body). An answer
-        // before the body was all sent is relayed, then both connections close (the rest of
-        // the body is not read).
-        let limit = self.relay.config.body_max_bytes;
-        let to_early = h1::ResponseTo {
-            closing: true,
-            ..to
-        };
-        let mut early_out = Vec::new();
-        let early = {
-            let (mut client_read, mut client_write) = self.client.split();
-            let (mut up_read, mut up_write) = up.stream.split();
-            let copy = copy_body(
-                &mut client_read,
-                &mut self.input,
-                &mut up_write,
-                body,
-                limit,
-            );
-            let head = read_head(
-                &mut up_read,
-                &mut up.input,
-                &mut client_write,
-                to_early,
-                &self.stop,
-                &mut early_out,
-            );
-            tokio::pin!(copy, head);
-            let mut copying = true;
-            loop {
-                tokio::select! {
-                    biased;
-                    copied = &mut copy, if copying => {
-                        copying = false;
-                        match copied {
-                            Ok(()) => break None,
-                            Err(CopyError::ClientGone) => break Some(Err(SendError::ClientGone)),
-                            Err(CopyError::TooLarge) => break Some(Err(SendError::TooLarge)),
-                            // The upstream stopped reading: its answer may still come.
-                            Err(CopyError::UpstreamWrite) => {}
+        if !body.done {
+            // The body streams up while the answer is awaited: an upstream may answer early (an
+            // error, or a 100 Continue the client waits for before it sends the body). An answer
+            // before the body was all sent is relayed, then both connections close (the rest of
+            // the body is not read).
+            let limit = self.relay.config.body_max_bytes;
+            let to_early = h1::ResponseTo {
+                closing: true,
+                ..to
+            };
+            let mut early_out = Vec::new();
+            let early = {
+                let (mut client_read, mut client_write) = self.client.split();
+                let (mut up_read, mut up_write) = up.stream.split();
+                let copy = copy_body(
+                    &mut client_read,
+                    &mut self.input,
+                    &mut up_write,
+                    body,
+                    limit,
+                );
+                let head = read_head(
+                    &mut up_read,
+                    &mut up.input,
+                    &mut client_write,
+                    to_early,
+                    &self.stop,
+                    &mut early_out,
+                );
+                tokio::pin!(copy, head);
+                let mut copying = true;
+                loop {
+                    tokio::select! {
+                        biased;
+                        copied = &mut copy, if copying => {
+                            copying = false;
+                            match copied {
+                                Ok(()) => break None,
+                                Err(CopyError::ClientGone) => break Some(Err(SendError::ClientGone)),
+                                Err(CopyError::TooLarge) => break Some(Err(SendError::TooLarge)),
+                                // The upstream stopped reading: its answer may still come.
+                                Err(CopyError::UpstreamWrite) => {}
+                            }
                         }
+                        response = &mut head => break Some(response),
                     }
-                    response = &mut head => break Some(response),
                 }
+            };
+            if let Some(response) = early {
+                let response = response?;
+                self.out = early_out;
+                return Ok(response);
             }
-        };
-        if let Some(response) = early {
-            let response = response?;
-            self.out = early_out;
-            return Ok(response);
         }
-        // The body is all sent. What the dropped head future had read is in `up.input`.
+        // The body is all sent (what a dropped head future had read is in `up.input`).
         let (_, mut client_write) = self.client.split();
         read_head(
             &mut up.stream,
