@@ -96,6 +96,14 @@ pub struct PgArgs {
     /// Largest message a client may send, in bytes (COPY data excepted).
     #[arg(long, env = "FENCE_PROXY_PG_MESSAGE_MAX_BYTES", default_value_t = 64 << 20, value_name = "BYTES")]
     pub message_max_bytes: u64,
+    /// Threads serving the listener (0 = one per CPU).
+    #[arg(
+        long,
+        env = "FENCE_PROXY_WORKERS",
+        default_value_t = 0,
+        value_name = "N"
+    )]
+    pub workers: usize,
     /// Log filter (tracing EnvFilter syntax).
     #[arg(
         long,
@@ -520,7 +528,7 @@ impl Config {
                     data_dir: default_data_dir(),
                     log: a.log.clone(),
                     log_format: a.log_format,
-                    workers: 0,
+                    workers: a.workers,
                     fence: FenceConfig::default(),
                     http: Vec::new(),
                     pg: vec![pg],
@@ -634,6 +642,7 @@ mod tests {
         assert_eq!(c.pg[0].listen.to_string(), "127.0.0.1:6543");
         assert_eq!(c.pg[0].upstream, "127.0.0.1:5432");
         assert_eq!(c.pg[0].fence_wait_ms, 1000);
+        assert_eq!(c.workers, 0);
         assert!(c.http.is_empty());
         let c = Config::from_cli(&cli(&[
             "pg",
@@ -641,9 +650,12 @@ mod tests {
             "db:5433",
             "--schema-url",
             "postgres://a@db/x,postgres://a@db/y",
+            "--workers",
+            "1",
         ]))
         .unwrap();
         assert_eq!(c.pg[0].schema_urls.len(), 2);
+        assert_eq!((c.workers, c.workers()), (1, 1));
         assert!(matches!(
             cli(&["pg", "print-schema"]).mode,
             Some(Mode::Pg(PgArgs {
