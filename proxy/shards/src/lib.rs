@@ -106,6 +106,17 @@ pub struct Load {
     balance: Arc<Balance>,
 }
 
+/// A worker that stops serving (its listener dropped: shutdown, or its thread ended) no longer
+/// counts as the least loaded, so the others do not wait for it to take its turn.
+const GONE: usize = usize::MAX / 2;
+
+impl Drop for Listener {
+    fn drop(&mut self) {
+        self.balance.loads[self.index].store(GONE, Ordering::Release);
+        self.balance.changed.notify_waiters();
+    }
+}
+
 impl Drop for Load {
     fn drop(&mut self) {
         self.balance.add(self.index, false);
@@ -240,5 +251,42 @@ mod tests {
             r = b.accept() => drop(r.unwrap()),
         };
         drop(a1);
+    }
+
+    /// A worker whose listener is gone does not hold the others back.
+    #[tokio::test]
+    async fn a_worker_that_stopped_serving_is_not_waited_for() {
+        let shards = bind("127.0.0.1:0".parse().unwrap(), 2).unwrap();
+        let addr = shards[0].local_addr().unwrap();
+        let mut shards = shards.into_iter();
+        let a = shards.next().unwrap().listen().unwrap();
+        let b = shards.next().unwrap().listen().unwrap();
+        let _c1 = TcpStream::connect(addr).await.unwrap();
+        let (_s1, _, _b1) = b.accept().await.unwrap();
+        // b has one, a none: b waits for a's turn, until a stops serving.
+        let _c2 = TcpStream::connect(addr).await.unwrap();
+        let second = b.accept();
+        tokio::pin!(second);
+        assert!(
+            futures_poll_once(second.as_mut()).await.is_none(),
+            "b accepted while a, with fewer connections, serves"
+        );
+        drop(a);
+        let (_s2, _, _b2) = tokio::time::timeout(std::time::Duration::from_secs(20), second)
+            .await
+            .expect("b accepts once a is gone")
+            .unwrap();
+    }
+
+    /// Polls `f` once: its output if it was ready.
+    async fn futures_poll_once<F: std::future::Future + Unpin>(f: F) -> Option<F::Output> {
+        let mut f = f;
+        std::future::poll_fn(|cx| {
+            std::task::Poll::Ready(match std::pin::Pin::new(&mut f).poll(cx) {
+                std::task::Poll::Ready(v) => Some(v),
+                std::task::Poll::Pending => None,
+            })
+        })
+        .await
     }
 }
