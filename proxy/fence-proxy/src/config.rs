@@ -46,6 +46,35 @@ pub enum Mode {
     Pg(PgArgs),
 }
 
+/// Flags both subcommands take.
+#[derive(Args, Debug)]
+pub struct CommonArgs {
+    /// Log filter (tracing EnvFilter syntax).
+    #[arg(
+        long,
+        env = "FENCE_PROXY_LOG",
+        default_value = "info",
+        value_name = "FILTER"
+    )]
+    pub log: String,
+    /// Log format.
+    #[arg(
+        long,
+        env = "FENCE_PROXY_LOG_FORMAT",
+        default_value = "text",
+        value_name = "FORMAT"
+    )]
+    pub log_format: LogFormat,
+    /// Threads serving the listener (0 = one per CPU).
+    #[arg(
+        long,
+        env = "FENCE_PROXY_WORKERS",
+        default_value_t = 0,
+        value_name = "N"
+    )]
+    pub workers: usize,
+}
+
 #[derive(Args, Debug)]
 #[command(args_conflicts_with_subcommands = true)]
 pub struct PgArgs {
@@ -96,30 +125,8 @@ pub struct PgArgs {
     /// Largest message a client may send, in bytes (COPY data excepted).
     #[arg(long, env = "FENCE_PROXY_PG_MESSAGE_MAX_BYTES", default_value_t = 64 << 20, value_name = "BYTES")]
     pub message_max_bytes: u64,
-    /// Threads serving the listener (0 = one per CPU).
-    #[arg(
-        long,
-        env = "FENCE_PROXY_WORKERS",
-        default_value_t = 0,
-        value_name = "N"
-    )]
-    pub workers: usize,
-    /// Log filter (tracing EnvFilter syntax).
-    #[arg(
-        long,
-        env = "FENCE_PROXY_LOG",
-        default_value = "info",
-        value_name = "FILTER"
-    )]
-    pub log: String,
-    /// Log format.
-    #[arg(
-        long,
-        env = "FENCE_PROXY_LOG_FORMAT",
-        default_value = "text",
-        value_name = "FORMAT"
-    )]
-    pub log_format: LogFormat,
+    #[command(flatten)]
+    pub common: CommonArgs,
 }
 
 #[derive(Subcommand, Debug)]
@@ -162,22 +169,8 @@ pub struct HttpArgs {
         value_name = "DIR"
     )]
     pub data_dir: PathBuf,
-    /// Log filter (tracing EnvFilter syntax).
-    #[arg(
-        long,
-        env = "FENCE_PROXY_LOG",
-        default_value = "info",
-        value_name = "FILTER"
-    )]
-    pub log: String,
-    /// Log format.
-    #[arg(
-        long,
-        env = "FENCE_PROXY_LOG_FORMAT",
-        default_value = "text",
-        value_name = "FORMAT"
-    )]
-    pub log_format: LogFormat,
+    #[command(flatten)]
+    pub common: CommonArgs,
     /// Longest a request with a new token waits for older-token requests still in flight, in ms.
     #[arg(
         long,
@@ -197,14 +190,6 @@ pub struct HttpArgs {
         value_name = "MS"
     )]
     pub upstream_timeout_ms: u64,
-    /// Threads serving the listener (0 = one per CPU).
-    #[arg(
-        long,
-        env = "FENCE_PROXY_WORKERS",
-        default_value_t = 0,
-        value_name = "N"
-    )]
-    pub workers: usize,
     /// Where the marks live: redb (embedded, one proxy) or postgres (replicas).
     #[arg(
         long,
@@ -505,9 +490,9 @@ impl Config {
                 http.upstream_timeout_ms = a.upstream_timeout_ms;
                 Config {
                     data_dir: a.data_dir.clone(),
-                    log: a.log.clone(),
-                    log_format: a.log_format,
-                    workers: a.workers,
+                    log: a.common.log.clone(),
+                    log_format: a.common.log_format,
+                    workers: a.common.workers,
                     fence: FenceConfig {
                         barrier_wait_ms: a.barrier_wait_ms,
                         store: a.marks_store,
@@ -526,9 +511,9 @@ impl Config {
                 pg.message_max_bytes = a.message_max_bytes;
                 Config {
                     data_dir: default_data_dir(),
-                    log: a.log.clone(),
-                    log_format: a.log_format,
-                    workers: a.workers,
+                    log: a.common.log.clone(),
+                    log_format: a.common.log_format,
+                    workers: a.common.workers,
                     fence: FenceConfig::default(),
                     http: Vec::new(),
                     pg: vec![pg],
