@@ -224,15 +224,19 @@ mod tests {
         drop(clients);
     }
 
+    /// Two workers' listeners on one socket, in this runtime, and the socket's address.
+    fn two_workers() -> (Listener, Listener, SocketAddr) {
+        let shards = bind("127.0.0.1:0".parse().unwrap(), 2).unwrap();
+        let addr = shards[0].local_addr().unwrap();
+        let mut shards = shards.into_iter().map(|s| s.listen().unwrap());
+        (shards.next().unwrap(), shards.next().unwrap(), addr)
+    }
+
     /// A worker with fewer connections takes the next ones; closing connections gives a
     /// worker its turn back.
     #[tokio::test]
     async fn the_least_loaded_worker_takes_the_next_connection() {
-        let shards = bind("127.0.0.1:0".parse().unwrap(), 2).unwrap();
-        let addr = shards[0].local_addr().unwrap();
-        let mut shards = shards.into_iter();
-        let a = shards.next().unwrap().listen().unwrap();
-        let b = shards.next().unwrap().listen().unwrap();
+        let (a, b, addr) = two_workers();
         let _c1 = TcpStream::connect(addr).await.unwrap();
         let (_s1, _, a1) = a.accept().await.unwrap();
         // a has one, b none: a does not accept the next connection, b does.
@@ -256,11 +260,7 @@ mod tests {
     /// A worker whose listener is gone does not hold the others back.
     #[tokio::test]
     async fn a_worker_that_stopped_serving_is_not_waited_for() {
-        let shards = bind("127.0.0.1:0".parse().unwrap(), 2).unwrap();
-        let addr = shards[0].local_addr().unwrap();
-        let mut shards = shards.into_iter();
-        let a = shards.next().unwrap().listen().unwrap();
-        let b = shards.next().unwrap().listen().unwrap();
+        let (a, b, addr) = two_workers();
         let _c1 = TcpStream::connect(addr).await.unwrap();
         let (_s1, _, _b1) = b.accept().await.unwrap();
         // b has one, a none: b waits for a's turn, until a stops serving.
