@@ -178,6 +178,14 @@ fn body_headers(headers: &[httparse::Header<'_>]) -> Result<(Option<u64>, bool),
     Ok((length, chunked))
 }
 
+/// Whether `buf` may hold a whole head: it has a blank line (`\n\n` or `\n\r\n`) at or
+/// after `from` (less the bytes a line end spans). Parsing is tried only then, so that a head
+/// arriving a byte at a time costs linear work, not a parse of everything so far per byte.
+pub(crate) fn may_be_complete(buf: &[u8], from: usize) -> bool {
+    let tail = &buf[from.saturating_sub(2).min(buf.len())..];
+    tail.windows(2).any(|w| w == b"\n\n") || tail.windows(3).any(|w| w == b"\n\r\n")
+}
+
 /// Parses the request head at the start of `buf` and writes the head to send upstream into
 /// `out` (cleared first). `Ok(None)`: the head is not complete yet.
 pub(crate) fn request(
@@ -946,6 +954,28 @@ mod tests {
         let (data, rest) = decode_all(&round, 7).unwrap();
         assert_eq!(data.len(), 305);
         assert_eq!(rest, 0);
+    }
+
+    /// Fed a byte at a time, a head is found possibly complete only at its last byte.
+    #[test]
+    fn the_completeness_gate_opens_at_the_blank_line_only() {
+        for raw in [
+            &b"GET / HTTP/1.1\r\nHost: a\r\nX: y\r\n\r\n"[..],
+            b"GET / HTTP/1.1\nHost: a\n\n",
+            b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n",
+        ] {
+            let mut seen = 0;
+            for end in 1..=raw.len() {
+                let open = may_be_complete(&raw[..end], seen);
+                assert_eq!(
+                    open,
+                    end == raw.len(),
+                    "{:?} at {end}",
+                    String::from_utf8_lossy(raw)
+                );
+                seen = end;
+            }
+        }
     }
 
     /// Random bytes and random splits: the parsers answer (accept, refuse, ask for more) and

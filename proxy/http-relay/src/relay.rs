@@ -230,6 +230,8 @@ impl Conn<'_> {
     /// it, its head timed out, shutdown, or its head was refused and answered).
     async fn next_request(&mut self, header_read_timeout: Duration) -> Option<h1::Request> {
         let deadline = Instant::now() + header_read_timeout;
+        // Bytes of the head already searched for its end.
+        let mut searched = 0;
         loop {
             if !self.input.is_empty() {
                 let ctx = h1::Context {
@@ -237,7 +239,15 @@ impl Conn<'_> {
                     host: &self.relay.host,
                     peer: self.peer,
                 };
-                match h1::request(&self.input, &ctx, &mut self.out) {
+                let parsed = if h1::may_be_complete(&self.input, searched) {
+                    h1::request(&self.input, &ctx, &mut self.out)
+                } else if self.input.len() >= h1::HEAD_MAX {
+                    Err(h1::Reject::TooLarge)
+                } else {
+                    Ok(None)
+                };
+                searched = self.input.len();
+                match parsed {
                     Ok(Some(req)) => return Some(req),
                     Ok(None) => {}
                     Err(reject) => {
@@ -862,33 +872,44 @@ where
     W: AsyncWrite + Unpin,
 {
     let mut answered = false;
+    // Bytes of the head already searched for its end.
+    let mut searched = 0;
     loop {
         if !input.is_empty() {
-            let to = h1::ResponseTo {
-                closing: to.closing || *stop.borrow(),
-                ..to
-            };
-            match h1::response(input, to, out) {
-                Ok(Some(response)) if response.status < 200 => {
-                    // Taken from the input before it is written: if this future is dropped
-                    // mid-write, the interim answer is cut short, never sent twice.
-                    let interim = input.split_to(response.head_len);
-                    answered = true;
-                    if !to.http10 {
-                        client
-                            .write_all(&interim)
-                            .await
-                            .map_err(|_| SendError::ClientGone)?;
+            if h1::may_be_complete(input, searched) {
+                let to = h1::ResponseTo {
+                    closing: to.closing || *stop.borrow(),
+                    ..to
+                };
+                match h1::response(input, to, out) {
+                    Ok(Some(response)) if response.status < 200 => {
+                        // Taken from the input before it is written: if this future is
+                        // dropped mid-write, the interim answer is cut short, never sent twice.
+                        let interim = input.split_to(response.head_len);
+                        answered = true;
+                        searched = 0;
+                        if !to.http10 {
+                            client
+                                .write_all(&interim)
+                                .await
+                                .map_err(|_| SendError::ClientGone)?;
+                        }
+                        continue;
                     }
-                    continue;
+                    Ok(Some(response)) => {
+                        input.advance(response.head_len);
+                        return Ok(response);
+                    }
+                    Ok(None) => {}
+                    Err(reason) => return Err(SendError::BadResponse(reason)),
                 }
-                Ok(Some(response)) => {
-                    input.advance(response.head_len);
-                    return Ok(response);
-                }
-                Ok(None) => {}
-                Err(reason) => return Err(SendError::BadResponse(reason)),
+            } else if input.len() >= h1::HEAD_MAX {
+                return Err(SendError::BadResponse(format!(
+                    "a response head longer than {} bytes",
+                    h1::HEAD_MAX
+                )));
             }
+            searched = input.len();
         }
         input.reserve(READ_CHUNK);
         let read = upstream.read_buf(input).await;

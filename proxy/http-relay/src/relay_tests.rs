@@ -590,7 +590,9 @@ async fn malformed_oversized_and_unsupported_requests_get_their_answers_and_clos
     let (up, _events) = upstream(|_, _, _| Plan::Read(Reply::Ok("ok"))).await;
     let px = proxy(up, |c, _| c.body_max_bytes = 10).await;
     let long = format!("GET /{} HTTP/1.1\r\n\r\n", "a".repeat(h1::HEAD_MAX));
-    let cases: [(&[u8], u16, &str); 6] = [
+    // No blank line at all: refused once the limit is reached.
+    let endless = format!("GET / HTTP/1.1\r\nX: {}", "a".repeat(h1::HEAD_MAX));
+    let cases: [(&[u8], u16, &str); 7] = [
         (b"GET / HTTP/1.1\r\nBad Header: x\r\n\r\n", 400, "bad-request"),
         (
             b"POST / HTTP/1.1\r\nContent-Length: 1\r\nTransfer-Encoding: chunked\r\n\r\n",
@@ -598,6 +600,7 @@ async fn malformed_oversized_and_unsupported_requests_get_their_answers_and_clos
             "bad-request",
         ),
         (long.as_bytes(), 431, "head-too-large"),
+        (endless.as_bytes(), 431, "head-too-large"),
         (b"CONNECT a:443 HTTP/1.1\r\n\r\n", 501, "not-relayed"),
         (
             b"POST / HTTP/1.1\r\nContent-Length: 11\r\n\r\n",
@@ -692,4 +695,14 @@ async fn on_shutdown_idle_connections_close_and_requests_in_progress_finish() {
         .await
         .expect("serve returns once its connections are done")
         .unwrap();
+}
+
+#[tokio::test]
+async fn a_head_sent_a_byte_at_a_time_is_relayed() {
+    let (mut c, mut buf, _events, _) = start(|_, _, _| Plan::Read(Reply::Ok("ok"))).await;
+    for b in b"GET /slowly HTTP/1.1\r\nHost: a\r\n\r\n" {
+        c.write_all(&[*b]).await.unwrap();
+        c.flush().await.unwrap();
+    }
+    assert_eq!(response(&mut c, &mut buf, false).await.body, b"ok");
 }
