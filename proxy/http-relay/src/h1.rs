@@ -72,7 +72,24 @@ pub(crate) struct Context<'a> {
     pub prefix: &'a str,
     /// `Host` for a request that has none.
     pub host: &'a str,
-    pub peer: SocketAddr,
+    /// The client's address, as it goes into the forwarding headers.
+    pub peer: &'a Peer,
+}
+
+/// A client's IP address as text, made once per connection.
+#[derive(Debug)]
+pub(crate) struct Peer {
+    ip: String,
+    ipv6: bool,
+}
+
+impl Peer {
+    pub(crate) fn new(addr: SocketAddr) -> Peer {
+        Peer {
+            ip: addr.ip().to_string(),
+            ipv6: addr.is_ipv6(),
+        }
+    }
 }
 
 const HOP_BY_HOP: [&str; 9] = [
@@ -320,26 +337,26 @@ pub(crate) fn request(
     } else if let Some(a) = authority {
         header(out, b"host", a.as_bytes());
     }
-    let ip = ctx.peer.ip();
+    let ip = ctx.peer.ip.as_bytes();
     // X-Forwarded-For and Forwarded: the earlier hops' values (all fields, in order), then ours.
     out.extend_from_slice(b"x-forwarded-for: ");
     for v in xff.into_iter().chain(xff_more) {
         out.extend_from_slice(v);
         out.extend_from_slice(b", ");
     }
-    push_display(out, ip);
+    out.extend_from_slice(ip);
     out.extend_from_slice(b"\r\nforwarded: ");
     for v in forwarded.into_iter().chain(forwarded_more) {
         out.extend_from_slice(v);
         out.extend_from_slice(b", ");
     }
     out.extend_from_slice(b"for=");
-    if ctx.peer.is_ipv6() {
+    if ctx.peer.ipv6 {
         out.extend_from_slice(b"\"[");
-        push_display(out, ip);
+        out.extend_from_slice(ip);
         out.extend_from_slice(b"]\"");
     } else {
-        push_display(out, ip);
+        out.extend_from_slice(ip);
     }
     out.extend_from_slice(b";proto=http");
     if let Some(h) = host.filter(|h| h.iter().all(|&b| b.is_ascii_graphic() && b != b'"')) {
@@ -690,10 +707,12 @@ mod tests {
     use super::*;
 
     fn ctx() -> Context<'static> {
+        static PEER: std::sync::LazyLock<Peer> =
+            std::sync::LazyLock::new(|| Peer::new("192.0.2.7:5555".parse().unwrap()));
         Context {
             prefix: "",
             host: "up:8080",
-            peer: "192.0.2.7:5555".parse().unwrap(),
+            peer: &PEER,
         }
     }
 
@@ -761,8 +780,9 @@ mod tests {
     #[test]
     fn ipv6_peers_are_quoted_in_forwarded() {
         let mut out = Vec::new();
+        let peer = Peer::new("[2001:db8::1]:80".parse().unwrap());
         let c = Context {
-            peer: "[2001:db8::1]:80".parse().unwrap(),
+            peer: &peer,
             ..ctx()
         };
         request(b"GET / HTTP/1.1\r\nForwarded: for=a\r\n\r\n", &c, &mut out)

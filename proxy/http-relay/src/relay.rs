@@ -133,6 +133,7 @@ impl Relay {
             relay: self,
             client,
             peer,
+            forwarded_for: h1::Peer::new(peer),
             input: BytesMut::with_capacity(READ_CHUNK),
             out: Vec::with_capacity(1024),
             kept: None,
@@ -163,7 +164,6 @@ impl Relay {
         Ok(Upstream {
             stream,
             input: BytesMut::with_capacity(READ_CHUNK),
-            reused: false,
         })
     }
 }
@@ -172,8 +172,6 @@ impl Relay {
 struct Upstream {
     stream: TcpStream,
     input: BytesMut,
-    /// It served an earlier request.
-    reused: bool,
 }
 
 /// One client connection.
@@ -181,6 +179,8 @@ struct Conn<'r> {
     relay: &'r Relay,
     client: TcpStream,
     peer: SocketAddr,
+    /// `peer` as the forwarding headers name it.
+    forwarded_for: h1::Peer,
     /// Bytes from the client not yet relayed.
     input: BytesMut,
     /// Bytes to write: a head towards the upstream (with the body, when it was all there),
@@ -219,10 +219,9 @@ struct BodyIn {
     chunked: h1::Chunked,
     /// Body bytes relayed so far (the limit counts them).
     sent: u64,
-    /// The whole body has been sent to the upstream.
+    /// The whole body has been sent to the upstream (before the exchange: it is in
+    /// `Conn::out` with the head).
     done: bool,
-    /// The whole request (head and body) is in `Conn::out`, so it can be sent again.
-    replayable: bool,
 }
 
 impl Conn<'_> {
@@ -237,7 +236,7 @@ impl Conn<'_> {
                 let ctx = h1::Context {
                     prefix: &self.relay.prefix,
                     host: &self.relay.host,
-                    peer: self.peer,
+                    peer: &self.forwarded_for,
                 };
                 let parsed = if h1::may_be_complete(&self.input, searched) {
                     h1::request(&self.input, &ctx, &mut self.out)
@@ -262,7 +261,7 @@ impl Conn<'_> {
                             }
                         };
                         self.answer(&problem, true).await;
-                        self.linger().await;
+                        self.close(false).await;
                         return None;
                     }
                 }
@@ -325,7 +324,6 @@ impl Conn<'_> {
             chunked: h1::Chunked::default(),
             sent: 0,
             done: false,
-            replayable: false,
         };
         match req.framing {
             Framing::Length(n) if n > limit => {
@@ -336,10 +334,10 @@ impl Conn<'_> {
                 let n = n as usize;
                 self.out.extend_from_slice(&self.input[..n]);
                 self.input.advance(n);
-                (body.done, body.replayable) = (true, true);
+                body.done = true;
             }
             Framing::Length(n) => body.left = n,
-            Framing::Empty => (body.done, body.replayable) = (true, true),
+            Framing::Empty => body.done = true,
             Framing::Chunked | Framing::UntilClose => {}
         }
 
@@ -347,20 +345,19 @@ impl Conn<'_> {
         let sent = tokio::time::timeout(timeout, self.send(&req, &mut body)).await;
         let (mut up, response) = match sent {
             Ok(Ok(sent)) => sent,
-            Ok(Err(SendError::ClientGone)) => return false,
             Ok(Err(e)) => {
                 let problem = match e {
+                    SendError::ClientGone => return false,
                     SendError::TooLarge => Problem::BodyTooLarge { limit },
                     SendError::Closed(reason) | SendError::Unreachable(reason) => {
                         Problem::UpstreamUnreachable { reason }
                     }
                     SendError::BadResponse(reason) => Problem::UpstreamBadResponse { reason },
-                    SendError::ClientGone => unreachable!("handled above"),
                 };
                 let close = !body.done || !req.keep_alive;
                 self.answer(&problem, close).await;
                 if close {
-                    self.linger().await;
+                    self.close(body.done).await;
                 }
                 return !close;
             }
@@ -369,7 +366,7 @@ impl Conn<'_> {
                     after_ms: timeout.as_millis() as u64,
                 };
                 self.answer(&problem, true).await;
-                self.linger().await;
+                self.close(body.done).await;
                 return false;
             }
         };
@@ -390,11 +387,7 @@ impl Conn<'_> {
             self.keep(up);
         }
         if closing {
-            if body.done {
-                let _ = self.client.shutdown().await;
-            } else {
-                self.linger().await;
-            }
+            self.close(body.done).await;
         }
         !closing
     }
@@ -485,11 +478,7 @@ impl Conn<'_> {
             return false;
         }
         if close {
-            if body_here {
-                let _ = self.client.shutdown().await;
-            } else {
-                self.linger().await;
-            }
+            self.close(body_here).await;
         }
         !close
     }
@@ -506,12 +495,12 @@ impl Conn<'_> {
         self.client.write_all(&self.out).await.is_ok()
     }
 
-    /// Closes the client connection after an answer given while part of its request was not
-    /// read: stops writing, then reads and discards what the client still sends (bounded in
-    /// time and bytes), so that its kernel does not meet unread data and reset the connection
-    /// before the client has read the answer.
-    async fn linger(&mut self) {
-        if self.client.shutdown().await.is_err() {
+    /// Closes the client connection after an answer. When part of the request was not read
+    /// (`request_read` false), it then reads and discards what the client still sends (bounded
+    /// in time and bytes), so that its kernel does not meet unread data and reset the
+    /// connection before the client has read the answer.
+    async fn close(&mut self, request_read: bool) {
+        if self.client.shutdown().await.is_err() || request_read {
             return;
         }
         let mut discarded = 0usize;
@@ -540,15 +529,18 @@ impl Conn<'_> {
         req: &h1::Request,
         body: &mut BodyIn,
     ) -> Result<(Upstream, h1::Response), SendError> {
-        let mut up = match self.take_kept() {
-            Some(up) => up,
-            None => self.relay.connect().await.map_err(SendError::Unreachable)?,
+        // The whole request is in `self.out` (and can go again) when its body went with it.
+        let replayable = body.done;
+        let (mut up, reused) = match self.take_kept() {
+            Some(up) => (up, true),
+            None => (
+                self.relay.connect().await.map_err(SendError::Unreachable)?,
+                false,
+            ),
         };
         match self.send_on(&mut up, req, body).await {
             Ok(response) => Ok((up, response)),
-            Err(SendError::Closed(reason))
-                if up.reused && body.replayable && idempotent(&req.method) =>
-            {
+            Err(SendError::Closed(reason)) if reused && replayable && idempotent(&req.method) => {
                 tracing::debug!(%reason, "the upstream closed a kept connection; sending the request again");
                 let mut up = self.relay.connect().await.map_err(SendError::Unreachable)?;
                 let response = self.send_on(&mut up, req, body).await?;
@@ -732,11 +724,10 @@ impl Conn<'_> {
 
     /// Takes the kept upstream connection if it is still usable.
     fn take_kept(&mut self) -> Option<Upstream> {
-        let (mut up, since) = self.release_kept()?;
+        let (up, since) = self.release_kept()?;
         if since.elapsed() >= self.relay.config.pool_idle_timeout || !alive(&up.stream) {
             return None;
         }
-        up.reused = true;
         Some(up)
     }
 

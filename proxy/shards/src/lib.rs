@@ -29,6 +29,13 @@ struct Balance {
 }
 
 impl Balance {
+    fn new(workers: usize) -> Arc<Balance> {
+        Arc::new(Balance {
+            loads: (0..workers).map(|_| AtomicUsize::new(0)).collect(),
+            changed: Notify::new(),
+        })
+    }
+
     /// Whether worker `i` has (one of) the fewest open connections.
     fn is_turn_of(&self, i: usize) -> bool {
         let mine = self.loads[i].load(Ordering::Acquire);
@@ -57,10 +64,7 @@ pub fn bind(addr: SocketAddr, n: usize) -> io::Result<Vec<Shard>> {
     let listener = std::net::TcpListener::bind(addr)?;
     listener.set_nonblocking(true)?;
     let n = n.max(1);
-    let balance = Arc::new(Balance {
-        loads: (0..n).map(|_| AtomicUsize::new(0)).collect(),
-        changed: Notify::new(),
-    });
+    let balance = Balance::new(n);
     let mut listeners = Vec::with_capacity(n);
     for _ in 1..n {
         listeners.push(listener.try_clone()?);
@@ -129,10 +133,7 @@ impl Listener {
         Listener {
             listener,
             index: 0,
-            balance: Arc::new(Balance {
-                loads: vec![AtomicUsize::new(0)],
-                changed: Notify::new(),
-            }),
+            balance: Balance::new(1),
         }
     }
 
