@@ -318,6 +318,21 @@ impl Lockd {
         self.process.wait_events(message, n, pred)
     }
 
+    /// Starts fence-proxy with `config` as [`FenceProxy::start_with`] does, without waiting
+    /// for anything.
+    pub fn spawn(dir: &Path, config: &str) -> Spawned {
+        let path = dir.join("proxy.toml");
+        let text = format!(
+            "log = \"info,http_relay=debug,pg_relay=debug\"\nlog_format = \"json\"\n{config}"
+        );
+        std::fs::write(&path, text).expect("writing the proxy configuration");
+        let mut cmd = Command::new(bin("fence-proxy"));
+        cmd.arg("--config")
+            .arg(&path)
+            .env_remove("FENCE_PROXY_CONFIG");
+        Spawned::spawn(cmd)
+    }
+
     /// `kill -9`, and waits until it is gone.
     pub fn kill9(&mut self) {
         self.process.signal(libc::SIGKILL);
@@ -350,16 +365,7 @@ impl FenceProxy {
 
     /// Starts fence-proxy with `http` HTTP listeners and `pg` PostgreSQL listeners.
     pub fn start_with(dir: &Path, config: &str, http: usize, pg: usize) -> FenceProxy {
-        let path = dir.join("proxy.toml");
-        let text = format!(
-            "log = \"info,http_relay=debug,pg_relay=debug\"\nlog_format = \"json\"\n{config}"
-        );
-        std::fs::write(&path, text).expect("writing the proxy configuration");
-        let mut cmd = Command::new(bin("fence-proxy"));
-        cmd.arg("--config")
-            .arg(&path)
-            .env_remove("FENCE_PROXY_CONFIG");
-        let process = Spawned::spawn(cmd);
+        let process = FenceProxy::spawn(dir, config);
         let mut urls = Vec::new();
         for i in 1..=http {
             let e = process.wait_events("listening (http)", i, |_| true);
@@ -383,6 +389,21 @@ impl FenceProxy {
             urls,
             pg: pgs,
         }
+    }
+
+    /// Starts fence-proxy with `config` as [`FenceProxy::start_with`] does, without waiting
+    /// for anything.
+    pub fn spawn(dir: &Path, config: &str) -> Spawned {
+        let path = dir.join("proxy.toml");
+        let text = format!(
+            "log = \"info,http_relay=debug,pg_relay=debug\"\nlog_format = \"json\"\n{config}"
+        );
+        std::fs::write(&path, text).expect("writing the proxy configuration");
+        let mut cmd = Command::new(bin("fence-proxy"));
+        cmd.arg("--config")
+            .arg(&path)
+            .env_remove("FENCE_PROXY_CONFIG");
+        Spawned::spawn(cmd)
     }
 
     /// `kill -9`, and waits until it is gone.

@@ -108,8 +108,19 @@ impl Postgres {
     /// it again on the same port and data; returns once it accepts connections again, after
     /// crash recovery.
     pub fn restart(&mut self) {
+        self.stop();
+        self.resume();
+    }
+
+    /// An immediate shutdown; returns once PostgreSQL has exited (its port is then closed).
+    pub fn stop(&mut self) {
         self.process.signal(libc::SIGQUIT);
         self.process.wait();
+    }
+
+    /// Starts PostgreSQL again after [`Postgres::stop`], on the same port and data; returns once
+    /// it accepts connections.
+    pub fn resume(&mut self) {
         self.process = launch(self.dir.path(), self.port);
     }
 

@@ -105,6 +105,15 @@ pub struct PgArgs {
         value_delimiter = ','
     )]
     pub schema_url: Vec<String>,
+    /// How long to keep trying to install the fence check while PostgreSQL is not accepting
+    /// connections yet, in ms (0: one attempt).
+    #[arg(
+        long,
+        env = "FENCE_PROXY_SCHEMA_WAIT_MS",
+        default_value_t = 30_000,
+        value_name = "MS"
+    )]
+    pub schema_wait_ms: u64,
     /// Longest a newer token waits for an older token's open transaction before PostgreSQL ends
     /// it, in ms.
     #[arg(
@@ -235,6 +244,9 @@ pub struct PgConfig {
     /// postgres:// URLs of the databases to install the fence check in at start-up.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub schema_urls: Vec<String>,
+    /// How long to keep trying the install while PostgreSQL is not ready (0: one attempt).
+    #[serde(default = "d_schema_wait")]
+    pub schema_wait_ms: u64,
     #[serde(default = "d_fence_wait")]
     pub fence_wait_ms: u64,
     #[serde(default = "d_pg_message_max")]
@@ -247,6 +259,9 @@ pub struct PgConfig {
     pub startup_timeout_ms: u64,
 }
 
+fn d_schema_wait() -> u64 {
+    30_000
+}
 fn d_fence_wait() -> u64 {
     1_000
 }
@@ -269,6 +284,7 @@ impl PgConfig {
             listen,
             upstream,
             schema_urls: Vec::new(),
+            schema_wait_ms: d_schema_wait(),
             fence_wait_ms: d_fence_wait(),
             message_max_bytes: d_pg_message_max(),
             connections_max: d_pg_connections(),
@@ -301,6 +317,9 @@ impl PgConfig {
         }
         if self.fence_wait_ms == 0 || self.fence_wait_ms > 3_600_000 {
             bail!("pg listener {l}: fence_wait_ms must be from 1 to 3600000");
+        }
+        if self.schema_wait_ms > 3_600_000 {
+            bail!("pg listener {l}: schema_wait_ms must be from 0 to 3600000");
         }
         if self.message_max_bytes < 1024 || self.message_max_bytes > 1 << 30 {
             bail!("pg listener {l}: message_max_bytes must be from 1024 to 1073741824");
@@ -506,6 +525,7 @@ impl Config {
             (None, Some(Mode::Pg(a))) => {
                 let mut pg = PgConfig::new(a.listen, a.upstream.clone());
                 pg.schema_urls = a.schema_url.clone();
+                pg.schema_wait_ms = a.schema_wait_ms;
                 pg.fence_wait_ms = a.fence_wait_ms;
                 pg.connections_max = a.connections_max;
                 pg.message_max_bytes = a.message_max_bytes;
@@ -627,6 +647,7 @@ mod tests {
         assert_eq!(c.pg[0].listen.to_string(), "127.0.0.1:6543");
         assert_eq!(c.pg[0].upstream, "127.0.0.1:5432");
         assert_eq!(c.pg[0].fence_wait_ms, 1000);
+        assert_eq!(c.pg[0].schema_wait_ms, 30_000);
         assert_eq!(c.workers, 0);
         assert!(c.http.is_empty());
         let c = Config::from_cli(&cli(&[
@@ -637,9 +658,12 @@ mod tests {
             "postgres://a@db/x,postgres://a@db/y",
             "--workers",
             "1",
+            "--schema-wait-ms",
+            "0",
         ]))
         .unwrap();
         assert_eq!(c.pg[0].schema_urls.len(), 2);
+        assert_eq!(c.pg[0].schema_wait_ms, 0);
         assert_eq!((c.workers, c.workers()), (1, 1));
         assert!(matches!(
             cli(&["pg", "print-schema"]).mode,
@@ -737,6 +761,10 @@ mod tests {
             (
                 "[[pg]]\nlisten = \"127.0.0.1:6543\"\nupstream = \"db:5432\"\nfence_wait_ms = 0",
                 "fence_wait_ms",
+            ),
+            (
+                "[[pg]]\nlisten = \"127.0.0.1:6543\"\nupstream = \"db:5432\"\nschema_wait_ms = 3600001",
+                "schema_wait_ms",
             ),
             (
                 "[[pg]]\nlisten = \"127.0.0.1:6543\"\nupstream = \"db:5432\"\nschema_urls = [\"mysql://x:pw@h/d\"]",

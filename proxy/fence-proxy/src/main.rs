@@ -75,7 +75,8 @@ async fn run(config: Config) -> anyhow::Result<()> {
     let mut pg_threads = Vec::new();
     for p in &config.pg {
         for url in &p.schema_urls {
-            pg_relay::schema::install(url).await?;
+            let wait = std::time::Duration::from_millis(p.schema_wait_ms);
+            pg_relay::schema::install_waiting(url, wait).await?;
             tracing::info!(url = %pg_relay::schema::redact(url), "installed the fence check");
         }
         if p.schema_urls.is_empty() {

@@ -31,13 +31,43 @@ FROM (SELECT pg_catalog.current_setting('fencing.resource', true) AS r, \
 pg_catalog.current_setting('fencing.token', true) AS t, \
 pg_catalog.current_setting('transaction_isolation') OPERATOR(pg_catalog.=) 'read committed' AS rc) s";
 
-/// Why the check could not be installed.
+/// Why the check could not be installed. (The sqlx error is part of the message rather than a
+/// `source`: its own chain repeats its text, so a reporter that prints causes would say it
+/// three times.)
 #[derive(Debug, thiserror::Error)]
 pub enum InstallError {
-    #[error("cannot connect to {url}: {source}")]
-    Connect { url: String, source: sqlx::Error },
-    #[error("installing the fence check with {url} failed: {source}")]
-    Install { url: String, source: sqlx::Error },
+    #[error("cannot connect to {url}: {cause}")]
+    Connect { url: String, cause: sqlx::Error },
+    #[error("installing the fence check with {url} failed: {cause}")]
+    Install { url: String, cause: sqlx::Error },
+    #[error("no answer from {url}")]
+    NoAnswer { url: String },
+    #[error("{url} was not ready within {waited_ms} ms (schema_wait_ms); the last attempt: {last}")]
+    NotReady {
+        url: String,
+        waited_ms: u128,
+        last: Box<InstallError>,
+    },
+}
+
+impl InstallError {
+    /// Whether trying again may succeed without anyone changing anything: PostgreSQL not
+    /// listening yet or going away (an I/O error), still starting up or recovering (SQLSTATE
+    /// 57P03), or shutting down for a restart (57P01, 57P02). A refused password, a missing
+    /// database or a failing statement is not.
+    pub fn transient(&self) -> bool {
+        let (InstallError::Connect { cause, .. } | InstallError::Install { cause, .. }) = self
+        else {
+            return matches!(self, InstallError::NoAnswer { .. });
+        };
+        match cause {
+            sqlx::Error::Io(_) => true,
+            sqlx::Error::Database(db) => {
+                matches!(db.code().as_deref(), Some("57P01" | "57P02" | "57P03"))
+            }
+            _ => false,
+        }
+    }
 }
 
 /// Installs the check in the database `url` names (a `postgres://` URL of a role that may create
@@ -48,21 +78,56 @@ pub async fn install(url: &str) -> Result<(), InstallError> {
     let mut conn =
         sqlx::PgConnection::connect(url)
             .await
-            .map_err(|source| InstallError::Connect {
+            .map_err(|cause| InstallError::Connect {
                 url: shown.clone(),
-                source,
+                cause,
             })?;
     let install = async {
         let mut tx = conn.begin().await?;
         sqlx::raw_sql(SQL).execute(&mut *tx).await?;
         tx.commit().await
     };
-    install.await.map_err(|source| InstallError::Install {
+    install.await.map_err(|cause| InstallError::Install {
         url: shown.clone(),
-        source,
+        cause,
     })?;
     let _ = conn.close().await;
     Ok(())
+}
+
+/// [`install`], tried again while the failure is [`InstallError::transient`] (a sidecar often
+/// starts before its PostgreSQL accepts connections), for at most `wait` in all: attempts 0.1 s
+/// apart at first, doubling up to 2 s. Each attempt is bounded by what is left of `wait`, so an
+/// address that swallows packets does not hold start-up for the system's TCP timeout.
+pub async fn install_waiting(url: &str, wait: std::time::Duration) -> Result<(), InstallError> {
+    use std::time::{Duration, Instant};
+    let started = Instant::now();
+    let deadline = started + wait;
+    let mut pause = Duration::from_millis(100);
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let attempt =
+            match tokio::time::timeout(left.max(Duration::from_millis(1)), install(url)).await {
+                Ok(result) => result,
+                Err(_) => Err(InstallError::NoAnswer { url: redact(url) }),
+            };
+        let error = match attempt {
+            Ok(()) => return Ok(()),
+            Err(e) if e.transient() => e,
+            Err(e) => return Err(e),
+        };
+        if Instant::now() + pause >= deadline {
+            return Err(InstallError::NotReady {
+                url: redact(url),
+                waited_ms: started.elapsed().as_millis(),
+                last: Box::new(error),
+            });
+        }
+        tracing::warn!(url = %redact(url), error = %error, retry_in_ms = pause.as_millis() as u64,
+            "PostgreSQL is not ready for the fence check; trying again");
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(Duration::from_secs(2));
+    }
 }
 
 /// `url` without its password, for messages.
@@ -86,6 +151,49 @@ pub fn redact(url: &str) -> String {
 
 #[cfg(test)]
 mod tests {
+    use super::InstallError;
+
+    #[test]
+    fn only_what_may_pass_by_itself_is_tried_again() {
+        let url = || "postgres://x@db/y".to_string();
+        let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+        let cases = [
+            (
+                InstallError::Connect {
+                    url: url(),
+                    cause: sqlx::Error::Io(refused),
+                },
+                true,
+            ),
+            (InstallError::NoAnswer { url: url() }, true),
+            (
+                InstallError::Connect {
+                    url: url(),
+                    cause: sqlx::Error::Configuration("bad url".into()),
+                },
+                false,
+            ),
+            (
+                InstallError::Install {
+                    url: url(),
+                    cause: sqlx::Error::Protocol("unexpected message".into()),
+                },
+                false,
+            ),
+            (
+                InstallError::NotReady {
+                    url: url(),
+                    waited_ms: 1,
+                    last: Box::new(InstallError::NoAnswer { url: url() }),
+                },
+                false,
+            ),
+        ];
+        for (e, transient) in cases {
+            assert_eq!(e.transient(), transient, "{e}");
+        }
+    }
+
     #[test]
     fn passwords_are_not_shown() {
         assert_eq!(

@@ -168,3 +168,72 @@ fn an_upstream_down_and_the_connection_limit_get_clear_errors() {
         assert!(message.contains(&dead), "{message}");
     });
 }
+
+/// A proxy started before its PostgreSQL (a sidecar in the same pod) keeps trying to install
+/// the check, then listens once it is in.
+#[test]
+fn the_check_is_installed_once_postgresql_comes_up() {
+    let mut pg = Postgres::start();
+    pg.stop();
+    let dir = tempfile::tempdir().unwrap();
+    let mut process = e2e::FenceProxy::spawn(
+        dir.path(),
+        &format!(
+            "[[pg]]\nlisten = \"127.0.0.1:0\"\nupstream = \"127.0.0.1:{}\"\nschema_urls = [\"{}\"]\nschema_wait_ms = 600000\n",
+            pg.port,
+            pg.url()
+        ),
+    );
+    process.wait_events(
+        "PostgreSQL is not ready for the fence check; trying again",
+        2,
+        |_| true,
+    );
+    assert!(process.running(), "{}", process.stderr.text());
+    pg.resume();
+    let listening = process.wait_events("listening (pg)", 1, |_| true);
+    let addr = listening["addr"].as_str().unwrap().to_string();
+    runtime().block_on(async {
+        let c = crate::holder(&addr, "sidecar", 7).await;
+        c.batch_execute("CREATE TABLE t (v int); INSERT INTO t VALUES (1)")
+            .await
+            .unwrap();
+    });
+    assert_eq!(crate::mark(&pg, "sidecar"), "7");
+}
+
+/// What trying again cannot fix fails the start at once, saying why once; and the wait is
+/// bounded.
+#[test]
+fn a_failed_install_stops_the_start_with_one_clear_message() {
+    let pg = Postgres::start();
+    let dir = tempfile::tempdir().unwrap();
+    let start = |url: &str, wait_ms: u64| {
+        let mut p = e2e::FenceProxy::spawn(
+            dir.path(),
+            &format!(
+                "[[pg]]\nlisten = \"127.0.0.1:0\"\nupstream = \"127.0.0.1:{}\"\nschema_urls = [\"{url}\"]\nschema_wait_ms = {wait_ms}\n",
+                pg.port
+            ),
+        );
+        // A proxy that tried again for the whole wait would outlast the harness's patience.
+        let status = p.wait();
+        assert!(!status.success());
+        let text = p.stderr.text();
+        let last = text.lines().last().unwrap_or_default().to_string();
+        (text, last)
+    };
+    let missing = format!("postgres://postgres@127.0.0.1:{}/nosuchdb", pg.port);
+    let (text, last) = start(&missing, 600_000);
+    assert!(!text.contains("trying again"), "{text}");
+    assert_eq!(
+        last.matches(r#"database "nosuchdb" does not exist"#)
+            .count(),
+        1,
+        "{last}"
+    );
+    let dead = format!("postgres://postgres@{}/postgres", e2e::free_loopback_addr());
+    let (text, last) = start(&dead, 300);
+    assert!(last.contains("was not ready within"), "{text}");
+    assert!(last.contains("schema_wait_ms"), "{last}");
+}
