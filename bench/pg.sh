@@ -4,13 +4,14 @@
 # token (select-only and simple-update, 1 and 16 clients); then a script that sets a token once
 # per connection and updates a row per transaction, sent directly and through fence-proxy; then
 # what the check costs PostgreSQL, to show it adds no round trip. One run, one machine. Needs
-# pgbouncer (apt-get install pgbouncer) and PostgreSQL 15; about 5 minutes. Run as root.
+# pgbouncer (apt-get install pgbouncer) and PostgreSQL 15; about 10 minutes. Run as root.
 #
 #   bench/pg.sh
-#   SECONDS_PER_RUN=5 bench/pg.sh
+#   SECONDS_PER_RUN=5 ROUNDS=1 bench/pg.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUN=${SECONDS_PER_RUN:-10}
+ROUNDS=${ROUNDS:-3}
 PGBIN=${PG_BIN:-/usr/lib/postgresql/15/bin}
 OUT=${OUT:-$(mktemp -d /tmp/pgbench.XXXXXX)}
 mkdir -p "$OUT"; chown postgres "$OUT"
@@ -57,6 +58,9 @@ SQL
 echo 'SELECT * FROM fencing.check(1000);' >"$OUT/check.sql"
 echo 'SELECT * FROM fencing.check(1000, true);' >"$OUT/check-current.sql"
 echo 'SELECT 1;' >"$OUT/select1.sql"
+{ echo '\set aid random(1, 100000 * :scale)'
+  echo 'SELECT 1 \; UPDATE pgbench_accounts SET abalance = abalance + 1 WHERE aid = :aid;'
+} >"$OUT/update-select1.sql"
 # The fast path as fence-proxy prepares and sends it, read from its source (CHECK_LOCK and
 # CHECK_FAST in proxy/pg-relay/src/schema.rs, `$1` = 1000), in one pipeline like the proxy's batch.
 python3 - proxy/pg-relay/src/schema.rs >"$OUT/fast.sql" <<'PY'
@@ -83,18 +87,30 @@ run() { # name port clients [PGOPTIONS] -- pgbench args
   lat=$(sed -n 's/^latency average = \([0-9.]*\) ms/\1/p' <<<"$out")
   printf '%s\t%s\t%s\t%s\n' "$name" "$clients" "$tps" "$lat" | tee -a "$RESULTS"
 }
+# The comparisons the targets are about run in ROUNDS alternating pairs (PgBouncer then
+# fence-proxy; direct then fence-proxy with a token), so that drift on the machine (autovacuum,
+# checkpoints, the page cache) falls on both sides; the summary gives the median of the
+# per-round ratios.
 for c in 1 16; do
   for w in select-only simple-update; do
     flag=$([ $w = select-only ] && echo -S || echo -N)
     run "$w direct" $PG $c "" -- $flag
-    run "$w pgbouncer" $BOUNCER $c "" -- $flag
-    run "$w fence-proxy" $PROXY $c "" -- $flag
+    for r in $(seq "$ROUNDS"); do
+      run "$w pgbouncer #$r" $BOUNCER $c "" -- $flag
+      run "$w fence-proxy #$r" $PROXY $c "" -- $flag
+    done
   done
-  run "token-update direct" $PG $c "$TOKEN" -- -f "$OUT/update.sql"
+  for r in $(seq "$ROUNDS"); do
+    run "token-update direct #$r" $PG $c "$TOKEN" -- -f "$OUT/update.sql"
+    run "token-update fence-proxy (token) #$r" $PROXY $c "$TOKEN" -- -f "$OUT/update.sql"
+  done
   # PgBouncer refuses the options start-up parameter, so it relays the script without a token.
   run "token-update pgbouncer (no token)" $BOUNCER $c "" -- -f "$OUT/update.sql"
   run "token-update fence-proxy (no token)" $PROXY $c "" -- -f "$OUT/update.sql"
-  run "token-update fence-proxy (token)" $PROXY $c "$TOKEN" -- -f "$OUT/update.sql"
+  # The least any check inside the transaction can cost: one more statement that does nothing
+  # (`SELECT 1`, in the same Query message), sent directly and through PgBouncer.
+  run "token-update + SELECT 1 direct" $PG $c "" -- -f "$OUT/update-select1.sql"
+  run "token-update + SELECT 1 pgbouncer" $BOUNCER $c "" -- -f "$OUT/update-select1.sql"
   run "token-update prepared direct" $PG $c "$TOKEN" -- -M prepared -f "$OUT/update.sql"
   run "token-update prepared fence-proxy (token)" $PROXY $c "$TOKEN" -- -M prepared -f "$OUT/update.sql"
 done
@@ -103,4 +119,30 @@ run "SELECT 1 prepared direct" $PG 1 "" -- -M prepared -f "$OUT/select1.sql"
 run "fast path prepared direct (a current token)" $PG 1 "$TOKEN" -- -M prepared -f "$OUT/fast.sql"
 run "fencing.check(1000) direct (the full check)" $PG 1 "$TOKEN" -- -f "$OUT/check.sql"
 run "fencing.check(1000, true) direct (a current token)" $PG 1 "$TOKEN" -- -f "$OUT/check-current.sql"
+# Medians of the per-round ratios.
+python3 - "$RESULTS" <<'PY2'
+import statistics, sys, collections
+tps = collections.defaultdict(dict)
+for line in open(sys.argv[1]):
+    f = line.rstrip("\n").split("\t")
+    if len(f) < 3 or "failed" in f[2]:
+        continue
+    name, clients, value = f[0], f[1], float(f[2])
+    base, _, r = name.partition(" #")
+    tps[(base, clients)][r or "-"] = value
+def ratios(num, den, clients):
+    a, b = tps.get((num, clients), {}), tps.get((den, clients), {})
+    return [a[r] / b[r] for r in sorted(a) if r in b and r != "-"]
+print("median of per-round ratios:")
+for clients in ("1", "16"):
+    for w in ("select-only", "simple-update"):
+        rs = ratios(w + " fence-proxy", w + " pgbouncer", clients)
+        if rs:
+            print(f"  {w} fence-proxy vs PgBouncer, {clients} client(s): {statistics.median(rs):.2f}x"
+                  f" (rounds: {', '.join(f'{x:.2f}' for x in rs)})")
+    rs = ratios("token-update fence-proxy (token)", "token-update direct", clients)
+    if rs:
+        print(f"  token-update fence-proxy with a token vs direct, {clients} client(s): {statistics.median(rs):.2f}x"
+              f" (rounds: {', '.join(f'{x:.2f}' for x in rs)})")
+PY2
 echo "results in $RESULTS" >&2
