@@ -76,7 +76,8 @@ async fn run(config: Config) -> anyhow::Result<()> {
     for p in &config.pg {
         for url in &p.schema_urls {
             let wait = std::time::Duration::from_millis(p.schema_wait_ms);
-            pg_relay::schema::install_waiting(url, wait).await?;
+            let attempt = std::time::Duration::from_millis(p.connect_timeout_ms);
+            pg_relay::schema::install_waiting(url, wait, attempt).await?;
             tracing::info!(url = %pg_relay::schema::redact(url), "installed the fence check");
         }
         if p.schema_urls.is_empty() {

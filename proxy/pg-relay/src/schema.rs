@@ -71,17 +71,19 @@ impl InstallError {
 }
 
 /// Installs the check in the database `url` names (a `postgres://` URL of a role that may create
-/// the schema and end other sessions), in one transaction.
-pub async fn install(url: &str) -> Result<(), InstallError> {
+/// the schema and end other sessions), in one transaction. Connecting may take up to
+/// `connect_timeout` (an address that swallows packets would otherwise hold the caller for the
+/// system's TCP timeout); the installation itself is not bounded (it may wait its turn behind
+/// another proxy's).
+pub async fn install(url: &str, connect_timeout: std::time::Duration) -> Result<(), InstallError> {
     use sqlx::Connection;
     let shown = redact(url);
     let mut conn =
-        sqlx::PgConnection::connect(url)
-            .await
-            .map_err(|cause| InstallError::Connect {
-                url: shown.clone(),
-                cause,
-            })?;
+        match tokio::time::timeout(connect_timeout, sqlx::PgConnection::connect(url)).await {
+            Ok(Ok(conn)) => conn,
+            Ok(Err(cause)) => return Err(InstallError::Connect { url: shown, cause }),
+            Err(_) => return Err(InstallError::NoAnswer { url: shown }),
+        };
     let install = async {
         let mut tx = conn.begin().await?;
         sqlx::raw_sql(SQL).execute(&mut *tx).await?;
@@ -96,27 +98,25 @@ pub async fn install(url: &str) -> Result<(), InstallError> {
 }
 
 /// [`install`], tried again while the failure is [`InstallError::transient`] (a sidecar often
-/// starts before its PostgreSQL accepts connections), for at most `wait` in all: attempts 0.1 s
-/// apart at first, doubling up to 2 s. Each attempt is bounded by what is left of `wait`, so an
-/// address that swallows packets does not hold start-up for the system's TCP timeout.
-pub async fn install_waiting(url: &str, wait: std::time::Duration) -> Result<(), InstallError> {
+/// starts before its PostgreSQL accepts connections) until `wait` has passed: attempts 0.1 s
+/// apart at first, doubling up to 2 s; each connection attempt bounded by `connect_timeout`.
+/// With `wait` zero there is exactly one attempt.
+pub async fn install_waiting(
+    url: &str,
+    wait: std::time::Duration,
+    connect_timeout: std::time::Duration,
+) -> Result<(), InstallError> {
     use std::time::{Duration, Instant};
     let started = Instant::now();
     let deadline = started + wait;
     let mut pause = Duration::from_millis(100);
     loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        let attempt =
-            match tokio::time::timeout(left.max(Duration::from_millis(1)), install(url)).await {
-                Ok(result) => result,
-                Err(_) => Err(InstallError::NoAnswer { url: redact(url) }),
-            };
-        let error = match attempt {
+        let error = match install(url, connect_timeout).await {
             Ok(()) => return Ok(()),
             Err(e) if e.transient() => e,
             Err(e) => return Err(e),
         };
-        if Instant::now() + pause >= deadline {
+        if Instant::now() + pause > deadline {
             return Err(InstallError::NotReady {
                 url: redact(url),
                 waited_ms: started.elapsed().as_millis(),

@@ -212,7 +212,7 @@ fn a_failed_install_stops_the_start_with_one_clear_message() {
         let mut p = e2e::FenceProxy::spawn(
             dir.path(),
             &format!(
-                "[[pg]]\nlisten = \"127.0.0.1:0\"\nupstream = \"127.0.0.1:{}\"\nschema_urls = [\"{url}\"]\nschema_wait_ms = {wait_ms}\n",
+                "[[pg]]\nlisten = \"127.0.0.1:0\"\nupstream = \"127.0.0.1:{}\"\nschema_urls = [\"{url}\"]\nschema_wait_ms = {wait_ms}\nconnect_timeout_ms = 300\n",
                 pg.port
             ),
         );
@@ -236,4 +236,13 @@ fn a_failed_install_stops_the_start_with_one_clear_message() {
     let (text, last) = start(&dead, 300);
     assert!(last.contains("was not ready within"), "{text}");
     assert!(last.contains("schema_wait_ms"), "{last}");
+    // Something that accepts connections and never answers: each attempt is bounded by
+    // connect_timeout_ms (one attempt here), not by the system's TCP timeout.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let silent_url = format!(
+        "postgres://postgres@{}/postgres",
+        silent.local_addr().unwrap()
+    );
+    let (text, last) = start(&silent_url, 0);
+    assert!(last.contains("no answer from"), "{text}");
 }
