@@ -318,21 +318,6 @@ impl Lockd {
         self.process.wait_events(message, n, pred)
     }
 
-    /// Starts fence-proxy with `config` as [`FenceProxy::start_with`] does, without waiting
-    /// for anything.
-    pub fn spawn(dir: &Path, config: &str) -> Spawned {
-        let path = dir.join("proxy.toml");
-        let text = format!(
-            "log = \"info,http_relay=debug,pg_relay=debug\"\nlog_format = \"json\"\n{config}"
-        );
-        std::fs::write(&path, text).expect("writing the proxy configuration");
-        let mut cmd = Command::new(bin("fence-proxy"));
-        cmd.arg("--config")
-            .arg(&path)
-            .env_remove("FENCE_PROXY_CONFIG");
-        Spawned::spawn(cmd)
-    }
-
     /// `kill -9`, and waits until it is gone.
     pub fn kill9(&mut self) {
         self.process.signal(libc::SIGKILL);
