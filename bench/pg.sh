@@ -4,14 +4,14 @@
 # token (select-only and simple-update, 1 and 16 clients); then a script that sets a token once
 # per connection and updates a row per transaction, sent directly and through fence-proxy; then
 # what the check costs PostgreSQL, to show it adds no round trip. One run, one machine. Needs
-# pgbouncer (apt-get install pgbouncer) and PostgreSQL 15; about 10 minutes. Run as root.
+# pgbouncer (apt-get install pgbouncer) and PostgreSQL 15; about 12 minutes. Run as root.
 #
 #   bench/pg.sh
 #   SECONDS_PER_RUN=5 ROUNDS=1 bench/pg.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUN=${SECONDS_PER_RUN:-10}
-ROUNDS=${ROUNDS:-3}
+ROUNDS=${ROUNDS:-4}
 PGBIN=${PG_BIN:-/usr/lib/postgresql/15/bin}
 OUT=${OUT:-$(mktemp -d /tmp/pgbench.XXXXXX)}
 mkdir -p "$OUT"; chown postgres "$OUT"
@@ -45,8 +45,9 @@ chown postgres "$OUT/pgbouncer.ini" "$OUT/users.txt"
 runuser -u postgres -- pgbouncer -q "$OUT/pgbouncer.ini" & pids+=("$!")
 target/release/fence-proxy pg --listen 127.0.0.1:$PROXY --upstream 127.0.0.1:$PG \
   --schema-url "postgres://postgres@127.0.0.1:$PG/postgres" --log warn 2>"$OUT/fence-proxy.log" &
-pids+=("$!")
+pids+=("$!"); PROXY_PID=$!
 wait_port $BOUNCER; wait_port $PROXY
+BOUNCER_PID=$(pgrep -f "^pgbouncer -q $OUT/pgbouncer.ini")
 
 pgb() { "$PGBIN/pgbench" -h 127.0.0.1 -U postgres "$@" postgres; }
 pgb -p $PG -i -s 10 -q >/dev/null 2>&1
@@ -77,32 +78,52 @@ PY
 TOKEN="-c fencing.resource=bench:accounts -c fencing.token=42"
 
 RESULTS="$OUT/results.txt"; : >"$RESULTS"
+# CPU time (user + system, clock ticks) the proxy behind PORT has used so far; 0 for direct.
+ticks() {
+  local pid=
+  case $1 in $BOUNCER) pid=$BOUNCER_PID ;; $PROXY) pid=$PROXY_PID ;; esac
+  if [ -n "$pid" ]; then awk '{print $14 + $15}' "/proc/$pid/stat"; else echo 0; fi
+}
 run() { # name port clients [PGOPTIONS] -- pgbench args
   local name=$1 port=$2 clients=$3 opts=$4; shift 5
-  local out
+  local out before after
+  before=$(ticks "$port")
   out=$(PGOPTIONS="$opts" pgb -p "$port" -c "$clients" -j "$(( clients < 2 ? 1 : 2 ))" -T "$RUN" "$@" 2>&1) \
     || { printf '%s\t%s\tfailed: %s\n' "$name" "$clients" "$(tail -1 <<<"$out")" | tee -a "$RESULTS"; return; }
-  local tps lat
+  after=$(ticks "$port")
+  local tps lat txns cpu
   tps=$(sed -n 's/^tps = \([0-9.]*\) .*/\1/p' <<<"$out")
   lat=$(sed -n 's/^latency average = \([0-9.]*\) ms/\1/p' <<<"$out")
-  printf '%s\t%s\t%s\t%s\n' "$name" "$clients" "$tps" "$lat" | tee -a "$RESULTS"
+  txns=$(sed -n 's/^number of transactions actually processed: \([0-9]*\).*/\1/p' <<<"$out")
+  # The proxy's CPU per transaction, in microseconds (empty for direct runs).
+  cpu=$(awk -v t=$((after - before)) -v n="$txns" -v hz="$(getconf CLK_TCK)" -v port="$port" -v pg=$PG \
+    'BEGIN { if (port != pg && n > 0) printf "%.1f", t * 1e6 / hz / n }')
+  printf '%s\t%s\t%s\t%s\t%s\n' "$name" "$clients" "$tps" "$lat" "$cpu" | tee -a "$RESULTS"
 }
-# The comparisons the targets are about run in ROUNDS alternating pairs (PgBouncer then
-# fence-proxy; direct then fence-proxy with a token), so that drift on the machine (autovacuum,
-# checkpoints, the page cache) falls on both sides; the summary gives the median of the
-# per-round ratios.
+# The comparisons the targets are about run in ROUNDS pairs (PgBouncer and fence-proxy; direct
+# and fence-proxy with a token), the order swapped every other round (the tables grow with
+# every run, so whatever runs second is slightly handicapped), so that drift on the machine
+# (autovacuum, checkpoints, the page cache) falls on both sides; the summary gives the median
+# of the per-round ratios.
+pair() { # round nameA portA optsA nameB portB optsB clients pgbench-args...
+  local r=$1 na=$2 pa=$3 oa=$4 nb=$5 pb=$6 ob=$7 c=$8; shift 8
+  if (( r % 2 )); then
+    run "$na" "$pa" "$c" "$oa" -- "$@"; run "$nb" "$pb" "$c" "$ob" -- "$@"
+  else
+    run "$nb" "$pb" "$c" "$ob" -- "$@"; run "$na" "$pa" "$c" "$oa" -- "$@"
+  fi
+}
 for c in 1 16; do
   for w in select-only simple-update; do
     flag=$([ $w = select-only ] && echo -S || echo -N)
     run "$w direct" $PG $c "" -- $flag
     for r in $(seq "$ROUNDS"); do
-      run "$w pgbouncer #$r" $BOUNCER $c "" -- $flag
-      run "$w fence-proxy #$r" $PROXY $c "" -- $flag
+      pair "$r" "$w pgbouncer #$r" $BOUNCER "" "$w fence-proxy #$r" $PROXY "" $c $flag
     done
   done
   for r in $(seq "$ROUNDS"); do
-    run "token-update direct #$r" $PG $c "$TOKEN" -- -f "$OUT/update.sql"
-    run "token-update fence-proxy (token) #$r" $PROXY $c "$TOKEN" -- -f "$OUT/update.sql"
+    pair "$r" "token-update direct #$r" $PG "$TOKEN" "token-update fence-proxy (token) #$r" $PROXY "$TOKEN" \
+      $c -f "$OUT/update.sql"
   done
   # PgBouncer refuses the options start-up parameter, so it relays the script without a token.
   run "token-update pgbouncer (no token)" $BOUNCER $c "" -- -f "$OUT/update.sql"
@@ -123,6 +144,7 @@ run "fencing.check(1000, true) direct (a current token)" $PG 1 "$TOKEN" -- -f "$
 python3 - "$RESULTS" <<'PY2'
 import statistics, sys, collections
 tps = collections.defaultdict(dict)
+cpu = collections.defaultdict(dict)
 for line in open(sys.argv[1]):
     f = line.rstrip("\n").split("\t")
     if len(f) < 3 or "failed" in f[2]:
@@ -130,6 +152,8 @@ for line in open(sys.argv[1]):
     name, clients, value = f[0], f[1], float(f[2])
     base, _, r = name.partition(" #")
     tps[(base, clients)][r or "-"] = value
+    if len(f) > 4 and f[4]:
+        cpu[(base, clients)][r or "-"] = float(f[4])
 def ratios(num, den, clients):
     a, b = tps.get((num, clients), {}), tps.get((den, clients), {})
     return [a[r] / b[r] for r in sorted(a) if r in b and r != "-"]
@@ -140,6 +164,11 @@ for clients in ("1", "16"):
         if rs:
             print(f"  {w} fence-proxy vs PgBouncer, {clients} client(s): {statistics.median(rs):.2f}x"
                   f" (rounds: {', '.join(f'{x:.2f}' for x in rs)})")
+        for who in ("pgbouncer", "fence-proxy"):
+            us = [v for v in cpu.get((f"{w} {who}", clients), {}).values()]
+            if us:
+                print(f"    {who} CPU per transaction: median {statistics.median(us):.1f} us"
+                      f" (rounds: {', '.join(f'{x:.1f}' for x in us)})")
     rs = ratios("token-update fence-proxy (token)", "token-update direct", clients)
     if rs:
         print(f"  token-update fence-proxy with a token vs direct, {clients} client(s): {statistics.median(rs):.2f}x"
