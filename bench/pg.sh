@@ -21,6 +21,11 @@ cargo build --release -q -p fence-proxy
 . bench/common.sh
 
 PG=15432; BOUNCER=15433; PROXY=15434
+for port in $PG $BOUNCER $PROXY; do
+  if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+    echo "bench/pg.sh: something already listens on port $port; stop it first" >&2; exit 1
+  fi
+done
 runuser -u postgres -- "$PGBIN/initdb" -D "$OUT/data" -A trust -U postgres --no-sync >/dev/null
 runuser -u postgres -- "$PGBIN/postgres" -D "$OUT/data" -p $PG -k "$OUT" \
   -c listen_addresses=127.0.0.1 -c max_connections=200 -c shared_buffers=256MB 2>"$OUT/postgres.log" &
