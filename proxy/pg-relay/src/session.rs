@@ -19,6 +19,7 @@
 //! already been checked with the same settings.
 
 use std::collections::{HashMap, VecDeque};
+use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
@@ -31,7 +32,6 @@ use pg_wire::{Header, Startup, WireError};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
-use tokio::sync::mpsc;
 
 use crate::{Relay, sqlstate};
 
@@ -199,13 +199,11 @@ async fn session(relay: &Relay, mut client: TcpStream, peer: SocketAddr) -> std:
         fenced,
         ..Flow::default()
     });
-    let (local_tx, local_rx) = mpsc::unbounded_channel();
     let (client_r, client_w) = client.into_split();
     let (upstream_r, upstream_w) = upstream.into_split();
     let mut to_server = ToServer {
         relay,
         flow: &flow,
-        local: local_tx,
         need_check: true,
         rejecting: false,
         batch_start: true,
@@ -222,17 +220,12 @@ async fn session(relay: &Relay, mut client: TcpStream, peer: SocketAddr) -> std:
         check_row: None,
     };
     let c2s = to_server.pump(client_r, upstream_w, buf);
-    let s2c = to_client.pump(upstream_r, client_w, local_rx);
+    let s2c = to_client.pump(upstream_r, client_w);
     tokio::pin!(c2s, s2c);
+    // Polled in this order, the client-to-server direction first: what it queues for the
+    // client (Flow::local) is then usually written in the same wake-up.
     let result = tokio::select! {
-        r = &mut s2c => {
-            // PostgreSQL is gone; its last words (a FATAL) went to the client. Keep taking what
-            // the client still sends for a moment: closing at once would answer its next write
-            // with a reset, which can make it drop that message unread (a paused client that
-            // wakes up sends before it reads).
-            let _ = tokio::time::timeout(DRAIN, &mut c2s).await;
-            r
-        }
+        biased;
         r = &mut c2s => {
             // The client is gone or said Terminate: the server closes once it has read the
             // end, and its last words still reach the client.
@@ -240,6 +233,14 @@ async fn session(relay: &Relay, mut client: TcpStream, peer: SocketAddr) -> std:
                 Ok(r2) => r.and(r2),
                 Err(_) => r,
             }
+        }
+        r = &mut s2c => {
+            // PostgreSQL is gone; its last words (a FATAL) went to the client. Keep taking what
+            // the client still sends for a moment: closing at once would answer its next write
+            // with a reset, which can make it drop that message unread (a paused client that
+            // wakes up sends before it reads).
+            let _ = tokio::time::timeout(DRAIN, &mut c2s).await;
+            r
         }
     };
     result
@@ -355,6 +356,9 @@ struct Flow {
     passed: Option<(CompactString, i64, u64)>,
     /// The open transaction passed a check under this generation, with this resource and token.
     checked_txn: Option<(u64, CompactString, i64)>,
+    /// What the client-to-server direction answers by itself, for the other direction to write
+    /// to the client (in order, before anything PostgreSQL sends after it).
+    local: VecDeque<Local>,
 }
 
 impl Flow {
@@ -464,7 +468,6 @@ impl Framer {
 struct ToServer<'a> {
     relay: &'a Relay,
     flow: &'a Mutex<Flow>,
-    local: mpsc::UnboundedSender<Local>,
     need_check: bool,
     /// Dropping client messages up to Sync (a batch refused from the cache).
     rejecting: bool,
@@ -475,6 +478,13 @@ struct ToServer<'a> {
     unnamed_statement: Class,
     portals: HashMap<Vec<u8>, Class>,
     unnamed_portal: Class,
+}
+
+/// What the server-to-client direction woke up for.
+enum Event {
+    Local(Local),
+    /// Bytes read from PostgreSQL (0: it closed the connection).
+    Read(usize),
 }
 
 /// Something the client-to-server direction wants written to the client.
@@ -506,12 +516,12 @@ impl ToServer<'_> {
         loop {
             // What is in the buffer first (the start-up may have left whole messages in it).
             let mut terminate = false;
-            {
+            let queued_local = {
                 let mut flow = self.flow.lock().expect("flow lock");
                 // CopyData is streamed as it comes.
                 while let Some((head, message)) = framer
                     .next(&mut buf, &mut out, max, |tag| tag == b'd')
-                    .map_err(|e| self.refuse(&describe(e)))?
+                    .map_err(|e| refuse(&mut flow, &describe(e)))?
                 {
                     match self.on_message(&mut flow, head, &message, &mut out) {
                         Ok(true) => {}
@@ -519,9 +529,19 @@ impl ToServer<'_> {
                             terminate = true;
                             break;
                         }
-                        Err(e) => return Err(self.refuse(&e.to_string())),
+                        Err(e) => return Err(refuse(&mut flow, &e.to_string())),
                     }
                 }
+                !flow.local.is_empty()
+            };
+            if queued_local {
+                // The other direction writes it; make sure it is polled again even if it was
+                // polled before this one in this wake-up.
+                std::future::poll_fn(|cx| {
+                    cx.waker().wake_by_ref();
+                    std::task::Poll::Ready(())
+                })
+                .await;
             }
             if !out.is_empty() {
                 server.write_all(&out).await?;
@@ -537,27 +557,6 @@ impl ToServer<'_> {
                 return Ok(());
             }
         }
-    }
-
-    /// Closes the session over a malformed or oversized message, telling the client why.
-    fn refuse(&self, why: &str) -> std::io::Error {
-        tracing::info!(
-            reason = why,
-            "closing a client connection over a bad message"
-        );
-        let mut out = Vec::new();
-        msg::error_response(
-            &mut out,
-            &ErrorResponse {
-                severity: "FATAL",
-                code: sqlstate::PROTOCOL_VIOLATION,
-                message: &format!("fence-proxy: {why}"),
-                detail: None,
-                hint: None,
-            },
-        );
-        let _ = self.local.send(Local::Fatal(out));
-        std::io::Error::other(why.to_string())
     }
 
     /// Handles one whole client message; `Ok(false)` after Terminate.
@@ -716,7 +715,7 @@ impl ToServer<'_> {
     /// At the first message of a batch, with nothing in flight: when the cache already knows
     /// the session's token is stale, refuse the batch here (its messages are dropped up to Sync,
     /// which is answered with the error), saving the round trip.
-    fn reject_from_cache(&mut self, flow: &Flow, starts_batch: bool) -> bool {
+    fn reject_from_cache(&mut self, flow: &mut Flow, starts_batch: bool) -> bool {
         if !(starts_batch && flow.fenced && flow.idle() && flow.status == b'I') {
             return false;
         }
@@ -727,7 +726,7 @@ impl ToServer<'_> {
         let mut reply = Vec::new();
         stale_error(&mut reply, &resource, token, highest);
         msg::ready_for_query(&mut reply, b'I');
-        let _ = self.local.send(Local::Reply(reply));
+        flow.local.push_back(Local::Reply(reply));
         true
     }
 
@@ -825,7 +824,7 @@ impl ToServer<'_> {
             let mut reply = Vec::new();
             stale_error(&mut reply, &resource, token, highest);
             msg::ready_for_query(&mut reply, b'I');
-            let _ = self.local.send(Local::Reply(reply));
+            flow.local.push_back(Local::Reply(reply));
             return;
         }
         if checks.len() == 1
@@ -890,6 +889,27 @@ impl ToServer<'_> {
     }
 }
 
+/// Closes the session over a malformed or oversized message, telling the client why.
+fn refuse(flow: &mut Flow, why: &str) -> std::io::Error {
+    tracing::info!(
+        reason = why,
+        "closing a client connection over a bad message"
+    );
+    let mut out = Vec::new();
+    msg::error_response(
+        &mut out,
+        &ErrorResponse {
+            severity: "FATAL",
+            code: sqlstate::PROTOCOL_VIOLATION,
+            message: &format!("fence-proxy: {why}"),
+            detail: None,
+            hint: None,
+        },
+    );
+    flow.local.push_back(Local::Fatal(out));
+    std::io::Error::other(why.to_string())
+}
+
 /// A framing error in words; an oversized message names the setting that bounds it.
 fn describe(e: WireError) -> String {
     match e {
@@ -946,28 +966,33 @@ impl ToClient<'_> {
         mut self,
         mut server: OwnedReadHalf,
         mut client: OwnedWriteHalf,
-        mut local: mpsc::UnboundedReceiver<Local>,
     ) -> std::io::Result<()> {
         let mut buf = BytesMut::with_capacity(32 << 10);
         let mut out = Vec::with_capacity(32 << 10);
         let mut framer = Framer::default();
-        let mut local_open = true;
         loop {
-            tokio::select! {
-                biased;
-                l = local.recv(), if local_open => match l {
-                    None => local_open = false,
-                    Some(Local::Reply(bytes)) => client.write_all(&bytes).await?,
-                    Some(Local::Fatal(bytes)) => {
-                        if !framer.mid_message() {
-                            let _ = client.write_all(&bytes).await;
-                        }
-                        let _ = client.shutdown().await;
-                        return Ok(());
+            // What the other direction queued for the client comes first; otherwise what
+            // PostgreSQL sends.
+            let event = std::future::poll_fn(|cx| {
+                if let Some(l) = self.flow.lock().expect("flow lock").local.pop_front() {
+                    return std::task::Poll::Ready(Ok(Event::Local(l)));
+                }
+                std::pin::pin!(server.read_buf(&mut buf))
+                    .poll(cx)
+                    .map(|r| r.map(Event::Read))
+            })
+            .await?;
+            match event {
+                Event::Local(Local::Reply(bytes)) => client.write_all(&bytes).await?,
+                Event::Local(Local::Fatal(bytes)) => {
+                    if !framer.mid_message() {
+                        let _ = client.write_all(&bytes).await;
                     }
-                },
-                n = server.read_buf(&mut buf) => {
-                    if n? == 0 {
+                    let _ = client.shutdown().await;
+                    return Ok(());
+                }
+                Event::Read(n) => {
+                    if n == 0 {
                         let _ = client.shutdown().await;
                         return Ok(());
                     }
