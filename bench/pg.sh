@@ -4,7 +4,7 @@
 # token (select-only and simple-update, 1 and 16 clients); then a script that sets a token once
 # per connection and updates a row per transaction, sent directly and through fence-proxy; then
 # what the check costs PostgreSQL, to show it adds no round trip. One run, one machine. Needs
-# pgbouncer (apt-get install pgbouncer) and PostgreSQL 15; about 12 minutes. Run as root.
+# pgbouncer (apt-get install pgbouncer) and PostgreSQL 15; about 15 minutes. Run as root.
 #
 #   bench/pg.sh
 #   SECONDS_PER_RUN=5 ROUNDS=1 bench/pg.sh
