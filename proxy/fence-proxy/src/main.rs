@@ -74,10 +74,10 @@ async fn run(config: Config) -> anyhow::Result<()> {
     let workers = config.workers();
     let mut pg_threads = Vec::new();
     for p in &config.pg {
+        let relay_config = p.relay(config.fence.resources_max);
         for url in &p.schema_urls {
             let wait = std::time::Duration::from_millis(p.schema_wait_ms);
-            let attempt = std::time::Duration::from_millis(p.connect_timeout_ms);
-            pg_relay::schema::install_waiting(url, wait, attempt).await?;
+            pg_relay::schema::install_waiting(url, wait, relay_config.connect_timeout).await?;
             tracing::info!(url = %pg_relay::schema::redact(url), "installed the fence check");
         }
         if p.schema_urls.is_empty() {
@@ -92,7 +92,7 @@ async fn run(config: Config) -> anyhow::Result<()> {
         // One relay (limits, map of marks, cancel keys) for all the listener's threads; each
         // thread runs its own event loop, and a session stays on the thread that accepted it
         // (the thread with the fewest sessions accepts the next).
-        let relay = Arc::new(pg_relay::Relay::new(p.relay(config.fence.resources_max)));
+        let relay = Arc::new(pg_relay::Relay::new(relay_config));
         for (i, shard) in shards.into_iter().enumerate() {
             let relay = Arc::clone(&relay);
             let mut stop = stop_rx.clone();

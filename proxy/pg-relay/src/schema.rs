@@ -107,6 +107,7 @@ pub async fn install_waiting(
     connect_timeout: std::time::Duration,
 ) -> Result<(), InstallError> {
     use std::time::{Duration, Instant};
+    let shown = redact(url);
     let started = Instant::now();
     let deadline = started + wait;
     let mut pause = Duration::from_millis(100);
@@ -118,12 +119,12 @@ pub async fn install_waiting(
         };
         if Instant::now() + pause > deadline {
             return Err(InstallError::NotReady {
-                url: redact(url),
+                url: shown,
                 waited_ms: started.elapsed().as_millis(),
                 last: Box::new(error),
             });
         }
-        tracing::warn!(url = %redact(url), error = %error, retry_in_ms = pause.as_millis() as u64,
+        tracing::warn!(url = %shown, error = %error, retry_in_ms = pause.as_millis() as u64,
             "PostgreSQL is not ready for the fence check; trying again");
         tokio::time::sleep(pause).await;
         pause = (pause * 2).min(Duration::from_secs(2));
