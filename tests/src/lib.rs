@@ -4,9 +4,9 @@
 //! Tests never sleep to synchronise: they wait for an *event* (a log line, an output line, a
 //! process exit) with a generous timeout that only bounds how long a broken build can hang.
 //!
-//! The binaries are the ones `cargo build --bins` puts next to the test executable. A missing
-//! binary, or one older than the sources it is built from, fails the test with the command that
-//! fixes it, so a stale build is never silently tested.
+//! The binaries are the ones `cargo build --workspace --bins --tests` puts next to the test
+//! executable. A missing binary, or one older than the sources it is built from, fails the test
+//! with the command that fixes it, so a stale build is never silently tested.
 
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
@@ -47,14 +47,14 @@ pub fn bin(name: &str) -> PathBuf {
     let built = match std::fs::metadata(&path).and_then(|m| m.modified()) {
         Ok(t) => t,
         Err(_) => panic!(
-            "{} is missing: build the binaries first with `cargo build --bins` (README: running the tests)",
+            "{} is missing: build the binaries first with `cargo build --workspace --bins --tests` (README: run the tests)",
             path.display()
         ),
     };
     if let Some((source, changed)) = newest_source(name) {
         assert!(
             changed <= built,
-            "{} is older than {}: rebuild with `cargo build --bins` before running the tests",
+            "{} is older than {}: rebuild with `cargo build --workspace --bins --tests` before running the tests",
             path.display(),
             source.display()
         );
