@@ -20,6 +20,11 @@ use crate::LockError;
 /// more than etcd's default election timeout, so that a leader change is waited out once.
 pub const ATTEMPT_TIMEOUT: Duration = Duration::from_millis(1500);
 
+/// The pause after a round in which every member failed, doubling up to [`MAX_ROUND_PAUSE`]:
+/// members that refuse at once (no leader, connection refused) are not asked in a busy loop.
+const FIRST_ROUND_PAUSE: Duration = Duration::from_millis(50);
+const MAX_ROUND_PAUSE: Duration = Duration::from_millis(500);
+
 pub struct Etcd {
     members: Vec<(String, Client)>,
     preferred: AtomicUsize,
@@ -84,8 +89,25 @@ impl Etcd {
         self.members[i].1.clone()
     }
 
+    /// Member `i`, tried first by a call, just failed: if calls still go to it first, send
+    /// them to the next one. (Only a call's first member is moved off: a round in which every
+    /// member fails would otherwise bring the preference back to where it started.)
+    fn avoid(&self, i: usize) {
+        let next = (i + 1) % self.members.len();
+        let _ = self
+            .preferred
+            .compare_exchange(i, next, Ordering::Relaxed, Ordering::Relaxed);
+    }
+
     /// Runs `op` on one member after another until it succeeds, fails for good, or `deadline`
     /// passes (UNAVAILABLE, naming `what` and the last failure).
+    ///
+    /// An attempt takes at most [`ATTEMPT_TIMEOUT`], and at most half of what is left while
+    /// other members are still untried in this round, so a short call (the session's
+    /// keep-alive) reaches a second member even when the first never answers. A member that
+    /// a call tries first and that fails is no longer tried first by the calls that follow
+    /// (unless another call has moved the preference meanwhile); the leader check brings
+    /// calls back to the leader.
     pub async fn call<T, F, Fut>(
         &self,
         deadline: Instant,
@@ -97,8 +119,9 @@ impl Etcd {
         Fut: Future<Output = Result<T, etcd_client::Error>>,
     {
         let n = self.members.len();
-        let first = self.preferred.load(Ordering::Relaxed);
+        let first = self.preferred.load(Ordering::Relaxed) % n;
         let mut last = String::from("no attempt was made");
+        let mut round_pause = FIRST_ROUND_PAUSE;
         for attempt in 0.. {
             let now = Instant::now();
             if now >= deadline {
@@ -106,7 +129,11 @@ impl Etcd {
             }
             let i = (first + attempt) % n;
             let (name, client) = &self.members[i];
-            let budget = (deadline - now).min(ATTEMPT_TIMEOUT);
+            let left = deadline - now;
+            let mut budget = left.min(ATTEMPT_TIMEOUT);
+            if attempt % n + 1 < n {
+                budget = budget.min(left / 2);
+            }
             match tokio::time::timeout(budget, op(client.clone())).await {
                 Ok(Ok(v)) => {
                     if i != first {
@@ -119,6 +146,17 @@ impl Etcd {
                 }
                 Ok(Err(e)) => last = format!("{name}: {e}"),
                 Err(_) => last = format!("{name}: no answer within {budget:?}"),
+            }
+            if attempt == 0 {
+                self.avoid(i);
+            }
+            if attempt % n + 1 == n {
+                let now = Instant::now();
+                if now >= deadline {
+                    break;
+                }
+                tokio::time::sleep(round_pause.min(deadline - now)).await;
+                round_pause = (round_pause * 2).min(MAX_ROUND_PAUSE);
             }
         }
         Err(LockError::Unavailable(format!(
@@ -144,5 +182,86 @@ fn retryable(e: &etcd_client::Error) -> bool {
         | etcd_client::Error::IoError(_)
         | etcd_client::Error::WatchError(_) => true,
         _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::AtomicUsize;
+
+    use super::*;
+
+    /// Three members on ports nothing listens on: the calls below never use the client they
+    /// are given, they only count attempts (attempt k goes to member (first + k) % 3).
+    async fn three() -> Etcd {
+        let endpoints: Vec<String> = (1..=3).map(|p| format!("http://127.0.0.1:{p}")).collect();
+        Etcd::connect(&endpoints).await.expect("connecting is lazy")
+    }
+
+    fn refused() -> etcd_client::Error {
+        etcd_client::Error::IoError(std::io::Error::from(std::io::ErrorKind::ConnectionRefused))
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_short_call_reaches_a_second_member_when_the_first_never_answers() {
+        let etcd = three().await;
+        let attempts = Arc::new(AtomicUsize::new(0));
+        // The session keep-alive's deadline with a 2 s TTL: shorter than ATTEMPT_TIMEOUT.
+        let deadline = Instant::now() + Duration::from_millis(666);
+        let got = etcd
+            .call(deadline, "a keep-alive", |_| {
+                let k = attempts.fetch_add(1, Ordering::Relaxed);
+                async move {
+                    if k == 0 {
+                        std::future::pending::<()>().await;
+                    }
+                    Ok(k)
+                }
+            })
+            .await;
+        assert_eq!(got.expect("the second member answers in time"), 1);
+        assert_eq!(etcd.preferred.load(Ordering::Relaxed), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_next_call_does_not_start_at_the_member_that_failed() {
+        let etcd = three().await;
+        let deadline = Instant::now() + Duration::from_secs(3);
+        let got: Result<(), _> = etcd
+            .call(deadline, "a read", |_| std::future::pending())
+            .await;
+        let err = got.expect_err("no member answers");
+        assert!(matches!(err, LockError::Unavailable(_)), "{err:?}");
+        assert!(err.to_string().contains("no answer within"), "{err}");
+        assert_eq!(
+            etcd.preferred.load(Ordering::Relaxed),
+            1,
+            "calls still start at the member that never answered"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn members_that_refuse_at_once_are_not_asked_in_a_busy_loop() {
+        let etcd = three().await;
+        let attempts = Arc::new(AtomicUsize::new(0));
+        let deadline = Instant::now() + Duration::from_secs(3);
+        let got: Result<(), _> = etcd
+            .call(deadline, "a write", |_| {
+                let k = attempts.fetch_add(1, Ordering::Relaxed);
+                // Without pauses the clock (paused) never moves: end the loop for good.
+                async move {
+                    Err(if k >= 1000 {
+                        etcd_client::Error::InvalidArgs("spinning".to_string())
+                    } else {
+                        refused()
+                    })
+                }
+            })
+            .await;
+        let err = got.expect_err("every member refuses");
+        assert!(matches!(err, LockError::Unavailable(_)), "{err:?}");
+        // Rounds at 0, 50, 150, 350, 750 ms, then every 500 ms until 3 s: 9 rounds of 3.
+        assert_eq!(attempts.load(Ordering::Relaxed), 27);
     }
 }

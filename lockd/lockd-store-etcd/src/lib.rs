@@ -1217,6 +1217,7 @@ async fn session_loop(locks: Arc<EtcdLocks>, tx: watch::Sender<Option<i64>>, ttl
             break;
         }
         let deadline = Instant::now() + every.max(Duration::from_millis(500));
+        let mut failed = true;
         match current {
             None => match locks
                 .etcd
@@ -1227,6 +1228,7 @@ async fn session_loop(locks: Arc<EtcdLocks>, tx: watch::Sender<Option<i64>>, ttl
             {
                 Ok(g) => {
                     current = Some(g.id());
+                    failed = false;
                     let _ = tx.send(Some(g.id()));
                     info!(lease = g.id(), ttl_s, "etcd session started");
                 }
@@ -1244,7 +1246,7 @@ async fn session_loop(locks: Arc<EtcdLocks>, tx: watch::Sender<Option<i64>>, ttl
                     })
                     .await;
                 match kept {
-                    Ok(true) => {}
+                    Ok(true) => failed = false,
                     Ok(false) => {
                         warn!(
                             lease = id,
@@ -1258,8 +1260,15 @@ async fn session_loop(locks: Arc<EtcdLocks>, tx: watch::Sender<Option<i64>>, ttl
                 }
             }
         }
+        // After a failure, try again soon rather than a third of the TTL later: the call has
+        // already moved on from the member that failed, and the lease is running out.
+        let pause = if failed {
+            every.min(SESSION_RETRY_AFTER)
+        } else {
+            every
+        };
         tokio::select! {
-            _ = tokio::time::sleep(every) => {}
+            _ = tokio::time::sleep(pause) => {}
             _ = stop.changed() => {}
         }
     }
@@ -1269,6 +1278,9 @@ async fn session_loop(locks: Arc<EtcdLocks>, tx: watch::Sender<Option<i64>>, ttl
         let _ = tx.send(None);
     }
 }
+
+/// The pause before the session lease is granted or renewed again after a failure.
+const SESSION_RETRY_AFTER: Duration = Duration::from_millis(200);
 
 /// Looks for the etcd leader every few seconds and sends calls there first.
 async fn leader_loop(locks: Arc<EtcdLocks>) {
