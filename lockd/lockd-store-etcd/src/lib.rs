@@ -1217,7 +1217,9 @@ async fn session_loop(locks: Arc<EtcdLocks>, tx: watch::Sender<Option<i64>>, ttl
             break;
         }
         let deadline = Instant::now() + every.max(Duration::from_millis(500));
-        let mut failed = true;
+        // Set when etcd did not answer in time (not when it refused for good: an error that
+        // will not go away is not worth a warning five times a second).
+        let mut retry_soon = false;
         match current {
             None => match locks
                 .etcd
@@ -1228,11 +1230,13 @@ async fn session_loop(locks: Arc<EtcdLocks>, tx: watch::Sender<Option<i64>>, ttl
             {
                 Ok(g) => {
                     current = Some(g.id());
-                    failed = false;
                     let _ = tx.send(Some(g.id()));
                     info!(lease = g.id(), ttl_s, "etcd session started");
                 }
-                Err(e) => warn!(error = %e, "cannot start an etcd session; retrying"),
+                Err(e) => {
+                    retry_soon = matches!(e, LockError::Unavailable(_));
+                    warn!(error = %e, "cannot start an etcd session; retrying");
+                }
             },
             Some(id) => {
                 let kept = locks
@@ -1246,7 +1250,7 @@ async fn session_loop(locks: Arc<EtcdLocks>, tx: watch::Sender<Option<i64>>, ttl
                     })
                     .await;
                 match kept {
-                    Ok(true) => failed = false,
+                    Ok(true) => {}
                     Ok(false) => {
                         warn!(
                             lease = id,
@@ -1256,13 +1260,16 @@ async fn session_loop(locks: Arc<EtcdLocks>, tx: watch::Sender<Option<i64>>, ttl
                         let _ = tx.send(None);
                         continue;
                     }
-                    Err(e) => warn!(error = %e, "cannot renew the etcd session"),
+                    Err(e) => {
+                        retry_soon = matches!(e, LockError::Unavailable(_));
+                        warn!(error = %e, "cannot renew the etcd session");
+                    }
                 }
             }
         }
-        // After a failure, try again soon rather than a third of the TTL later: the call has
-        // already moved on from the member that failed, and the lease is running out.
-        let pause = if failed {
+        // After no answer in time, try again soon rather than a third of the TTL later: the
+        // call has already moved on from the member that failed, and the lease is running out.
+        let pause = if retry_soon {
             every.min(SESSION_RETRY_AFTER)
         } else {
             every
@@ -1279,7 +1286,8 @@ async fn session_loop(locks: Arc<EtcdLocks>, tx: watch::Sender<Option<i64>>, ttl
     }
 }
 
-/// The pause before the session lease is granted or renewed again after a failure.
+/// The pause before the session lease is granted or renewed again after etcd did not answer
+/// in time.
 const SESSION_RETRY_AFTER: Duration = Duration::from_millis(200);
 
 /// Looks for the etcd leader every few seconds and sends calls there first.
