@@ -21,6 +21,7 @@ pub mod api;
 pub mod client;
 pub mod etcd;
 pub mod pg;
+pub mod raw;
 pub mod upstream;
 
 /// How long any wait may take before the test fails. Generous: it only bounds a hang.

@@ -164,6 +164,27 @@ impl Postgres {
 }
 
 impl Postgres {
+    /// Runs each statement with psql, each in a transaction of its own (for `ALTER SYSTEM` and
+    /// the like, which refuse to run inside one), in one session.
+    pub fn psql_each(&self, statements: &[&str]) -> String {
+        let mut cmd = Command::new("psql");
+        cmd.args([
+            "-h",
+            "127.0.0.1",
+            "-p",
+            &self.port.to_string(),
+            "-U",
+            "postgres",
+        ])
+        .args(["-d", "postgres", "-X", "-tA", "-v", "ON_ERROR_STOP=1"]);
+        for s in statements {
+            cmd.args(["-c", s]);
+        }
+        let (status, stdout, stderr) = output(cmd);
+        assert!(status.success(), "psql {statements:?} failed: {stderr}");
+        stdout.trim().to_string()
+    }
+
     /// Runs `sql` until it answers `expected` (each run is a round trip, nothing sleeps).
     pub fn wait_until(&self, what: &str, sql: &str, expected: &str) {
         let deadline = std::time::Instant::now() + crate::PATIENCE;

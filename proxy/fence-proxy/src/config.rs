@@ -257,25 +257,38 @@ pub struct PgConfig {
     pub connect_timeout_ms: u64,
     #[serde(default = "d_startup_timeout")]
     pub startup_timeout_ms: u64,
+    /// How long a fenced session's error waits for the client's next message.
+    #[serde(default = "d_fenced_hold")]
+    pub fenced_hold_ms: u64,
 }
 
 fn d_schema_wait() -> u64 {
     30_000
 }
+// The PostgreSQL listener's defaults are pg-relay's, stated once there.
+fn pg_defaults() -> pg_relay::PgRelayConfig {
+    pg_relay::PgRelayConfig::default()
+}
+fn ms(d: Duration) -> u64 {
+    d.as_millis() as u64
+}
 fn d_fence_wait() -> u64 {
-    1_000
+    ms(pg_defaults().fence_wait)
 }
 fn d_pg_message_max() -> u64 {
-    64 << 20
+    pg_defaults().message_max_bytes as u64
 }
 fn d_pg_connections() -> usize {
-    1_000
+    pg_defaults().connections_max
 }
 fn d_pg_connect_timeout() -> u64 {
-    5_000
+    ms(pg_defaults().connect_timeout)
 }
 fn d_startup_timeout() -> u64 {
-    10_000
+    ms(pg_defaults().startup_timeout)
+}
+fn d_fenced_hold() -> u64 {
+    ms(pg_defaults().fenced_hold)
 }
 
 impl PgConfig {
@@ -290,6 +303,7 @@ impl PgConfig {
             connections_max: d_pg_connections(),
             connect_timeout_ms: d_pg_connect_timeout(),
             startup_timeout_ms: d_startup_timeout(),
+            fenced_hold_ms: d_fenced_hold(),
         }
     }
 
@@ -303,6 +317,7 @@ impl PgConfig {
             connect_timeout: Duration::from_millis(self.connect_timeout_ms),
             startup_timeout: Duration::from_millis(self.startup_timeout_ms),
             marks_max,
+            fenced_hold: Duration::from_millis(self.fenced_hold_ms),
         }
     }
 
@@ -317,6 +332,9 @@ impl PgConfig {
         }
         if self.fence_wait_ms == 0 || self.fence_wait_ms > 3_600_000 {
             bail!("pg listener {l}: fence_wait_ms must be from 1 to 3600000");
+        }
+        if self.fenced_hold_ms > 3_600_000 {
+            bail!("pg listener {l}: fenced_hold_ms must be from 0 to 3600000");
         }
         if self.schema_wait_ms > 3_600_000 {
             bail!("pg listener {l}: schema_wait_ms must be from 0 to 3600000");

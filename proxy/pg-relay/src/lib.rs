@@ -1,19 +1,25 @@
 //! fence-proxy's PostgreSQL mode: a session relay between PostgreSQL clients and one PostgreSQL
-//! server that makes PostgreSQL run the fence check inside every transaction of a session that
-//! carries a fencing token (`SET fencing.resource` / `SET fencing.token`).
+//! server that makes PostgreSQL run the fence check inside every transaction that may touch
+//! data, of every session: the check reads the session's `fencing.resource` and
+//! `fencing.token` inside PostgreSQL, so whatever way they were set is what it enforces.
 //!
-//! - [`schema`]: the check itself (schema `fencing`: a table of marks and a SECURITY DEFINER
-//!   function), its installation with sqlx, and the text `fence-proxy pg print-schema` prints.
-//! - `session`: one client connection: start-up, the two directions of the relay, where the
-//!   check is injected and how its replies are hidden.
+//! - [`schema`]: the check itself (schema `fencing`: a table of marks, SECURITY DEFINER
+//!   functions, protected tables), its installation with sqlx, the text `fence-proxy pg
+//!   print-schema` prints, and the statements the relay prepares.
+//! - `machine`: the session machine, without I/O: where the check goes, which replies are the
+//!   relay's own (hidden) and what they said, the errors it answers itself.
+//! - `session`: one client connection's I/O: start-up, the two directions of the relay.
+//! - [`sqlstate`]: the one table of the errors this mode reports.
 //! - [`Relay`]: what the sessions of one listener share: settings, the in-memory map of highest
 //!   tokens seen (a cache that rejects an obviously stale token without a round trip; the table
 //!   in PostgreSQL stays the authority), the cancel-key registry and the connection count.
 //!
 //! The codec is `pg-wire`; this crate owns the I/O.
 
+mod machine;
 pub mod schema;
 mod session;
+pub mod sqlstate;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -24,23 +30,6 @@ use compact_str::CompactString;
 use dashmap::DashMap;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
-
-/// SQLSTATEs of the errors fence-proxy's PostgreSQL mode reports (none in class 40, so drivers
-/// do not retry them).
-pub mod sqlstate {
-    /// The session's token is older than the highest accepted for its resource.
-    pub const STALE_TOKEN: &str = "FN001";
-    /// `fencing.resource` or `fencing.token` is malformed.
-    pub const BAD_SETTING: &str = "FN002";
-    /// The session's open transaction was ended because a newer token waited for it.
-    pub const FENCED_OUT: &str = "FN003";
-    /// The fence check is not installed in the database the session uses.
-    pub const NOT_INSTALLED: &str = "FN004";
-    pub const PROTOCOL_VIOLATION: &str = "08P01";
-    pub const CANNOT_CONNECT: &str = "08001";
-    pub const TOO_MANY_CONNECTIONS: &str = "53300";
-    pub const FEATURE_NOT_SUPPORTED: &str = "0A000";
-}
 
 /// Settings of one PostgreSQL listener.
 #[derive(Debug, Clone)]
@@ -59,6 +48,9 @@ pub struct PgRelayConfig {
     pub startup_timeout: Duration,
     /// Resources the in-memory map of highest tokens holds at most.
     pub marks_max: usize,
+    /// How long the fenced error of a session that was idle when PostgreSQL ended it waits for
+    /// the client's next message (after which the connection is closed without it).
+    pub fenced_hold: Duration,
 }
 
 impl Default for PgRelayConfig {
@@ -71,6 +63,7 @@ impl Default for PgRelayConfig {
             connect_timeout: Duration::from_secs(5),
             startup_timeout: Duration::from_secs(10),
             marks_max: 1_000_000,
+            fenced_hold: Duration::from_secs(60),
         }
     }
 }
@@ -85,8 +78,6 @@ struct CancelTarget {
 /// What the sessions of one listener share.
 pub struct Relay {
     config: PgRelayConfig,
-    /// The fence wait in milliseconds, as the check's text parameter.
-    wait_param: String,
     /// Highest token seen accepted (or reported) per resource: a cache, never the authority.
     marks: DashMap<CompactString, i64>,
     cancels: DashMap<i32, CancelTarget>,
@@ -95,9 +86,7 @@ pub struct Relay {
 
 impl Relay {
     pub fn new(config: PgRelayConfig) -> Relay {
-        let ms = config.fence_wait.as_millis().clamp(1, i32::MAX as u128);
         Relay {
-            wait_param: ms.to_string(),
             config,
             marks: DashMap::new(),
             cancels: DashMap::new(),
@@ -187,6 +176,16 @@ impl Relay {
             Ok(Err(e)) => tracing::warn!(error = %e, "could not forward a cancel request"),
             Err(_) => tracing::warn!("could not forward a cancel request: connect timed out"),
         }
+    }
+}
+
+impl machine::Marks for Relay {
+    fn mark(&self, resource: &str) -> Option<i64> {
+        Relay::mark(self, resource)
+    }
+
+    fn raise(&self, resource: &str, token: i64) {
+        self.raise_mark(resource, token);
     }
 }
 

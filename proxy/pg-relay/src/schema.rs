@@ -4,10 +4,60 @@
 /// once. `fence-proxy pg print-schema` prints it.
 pub const SQL: &str = include_str!("schema.sql");
 
-/// The general check as the relay runs it (prepared once per server connection), first in a
-/// transaction whose token the proxy does not know to be the mark; `$1` is the fence wait in
-/// milliseconds. Returns (resource, token), or no row when the session has no token.
-pub const CHECK_FULL: &[u8] = b"SELECT * FROM fencing.check($1)";
+/// The settings of the session, as the check statements read them (the start of a subquery
+/// `s`): `(r, t)`, each `''` when
+/// unset (PostgreSQL keeps an empty placeholder after a `RESET`). Schema-qualified throughout:
+/// the text is parsed under the client's `search_path`, where an operator or function of the
+/// same name could otherwise be found first.
+macro_rules! settings {
+    () => {
+        "(SELECT COALESCE(pg_catalog.current_setting('fencing.resource', true), '') AS r, \
+COALESCE(pg_catalog.current_setting('fencing.token', true), '') AS t"
+    };
+}
+
+/// The check the relay runs when it does not believe the session's token to be the mark: the
+/// common case of a session without a token costs one plain statement, two settings read and
+/// compared, no function call. A session with any fencing setting at all (a token, or only
+/// half of one) is handed to the general check (`fencing.check_token($1)`, `$1` the fence wait
+/// in milliseconds), which decides, raises or refuses (FN001, FN002). Returns the resource and
+/// the token accepted, or a NULL token when the session has none.
+pub const CHECK_ANY: &[u8] = concat!(
+    "SELECT s.r, CASE WHEN s.r OPERATOR(pg_catalog.=) '' AND s.t OPERATOR(pg_catalog.=) '' \
+THEN NULL::pg_catalog.int8 ELSE fencing.check_token($1) END FROM ",
+    settings!(),
+    ") s"
+)
+.as_bytes();
+
+/// The check right after a statement that declares the token (`SELECT set_config(...)`): as
+/// [`CHECK_ANY`], except that half a declaration passes while the transaction has written
+/// nothing (no transaction id assigned), so that a resource and a token may be declared one
+/// statement at a time. The relay does not count it as the transaction's check: the next
+/// statement that may touch data is checked in full.
+pub const CHECK_DECLARED: &[u8] = concat!(
+    "SELECT s.r, CASE WHEN s.r OPERATOR(pg_catalog.=) '' AND s.t OPERATOR(pg_catalog.=) '' \
+THEN NULL::pg_catalog.int8 \
+WHEN (s.r OPERATOR(pg_catalog.=) '' OR s.t OPERATOR(pg_catalog.=) '') \
+AND pg_catalog.pg_current_xact_id_if_assigned() IS NULL THEN NULL::pg_catalog.int8 \
+ELSE fencing.check_token($1) END FROM ",
+    settings!(),
+    ") s"
+)
+.as_bytes();
+
+/// The check in a database where the fence check is not installed (the relay found out when it
+/// prepared its statements): a session without a token passes; any fencing setting makes it
+/// fail, with a cast error the relay reports as FN004 (fail closed: nothing here can check a
+/// token). It takes the same parameter as the others (declared, unused), so that it binds alike.
+pub const CHECK_BARE: &[u8] = concat!(
+    "SELECT s.r, CASE WHEN s.r OPERATOR(pg_catalog.=) '' AND s.t OPERATOR(pg_catalog.=) '' \
+THEN NULL::pg_catalog.int8 ELSE CAST('fence-proxy: no fence check in this database; fencing.resource = ' \
+OPERATOR(pg_catalog.||) s.r AS pg_catalog.int8) END FROM ",
+    settings!(),
+    ") s"
+)
+.as_bytes();
 
 /// The fast path, first half: the resource's lock, shared. A statement of its own, so that the
 /// read that follows takes its snapshot after the lock was granted (a raise that committed
@@ -23,13 +73,28 @@ fencing.lock_key(pg_catalog.current_setting('fencing.resource', true)))";
 /// token, another isolation level) it hands over to the general check
 /// (`fencing.check_token($1)`), which decides, raises or refuses. Two plain statements cost
 /// PostgreSQL about a third of what one PL/pgSQL call does (BENCHMARKS.md).
-pub const CHECK_FAST: &[u8] = b"SELECT s.r, CASE WHEN s.rc AND \
+pub const CHECK_FAST: &[u8] = concat!(
+    "SELECT s.r, CASE WHEN s.rc AND \
 (SELECT m.token FROM fencing.tokens m WHERE m.resource OPERATOR(pg_catalog.=) s.r)\
 ::pg_catalog.text OPERATOR(pg_catalog.=) s.t THEN s.t::pg_catalog.int8 \
-ELSE fencing.check_token($1) END \
-FROM (SELECT pg_catalog.current_setting('fencing.resource', true) AS r, \
-pg_catalog.current_setting('fencing.token', true) AS t, \
-pg_catalog.current_setting('transaction_isolation') OPERATOR(pg_catalog.=) 'read committed' AS rc) s";
+ELSE fencing.check_token($1) END FROM ",
+    settings!(),
+    ", pg_catalog.current_setting('transaction_isolation') OPERATOR(pg_catalog.=) 'read committed' AS rc) s"
+)
+.as_bytes();
+
+/// The check as the relay writes it into a Query's text (where prepared statements cannot go:
+/// after a statement of the same string, or before a `COPY FROM STDIN`). `current`: the proxy
+/// believes the token is the mark; `declared`: the form of [`CHECK_DECLARED`]; `installed`:
+/// the check exists in this database.
+pub fn check_text(wait_ms: &str, current: bool, declared: bool, installed: bool) -> String {
+    let text = |form: &[u8]| String::from_utf8_lossy(form).replace("$1", wait_ms);
+    match (installed, declared) {
+        (false, _) => text(CHECK_BARE),
+        (true, true) => text(CHECK_DECLARED),
+        (true, false) => format!("SELECT * FROM fencing.check({wait_ms}, {current})"),
+    }
+}
 
 /// Why the check could not be installed. (The sqlx error is part of the message rather than a
 /// `source`: its own chain repeats its text, so a reporter that prints causes would say it

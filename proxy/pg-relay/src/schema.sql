@@ -69,7 +69,7 @@ $fn$;
 --                 older-token transactions still open, and after p_wait_ms ending them
 --                 (evict_older; READ COMMITTED raisers, the default isolation);
 --   token < mark: SQLSTATE FN001, the transaction fails.
--- Malformed settings: SQLSTATE FN002. Under REPEATABLE READ or SERIALIZABLE the mark is read
+-- Malformed settings, or only one of the two: SQLSTATE FN002. Under REPEATABLE READ or SERIALIZABLE the mark is read
 -- FOR SHARE, so that a raise committed after the transaction's snapshot fails it (40001)
 -- rather than going unseen.
 CREATE OR REPLACE FUNCTION fencing.check(p_wait_ms integer)
@@ -87,8 +87,19 @@ DECLARE
     old_timeout text;
     found_row boolean;
 BEGIN
-    IF coalesce(r, '') = '' OR coalesce(t_text, '') = '' THEN
+    IF coalesce(r, '') = '' AND coalesce(t_text, '') = '' THEN
         RETURN;  -- no token: nothing to check
+    END IF;
+    -- Half a declaration never passes (invariant 9): it is a client's mistake, not "no token".
+    IF coalesce(r, '') = '' THEN
+        RAISE EXCEPTION USING ERRCODE = 'FN002',
+            MESSAGE = 'fencing.token is set but fencing.resource is not',
+            HINT = 'set both fencing.resource and fencing.token, or neither';
+    END IF;
+    IF coalesce(t_text, '') = '' THEN
+        RAISE EXCEPTION USING ERRCODE = 'FN002',
+            MESSAGE = format('fencing.resource %s is set but fencing.token is not (or is empty)', quote_literal(left(r, 300))),
+            HINT = 'set both fencing.resource and fencing.token, or neither';
     END IF;
     IF r !~ '^[A-Za-z0-9._:/@-]+$' OR length(r) > 256 THEN
         RAISE EXCEPTION USING ERRCODE = 'FN002',
@@ -194,7 +205,7 @@ BEGIN
     r := current_setting('fencing.resource', true);
     t_text := current_setting('fencing.token', true);
     IF coalesce(r, '') = '' OR coalesce(t_text, '') = '' OR t_text !~ '^[1-9][0-9]{0,17}$' THEN
-        -- No token, or one the proxy did not see: the general check says what it is.
+        -- No token, half of one, or one the proxy did not see: the general check says what.
         RETURN QUERY SELECT * FROM fencing.check(p_wait_ms);
         RETURN;
     END IF;
@@ -223,6 +234,119 @@ LANGUAGE sql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $fn$ SELECT c.fenced_token FROM fencing.check(p_wait_ms) c $fn$;
 
+-- Protected tables: PostgreSQL itself refuses a write (INSERT, UPDATE, DELETE, MERGE, TRUNCATE,
+-- COPY FROM) to the table unless the writing session presents a current token for a resource
+-- whose name starts with the table's prefix, on any connection, through fence-proxy or not.
+-- A statement trigger runs the general check above, with the settings in force at that
+-- statement: a current token shares the resource's lock, a newer one raises the mark, a stale
+-- one fails (FN001), half a declaration fails (FN002), none or one for another resource fails
+-- (FN005). Once per statement, not per row.
+CREATE OR REPLACE FUNCTION fencing.guard()
+RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+DECLARE
+    prefix text := TG_ARGV[0];
+    wait_ms integer := TG_ARGV[1]::integer;
+    r text := coalesce(current_setting('fencing.resource', true), '');
+    t text := coalesce(current_setting('fencing.token', true), '');
+    accepted text;
+BEGIN
+    IF r = '' AND t = '' THEN
+        RAISE EXCEPTION USING ERRCODE = 'FN005',
+            MESSAGE = format('table %s is protected: a write needs a current fencing token for a resource under %s',
+                             quote_ident(TG_TABLE_SCHEMA) || '.' || quote_ident(TG_TABLE_NAME), quote_literal(prefix)),
+            HINT = 'set fencing.resource and fencing.token to the lock this client holds';
+    END IF;
+    SELECT c.fenced_resource INTO accepted FROM fencing.check(wait_ms) c;
+    IF accepted IS NULL OR left(accepted, length(prefix)) <> prefix THEN
+        RAISE EXCEPTION USING ERRCODE = 'FN005',
+            MESSAGE = format('table %s is protected: fencing.resource %s is not under %s',
+                             quote_ident(TG_TABLE_SCHEMA) || '.' || quote_ident(TG_TABLE_NAME),
+                             quote_literal(left(r, 300)), quote_literal(prefix)),
+            HINT = 'set fencing.resource to the lock this client holds for this table';
+    END IF;
+    RETURN NULL;
+END;
+$fn$;
+
+-- Protects `p_table` (and its partitions or inheritance children as they are now: attach
+-- later ones with protect again) for resources starting with `p_prefix` ('' for any);
+-- `p_wait_ms` is the fence wait of the check the trigger runs. Again on a protected table:
+-- replaces its prefix and wait. Needs the right to create triggers on the table (its owner).
+CREATE OR REPLACE FUNCTION fencing.protect(p_table regclass, p_prefix text, p_wait_ms integer DEFAULT 1000)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+DECLARE
+    rel regclass;
+BEGIN
+    IF p_prefix IS NULL OR p_prefix !~ '^[A-Za-z0-9._:/@-]*$' OR length(p_prefix) > 256 THEN
+        RAISE EXCEPTION USING ERRCODE = '22023',
+            MESSAGE = format('fencing.protect: prefix %s is not the start of a resource name', quote_literal(left(coalesce(p_prefix, 'NULL'), 300))),
+            HINT = 'at most 256 characters of A-Z a-z 0-9 - _ . : / @';
+    END IF;
+    IF p_wait_ms IS NULL OR p_wait_ms NOT BETWEEN 1 AND 3600000 THEN
+        RAISE EXCEPTION USING ERRCODE = '22023',
+            MESSAGE = format('fencing.protect: wait %s ms is out of range', coalesce(p_wait_ms::text, 'NULL')),
+            HINT = '1 to 3600000 milliseconds';
+    END IF;
+    FOR rel IN
+        WITH RECURSIVE tree(oid) AS (
+            SELECT p_table::oid
+            UNION SELECT i.inhrelid FROM pg_inherits i JOIN tree ON i.inhparent = tree.oid
+        )
+        SELECT c.oid::regclass FROM tree JOIN pg_class c ON c.oid = tree.oid
+        WHERE c.relkind IN ('r', 'p', 'f')
+    LOOP
+        IF EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = rel AND tgname = 'fencing_guard') THEN
+            EXECUTE format('DROP TRIGGER fencing_guard ON %s', rel);
+        END IF;
+        EXECUTE format('CREATE TRIGGER fencing_guard BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE ON %s '
+                       'FOR EACH STATEMENT EXECUTE FUNCTION fencing.guard(%L, %L)', rel, p_prefix, p_wait_ms);
+    END LOOP;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION USING ERRCODE = '42809',
+            MESSAGE = format('fencing.protect: %s is not a table', p_table);
+    END IF;
+END;
+$fn$;
+
+-- Removes the protection from `p_table` and its partitions or children.
+CREATE OR REPLACE FUNCTION fencing.unprotect(p_table regclass)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+DECLARE
+    rel regclass;
+BEGIN
+    FOR rel IN
+        WITH RECURSIVE tree(oid) AS (
+            SELECT p_table::oid
+            UNION SELECT i.inhrelid FROM pg_inherits i JOIN tree ON i.inhparent = tree.oid
+        )
+        SELECT c.oid::regclass FROM tree JOIN pg_class c ON c.oid = tree.oid
+        WHERE c.relkind IN ('r', 'p', 'f')
+    LOOP
+        IF EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = rel AND tgname = 'fencing_guard') THEN
+            EXECUTE format('DROP TRIGGER fencing_guard ON %s', rel);
+        END IF;
+    END LOOP;
+END;
+$fn$;
+
+-- The protected tables, their prefixes and waits.
+CREATE OR REPLACE VIEW fencing.protected_tables AS
+    SELECT t.tgrelid::regclass AS table_name,
+           split_part(encode(t.tgargs, 'escape'), '\000', 1) AS prefix,
+           split_part(encode(t.tgargs, 'escape'), '\000', 2)::integer AS wait_ms
+    FROM pg_catalog.pg_trigger t
+    WHERE t.tgname = 'fencing_guard' AND NOT t.tgisinternal
+      AND t.tgfoid = 'fencing.guard()'::regprocedure;
+
 REVOKE ALL ON TABLE fencing.tokens FROM PUBLIC;
 GRANT SELECT ON TABLE fencing.tokens TO PUBLIC;
 GRANT USAGE ON SCHEMA fencing TO PUBLIC;
@@ -231,3 +355,7 @@ GRANT EXECUTE ON FUNCTION fencing.lock_key(text) TO PUBLIC;
 GRANT EXECUTE ON FUNCTION fencing.check(integer) TO PUBLIC;
 GRANT EXECUTE ON FUNCTION fencing.check(integer, boolean) TO PUBLIC;
 GRANT EXECUTE ON FUNCTION fencing.check_token(integer) TO PUBLIC;
+REVOKE ALL ON FUNCTION fencing.guard() FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION fencing.protect(regclass, text, integer) TO PUBLIC;
+GRANT EXECUTE ON FUNCTION fencing.unprotect(regclass) TO PUBLIC;
+GRANT SELECT ON fencing.protected_tables TO PUBLIC;

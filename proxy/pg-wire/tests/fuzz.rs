@@ -1,7 +1,7 @@
 //! The decoder against arbitrary bytes: random messages cut at random points must decode to the
 //! same frames as when whole, and no input, valid or not, makes any parser panic.
 
-use pg_wire::{WireError, header, msg, parse_startup, sql, startup_len};
+use pg_wire::{Backend, Frontend, WireError, header, msg, parse_startup, sql, startup_len};
 use proptest::prelude::*;
 
 /// Splits a stream into frames the way the relay does, reading `chunks` one after another.
@@ -21,20 +21,35 @@ fn frames(chunks: &[&[u8]], max: usize) -> Result<Vec<(u8, Vec<u8>)>, WireError>
     Ok(out)
 }
 
+/// Every way a session's text can be read.
+fn lexings() -> [sql::Lexing; 3] {
+    [
+        sql::Lexing::default(),
+        sql::Lexing {
+            standard_strings: false,
+            ..sql::Lexing::default()
+        },
+        sql::Lexing {
+            encoding: sql::Encoding::from_name(b"SJIS"),
+            ..sql::Lexing::default()
+        },
+    ]
+}
+
 /// Every body parser on one message: none may panic, whatever the bytes.
 fn parse_all(m: &[u8]) {
-    let _ = msg::query_text(m);
-    let _ = msg::parse_parts(m);
-    let _ = msg::bind_names(m);
-    let _ = msg::execute_portal(m);
-    let _ = msg::target(m, "Close");
-    let _ = msg::ready_status(m);
-    let _ = msg::backend_key(m);
+    let _ = Backend::decode(m);
     let _ = msg::data_row(m);
-    let _ = msg::error_fields(m);
-    if let Ok(t) = msg::query_text(m) {
-        let _ = sql::split(t);
-        let _ = sql::classify(t);
+    match Frontend::decode(m) {
+        Ok(Frontend::Query { text }) => {
+            for lexing in lexings() {
+                let _ = sql::split(text, lexing);
+            }
+        }
+        Ok(Frontend::Parse { text, .. }) => {
+            let _ = sql::classify(text);
+        }
+        _ => {}
     }
 }
 
@@ -143,15 +158,17 @@ proptest! {
         let _ = startup_len(&bytes, max);
         let _ = parse_startup(&bytes);
         parse_all(&bytes);
-        let _ = sql::split(&bytes);
+        for lexing in lexings() {
+            let _ = sql::split(&bytes, lexing);
+        }
         let _ = sql::classify(&bytes);
     }
 
     #[test]
     fn statements_cover_the_text_in_order(text in proptest::collection::vec(any::<u8>(), 0..120)) {
-        if let Some(stmts) = sql::split(&text) {
+        for lexing in lexings() {
             let mut end = 0;
-            for s in stmts {
+            for s in sql::split(&text, lexing) {
                 prop_assert!(s.start >= end && s.start < s.end && s.end <= text.len());
                 end = s.end;
             }

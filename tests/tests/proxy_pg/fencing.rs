@@ -24,7 +24,10 @@ fn a_stale_token_is_refused_with_its_sqlstate_and_the_session_stays_usable() {
          UPDATE stock SET n = 0 WHERE sku = 'a';\n\
          UPDATE stock SET n = 1 WHERE sku = 'a';\n\
          RESET fencing.token;\n\
+         UPDATE stock SET n = 2 WHERE sku = 'a';\n\
+         RESET fencing.resource;\n\
          SELECT 'usable', n FROM stock;\n\
+         SET fencing.resource = 'inventory:a';\n\
          SET fencing.token = '43';\n\
          BEGIN; UPDATE stock SET n = 8 WHERE sku = 'a'; COMMIT;\n\
          BEGIN; SET LOCAL fencing.token = '40'; UPDATE stock SET n = 0 WHERE sku = 'a'; ROLLBACK;\n\
@@ -45,6 +48,13 @@ fn a_stale_token_is_refused_with_its_sqlstate_and_the_session_stays_usable() {
     );
     assert!(
         err.contains("ERROR:  FN002: fencing.token 'x' is not a valid fencing token"),
+        "{err}"
+    );
+    // A resource without a token is half a declaration: refused, never "no token".
+    assert!(
+        err.contains(
+            "ERROR:  FN002: fencing.resource 'inventory:a' is set but fencing.token is not"
+        ),
         "{err}"
     );
     assert!(out.contains("usable|9"), "{out}");
@@ -98,14 +108,14 @@ fn zombie_in_a_transaction(mark_already_41: bool) {
         b.execute("UPDATE acct SET owner = 'B' WHERE id = 1", &[])
             .await
             .expect("the new holder's write goes through");
-        // A wakes up and commits: refused, with the fenced error.
-        let commit = a.batch_execute("COMMIT").await;
-        assert!(commit.is_err(), "the zombie's COMMIT must fail");
-        let ended = a_conn
+        // A wakes up and commits: refused, with the fenced error, in answer to its COMMIT
+        // (PostgreSQL ended its session while it was idle; the proxy kept the error for it).
+        let ended = a
+            .batch_execute("COMMIT")
             .await
-            .unwrap()
-            .expect_err("A's connection ends with an error");
+            .expect_err("the zombie's COMMIT must fail");
         assert_eq!(code(&ended), "FN003", "{ended}");
+        let _ = a_conn.await;
         let msg = ended.as_db_error().unwrap().message().to_string();
         assert!(
             msg.contains("fencing token 41") && msg.contains("acct:1"),
@@ -147,8 +157,10 @@ fn the_zombie_in_autocommit_is_refused_after_the_new_holder_wrote() {
             "{}",
             db.message()
         );
-        // Still usable for reads once it drops the token.
-        a.batch_execute("RESET fencing.token").await.unwrap();
+        // Still usable for reads once it drops the token (both halves of it).
+        a.batch_execute("RESET fencing.token; RESET fencing.resource")
+            .await
+            .unwrap();
         let row = a
             .query_one("SELECT owner FROM acct WHERE id = 1", &[])
             .await
@@ -313,7 +325,7 @@ fn interleaved_tokens_never_commit_out_of_order_and_nothing_acknowledged_is_lost
 }
 
 #[test]
-fn a_session_without_a_token_is_relayed_unchanged() {
+fn a_session_without_a_token_is_checked_and_otherwise_unchanged() {
     let s = setup(1000);
     s.pg.psql("CREATE TABLE t (v text)");
     runtime().block_on(async {
@@ -321,7 +333,8 @@ fn a_session_without_a_token_is_relayed_unchanged() {
         c.execute("INSERT INTO t VALUES ('plain')", &[])
             .await
             .unwrap();
-        // Nothing ran the check: no mark, and the statement PostgreSQL saw is the client's own.
+        // The check ran ahead of it (as prepared statements, reading two settings), found no
+        // token and left no mark; the last statement PostgreSQL saw is the client's own.
         let q: String = c
             .query_one(
                 "SELECT query FROM pg_stat_activity WHERE pid = pg_backend_pid()",
@@ -425,11 +438,11 @@ fn a_current_token_takes_the_fast_path_and_a_belief_gone_wrong_falls_back_to_the
         "CREATE TABLE t (n int); \
          CREATE FUNCTION bump() RETURNS void LANGUAGE sql AS $$ SELECT set_config('fencing.token', '7', false) $$",
     );
-    // Every statement below that starts a transaction gets a check. psql sends one statement
-    // per Query, so the check goes as prepared statements ahead of it: the general check
-    // `fencing.check(wait)` unless a check with the same settings passed and the mark is that
-    // token, else the fast path (two plain statements, no function call unless the mark is not
-    // the token: then `fencing.check_token`, which calls the general check).
+    // Every transaction that touches data gets a check; psql sends one statement per Query,
+    // so the check goes as prepared statements ahead of it: the general form (`fencing.
+    // check_token`, which calls `fencing.check(wait)`) unless a check with the same settings
+    // found the token to be the mark, else the fast path (two plain statements, no function
+    // call unless the mark is not the token: then `fencing.check_token` decides).
     let script = format!(
         "SET track_functions = 'all';\n\
          SET fencing.resource = 'inv:b';\n\
@@ -449,16 +462,16 @@ fn a_current_token_takes_the_fast_path_and_a_belief_gone_wrong_falls_back_to_the
     );
     let (ok, out, err) = psql(s.addr(), &script, &[]);
     assert!(ok, "{err}");
-    // The general check ran 3 times: for INSERT 1 (first use of the token), for INSERT 3 (the
-    // token became 7 inside a function, where the proxy could not see it: the fast path found
-    // the mark below it and handed over through check_token, and the general check raised it)
-    // and for INSERT 4 (the marks were deleted behind everyone's back: the fast path found no
-    // mark, the general check put 7 back). INSERT 2, SELECT bump() and the flush took the fast
-    // path alone, and `SELECT 'inside'` no check at all (its transaction was checked already).
-    // The one Query holding BEGIN, INSERT 5 and COMMIT needs its check after BEGIN, inside the
-    // text: that is the form `check(wait, current)`, called once.
+    // The general check ran 3 times, each through check_token: for INSERT 1 (first use of
+    // the token), for INSERT 3 (the token became 7 inside a function, where the proxy could
+    // not see it: the fast path found the mark below it and handed over, and the general
+    // check raised it) and for INSERT 4 (the marks were deleted behind everyone's back: the
+    // fast path found no mark, the general check put 7 back). INSERT 2, the COMMIT after
+    // `SELECT 'inside'` (two statements ran since the check), SELECT bump(), the one Query
+    // holding a plain BEGIN, INSERT 5 and COMMIT, and the flush took the fast path alone; the
+    // text form `check(wait, current)` was never needed.
     assert!(
-        out.contains("calls|check/1:3,check/2:1,check_token/1:2"),
+        out.contains("calls|check/1:3,check_token/1:3"),
         "{out}\n{err}"
     );
     assert_eq!(mark(&s.pg, "inv:b"), "7");

@@ -11,6 +11,7 @@
 //!
 //! Needs the binaries: `cargo build --bins` first; PostgreSQL 15 in /usr/lib/postgresql/15/bin.
 
+mod bypass;
 mod clients;
 mod combined;
 mod fencing;

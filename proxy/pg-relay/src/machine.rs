@@ -1,0 +1,1400 @@
+//! The session machine: everything the relay decides about one client session, with no I/O.
+//! The session (`session.rs`) feeds it whole messages from either side and writes what it
+//! says; the tests feed it from data (`machine_tests.rs`).
+//!
+//! # The rule it keeps (invariant 9, fail closed)
+//!
+//! Every transaction that runs a statement that may touch data runs the fence check *inside
+//! itself*, and the check reads the session's settings inside PostgreSQL: however the settings
+//! got there (start-up keys, `options`, `SET`, `set_config` with bound values, a function, a
+//! `DO` block, role and database defaults), the check sees what PostgreSQL sees. The relay never
+//! decides from the SQL text *whether* to check, only *where*:
+//!
+//! - before the first statement of a transaction that may touch data (anything but transaction
+//!   control, `SET`/`RESET`/`DISCARD`, `SHOW` and the like: [`Kind`]);
+//! - again before the next such statement after one that visibly changes the settings (`SET`,
+//!   `ROLLBACK TO`, text that mentions `fencing` or `set_config`);
+//! - again at the transaction's commit point (a `COMMIT`, the end of an implicit transaction:
+//!   a Sync, the end of a query string) when two or more statements that may touch data ran
+//!   since the last check: the first of them may have changed the settings invisibly (a
+//!   function), and the ones after it wrote under what it set. One statement alone is checked
+//!   before it; what it sets applies from the next statement on, which is checked.
+//!
+//! Which form the check takes is only a matter of speed, never of safety: every form reads the
+//! real settings and hands over to the general check when the relay's belief is wrong.
+//!
+//! # States
+//!
+//! - `Phase`: `Auth` (the start-up exchange, relayed as it is) → `Probing` (the relay prepares
+//!   its statements in a batch of its own before the client's first query; irreversible once
+//!   its ReadyForQuery arrives) → `Ready`.
+//! - [`Plan`]: the transaction the client's stream is in, as predicted message by message (the
+//!   client may pipeline); when nothing is in flight, the last ReadyForQuery corrects it.
+//! - `expect`: one entry per message PostgreSQL answers, in order, saying whose it is: the
+//!   client's replies are forwarded, the relay's own are read and hidden.
+
+use std::collections::{HashMap, VecDeque};
+
+use compact_str::CompactString;
+use pg_wire::WireError;
+use pg_wire::backend::Backend;
+use pg_wire::frontend::{Frontend, Target};
+use pg_wire::msg;
+use pg_wire::sql::{self, Class, Encoding, Kind, Lexing};
+
+use crate::{schema, sqlstate};
+
+/// The relay's marks (the in-memory map of highest tokens): a cache, never the authority.
+pub(crate) trait Marks {
+    fn mark(&self, resource: &str) -> Option<i64>;
+    fn raise(&self, resource: &str, token: i64);
+}
+
+/// The relay's prepared statements, on every server connection: name, text, parameter types.
+const ANY: &[u8] = b"__fence_proxy_any";
+const LOCK: &[u8] = b"__fence_proxy_lock";
+const FAST: &[u8] = b"__fence_proxy_fast";
+const BARE: &[u8] = b"__fence_proxy_bare";
+const DECLARED: &[u8] = b"__fence_proxy_declared";
+const STATEMENTS: [(&[u8], &[u8], &[u32]); 5] = [
+    (BARE, schema::CHECK_BARE, &[23]),
+    (ANY, schema::CHECK_ANY, &[23]),
+    (LOCK, schema::CHECK_LOCK, &[]),
+    (FAST, schema::CHECK_FAST, &[23]),
+    (DECLARED, schema::CHECK_DECLARED, &[23]),
+];
+/// The portal of a check placed before a client's Execute (the client's own portal, bound
+/// earlier, may be the unnamed one, which a Bind of ours would replace).
+const PORTAL: &[u8] = b"__fence_proxy";
+
+/// After this many refusals in a row answered from memory, the next statement goes to
+/// PostgreSQL: settings that come from the server's configuration file can change on a reload
+/// without any statement of the session, and memory must not refuse forever what PostgreSQL
+/// would now accept.
+const CACHE_REFUSALS_MAX: u32 = 8;
+
+/// SQLSTATEs with which PostgreSQL says the check (or a piece of it) does not exist here or
+/// may not be used: undefined function, schema, table or prepared statement, no privilege.
+const NOT_INSTALLED: [&[u8]; 4] = [b"42883", b"3F000", b"42P01", b"42501"];
+/// "Prepared statement does not exist": one of ours was dropped where the relay could not
+/// see it (inside a function); it prepares them again for the next check.
+const STATEMENT_GONE: &[u8] = b"26000";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    Auth,
+    Probing,
+    Ready,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Installed {
+    Unknown,
+    Yes,
+    No,
+}
+
+/// Where the client's stream is, transaction-wise (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Open {
+    No,
+    Implicit,
+    Explicit,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Plan {
+    open: Open,
+    /// The open transaction has run a check whose lock it still holds.
+    checked: bool,
+    /// The settings visibly changed since that check.
+    pending: bool,
+    /// Statements that may touch data since that check (saturating).
+    data: u32,
+}
+
+/// Whether the check a statement needs goes right after it instead of before it: the
+/// statement visibly sets the fencing settings (`SELECT set_config('fencing.token', $1,
+/// false)`, the usual way to bind a token), so a check before it would judge the declaration
+/// half made and refuse it (FN002). The check right after it, in the same transaction, judges
+/// what it declared ([`Form::Declared`]); whatever the statement wrote commits only if that
+/// passes. The plan does not count it as the transaction's check (the settings visibly
+/// changed: the next statement that may touch data is checked in full).
+fn check_after(class: Class) -> bool {
+    class.kind == Kind::Data && class.mentions_settings
+}
+
+impl Plan {
+    const IDLE: Plan = Plan {
+        open: Open::No,
+        checked: false,
+        pending: false,
+        data: 0,
+    };
+
+    /// Whether a check must run before a statement of this kind (see [`check_after`] for
+    /// where it goes when the statement itself declares the token).
+    fn needs_check(&self, kind: Kind) -> bool {
+        match kind {
+            Kind::Data | Kind::CopyIn => !self.checked || self.pending,
+            Kind::Commit { .. } => self.data >= 2,
+            _ => false,
+        }
+    }
+
+    /// Whether the end of the unit (a Sync, the end of a query string) is a commit point that
+    /// needs a check.
+    fn end_needs_check(&self) -> bool {
+        self.open == Open::Implicit && self.data >= 2
+    }
+
+    fn checked_now(&mut self) {
+        if self.open == Open::No {
+            self.open = Open::Implicit;
+        }
+        self.checked = true;
+        self.pending = false;
+        self.data = 0;
+    }
+
+    /// A statement of `class` ran. Returns whether it visibly changed the settings. (The end
+    /// of a transaction undoes its `SET LOCAL`s, and `ROLLBACK TO` its later `SET`s: they went
+    /// back to what they were, which the relay's hints were about; hints are verified inside
+    /// PostgreSQL anyway.)
+    fn ran(&mut self, class: Class) -> bool {
+        let ended = |chain: bool| Plan {
+            open: if chain { Open::Explicit } else { Open::No },
+            ..Plan::IDLE
+        };
+        match class.kind {
+            Kind::Begin => {
+                if self.open == Open::No {
+                    *self = Plan {
+                        open: Open::Explicit,
+                        ..Plan::IDLE
+                    };
+                } else {
+                    self.open = Open::Explicit;
+                }
+                false
+            }
+            Kind::Commit { chain } | Kind::Rollback { chain } => {
+                *self = ended(chain);
+                false
+            }
+            Kind::RollbackTo => {
+                // The check's lock may have been taken after the savepoint: it is gone.
+                self.checked = false;
+                self.pending = true;
+                false
+            }
+            Kind::Settings => {
+                self.pending = true;
+                true
+            }
+            Kind::Savepoint | Kind::Inert => false,
+            Kind::Standalone => {
+                *self = Plan::IDLE;
+                false
+            }
+            Kind::Data | Kind::CopyIn => {
+                if self.open == Open::No {
+                    self.open = Open::Implicit;
+                }
+                self.data = self.data.saturating_add(1);
+                self.pending |= class.mentions_settings;
+                class.mentions_settings
+            }
+        }
+    }
+
+    /// The unit ended: an implicit transaction committed (or failed).
+    fn unit_ended(&mut self) {
+        match self.open {
+            Open::Implicit => *self = Plan::IDLE,
+            Open::No | Open::Explicit => {}
+        }
+    }
+
+    /// Nothing is in flight and the last ReadyForQuery said `status`.
+    fn settle(&mut self, status: u8) {
+        match status {
+            b'I' => *self = Plan::IDLE,
+            _ if self.open != Open::Explicit => {
+                self.open = Open::Explicit;
+                self.checked = false;
+            }
+            _ => {}
+        }
+    }
+}
+
+/// Which check to send.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Form {
+    /// The transaction's check: it decides, and the plan counts it.
+    Full,
+    /// Right after a statement that declares the token: half a declaration passes while the
+    /// transaction has written nothing.
+    Declared,
+}
+
+/// One check the relay sent, as the reply to it is awaited.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Check {
+    /// Sent first in a unit that began with nothing in flight outside any transaction: the
+    /// settings it reads are the session's lasting ones (a failure cannot undo anything that
+    /// set them), so a refusal may be remembered for the next units.
+    settled: bool,
+    /// The settings generation it was sent under.
+    generation: u64,
+    /// The bare form (no check installed): its cast error means "a token, and no check".
+    bare: bool,
+}
+
+/// What PostgreSQL will answer next, in order.
+#[derive(Debug)]
+enum Expect {
+    Parse {
+        ours: bool,
+    },
+    Bind {
+        ours: bool,
+    },
+    Close {
+        ours: bool,
+    },
+    Describe,
+    Execute,
+    /// The Execute of a check of ours: its row is read, everything hidden.
+    Check(Check),
+    /// The Execute of the fast path's lock statement: hidden.
+    Lock,
+    /// `ours`: a Sync of the relay's (its ReadyForQuery hidden).
+    Sync {
+        ours: bool,
+    },
+    /// A client's Sync sent after a `COPY FROM STDIN` began and before its data ended:
+    /// PostgreSQL ignores it if the COPY starts (there is then no ReadyForQuery for it), and
+    /// answers it if the COPY failed at once.
+    SyncInCopy,
+    /// A simple Query or a FunctionCall, run-length encoded into the client's statements and
+    /// the checks placed in its text. `after_check`: sent right after a check of ours in
+    /// extended-protocol messages (PostgreSQL skips it if that check fails).
+    Query {
+        units: VecDeque<Unit>,
+        after_check: bool,
+    },
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Unit {
+    check: Option<Check>,
+    /// Statements in this run (`u32::MAX`: all the rest).
+    count: u32,
+}
+
+impl Expect {
+    fn query(after_check: bool) -> Expect {
+        Expect::Query {
+            units: VecDeque::from([Unit {
+                check: None,
+                count: u32::MAX,
+            }]),
+            after_check,
+        }
+    }
+}
+
+/// What the client direction did with one message.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Step {
+    /// Handled (forwarded, changed, or answered locally).
+    Done,
+    /// The client said Terminate.
+    Terminate,
+    /// Not handled yet: try again once nothing is in flight (the message cannot be read right
+    /// before the replies to what precedes it: the start-up probe, or text whose statements
+    /// depend on a setting still changing).
+    Defer,
+}
+
+/// What to do with one server message.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Verdict {
+    Forward,
+    Hide,
+    Replace(Vec<u8>),
+    /// Give this to the client in answer to whatever it sends next, then close (the fenced
+    /// error of a session that was idle when PostgreSQL ended it: drivers surface an error
+    /// that answers a request, not one that arrives unasked).
+    Hold(Vec<u8>),
+}
+
+/// Something the client direction answers by itself, for the other direction to write.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Local {
+    Reply(Vec<u8>),
+    /// Then close the connection.
+    Fatal(Vec<u8>),
+}
+
+pub(crate) struct Machine {
+    wait_param: String,
+    phase: Phase,
+    installed: Installed,
+    /// All of `STATEMENTS` are prepared on this server connection.
+    prepared: bool,
+    lexing: Lexing,
+    expect: VecDeque<Expect>,
+    status: u8,
+    plan: Plan,
+    /// Bumped whenever the settings visibly changed.
+    generation: u64,
+    /// The client's extended-protocol batch: messages sent since the last Sync (0: none).
+    batch_len: u32,
+    /// Dropping the client's messages up to Sync (its batch was refused from memory).
+    rejecting: bool,
+    statements: HashMap<Vec<u8>, Class>,
+    unnamed_statement: Class,
+    portals: HashMap<Vec<u8>, Class>,
+    unnamed_portal: Class,
+    /// The last check's result, a hint for the next one's form: (resource, token, generation).
+    hint: Option<(CompactString, i64, u64)>,
+    /// A settled check refused this token: (resource, token, highest, generation).
+    stale: Option<(CompactString, i64, i64, u64)>,
+    cache_refusals: u32,
+    /// The open transaction passed a check: with this token, or `None` without one.
+    checked_txn: Option<Option<(CompactString, i64)>>,
+    /// The row of the check being answered.
+    check_row: Option<(CompactString, Option<i64>)>,
+    local: VecDeque<Local>,
+    /// Bytes for the server that the server direction decided on (the probe).
+    to_server: Vec<u8>,
+    /// Statements of the probe prepared so far (the bare form is the first).
+    probe_parsed: usize,
+    /// The client is sending COPY data (from the Execute or Query of a `COPY FROM STDIN` to its
+    /// CopyDone or CopyFail).
+    copy_in: bool,
+    /// The client direction is waiting (a deferred message).
+    deferred: bool,
+    /// The fenced error for a client that was idle when PostgreSQL ended its session.
+    held: Option<Vec<u8>>,
+}
+
+impl Machine {
+    pub(crate) fn new(fence_wait_ms: u128) -> Machine {
+        Machine {
+            wait_param: fence_wait_ms.clamp(1, i32::MAX as u128).to_string(),
+            phase: Phase::Auth,
+            installed: Installed::Unknown,
+            prepared: false,
+            lexing: Lexing::default(),
+            expect: VecDeque::new(),
+            status: b'I',
+            plan: Plan::IDLE,
+            generation: 0,
+            batch_len: 0,
+            rejecting: false,
+            statements: HashMap::new(),
+            unnamed_statement: Class::UNKNOWN,
+            portals: HashMap::new(),
+            unnamed_portal: Class::UNKNOWN,
+            hint: None,
+            stale: None,
+            cache_refusals: 0,
+            checked_txn: None,
+            check_row: None,
+            local: VecDeque::new(),
+            to_server: Vec::new(),
+            probe_parsed: 0,
+            copy_in: false,
+            deferred: false,
+            held: None,
+        }
+    }
+
+    /// Keeps `error` for the client's next message (see [`Verdict::Hold`]).
+    pub(crate) fn hold(&mut self, error: Vec<u8>) {
+        self.held = Some(error);
+    }
+
+    pub(crate) fn held(&self) -> bool {
+        self.held.is_some()
+    }
+
+    pub(crate) fn held_error(&self) -> Option<Vec<u8>> {
+        self.held.clone()
+    }
+
+    /// Whether the client direction should be woken: bytes for the server are waiting, or a
+    /// deferred message can now be read.
+    pub(crate) fn wants_progress(&self) -> bool {
+        !self.to_server.is_empty() || (self.deferred && self.phase == Phase::Ready && self.idle())
+    }
+
+    /// Nothing is in flight: every message sent has been answered.
+    pub(crate) fn idle(&self) -> bool {
+        self.expect.is_empty()
+    }
+
+    pub(crate) fn take_local(&mut self) -> Option<Local> {
+        self.local.pop_front()
+    }
+
+    pub(crate) fn has_local(&self) -> bool {
+        !self.local.is_empty()
+    }
+
+    /// Bytes the server direction wants sent to the server (written before any client bytes).
+    pub(crate) fn take_to_server(&mut self) -> Vec<u8> {
+        std::mem::take(&mut self.to_server)
+    }
+
+    /// The session is being closed over a bad client message: tell the client why.
+    pub(crate) fn refuse(&mut self, why: &str) {
+        let mut out = Vec::new();
+        sqlstate::fatal(
+            &mut out,
+            sqlstate::PROTOCOL_VIOLATION,
+            &format!("fence-proxy: {why}"),
+        );
+        self.local.push_back(Local::Fatal(out));
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Client to server.
+
+impl Machine {
+    /// One whole client message; what goes to the server is appended to `out`.
+    pub(crate) fn client(
+        &mut self,
+        message: &[u8],
+        out: &mut Vec<u8>,
+        marks: &dyn Marks,
+    ) -> Result<Step, WireError> {
+        let step = self.client_message(message, out, marks)?;
+        self.deferred = step == Step::Defer;
+        Ok(step)
+    }
+
+    fn client_message(
+        &mut self,
+        message: &[u8],
+        out: &mut Vec<u8>,
+        marks: &dyn Marks,
+    ) -> Result<Step, WireError> {
+        let m = Frontend::decode(message)?;
+        if self.phase != Phase::Ready
+            && !matches!(m, Frontend::Authentication | Frontend::Terminate)
+        {
+            return Ok(Step::Defer);
+        }
+        if self.rejecting {
+            if m == Frontend::Sync {
+                self.rejecting = false;
+                self.batch_len = 0;
+            }
+            return Ok(if m == Frontend::Terminate {
+                Step::Terminate
+            } else {
+                Step::Done
+            });
+        }
+        if self.copy_in {
+            // Nothing may be injected into COPY data; a Sync here may go unanswered.
+            match m {
+                Frontend::CopyDone | Frontend::CopyFail => self.copy_in = false,
+                Frontend::Sync => self.expect.push_back(Expect::SyncInCopy),
+                Frontend::Terminate => {
+                    out.extend_from_slice(message);
+                    return Ok(Step::Terminate);
+                }
+                _ => {}
+            }
+            out.extend_from_slice(message);
+            return Ok(Step::Done);
+        }
+        let fresh = self.batch_len == 0;
+        if fresh && self.idle() {
+            self.plan.settle(self.status);
+        }
+        match m {
+            Frontend::Query { text } => return self.on_query(message, text, out, marks),
+            Frontend::FunctionCall => self.on_function_call(message, out, marks),
+            Frontend::Parse { name, text } => self.on_parse(message, name, text, out),
+            Frontend::Bind { portal, statement } => {
+                return Ok(self.on_bind(message, portal, statement, fresh, out, marks));
+            }
+            Frontend::Execute { portal, .. } => {
+                return Ok(self.on_execute(message, portal, fresh, out, marks));
+            }
+            Frontend::Describe { .. } => self.send(message, Expect::Describe, out),
+            Frontend::Close { target, name } => {
+                match target {
+                    Target::Statement if !name.is_empty() => self.statements.remove(name),
+                    Target::Portal if !name.is_empty() => self.portals.remove(name),
+                    _ => None,
+                };
+                self.send(message, Expect::Close { ours: false }, out);
+            }
+            Frontend::Sync => self.on_sync(message, out, marks),
+            Frontend::Terminate => {
+                out.extend_from_slice(message);
+                return Ok(Step::Terminate);
+            }
+            // Flush, COPY data, authentication: PostgreSQL judges them.
+            Frontend::Flush
+            | Frontend::CopyData
+            | Frontend::CopyDone
+            | Frontend::CopyFail
+            | Frontend::Authentication => out.extend_from_slice(message),
+        }
+        Ok(Step::Done)
+    }
+
+    fn send(&mut self, message: &[u8], expect: Expect, out: &mut Vec<u8>) {
+        self.batch_len += 1;
+        self.expect.push_back(expect);
+        out.extend_from_slice(message);
+    }
+
+    fn on_parse(&mut self, message: &[u8], name: &[u8], text: &[u8], out: &mut Vec<u8>) {
+        let class = sql::classify(text);
+        if name.starts_with(b"__fence_proxy") {
+            // The client takes one of our names: ours may be gone or replaced.
+            self.prepared = false;
+        }
+        if name.is_empty() {
+            self.unnamed_statement = class;
+        } else {
+            self.statements.insert(name.to_vec(), class);
+        }
+        self.send(message, Expect::Parse { ours: false }, out);
+    }
+
+    fn on_bind(
+        &mut self,
+        message: &[u8],
+        portal: &[u8],
+        statement: &[u8],
+        fresh: bool,
+        out: &mut Vec<u8>,
+        marks: &dyn Marks,
+    ) -> Step {
+        let class = if statement.is_empty() {
+            self.unnamed_statement
+        } else {
+            self.statements
+                .get(statement)
+                .copied()
+                .unwrap_or(Class::UNKNOWN)
+        };
+        if self.plan.needs_check(class.kind) && !check_after(class) {
+            if fresh && self.refuse_from_memory(marks) {
+                self.rejecting = true;
+                return Step::Done;
+            }
+            // Before the client's Bind, so that our unnamed portal is gone before its own.
+            self.push_check(out, b"", fresh, marks);
+        }
+        if portal.is_empty() {
+            self.unnamed_portal = class;
+        } else {
+            self.portals.insert(portal.to_vec(), class);
+        }
+        self.send(message, Expect::Bind { ours: false }, out);
+        Step::Done
+    }
+
+    fn on_execute(
+        &mut self,
+        message: &[u8],
+        portal: &[u8],
+        fresh: bool,
+        out: &mut Vec<u8>,
+        marks: &dyn Marks,
+    ) -> Step {
+        let class = if portal.is_empty() {
+            self.unnamed_portal
+        } else {
+            self.portals.get(portal).copied().unwrap_or(Class::UNKNOWN)
+        };
+        let needs = self.plan.needs_check(class.kind);
+        if needs && !check_after(class) {
+            if fresh && self.refuse_from_memory(marks) {
+                self.rejecting = true;
+                return Step::Done;
+            }
+            // The client's portal is bound already: ours must not replace it.
+            self.push_check(out, PORTAL, fresh, marks);
+        }
+        self.ran(class);
+        self.copy_in = class.kind == Kind::CopyIn;
+        self.send(message, Expect::Execute, out);
+        if needs && check_after(class) {
+            // In a portal of ours: the client may execute its own portal again.
+            self.push_form(out, PORTAL, false, marks, Form::Declared);
+        }
+        Step::Done
+    }
+
+    fn on_sync(&mut self, message: &[u8], out: &mut Vec<u8>, marks: &dyn Marks) {
+        if self.plan.end_needs_check() {
+            self.push_check(out, b"", false, marks);
+        }
+        self.plan.unit_ended();
+        self.expect.push_back(Expect::Sync { ours: false });
+        out.extend_from_slice(message);
+        self.batch_len = 0;
+    }
+
+    /// A statement of `class` is being sent: the plan and the settings generation follow it.
+    fn ran(&mut self, class: Class) {
+        if self.plan.ran(class) {
+            self.generation += 1;
+        }
+        if class.drops_statements {
+            self.prepared = false;
+        }
+    }
+
+    /// FunctionCall (the large-object API): one statement that may touch data, answered like
+    /// a simple Query.
+    fn on_function_call(&mut self, message: &[u8], out: &mut Vec<u8>, marks: &dyn Marks) {
+        let class = Class::UNKNOWN;
+        let fresh = self.batch_len == 0;
+        let check = self.plan.needs_check(class.kind);
+        if check {
+            self.push_check(out, b"", fresh, marks);
+        }
+        self.ran(class);
+        self.plan.unit_ended();
+        self.expect.push_back(Expect::query(check));
+        out.extend_from_slice(message);
+        if check {
+            msg::sync(out);
+            self.expect.push_back(Expect::Sync { ours: true });
+        }
+        self.batch_len = 0;
+    }
+
+    /// When the relay's memory knows, for sure, that the session's token is stale: answer the
+    /// unit here with PostgreSQL's own error (saving the round trip). Only at the start of a
+    /// unit with nothing in flight, outside any transaction, with settings unchanged since a
+    /// settled check refused them.
+    fn refuse_from_memory(&mut self, marks: &dyn Marks) -> bool {
+        if !(self.idle() && self.status == b'I') {
+            return false;
+        }
+        let Some((resource, token, _, generation)) = self.stale.clone() else {
+            return false;
+        };
+        let highest = marks.mark(&resource).filter(|h| *h > token);
+        let Some(highest) = highest.filter(|_| generation == self.generation) else {
+            return false;
+        };
+        self.cache_refusals += 1;
+        if self.cache_refusals >= CACHE_REFUSALS_MAX {
+            self.stale = None;
+            self.cache_refusals = 0;
+        }
+        let mut reply = Vec::new();
+        sqlstate::stale(&mut reply, &resource, token, highest);
+        msg::ready_for_query(&mut reply, b'I');
+        self.local.push_back(Local::Reply(reply));
+        self.plan = Plan::IDLE;
+        true
+    }
+
+    /// Sends a check as extended-protocol messages (preparing our statements first if they
+    /// are gone), in `portal`. The plan counts it as run.
+    fn push_check(&mut self, out: &mut Vec<u8>, portal: &[u8], settled: bool, marks: &dyn Marks) {
+        self.push_form(out, portal, settled, marks, Form::Full);
+    }
+
+    fn push_form(
+        &mut self,
+        out: &mut Vec<u8>,
+        portal: &[u8],
+        settled: bool,
+        marks: &dyn Marks,
+        form: Form,
+    ) {
+        let settled = settled && self.idle_outside_transaction();
+        if !self.prepared {
+            for (name, text, types) in self.statements_to_prepare() {
+                // Closing first: a missing statement is no error, a survivor would be one.
+                msg::close(out, b'S', name);
+                self.expect.push_back(Expect::Close { ours: true });
+                msg::parse(out, name, text, types);
+                self.expect.push_back(Expect::Parse { ours: true });
+            }
+            self.prepared = true;
+        }
+        let check = Check {
+            settled,
+            generation: self.generation,
+            bare: self.installed == Installed::No,
+        };
+        let wait = self.wait_param.clone();
+        let expect = Expect::Check(check);
+        if check.bare {
+            self.execute_ours(out, portal, BARE, &[wait.as_bytes()], expect);
+        } else if form == Form::Declared {
+            self.execute_ours(out, portal, DECLARED, &[wait.as_bytes()], expect);
+        } else if self.known_current(marks) {
+            self.execute_ours(out, portal, LOCK, &[], Expect::Lock);
+            self.execute_ours(out, portal, FAST, &[wait.as_bytes()], expect);
+        } else {
+            self.execute_ours(out, portal, ANY, &[wait.as_bytes()], expect);
+        }
+        if form == Form::Full {
+            self.plan.checked_now();
+        }
+    }
+
+    fn idle_outside_transaction(&self) -> bool {
+        self.idle() && self.status == b'I'
+    }
+
+    fn statements_to_prepare(&self) -> Vec<(&'static [u8], &'static [u8], &'static [u32])> {
+        STATEMENTS
+            .into_iter()
+            .filter(|(name, ..)| self.installed != Installed::No || *name == BARE)
+            .collect()
+    }
+
+    fn execute_ours(
+        &mut self,
+        out: &mut Vec<u8>,
+        portal: &[u8],
+        statement: &[u8],
+        params: &[&[u8]],
+        expect: Expect,
+    ) {
+        msg::bind(out, portal, statement, params);
+        self.expect.push_back(Expect::Bind { ours: true });
+        msg::execute(out, portal, 0);
+        self.expect.push_back(expect);
+        if !portal.is_empty() {
+            msg::close(out, b'P', portal);
+            self.expect.push_back(Expect::Close { ours: true });
+        }
+    }
+
+    /// Whether the last check found the session's token to be the mark, under the same
+    /// settings, and the mark has not moved since.
+    fn known_current(&self, marks: &dyn Marks) -> bool {
+        self.hint
+            .as_ref()
+            .is_some_and(|(r, t, g)| *g == self.generation && marks.mark(r) == Some(*t))
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Simple Query.
+
+/// Where the checks of one query string go.
+struct QueryPlan {
+    statements: Vec<sql::Statement>,
+    /// Before which statements (indices, in order), and which form.
+    before: Vec<(usize, Form)>,
+    /// At the end of the text (the commit point of an implicit transaction, or right after a
+    /// last statement that declares the token).
+    at_end: Option<Form>,
+}
+
+/// Notes a check at `at` (a statement index, or `n` for the end); a full check where a
+/// declared one was noted replaces it (it judges at least as much).
+fn note_check(q: &mut QueryPlan, at: usize, form: Form) {
+    if at == q.statements.len() {
+        q.at_end = match (q.at_end, form) {
+            (Some(Form::Full), _) | (_, Form::Full) => Some(Form::Full),
+            _ => Some(Form::Declared),
+        };
+    } else if let Some(last) = q.before.last_mut().filter(|(i, _)| *i == at) {
+        if form == Form::Full {
+            last.1 = Form::Full;
+        }
+    } else {
+        q.before.push((at, form));
+    }
+}
+
+impl Machine {
+    fn on_query(
+        &mut self,
+        message: &[u8],
+        text: &[u8],
+        out: &mut Vec<u8>,
+        marks: &dyn Marks,
+    ) -> Result<Step, WireError> {
+        if !self.idle() && self.lexing_undecided(text) {
+            return Ok(Step::Defer);
+        }
+        let fresh = self.batch_len == 0;
+        let before = (self.plan, self.generation);
+        let q = self.plan_query(text);
+        self.copy_in = q.statements.iter().any(|s| s.class.kind == Kind::CopyIn);
+        if q.before.first().is_some_and(|c| c.0 == 0) && fresh {
+            // The first statement needs the check and nothing ran before it: memory may know.
+            let after = (self.plan, self.generation);
+            (self.plan, self.generation) = before;
+            if self.refuse_from_memory(marks) {
+                return Ok(Step::Done);
+            }
+            (self.plan, self.generation) = after;
+        }
+        if q.before.is_empty() && q.at_end.is_none() {
+            self.expect.push_back(Expect::query(false));
+            out.extend_from_slice(message);
+        } else if pipelined(text, &q, fresh) {
+            self.send_pipelined(message, fresh, before, out, marks);
+        } else {
+            self.send_with_checks_in_text(text, &q, before.1, out, marks);
+        }
+        self.batch_len = 0;
+        Ok(Step::Done)
+    }
+
+    /// Whether, with replies still to come, the text's statements could depend on a reading
+    /// setting that is still changing: the text holds a backslash and splits differently
+    /// under another `standard_conforming_strings` or client encoding.
+    fn lexing_undecided(&self, text: &[u8]) -> bool {
+        if !text.contains(&b'\\') {
+            return false;
+        }
+        let now = sql::split(text, self.lexing);
+        [true, false].into_iter().any(|standard_strings| {
+            [
+                Encoding::AsciiSafe,
+                Encoding::Sjis,
+                Encoding::DoubleByte,
+                Encoding::Johab,
+            ]
+            .into_iter()
+            .any(|encoding| {
+                sql::split(
+                    text,
+                    Lexing {
+                        standard_strings,
+                        encoding,
+                    },
+                ) != now
+            })
+        })
+    }
+
+    /// Walks the statements of `text` through the plan, noting where the checks go.
+    fn plan_query(&mut self, text: &[u8]) -> QueryPlan {
+        let mut q = QueryPlan {
+            statements: sql::split(text, self.lexing),
+            before: Vec::new(),
+            at_end: None,
+        };
+        let n = q.statements.len();
+        for i in 0..n {
+            let class = q.statements[i].class;
+            let needs = self.plan.needs_check(class.kind);
+            if needs && !check_after(class) {
+                note_check(&mut q, i, Form::Full);
+                self.plan.checked_now();
+            }
+            self.ran(class);
+            if needs && check_after(class) {
+                note_check(&mut q, i + 1, Form::Declared);
+            }
+        }
+        if self.plan.end_needs_check() {
+            note_check(&mut q, n, Form::Full);
+            self.plan.checked_now();
+        }
+        self.plan.unit_ended();
+        q
+    }
+
+    /// The check as prepared statements, then the Query, then a Sync of ours that ends what the
+    /// check began (its ReadyForQuery hidden, or the Query's when the check failed and
+    /// PostgreSQL skipped the Query).
+    fn send_pipelined(
+        &mut self,
+        message: &[u8],
+        fresh: bool,
+        before: (Plan, u64),
+        out: &mut Vec<u8>,
+        marks: &dyn Marks,
+    ) {
+        // The check runs before the text's statements: under the plan and settings from before.
+        let after = (self.plan, self.generation);
+        (self.plan, self.generation) = before;
+        self.push_check(out, b"", fresh, marks);
+        (self.plan, self.generation) = after;
+        self.expect.push_back(Expect::query(true));
+        out.extend_from_slice(message);
+        msg::sync(out);
+        self.expect.push_back(Expect::Sync { ours: true });
+    }
+
+    /// The Query with the checks written into its text: before the statements that need them,
+    /// and at the end (after a newline, so that a final `--` comment cannot swallow it).
+    fn send_with_checks_in_text(
+        &mut self,
+        text: &[u8],
+        q: &QueryPlan,
+        generation_before: u64,
+        out: &mut Vec<u8>,
+        marks: &dyn Marks,
+    ) {
+        let current = self.generation == generation_before && self.known_current(marks);
+        let installed = self.installed != Installed::No;
+        let settled = self.idle_outside_transaction();
+        let sql = |form: Form| {
+            schema::check_text(&self.wait_param, current, form == Form::Declared, installed)
+        };
+        let mut check = Check {
+            settled: false,
+            generation: generation_before,
+            bare: !installed,
+        };
+        let mut new_text = Vec::with_capacity(text.len() + (q.before.len() + 1) * 64);
+        let mut units = VecDeque::new();
+        let (mut copied, mut done) = (0, 0usize);
+        for (n, &(i, form)) in q.before.iter().enumerate() {
+            let start = q.statements[i].start;
+            new_text.extend_from_slice(&text[copied..start]);
+            copied = start;
+            push_client_units(&mut units, i - done);
+            done = i;
+            new_text.extend_from_slice(sql(form).as_bytes());
+            new_text.extend_from_slice(b"; ");
+            check.settled = settled && n == 0 && i == 0;
+            units.push_back(Unit {
+                check: Some(check),
+                count: 1,
+            });
+        }
+        new_text.extend_from_slice(&text[copied..]);
+        if let Some(form) = q.at_end {
+            push_client_units(&mut units, q.statements.len() - done);
+            new_text.extend_from_slice(b"\n;");
+            new_text.extend_from_slice(sql(form).as_bytes());
+            check.settled = false;
+            units.push_back(Unit {
+                check: Some(check),
+                count: 1,
+            });
+        }
+        units.push_back(Unit {
+            check: None,
+            count: u32::MAX,
+        });
+        self.expect.push_back(Expect::Query {
+            units,
+            after_check: false,
+        });
+        msg::query(out, &new_text);
+    }
+}
+
+/// Whether the text's one check may go ahead of the Query as prepared statements: it is the
+/// only one, only a plain `BEGIN` or inert statements come before it (so that it is in the
+/// same transaction and reads the same settings; a `BEGIN` with an isolation level must come
+/// before any query of its transaction), no `COPY FROM STDIN` follows (its data would swallow
+/// our Sync), and no batch of the client's is open (our Sync would end it).
+fn pipelined(text: &[u8], q: &QueryPlan, fresh: bool) -> bool {
+    let [(i, Form::Full)] = q.before[..] else {
+        return false;
+    };
+    let quiet_before = q.statements[..i].iter().all(|s| match s.class.kind {
+        Kind::Inert => true,
+        Kind::Begin => plain_begin(&text[s.start..s.end]),
+        _ => false,
+    });
+    let copy = q.statements.iter().any(|s| s.class.kind == Kind::CopyIn);
+    fresh && q.at_end.is_none() && quiet_before && !copy
+}
+
+/// `BEGIN`, `BEGIN WORK`, `BEGIN TRANSACTION` or `START TRANSACTION`, with no modes.
+fn plain_begin(statement: &[u8]) -> bool {
+    let text = String::from_utf8_lossy(statement).to_ascii_lowercase();
+    let words: Vec<&str> = text
+        .trim_end_matches([';', ' ', '\t', '\n', '\r'])
+        .split_ascii_whitespace()
+        .collect();
+    matches!(
+        words[..],
+        ["begin"] | ["begin", "work"] | ["begin", "transaction"] | ["start", "transaction"]
+    )
+}
+
+fn push_client_units(units: &mut VecDeque<Unit>, n: usize) {
+    if n > 0 {
+        units.push_back(Unit {
+            check: None,
+            count: n as u32,
+        });
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Server to client.
+
+impl Machine {
+    /// Whether the next DataRow answers a check of ours (it is then read whole, never streamed).
+    pub(crate) fn next_is_hidden(&self) -> bool {
+        match self.expect.front() {
+            Some(Expect::Check(_) | Expect::Lock) => true,
+            Some(Expect::Query { units, .. }) => units.front().is_some_and(|u| u.check.is_some()),
+            _ => false,
+        }
+    }
+
+    /// One whole server message.
+    pub(crate) fn server(&mut self, message: &[u8], marks: &dyn Marks) -> Verdict {
+        let Ok(m) = Backend::decode(message) else {
+            return Verdict::Forward;
+        };
+        match m {
+            Backend::ParseComplete if self.phase == Phase::Probing => {
+                self.probe_parsed += 1;
+                self.pop_ours(|_| Some(true))
+            }
+            Backend::ParseComplete => self.pop_ours(|e| match e {
+                Expect::Parse { ours } => Some(*ours),
+                _ => None,
+            }),
+            Backend::BindComplete => self.pop_ours(|e| match e {
+                Expect::Bind { ours } => Some(*ours),
+                _ => None,
+            }),
+            Backend::CloseComplete => self.pop_ours(|e| match e {
+                Expect::Close { ours } => Some(*ours),
+                _ => None,
+            }),
+            Backend::ParameterDescription => Verdict::Forward,
+            Backend::NoData | Backend::RowDescription => self.on_description(),
+            Backend::DataRow { message } => self.on_data_row(message),
+            Backend::CommandComplete { .. }
+            | Backend::EmptyQueryResponse
+            | Backend::PortalSuspended => self.on_complete(marks),
+            Backend::Error(fields) => self.on_error(&fields, marks),
+            Backend::ReadyForQuery { status } => self.on_ready(status),
+            Backend::CopyInResponse => {
+                // The COPY started: the Syncs sent with its data will not be answered.
+                let first = self
+                    .expect
+                    .iter()
+                    .position(|e| matches!(e, Expect::SyncInCopy));
+                if let Some(first) = first {
+                    while matches!(self.expect.get(first), Some(Expect::SyncInCopy)) {
+                        self.expect.remove(first);
+                    }
+                }
+                Verdict::Forward
+            }
+            Backend::BackendKeyData { .. } => Verdict::Forward,
+            Backend::ParameterStatus { name, value } => {
+                if name == b"standard_conforming_strings" {
+                    self.lexing.standard_strings = value == b"on";
+                } else if name == b"client_encoding" {
+                    self.lexing.encoding = Encoding::from_name(value);
+                }
+                Verdict::Forward
+            }
+            _ => Verdict::Forward,
+        }
+    }
+
+    /// Pops the expectation a reply answers; hides it if it answers a message of ours.
+    fn pop_ours(&mut self, ours: impl Fn(&Expect) -> Option<bool>) -> Verdict {
+        match self.expect.front().and_then(&ours) {
+            Some(mine) => {
+                self.expect.pop_front();
+                if mine {
+                    Verdict::Hide
+                } else {
+                    Verdict::Forward
+                }
+            }
+            None => Verdict::Forward,
+        }
+    }
+
+    fn on_description(&mut self) -> Verdict {
+        match self.expect.front() {
+            Some(Expect::Describe) => {
+                self.expect.pop_front();
+                Verdict::Forward
+            }
+            _ if self.next_is_hidden() => Verdict::Hide,
+            _ => Verdict::Forward,
+        }
+    }
+
+    fn on_data_row(&mut self, message: &[u8]) -> Verdict {
+        if !self.next_is_hidden() {
+            return Verdict::Forward;
+        }
+        if !matches!(self.expect.front(), Some(Expect::Lock)) {
+            self.check_row = read_check_row(message);
+        }
+        Verdict::Hide
+    }
+
+    fn on_complete(&mut self, marks: &dyn Marks) -> Verdict {
+        let check = match self.expect.front_mut() {
+            Some(Expect::Lock) => {
+                self.expect.pop_front();
+                return Verdict::Hide;
+            }
+            Some(Expect::Check(c)) => {
+                let c = *c;
+                self.expect.pop_front();
+                Some(c)
+            }
+            Some(Expect::Execute) => {
+                self.expect.pop_front();
+                None
+            }
+            Some(Expect::Query { units, .. }) => match units.front_mut() {
+                Some(u) => {
+                    let c = u.check;
+                    if u.count != u32::MAX {
+                        u.count -= 1;
+                        if u.count == 0 {
+                            units.pop_front();
+                        }
+                    }
+                    c
+                }
+                None => None,
+            },
+            _ => None,
+        };
+        match check {
+            None => Verdict::Forward,
+            Some(c) => {
+                self.check_passed(c, marks);
+                Verdict::Hide
+            }
+        }
+    }
+
+    /// A check of ours answered without an error.
+    fn check_passed(&mut self, check: Check, marks: &dyn Marks) {
+        self.stale = None;
+        self.cache_refusals = 0;
+        match self.check_row.take() {
+            Some((resource, Some(token))) => {
+                marks.raise(&resource, token);
+                self.hint = Some((resource.clone(), token, check.generation));
+                self.checked_txn = Some(Some((resource, token)));
+            }
+            _ => {
+                self.hint = None;
+                self.checked_txn = Some(None);
+            }
+        }
+    }
+
+    fn on_ready(&mut self, status: u8) -> Verdict {
+        if self.phase == Phase::Auth {
+            return self.start_probe();
+        }
+        let mut hide = false;
+        while let Some(e) = self.expect.pop_front() {
+            match e {
+                Expect::Sync { ours } => {
+                    hide = ours;
+                    break;
+                }
+                Expect::SyncInCopy => break,
+                Expect::Query { .. } => break,
+                _ => {}
+            }
+        }
+        self.status = status;
+        if status != b'T' {
+            self.checked_txn = None;
+        }
+        if self.phase == Phase::Probing && self.idle() {
+            // The probe's ReadyForQuery is the one the client waits for after start-up.
+            self.phase = Phase::Ready;
+            if self.installed == Installed::Unknown && self.prepared {
+                self.installed = Installed::Yes;
+            }
+            return Verdict::Forward;
+        }
+        if hide {
+            Verdict::Hide
+        } else {
+            Verdict::Forward
+        }
+    }
+
+    /// The start-up is done: before the client may send its first query, prepare our
+    /// statements in a batch of our own, and learn whether the check is installed here. The
+    /// bare form first: it needs nothing of ours, so it is there even when the rest fails.
+    fn start_probe(&mut self) -> Verdict {
+        self.phase = Phase::Probing;
+        let mut out = Vec::new();
+        for (name, text, types) in STATEMENTS {
+            msg::parse(&mut out, name, text, types);
+            self.expect.push_back(Expect::Parse { ours: true });
+        }
+        msg::sync(&mut out);
+        // Forwarded: it answers the client's start-up.
+        self.expect.push_back(Expect::Sync { ours: false });
+        self.to_server.extend_from_slice(&out);
+        self.prepared = true;
+        Verdict::Hide
+    }
+
+    fn on_error(&mut self, fields: &msg::ErrorFields<'_>, marks: &dyn Marks) -> Verdict {
+        let (from_check, check) = self.failed_check();
+        if self.phase == Phase::Probing {
+            // A statement of the probe failed: the check is not usable in this database. The
+            // bare form, first, is what remains (if it was prepared).
+            self.installed = Installed::No;
+            self.prepared = self.probe_parsed >= 1;
+            self.skip_to_sync();
+            return Verdict::Hide;
+        }
+        self.skip_to_sync();
+        if from_check
+            && matches!(
+                self.expect.front(),
+                Some(Expect::Query {
+                    after_check: true,
+                    ..
+                })
+            )
+        {
+            // PostgreSQL skipped the Query that followed the check: the Sync's ReadyForQuery
+            // is the Query's now.
+            self.expect.pop_front();
+            if let Some(Expect::Sync { ours }) = self.expect.front_mut() {
+                *ours = false;
+            }
+        }
+        self.check_row = None;
+        if from_check {
+            return self.on_check_error(fields, check, marks);
+        }
+        if fields.severity == b"FATAL" && fields.code == b"57P01" {
+            if let Some(Some((resource, token))) = &self.checked_txn {
+                let newer = marks.mark(resource).filter(|h| h > token);
+                let mut out = Vec::new();
+                sqlstate::fenced_out(&mut out, resource, *token, newer);
+                return if self.idle() {
+                    Verdict::Hold(out)
+                } else {
+                    Verdict::Replace(out)
+                };
+            }
+        }
+        Verdict::Forward
+    }
+
+    /// Whether the error answers a message of ours (and which check, if a check).
+    fn failed_check(&mut self) -> (bool, Option<Check>) {
+        match self.expect.front_mut() {
+            Some(Expect::Parse { ours: true }) => {
+                self.prepared = false;
+                (true, None)
+            }
+            Some(Expect::Bind { ours: true } | Expect::Close { ours: true } | Expect::Lock) => {
+                (true, None)
+            }
+            Some(Expect::Check(c)) => (true, Some(*c)),
+            Some(Expect::Query { units, .. }) => {
+                let c = units.front().and_then(|u| u.check);
+                // PostgreSQL skips the rest of the query string.
+                units.clear();
+                (c.is_some(), c)
+            }
+            _ => (false, None),
+        }
+    }
+
+    /// After an error PostgreSQL skips the extended-protocol messages up to the next Sync.
+    fn skip_to_sync(&mut self) {
+        while matches!(
+            self.expect.front(),
+            Some(
+                Expect::Parse { .. }
+                    | Expect::Bind { .. }
+                    | Expect::Execute
+                    | Expect::Check(_)
+                    | Expect::Lock
+                    | Expect::Describe
+                    | Expect::Close { .. }
+            )
+        ) {
+            self.expect.pop_front();
+        }
+    }
+
+    fn on_check_error(
+        &mut self,
+        fields: &msg::ErrorFields<'_>,
+        check: Option<Check>,
+        marks: &dyn Marks,
+    ) -> Verdict {
+        let code = fields.code;
+        if code == sqlstate::STALE_TOKEN.as_bytes()
+            && let Some((resource, token, highest)) = sqlstate::parse_stale_detail(fields.detail)
+        {
+            marks.raise(resource, highest);
+            self.stale = check
+                .filter(|c| c.settled)
+                .map(|c| (resource.into(), token, highest, c.generation));
+            return Verdict::Forward;
+        }
+        if code == STATEMENT_GONE {
+            self.prepared = false;
+            return Verdict::Forward;
+        }
+        let bare_refusal = check.is_some_and(|c| c.bare) && code == b"22P02";
+        if bare_refusal || NOT_INSTALLED.contains(&code) {
+            // Not here, or gone since the probe: from now on the bare form, which passes
+            // sessions without a token and refuses the others.
+            self.installed = Installed::No;
+            self.prepared = false;
+            let mut out = Vec::new();
+            sqlstate::not_installed(&mut out, fields.message);
+            return Verdict::Replace(out);
+        }
+        Verdict::Forward
+    }
+}
+
+/// The (resource, token) row of a check: a NULL token (or no valid one) means "no token".
+fn read_check_row(message: &[u8]) -> Option<(CompactString, Option<i64>)> {
+    let cols = msg::data_row(message).ok()?;
+    let [r, t] = cols[..] else {
+        return None;
+    };
+    let resource = std::str::from_utf8(r.unwrap_or_default()).ok()?;
+    let token = t
+        .and_then(|t| std::str::from_utf8(t).ok())
+        .and_then(|t| t.parse::<i64>().ok())
+        .filter(|t| {
+            u64::try_from(*t)
+                .ok()
+                .and_then(fencing::FencingToken::new)
+                .is_some()
+        });
+    match token {
+        Some(t) if fencing::ResourceName::validate(resource).is_ok() => {
+            Some((resource.into(), Some(t)))
+        }
+        _ => Some((resource.into(), None)),
+    }
+}
+
+#[cfg(test)]
+#[path = "machine_tests.rs"]
+mod tests;

@@ -1,0 +1,1077 @@
+//! The session machine from data: a script of client and server messages in, a transcript of
+//! what went where out, through one `check` helper.
+//!
+//! Script lines: `C` and a client message (`Q sql`, `P name sql`, `B portal statement`,
+//! `E portal`, `D`, `S`, `F`, `X`); `S` and a server message (`1`, `2`, `3`, `n`, `T`, `D cols`,
+//! `C tag`, `E code [detail]`, `F code` for a FATAL, `Z status`); `mark resource token` sets
+//! the relay's memory. The transcript says, for each client message, what the relay sent to
+//! the server (or whether it deferred it or answered it itself), and for each server message
+//! whether the client got it.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+
+use expect_test::{Expect, expect};
+use pg_wire::{Backend, Frontend, msg};
+
+use super::{Local, Machine, Marks, Step, Verdict};
+
+#[derive(Default)]
+struct TestMarks(RefCell<HashMap<String, i64>>);
+
+impl Marks for TestMarks {
+    fn mark(&self, resource: &str) -> Option<i64> {
+        self.0.borrow().get(resource).copied()
+    }
+    fn raise(&self, resource: &str, token: i64) {
+        let mut m = self.0.borrow_mut();
+        let e = m.entry(resource.to_string()).or_insert(token);
+        *e = (*e).max(token);
+    }
+}
+
+fn client_message(line: &str) -> Vec<u8> {
+    let mut out = Vec::new();
+    let (kind, rest) = line.split_once(' ').unwrap_or((line, ""));
+    match kind {
+        "Q" => msg::query(&mut out, rest.as_bytes()),
+        "P" => {
+            let (name, sql) = rest.split_once(' ').unwrap();
+            let name = if name == "-" { "" } else { name };
+            msg::parse(&mut out, name.as_bytes(), sql.as_bytes(), &[]);
+        }
+        "B" => {
+            let (portal, statement) = rest.split_once(' ').unwrap();
+            let un = |s: &str| {
+                if s == "-" {
+                    String::new()
+                } else {
+                    s.to_string()
+                }
+            };
+            msg::bind(
+                &mut out,
+                un(portal).as_bytes(),
+                un(statement).as_bytes(),
+                &[],
+            );
+        }
+        "E" => msg::execute(&mut out, if rest == "-" { b"" } else { rest.as_bytes() }, 0),
+        "S" => msg::sync(&mut out),
+        "D" => out.extend_from_slice(b"D\0\0\0\x06P\0"),
+        "c" => out.extend_from_slice(b"c\0\0\0\x04"),
+        "F" => out.extend_from_slice(b"F\0\0\0\x04"),
+        "X" => msg::terminate(&mut out),
+        other => panic!("unknown client message {other}"),
+    }
+    out
+}
+
+fn tagged(tag: u8, body: &[u8]) -> Vec<u8> {
+    let mut m = vec![tag];
+    m.extend_from_slice(&((body.len() + 4) as u32).to_be_bytes());
+    m.extend_from_slice(body);
+    m
+}
+
+fn server_message(line: &str) -> Vec<u8> {
+    let (kind, rest) = line.split_once(' ').unwrap_or((line, ""));
+    match kind {
+        "1" | "2" | "3" | "n" => tagged(kind.as_bytes()[0], b""),
+        "G" => tagged(b'G', b"\0\0\0"),
+        "T" => tagged(b'T', b"\0\0"),
+        "D" => {
+            let cols: Vec<&str> = rest.split(' ').collect();
+            let mut body = (cols.len() as i16).to_be_bytes().to_vec();
+            for c in cols {
+                if c == "NULL" {
+                    body.extend_from_slice(&(-1i32).to_be_bytes());
+                } else {
+                    let c = if c == "''" { "" } else { c };
+                    body.extend_from_slice(&(c.len() as i32).to_be_bytes());
+                    body.extend_from_slice(c.as_bytes());
+                }
+            }
+            tagged(b'D', &body)
+        }
+        "C" => tagged(b'C', format!("{rest}\0").as_bytes()),
+        "Z" => tagged(b'Z', rest.as_bytes()),
+        "E" | "F" => {
+            let (code, detail) = rest.split_once(' ').unwrap_or((rest, ""));
+            let mut out = Vec::new();
+            msg::error_response(
+                &mut out,
+                &msg::ErrorResponse {
+                    severity: if kind == "E" { "ERROR" } else { "FATAL" },
+                    code,
+                    message: "m",
+                    detail: (!detail.is_empty()).then_some(detail),
+                    hint: None,
+                },
+            );
+            out
+        }
+        "S" => {
+            let (name, value) = rest.split_once(' ').unwrap();
+            tagged(b'S', format!("{name}\0{value}\0").as_bytes())
+        }
+        other => panic!("unknown server message {other}"),
+    }
+}
+
+/// Short names of the statements the relay prepares.
+fn short(name: &[u8]) -> String {
+    let n = String::from_utf8_lossy(name).to_string();
+    n.strip_prefix("__fence_proxy_")
+        .map_or(n.clone(), str::to_string)
+}
+
+/// What a stream of client messages says, one per line.
+fn describe_client(bytes: &[u8]) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut rest = bytes;
+    while let Ok(Some(h)) = pg_wire::header(rest, usize::MAX) {
+        let (m, tail) = rest.split_at(h.total);
+        rest = tail;
+        out.push(match Frontend::decode(m).unwrap() {
+            Frontend::Query { text } => format!("Query {:?}", String::from_utf8_lossy(text)),
+            Frontend::Parse { name, text } if name.starts_with(b"__fence_proxy") => {
+                let _ = text;
+                format!("Parse {}", short(name))
+            }
+            Frontend::Parse { name, text } => {
+                format!("Parse {} {:?}", short(name), String::from_utf8_lossy(text))
+            }
+            Frontend::Bind { portal, statement } => {
+                format!("Bind {:?} {}", short(portal), short(statement))
+            }
+            Frontend::Execute { portal, .. } => format!("Execute {:?}", short(portal)),
+            Frontend::Close { target, name } => format!("Close {target:?} {}", short(name)),
+            other => format!("{other:?}"),
+        });
+    }
+    out
+}
+
+fn describe_server(bytes: &[u8]) -> String {
+    let mut out = Vec::new();
+    let mut rest = bytes;
+    while let Ok(Some(h)) = pg_wire::header(rest, usize::MAX) {
+        let (m, tail) = rest.split_at(h.total);
+        rest = tail;
+        out.push(match Backend::decode(m).unwrap() {
+            Backend::Error(f) => format!(
+                "{} {}",
+                String::from_utf8_lossy(f.severity),
+                String::from_utf8_lossy(f.code)
+            ),
+            Backend::ReadyForQuery { status } => format!("Z {}", status as char),
+            other => format!("{other:?}"),
+        });
+    }
+    out.join(", ")
+}
+
+/// Runs `script` through a machine that has finished its start-up (the probe answered; with
+/// `installed` false, the probe's second statement failed).
+fn run(script: &str, installed: bool) -> String {
+    let marks = TestMarks::default();
+    let mut m = Machine::new(1000);
+    assert_eq!(m.server(&server_message("Z I"), &marks), Verdict::Hide);
+    let probe = m.take_to_server();
+    assert_eq!(
+        describe_client(&probe),
+        [
+            "Parse bare",
+            "Parse any",
+            "Parse lock",
+            "Parse fast",
+            "Parse declared",
+            "Sync"
+        ]
+    );
+    let replies: &[&str] = if installed {
+        &["1", "1", "1", "1", "1", "Z I"]
+    } else {
+        &["1", "E 3F000", "Z I"]
+    };
+    for r in replies {
+        let v = m.server(&server_message(r), &marks);
+        assert_eq!(
+            v,
+            if *r == "Z I" {
+                Verdict::Forward
+            } else {
+                Verdict::Hide
+            }
+        );
+    }
+    let mut t = String::new();
+    for line in script.lines().map(str::trim).filter(|l| !l.is_empty()) {
+        let (who, what) = line.split_once(' ').unwrap();
+        match who {
+            "C" => {
+                let mut out = Vec::new();
+                let step = m.client(&client_message(what), &mut out, &marks).unwrap();
+                t.push_str(&format!("{line}\n"));
+                if step == Step::Defer {
+                    t.push_str("    deferred\n");
+                }
+                for s in describe_client(&out) {
+                    t.push_str(&format!("    → {s}\n"));
+                }
+                while let Some(l) = m.take_local() {
+                    let (Local::Reply(b) | Local::Fatal(b)) = &l;
+                    t.push_str(&format!("    ↩ {}\n", describe_server(b)));
+                }
+            }
+            "S" => {
+                let v = m.server(&server_message(what), &marks);
+                let shown = match v {
+                    Verdict::Forward => "forward".to_string(),
+                    Verdict::Hide => "hide".to_string(),
+                    Verdict::Replace(b) => format!("replace: {}", describe_server(&b)),
+                    Verdict::Hold(b) => format!("hold: {}", describe_server(&b)),
+                };
+                t.push_str(&format!("{line:<24} {shown}\n"));
+            }
+            "mark" => {
+                let (r, tok) = what.split_once(' ').unwrap();
+                marks.raise(r, tok.parse().unwrap());
+                t.push_str(&format!("{line}\n"));
+            }
+            other => panic!("unknown line {other}"),
+        }
+    }
+    t
+}
+
+fn check(script: &str, expected: Expect) {
+    expected.assert_eq(&run(script, true));
+}
+
+#[test]
+fn nothing_reaches_the_client_before_the_probe_is_answered() {
+    let marks = TestMarks::default();
+    let mut m = Machine::new(1000);
+    let mut out = Vec::new();
+    assert_eq!(
+        m.client(&client_message("Q SELECT 1"), &mut out, &marks),
+        Ok(Step::Defer)
+    );
+    assert!(out.is_empty());
+    assert_eq!(m.server(&server_message("Z I"), &marks), Verdict::Hide);
+    assert!(!m.take_to_server().is_empty());
+    assert!(!m.wants_progress());
+    assert_eq!(
+        m.client(&client_message("Q SELECT 1"), &mut out, &marks),
+        Ok(Step::Defer)
+    );
+    for r in ["1", "1", "1", "1", "1"] {
+        assert_eq!(m.server(&server_message(r), &marks), Verdict::Hide);
+    }
+    assert_eq!(m.server(&server_message("Z I"), &marks), Verdict::Forward);
+    assert!(m.wants_progress(), "the deferred query may go now");
+    assert_eq!(
+        m.client(&client_message("Q SELECT 1"), &mut out, &marks),
+        Ok(Step::Done)
+    );
+}
+
+#[test]
+fn every_autocommit_statement_is_checked_and_the_check_is_hidden() {
+    check(
+        "
+        C Q UPDATE t SET v = 1
+        S 2
+        S D '' NULL
+        S C SELECT 1
+        S C UPDATE 1
+        S Z I
+        S Z I
+        ",
+        expect![[r#"
+            C Q UPDATE t SET v = 1
+                → Bind "" any
+                → Execute ""
+                → Query "UPDATE t SET v = 1"
+                → Sync
+            S 2                      hide
+            S D '' NULL              hide
+            S C SELECT 1             hide
+            S C UPDATE 1             forward
+            S Z I                    forward
+            S Z I                    hide
+        "#]],
+    );
+}
+
+#[test]
+fn a_token_found_current_takes_the_fast_form_next() {
+    check(
+        "
+        C Q UPDATE t SET v = 1
+        S 2
+        S D r 5
+        S C SELECT 1
+        S C UPDATE 1
+        S Z I
+        S Z I
+        C Q UPDATE t SET v = 2
+        mark r 6
+        C Q UPDATE t SET v = 3
+        ",
+        expect![[r#"
+            C Q UPDATE t SET v = 1
+                → Bind "" any
+                → Execute ""
+                → Query "UPDATE t SET v = 1"
+                → Sync
+            S 2                      hide
+            S D r 5                  hide
+            S C SELECT 1             hide
+            S C UPDATE 1             forward
+            S Z I                    forward
+            S Z I                    hide
+            C Q UPDATE t SET v = 2
+                → Bind "" lock
+                → Execute ""
+                → Bind "" fast
+                → Execute ""
+                → Query "UPDATE t SET v = 2"
+                → Sync
+            mark r 6
+            C Q UPDATE t SET v = 3
+                → Bind "" any
+                → Execute ""
+                → Query "UPDATE t SET v = 3"
+                → Sync
+        "#]],
+    );
+}
+
+#[test]
+fn an_explicit_transaction_is_checked_at_its_first_write_and_again_at_commit() {
+    // BEGIN needs no check; the first UPDATE does; the second runs in the checked transaction
+    // but after a statement that may have changed the settings (a function, a trigger), so the
+    // COMMIT gets a check of its own. ROLLBACK never does.
+    check(
+        "
+        C Q BEGIN
+        S C BEGIN
+        S Z T
+        C Q UPDATE t SET v = 1
+        S 2
+        S D '' NULL
+        S C SELECT 1
+        S C UPDATE 1
+        S Z T
+        S Z T
+        C Q UPDATE t SET v = 2
+        S C UPDATE 1
+        S Z T
+        C Q COMMIT
+        S 2
+        S D '' NULL
+        S C SELECT 1
+        S C COMMIT
+        S Z I
+        S Z I
+        C Q BEGIN
+        C Q SELECT f()
+        C Q COMMIT
+        C Q BEGIN
+        C Q UPDATE t SET v = 3
+        C Q UPDATE t SET v = 4
+        C Q ROLLBACK
+        ",
+        expect![[r#"
+            C Q BEGIN
+                → Query "BEGIN"
+            S C BEGIN                forward
+            S Z T                    forward
+            C Q UPDATE t SET v = 1
+                → Bind "" any
+                → Execute ""
+                → Query "UPDATE t SET v = 1"
+                → Sync
+            S 2                      hide
+            S D '' NULL              hide
+            S C SELECT 1             hide
+            S C UPDATE 1             forward
+            S Z T                    forward
+            S Z T                    hide
+            C Q UPDATE t SET v = 2
+                → Query "UPDATE t SET v = 2"
+            S C UPDATE 1             forward
+            S Z T                    forward
+            C Q COMMIT
+                → Bind "" any
+                → Execute ""
+                → Query "COMMIT"
+                → Sync
+            S 2                      hide
+            S D '' NULL              hide
+            S C SELECT 1             hide
+            S C COMMIT               forward
+            S Z I                    forward
+            S Z I                    hide
+            C Q BEGIN
+                → Query "BEGIN"
+            C Q SELECT f()
+                → Bind "" any
+                → Execute ""
+                → Query "SELECT f()"
+                → Sync
+            C Q COMMIT
+                → Query "COMMIT"
+            C Q BEGIN
+                → Query "BEGIN"
+            C Q UPDATE t SET v = 3
+                → Bind "" any
+                → Execute ""
+                → Query "UPDATE t SET v = 3"
+                → Sync
+            C Q UPDATE t SET v = 4
+                → Query "UPDATE t SET v = 4"
+            C Q ROLLBACK
+                → Query "ROLLBACK"
+        "#]],
+    );
+}
+
+#[test]
+fn a_batch_of_several_statements_is_checked_before_the_first_and_at_its_sync() {
+    // JDBC's executeBatch, psycopg's executemany: many Executes, one Sync, one implicit
+    // transaction. A setting visibly changed in the middle is checked before the next write.
+    check(
+        "
+        C P s1 INSERT INTO t VALUES ($1)
+        C B - s1
+        C E -
+        C B - s1
+        C E -
+        C P s2 SELECT set_config($1, $2, false)
+        C B - s2
+        C E -
+        C B - s1
+        C E -
+        C S
+        C B - s1
+        C E -
+        C S
+        ",
+        expect![[r#"
+            C P s1 INSERT INTO t VALUES ($1)
+                → Parse s1 "INSERT INTO t VALUES ($1)"
+            C B - s1
+                → Bind "" any
+                → Execute ""
+                → Bind "" s1
+            C E -
+                → Execute ""
+            C B - s1
+                → Bind "" s1
+            C E -
+                → Execute ""
+            C P s2 SELECT set_config($1, $2, false)
+                → Parse s2 "SELECT set_config($1, $2, false)"
+            C B - s2
+                → Bind "" s2
+            C E -
+                → Execute ""
+            C B - s1
+                → Bind "" any
+                → Execute ""
+                → Bind "" s1
+            C E -
+                → Execute ""
+            C S
+                → Sync
+            C B - s1
+                → Bind "" any
+                → Execute ""
+                → Bind "" s1
+            C E -
+                → Execute ""
+            C S
+                → Sync
+        "#]],
+    );
+}
+
+#[test]
+fn a_failed_check_skips_the_query_and_a_settled_refusal_is_remembered() {
+    // The check fails (stale): PostgreSQL skips the Query, so the Sync's ReadyForQuery is the
+    // Query's. The next write with the same settings is refused from memory, with nothing in
+    // flight; a SET goes to PostgreSQL again.
+    check(
+        "
+        C Q UPDATE t SET v = 1
+        S 2
+        S E FN001 resource: r, presented token: 4, highest accepted token: 9
+        S Z I
+        C Q UPDATE t SET v = 2
+        C Q SELECT 1
+        C Q SET fencing.token = '9'
+        S C SET
+        S Z I
+        C Q UPDATE t SET v = 3
+        ",
+        expect![[r#"
+            C Q UPDATE t SET v = 1
+                → Bind "" any
+                → Execute ""
+                → Query "UPDATE t SET v = 1"
+                → Sync
+            S 2                      hide
+            S E FN001 resource: r, presented token: 4, highest accepted token: 9 forward
+            S Z I                    forward
+            C Q UPDATE t SET v = 2
+                ↩ ERROR FN001, Z I
+            C Q SELECT 1
+                ↩ ERROR FN001, Z I
+            C Q SET fencing.token = '9'
+                → Query "SET fencing.token = '9'"
+            S C SET                  forward
+            S Z I                    forward
+            C Q UPDATE t SET v = 3
+                → Bind "" any
+                → Execute ""
+                → Query "UPDATE t SET v = 3"
+                → Sync
+        "#]],
+    );
+}
+
+#[test]
+fn memory_refuses_only_so_many_times_in_a_row() {
+    let mut script = String::from(
+        "C Q UPDATE t SET v = 1\nS 2\nS E FN001 resource: r, presented token: 4, highest accepted token: 9\nS Z I\n",
+    );
+    for _ in 0..super::CACHE_REFUSALS_MAX {
+        script.push_str("C Q UPDATE t SET v = 2\n");
+    }
+    let t = run(&script, true);
+    let refused = t.matches("↩ ERROR FN001, Z I").count();
+    assert_eq!(refused as u32, super::CACHE_REFUSALS_MAX, "{t}");
+    let t = run(&format!("{script}C Q UPDATE t SET v = 2\n"), true);
+    assert!(
+        t.trim_end().ends_with("→ Sync"),
+        "the next one goes to PostgreSQL: {t}"
+    );
+}
+
+#[test]
+fn a_refusal_inside_a_transaction_is_not_remembered() {
+    // Inside a transaction the settings the check saw may be undone by the rollback.
+    check(
+        "
+        C Q BEGIN
+        S C BEGIN
+        S Z T
+        C Q SET LOCAL fencing.token = '4'
+        S C SET
+        S Z T
+        C Q UPDATE t SET v = 1
+        S 2
+        S E FN001 resource: r, presented token: 4, highest accepted token: 9
+        S Z E
+        C Q ROLLBACK
+        S C ROLLBACK
+        S Z I
+        C Q UPDATE t SET v = 2
+        ",
+        expect![[r#"
+            C Q BEGIN
+                → Query "BEGIN"
+            S C BEGIN                forward
+            S Z T                    forward
+            C Q SET LOCAL fencing.token = '4'
+                → Query "SET LOCAL fencing.token = '4'"
+            S C SET                  forward
+            S Z T                    forward
+            C Q UPDATE t SET v = 1
+                → Bind "" any
+                → Execute ""
+                → Query "UPDATE t SET v = 1"
+                → Sync
+            S 2                      hide
+            S E FN001 resource: r, presented token: 4, highest accepted token: 9 forward
+            S Z E                    forward
+            C Q ROLLBACK
+                → Query "ROLLBACK"
+            S C ROLLBACK             forward
+            S Z I                    forward
+            C Q UPDATE t SET v = 2
+                → Bind "" any
+                → Execute ""
+                → Query "UPDATE t SET v = 2"
+                → Sync
+        "#]],
+    );
+}
+
+#[test]
+fn a_fenced_session_idle_in_its_transaction_gets_its_error_when_it_speaks() {
+    check(
+        "
+        C Q BEGIN
+        S C BEGIN
+        S Z T
+        C Q UPDATE t SET v = 1
+        S 2
+        S D r 5
+        S C SELECT 1
+        S C UPDATE 1
+        S Z T
+        S Z T
+        mark r 6
+        S F 57P01
+        ",
+        expect![[r#"
+            C Q BEGIN
+                → Query "BEGIN"
+            S C BEGIN                forward
+            S Z T                    forward
+            C Q UPDATE t SET v = 1
+                → Bind "" any
+                → Execute ""
+                → Query "UPDATE t SET v = 1"
+                → Sync
+            S 2                      hide
+            S D r 5                  hide
+            S C SELECT 1             hide
+            S C UPDATE 1             forward
+            S Z T                    forward
+            S Z T                    hide
+            mark r 6
+            S F 57P01                hold: FATAL FN003
+        "#]],
+    );
+    // Waiting for an answer, the client gets it at once; without a token, PostgreSQL's own.
+    check(
+        "
+        C Q BEGIN
+        S C BEGIN
+        S Z T
+        C Q UPDATE t SET v = 1
+        S 2
+        S D r 5
+        S C SELECT 1
+        S F 57P01
+        C Q SELECT 1
+        S F 57P01
+        ",
+        expect![[r#"
+            C Q BEGIN
+                → Query "BEGIN"
+            S C BEGIN                forward
+            S Z T                    forward
+            C Q UPDATE t SET v = 1
+                → Bind "" any
+                → Execute ""
+                → Query "UPDATE t SET v = 1"
+                → Sync
+            S 2                      hide
+            S D r 5                  hide
+            S C SELECT 1             hide
+            S F 57P01                replace: FATAL FN003
+            C Q SELECT 1
+                → Query "SELECT 1"
+            S F 57P01                replace: FATAL FN003
+        "#]],
+    );
+}
+
+#[test]
+fn without_the_check_installed_the_bare_form_passes_sessions_without_a_token() {
+    expect![[r#"
+        C Q UPDATE t SET v = 1
+            → Bind "" bare
+            → Execute ""
+            → Query "UPDATE t SET v = 1"
+            → Sync
+        S 2                      hide
+        S D '' NULL              hide
+        S C SELECT 1             hide
+        S C UPDATE 1             forward
+        S Z I                    forward
+        S Z I                    hide
+        C Q UPDATE t SET v = 1
+            → Bind "" bare
+            → Execute ""
+            → Query "UPDATE t SET v = 1"
+            → Sync
+        S 2                      hide
+        S E 22P02                replace: ERROR FN004
+        S Z I                    forward
+    "#]]
+    .assert_eq(&run(
+        "
+        C Q UPDATE t SET v = 1
+        S 2
+        S D '' NULL
+        S C SELECT 1
+        S C UPDATE 1
+        S Z I
+        S Z I
+        C Q UPDATE t SET v = 1
+        S 2
+        S E 22P02
+        S Z I
+        ",
+        false,
+    ));
+    // Installed at start-up, dropped since: FN004, and the bare form from then on.
+    check(
+        "
+        C Q UPDATE t SET v = 1
+        S 2
+        S E 42883
+        S Z I
+        C Q UPDATE t SET v = 1
+        ",
+        expect![[r#"
+            C Q UPDATE t SET v = 1
+                → Bind "" any
+                → Execute ""
+                → Query "UPDATE t SET v = 1"
+                → Sync
+            S 2                      hide
+            S E 42883                replace: ERROR FN004
+            S Z I                    forward
+            C Q UPDATE t SET v = 1
+                → Close Statement bare
+                → Parse bare
+                → Bind "" bare
+                → Execute ""
+                → Query "UPDATE t SET v = 1"
+                → Sync
+        "#]],
+    );
+}
+
+#[test]
+fn copy_from_stdin_and_checks_inside_a_string_go_into_its_text() {
+    check(
+        "
+        C Q COPY t FROM STDIN
+        C Q UPDATE a SET v = 1; COMMIT; UPDATE b SET v = 2; -- end
+        C Q BEGIN; UPDATE a SET v = 1; SET LOCAL fencing.token = '7'; UPDATE b SET v = 2; COMMIT
+        C Q SELECT f(); UPDATE a SET v = 1
+        ",
+        expect![[r#"
+            C Q COPY t FROM STDIN
+                → Query "SELECT * FROM fencing.check(1000, false); COPY t FROM STDIN"
+            C Q UPDATE a SET v = 1; COMMIT; UPDATE b SET v = 2; -- end
+                → Query "UPDATE a SET v = 1; COMMIT; UPDATE b SET v = 2; -- end"
+            C Q BEGIN; UPDATE a SET v = 1; SET LOCAL fencing.token = '7'; UPDATE b SET v = 2; COMMIT
+                → Query "BEGIN; UPDATE a SET v = 1; SET LOCAL fencing.token = '7'; UPDATE b SET v = 2; COMMIT"
+            C Q SELECT f(); UPDATE a SET v = 1
+                → Query "SELECT f(); UPDATE a SET v = 1"
+        "#]],
+    );
+}
+
+#[test]
+fn replies_to_checks_in_the_text_are_hidden_and_an_error_ends_the_string() {
+    check(
+        "
+        C Q COPY t FROM STDIN
+        S T
+        S D '' NULL
+        S C SELECT 1
+        S C COPY 2
+        S Z I
+        C Q SELECT f(); UPDATE a SET v = 1
+        S T
+        S D '' NULL
+        S C SELECT 1
+        S T
+        S D 1
+        S C SELECT 1
+        S C UPDATE 1
+        S E FN001 resource: r, presented token: 4, highest accepted token: 9
+        S Z I
+        ",
+        expect![[r#"
+            C Q COPY t FROM STDIN
+                → Query "SELECT * FROM fencing.check(1000, false); COPY t FROM STDIN"
+            S T                      hide
+            S D '' NULL              hide
+            S C SELECT 1             hide
+            S C COPY 2               forward
+            S Z I                    forward
+            C Q SELECT f(); UPDATE a SET v = 1
+                → Query "SELECT f(); UPDATE a SET v = 1"
+            S T                      forward
+            S D '' NULL              forward
+            S C SELECT 1             forward
+            S T                      forward
+            S D 1                    forward
+            S C SELECT 1             forward
+            S C UPDATE 1             forward
+            S E FN001 resource: r, presented token: 4, highest accepted token: 9 forward
+            S Z I                    forward
+        "#]],
+    );
+}
+
+#[test]
+fn what_drops_our_statements_has_them_prepared_again() {
+    check(
+        "
+        C Q DISCARD ALL
+        C Q UPDATE t SET v = 1
+        C P __fence_proxy_any SELECT 1
+        C Q UPDATE t SET v = 1
+        ",
+        expect![[r#"
+            C Q DISCARD ALL
+                → Query "DISCARD ALL"
+            C Q UPDATE t SET v = 1
+                → Close Statement bare
+                → Parse bare
+                → Close Statement any
+                → Parse any
+                → Close Statement lock
+                → Parse lock
+                → Close Statement fast
+                → Parse fast
+                → Close Statement declared
+                → Parse declared
+                → Bind "" any
+                → Execute ""
+                → Query "UPDATE t SET v = 1"
+                → Sync
+            C P __fence_proxy_any SELECT 1
+                → Parse any
+            C Q UPDATE t SET v = 1
+                → Query "SELECT * FROM fencing.check(1000, false); UPDATE t SET v = 1"
+        "#]],
+    );
+}
+
+#[test]
+fn a_portal_bound_earlier_is_checked_in_a_portal_of_ours() {
+    check(
+        "
+        C Q BEGIN
+        S C BEGIN
+        S Z T
+        C P s SELECT * FROM t
+        C B c s
+        C S
+        S 1
+        S 2
+        S Z T
+        C Q SET fencing.token = '5'
+        S C SET
+        S Z T
+        C E c
+        C S
+        ",
+        expect![[r#"
+            C Q BEGIN
+                → Query "BEGIN"
+            S C BEGIN                forward
+            S Z T                    forward
+            C P s SELECT * FROM t
+                → Parse s "SELECT * FROM t"
+            C B c s
+                → Bind "" any
+                → Execute ""
+                → Bind "c" s
+            C S
+                → Sync
+            S 1                      forward
+            S 2                      hide
+            S Z T                    forward
+            C Q SET fencing.token = '5'
+                → Query "SET fencing.token = '5'"
+            S C SET                  forward
+            S Z T                    forward
+            C E c
+                → Bind "__fence_proxy" any
+                → Execute "__fence_proxy"
+                → Close Portal __fence_proxy
+                → Execute "c"
+            C S
+                → Sync
+        "#]],
+    );
+}
+
+#[test]
+fn text_that_reads_differently_under_a_changing_setting_waits_for_the_replies() {
+    check(
+        "
+        C Q SET standard_conforming_strings = off
+        C Q UPDATE t SET v = 'a\\'; COMMIT; --'
+        S C SET
+        S S standard_conforming_strings off
+        S Z I
+        C Q UPDATE t SET v = 'a\\'; COMMIT; --'
+        C Q UPDATE t SET v = 'no backslash'
+        ",
+        expect![[r#"
+            C Q SET standard_conforming_strings = off
+                → Query "SET standard_conforming_strings = off"
+            C Q UPDATE t SET v = 'a\'; COMMIT; --'
+                deferred
+            S C SET                  forward
+            S S standard_conforming_strings off forward
+            S Z I                    forward
+            C Q UPDATE t SET v = 'a\'; COMMIT; --'
+                → Bind "" any
+                → Execute ""
+                → Query "UPDATE t SET v = 'a\\'; COMMIT; --'"
+                → Sync
+            C Q UPDATE t SET v = 'no backslash'
+                → Bind "" any
+                → Execute ""
+                → Query "UPDATE t SET v = 'no backslash'"
+                → Sync
+        "#]],
+    );
+}
+
+#[test]
+fn a_function_call_is_checked_like_a_query() {
+    check(
+        "
+        C F
+        S 2
+        S D '' NULL
+        S C SELECT 1
+        S Z I
+        ",
+        expect![[r#"
+            C F
+                → Bind "" any
+                → Execute ""
+                → FunctionCall
+                → Sync
+            S 2                      hide
+            S D '' NULL              hide
+            S C SELECT 1             hide
+            S Z I                    forward
+        "#]],
+    );
+}
+
+#[test]
+fn a_check_goes_ahead_of_a_plain_begin_but_after_one_with_modes() {
+    check(
+        "
+        C Q BEGIN; UPDATE t SET v = 1; COMMIT
+        C Q BEGIN ISOLATION LEVEL REPEATABLE READ; UPDATE t SET v = 1; COMMIT
+        ",
+        expect![[r#"
+            C Q BEGIN; UPDATE t SET v = 1; COMMIT
+                → Bind "" any
+                → Execute ""
+                → Query "BEGIN; UPDATE t SET v = 1; COMMIT"
+                → Sync
+            C Q BEGIN ISOLATION LEVEL REPEATABLE READ; UPDATE t SET v = 1; COMMIT
+                → Query "BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT * FROM fencing.check(1000, false); UPDATE t SET v = 1; COMMIT"
+        "#]],
+    );
+}
+
+#[test]
+fn a_sync_sent_with_copy_data_is_not_waited_for_once_the_copy_began() {
+    // tokio-postgres: Bind, Execute and Sync of the COPY, then the data, CopyDone and Sync.
+    // PostgreSQL ignores the first Sync in copy mode; had the COPY failed at once, it would
+    // have answered both.
+    check(
+        "
+        C P s COPY t FROM STDIN
+        C S
+        S 1
+        S Z I
+        C B - s
+        C E -
+        C S
+        S 2
+        S D '' NULL
+        S C SELECT 1
+        S 2
+        S G
+        C c
+        C S
+        S C COPY 1
+        S Z I
+        C Q SELECT 1
+        ",
+        expect![[r#"
+            C P s COPY t FROM STDIN
+                → Parse s "COPY t FROM STDIN"
+            C S
+                → Sync
+            S 1                      forward
+            S Z I                    forward
+            C B - s
+                → Bind "" any
+                → Execute ""
+                → Bind "" s
+            C E -
+                → Execute ""
+            C S
+                → Sync
+            S 2                      hide
+            S D '' NULL              hide
+            S C SELECT 1             hide
+            S 2                      forward
+            S G                      forward
+            C c
+                → CopyDone
+            C S
+                → Sync
+            S C COPY 1               forward
+            S Z I                    forward
+            C Q SELECT 1
+                → Bind "" any
+                → Execute ""
+                → Query "SELECT 1"
+                → Sync
+        "#]],
+    );
+}
+
+#[test]
+fn a_statement_that_declares_the_token_is_checked_right_after_itself() {
+    // A check before it would see half a declaration (the resource, set by the SET) and
+    // refuse it; the check after it sees what it declared, in its own transaction.
+    check(
+        "
+        C Q SET fencing.resource = 'r'
+        C P - SELECT set_config('fencing.token', $1, false)
+        C B - -
+        C E -
+        C S
+        C Q SELECT set_config('fencing.token', '5', false)
+        C Q SELECT set_config('fencing.token', '5', false); UPDATE t SET v = 1
+        ",
+        expect![[r#"
+            C Q SET fencing.resource = 'r'
+                → Query "SET fencing.resource = 'r'"
+            C P - SELECT set_config('fencing.token', $1, false)
+                → Parse  "SELECT set_config('fencing.token', $1, false)"
+            C B - -
+                → Bind "" 
+            C E -
+                → Execute ""
+                → Bind "__fence_proxy" declared
+                → Execute "__fence_proxy"
+                → Close Portal __fence_proxy
+            C S
+                → Sync
+            C Q SELECT set_config('fencing.token', '5', false)
+                → Query "SELECT set_config('fencing.token', '5', false)\n;SELECT s.r, CASE WHEN s.r OPERATOR(pg_catalog.=) '' AND s.t OPERATOR(pg_catalog.=) '' THEN NULL::pg_catalog.int8 WHEN (s.r OPERATOR(pg_catalog.=) '' OR s.t OPERATOR(pg_catalog.=) '') AND pg_catalog.pg_current_xact_id_if_assigned() IS NULL THEN NULL::pg_catalog.int8 ELSE fencing.check_token(1000) END FROM (SELECT COALESCE(pg_catalog.current_setting('fencing.resource', true), '') AS r, COALESCE(pg_catalog.current_setting('fencing.token', true), '') AS t) s"
+            C Q SELECT set_config('fencing.token', '5', false); UPDATE t SET v = 1
+                → Query "SELECT set_config('fencing.token', '5', false); SELECT * FROM fencing.check(1000, false); UPDATE t SET v = 1"
+        "#]],
+    );
+}

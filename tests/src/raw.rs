@@ -1,0 +1,142 @@
+//! A PostgreSQL client that sends exactly what a test says, for what no driver at hand does:
+//! start-up keys of any name (as asyncpg's `server_settings` and pgx's `RuntimeParams` send
+//! them), the extended protocol with several Executes before one Sync (as JDBC batches do),
+//! bound values for any statement. Blocking, trust authentication only, one message exchange
+//! at a time.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::Duration;
+
+use pg_wire::{Backend, msg};
+
+/// What PostgreSQL (through the proxy) answered to one exchange, up to its ReadyForQuery.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Answer {
+    /// The rows' columns as text (NULL as `None`).
+    pub rows: Vec<Vec<Option<String>>>,
+    /// The SQLSTATE and message of each error.
+    pub errors: Vec<(String, String)>,
+    /// The transaction status of the last ReadyForQuery.
+    pub status: char,
+}
+
+impl Answer {
+    /// The first error's SQLSTATE, or "" when there was none.
+    pub fn code(&self) -> &str {
+        self.errors.first().map_or("", |e| e.0.as_str())
+    }
+}
+
+pub struct Raw {
+    stream: TcpStream,
+    buf: Vec<u8>,
+}
+
+impl Raw {
+    /// Connects to `addr` (host:port) as `postgres` to database `postgres`, with `params`
+    /// added to the start-up packet.
+    pub fn connect(addr: &str, params: &[(&str, &str)]) -> Raw {
+        Raw::connect_as(addr, "postgres", params)
+    }
+
+    pub fn connect_as(addr: &str, user: &str, params: &[(&str, &str)]) -> Raw {
+        let stream =
+            TcpStream::connect(addr).unwrap_or_else(|e| panic!("connecting to {addr}: {e}"));
+        stream
+            .set_read_timeout(Some(crate::PATIENCE))
+            .expect("a read timeout");
+        let _ = stream.set_write_timeout(Some(Duration::from_secs(10)));
+        let mut raw = Raw {
+            stream,
+            buf: Vec::new(),
+        };
+        let mut all: Vec<(&[u8], &[u8])> =
+            vec![(b"user", user.as_bytes()), (b"database", b"postgres")];
+        all.extend(params.iter().map(|(k, v)| (k.as_bytes(), v.as_bytes())));
+        let mut packet = Vec::new();
+        msg::startup(&mut packet, &all);
+        raw.send(&packet);
+        let answer = raw.answer();
+        assert!(
+            answer.errors.is_empty(),
+            "start-up through {addr}: {answer:?}"
+        );
+        raw
+    }
+
+    fn send(&mut self, bytes: &[u8]) {
+        self.stream.write_all(bytes).expect("writing to the proxy");
+    }
+
+    fn message(&mut self) -> Vec<u8> {
+        loop {
+            if let Ok(Some(h)) = pg_wire::header(&self.buf, usize::MAX)
+                && self.buf.len() >= h.total
+            {
+                return self.buf.drain(..h.total).collect();
+            }
+            let mut chunk = [0u8; 16 << 10];
+            let n = self
+                .stream
+                .read(&mut chunk)
+                .expect("reading from the proxy");
+            assert!(n > 0, "the proxy closed the connection");
+            self.buf.extend_from_slice(&chunk[..n]);
+        }
+    }
+
+    /// Reads up to and including the next ReadyForQuery.
+    fn answer(&mut self) -> Answer {
+        let mut a = Answer::default();
+        loop {
+            let m = self.message();
+            match Backend::decode(&m).expect("a server message") {
+                Backend::DataRow { message } => a.rows.push(
+                    msg::data_row(message)
+                        .expect("a data row")
+                        .into_iter()
+                        .map(|c| c.map(|c| String::from_utf8_lossy(c).into_owned()))
+                        .collect(),
+                ),
+                Backend::Error(f) => a.errors.push((
+                    String::from_utf8_lossy(f.code).into_owned(),
+                    String::from_utf8_lossy(f.message).into_owned(),
+                )),
+                Backend::ReadyForQuery { status } => {
+                    a.status = status as char;
+                    return a;
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// A simple Query.
+    pub fn simple(&mut self, sql: &str) -> Answer {
+        let mut m = Vec::new();
+        msg::query(&mut m, sql.as_bytes());
+        self.send(&m);
+        self.answer()
+    }
+
+    /// Each statement parsed, bound with its text parameters and executed, all before one
+    /// Sync (one implicit transaction unless they hold BEGIN).
+    pub fn batch(&mut self, statements: &[(&str, &[&str])]) -> Answer {
+        let mut m = Vec::new();
+        for (sql, params) in statements {
+            msg::parse(&mut m, b"", sql.as_bytes(), &[]);
+            let params: Vec<&[u8]> = params.iter().map(|p| p.as_bytes()).collect();
+            msg::bind(&mut m, b"", b"", &params);
+            msg::execute(&mut m, b"", 0);
+        }
+        msg::sync(&mut m);
+        self.send(&m);
+        self.answer()
+    }
+
+    /// One statement with bound parameters (Parse, Bind, Execute, Sync).
+    pub fn extended(&mut self, sql: &str, params: &[&str]) -> Answer {
+        self.batch(&[(sql, params)])
+    }
+}
