@@ -53,6 +53,9 @@ pub(crate) struct Request {
     /// The path (without the query) in the input; empty for `*` and for an absolute-form
     /// target without a path (both mean `/` to the routes).
     pub path: Range<usize>,
+    /// The path's normal form when it differs from the input's (`crate::path`): the one the
+    /// routes judge and the upstream receives.
+    pub normalized: Option<String>,
     /// The `Fencing-Token` and `Fencing-Resource` values in the input, and how many of each
     /// there were.
     pub token: Option<Range<usize>>,
@@ -260,6 +263,11 @@ pub(crate) fn request(
     } else {
         offset(buf, path_text.as_bytes())
     };
+    let normalized = if path_text.starts_with('/') {
+        crate::path::normalize(path_text).map_err(|e| Reject::Bad(e.0))?
+    } else {
+        None
+    };
 
     let (length, chunked) = body_headers(headers).map_err(Reject::Bad)?;
     let framing = if chunked {
@@ -287,7 +295,14 @@ pub(crate) fn request(
         if !origin.starts_with('/') {
             out.push(b'/');
         }
-        out.extend_from_slice(origin.as_bytes());
+        match &normalized {
+            // The normal path, then the query as it came.
+            Some(p) => {
+                out.extend_from_slice(p.as_bytes());
+                out.extend_from_slice(&origin.as_bytes()[path_text.len()..]);
+            }
+            None => out.extend_from_slice(origin.as_bytes()),
+        }
     }
     out.extend_from_slice(b" HTTP/1.1\r\n");
     let mut host: Option<&[u8]> = authority.map(str::as_bytes);
@@ -379,6 +394,7 @@ pub(crate) fn request(
         head_len,
         method,
         path,
+        normalized,
         token,
         tokens,
         resource,

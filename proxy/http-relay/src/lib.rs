@@ -1,5 +1,7 @@
 //! http-relay: a reverse proxy for HTTP services that fences writes by token.
 //!
+//! - `path`: request paths in their normal form (RFC 3986 §6.2.2), which the routes judge and
+//!   the upstream receives;
 //! - `routes`: which requests are fenced and which resource they name;
 //! - `fence`: the rule (stale refused, equal shared, higher raises) and the barrier that keeps a
 //!   new token from overtaking older requests still at the upstream; durable marks behind a
@@ -29,6 +31,7 @@
 mod fence;
 mod h1;
 mod marks;
+mod path;
 mod problem;
 mod relay;
 mod routes;

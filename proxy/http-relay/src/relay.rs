@@ -301,7 +301,10 @@ impl Conn<'_> {
     /// Relays one request and its response. Returns whether the connection stays open.
     async fn exchange(&mut self, req: h1::Request) -> bool {
         let relay = self.relay;
-        let path = std::str::from_utf8(&self.input[req.path.clone()]).unwrap_or("/");
+        let path = match &req.normalized {
+            Some(p) => p.as_str(),
+            None => std::str::from_utf8(&self.input[req.path.clone()]).unwrap_or("/"),
+        };
         let path = if path.is_empty() { "/" } else { path };
         let admission = match relay.routes.classify(&req.method, path) {
             Classification::Pass => None,

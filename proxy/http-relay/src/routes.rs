@@ -4,8 +4,13 @@
 //! names its resource either with a template over the path's captures (`inventory:{sku}`) or
 //! with the request's `Fencing-Resource` header. Routes are tried in order; the first match
 //! decides. With no routes configured, every method except GET, HEAD and OPTIONS is fenced and
-//! the resource comes from the header. With routes configured, a request no route matches is
-//! relayed unfenced (`unmatched = "pass"`), or fenced by header (`unmatched = "fence"`).
+//! the resource comes from the header. With routes configured, a request no route matches, with
+//! a method other than GET, HEAD or OPTIONS, is fenced by header (`unmatched = "fence"`, the
+//! default: a path the routes do not know may still reach a fenced handler upstream), or
+//! relayed unfenced when the configuration says `unmatched = "pass"`.
+//!
+//! Paths are matched in their normal form (`crate::path`); a trailing slash matches as if it
+//! were not there (`/inventory/sku-1/` names `inventory:sku-1`, as most frameworks route it).
 //!
 //! Templates are checked when the configuration is loaded (a capture in the resource template
 //! that the path does not define, a character a resource name cannot hold): a bad route is a
@@ -44,10 +49,10 @@ fn yes() -> bool {
 #[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
 pub enum Unmatched {
-    /// Relay it unfenced (the default when routes are configured).
-    #[default]
+    /// Relay it unfenced: an explicit opt-out.
     Pass,
-    /// Fence it, with the resource from the `Fencing-Resource` header.
+    /// Fence it, with the resource from the `Fencing-Resource` header (the default).
+    #[default]
     Fence,
 }
 
@@ -137,11 +142,7 @@ impl Routes {
             .iter()
             .map(parse_route)
             .collect::<Result<Vec<_>, _>>()?;
-        let unmatched = match unmatched {
-            Some(u) => u,
-            None if routes.is_empty() => Unmatched::Fence,
-            None => Unmatched::Pass,
-        };
+        let unmatched = unmatched.unwrap_or_default();
         Ok(Routes { routes, unmatched })
     }
 
@@ -308,6 +309,11 @@ fn parse_template(path: &str, t: &str, names: &HashSet<String>) -> Result<Vec<Pi
 /// Matches `path` against a template; returns the captures (name, value).
 fn match_path<'r, 'p>(template: &'r [Segment], path: &'p str) -> Option<Vec<(&'r str, &'p str)>> {
     let rest = path.strip_prefix('/')?;
+    let rest = if rest.len() > 1 {
+        rest.strip_suffix('/').unwrap_or(rest)
+    } else {
+        rest
+    };
     let mut parts: Vec<&'p str> = if rest.is_empty() {
         Vec::new()
     } else {
@@ -420,9 +426,10 @@ mod tests {
             r.classify(&Method::POST, "/payments/acme/charges/7"),
             named("pay/acme")
         );
+        // A method the route does not list: unmatched, so fenced by header.
         assert_eq!(
             r.classify(&Method::PUT, "/payments/acme/charges/7"),
-            Classification::Pass
+            Classification::FenceByHeader
         );
         assert_eq!(
             r.classify(&Method::DELETE, "/files/a/b/c.txt"),
@@ -432,23 +439,30 @@ mod tests {
             r.classify(&Method::PUT, "/by-header"),
             Classification::FenceByHeader
         );
-        // Unmatched paths pass when routes are configured, and segments must match exactly.
+        // A trailing slash matches as if it were not there.
         assert_eq!(
-            r.classify(&Method::POST, "/inventory/sku-1/extra"),
-            Classification::Pass
+            r.classify(&Method::PUT, "/inventory/sku-1/"),
+            named("inventory:sku-1")
         );
+        // Unmatched writes are fenced by header, and segments must match exactly; unmatched
+        // reads pass.
+        for p in [
+            "/inventory/sku-1/extra",
+            "/inventory/",
+            "/inventory//",
+            "/elsewhere",
+        ] {
+            assert_eq!(
+                r.classify(&Method::POST, p),
+                Classification::FenceByHeader,
+                "{p}"
+            );
+        }
+        assert_eq!(r.classify(&Method::GET, "/elsewhere"), Classification::Pass);
+        let open = Routes::new(&[route(None, "/x", None)], Some(Unmatched::Pass)).unwrap();
         assert_eq!(
-            r.classify(&Method::POST, "/inventory/"),
+            open.classify(&Method::POST, "/elsewhere"),
             Classification::Pass
-        );
-        assert_eq!(
-            r.classify(&Method::POST, "/elsewhere"),
-            Classification::Pass
-        );
-        let strict = Routes::new(&[route(None, "/x", None)], Some(Unmatched::Fence)).unwrap();
-        assert_eq!(
-            strict.classify(&Method::POST, "/elsewhere"),
-            Classification::FenceByHeader
         );
     }
 

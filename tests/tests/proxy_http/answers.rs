@@ -154,7 +154,7 @@ fn routes_name_resources_from_the_path() {
         (stale.status, stale.json()["resource"].as_str()),
         (409, Some("inventory:a"))
     );
-    // An unfenced route and an unmatched path pass without a token.
+    // An unfenced route passes without a token; an unmatched write is fenced by header.
     assert_eq!(
         rt.block_on(send(
             &c,
@@ -175,7 +175,7 @@ fn routes_name_resources_from_the_path() {
             body("")
         ))
         .status,
-        200
+        428
     );
     let bad = rt.block_on(send(
         &c,

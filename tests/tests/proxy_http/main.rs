@@ -11,6 +11,7 @@
 //! Needs the binaries: `cargo build --bins` first.
 
 mod answers;
+mod bypass;
 mod durability;
 mod ordering;
 mod replicas;
