@@ -646,7 +646,7 @@ fn a_fenced_session_idle_in_its_transaction_gets_its_error_when_it_speaks() {
             S Z T                    forward
             S Z T                    hide
             mark r 6
-            S F 57P01                hold: FATAL FN003
+            S F 57P01                hold: ERROR FN003, Z I
         "#]],
     );
     // Waiting for an answer, the client gets it at once; without a token, PostgreSQL's own.
@@ -676,10 +676,10 @@ fn a_fenced_session_idle_in_its_transaction_gets_its_error_when_it_speaks() {
             S 2                      hide
             S D r 5                  hide
             S C SELECT 1             hide
-            S F 57P01                replace: FATAL FN003
+            S F 57P01                replace: ERROR FN003, Z I
             C Q SELECT 1
                 → Query "SELECT 1"
-            S F 57P01                replace: FATAL FN003
+            S F 57P01                replace: ERROR FN003, Z I
         "#]],
     );
 }

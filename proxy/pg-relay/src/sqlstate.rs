@@ -58,7 +58,11 @@ pub fn not_installed(out: &mut Vec<u8>, cause: &[u8]) {
     );
 }
 
-/// FN003, in place of PostgreSQL's "terminating connection due to administrator command".
+/// FN003, in place of PostgreSQL's FATAL "terminating connection due to administrator
+/// command": an ERROR and a ReadyForQuery, as the answer to the client's request, and then the
+/// connection closes. (As a FATAL, some drivers report a lost connection instead of the error:
+/// asyncpg raises ConnectionDoesNotExistError; as an error that answers a request, every
+/// driver tried raises it with its SQLSTATE.)
 pub fn fenced_out(out: &mut Vec<u8>, resource: &str, token: i64, newer: Option<i64>) {
     let why = match newer {
         Some(h) => format!("a newer token ({h}) for the resource waited for it"),
@@ -67,15 +71,18 @@ pub fn fenced_out(out: &mut Vec<u8>, resource: &str, token: i64, newer: Option<i
     msg::error_response(
         out,
         &ErrorResponse {
-            severity: "FATAL",
+            severity: "ERROR",
             code: FENCED_OUT,
             message: &format!(
                 "fenced: PostgreSQL ended this session's open transaction with fencing token {token} for resource '{resource}': {why}"
             ),
-            detail: Some("the transaction was rolled back; nothing it wrote was kept"),
+            detail: Some(
+                "the transaction was rolled back; nothing it wrote was kept; this connection closes now",
+            ),
             hint: Some(NEW_TOKEN_HINT),
         },
     );
+    msg::ready_for_query(out, b'I');
 }
 
 /// A FATAL error of the proxy's own (the connection closes after it).

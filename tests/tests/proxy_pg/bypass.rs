@@ -271,14 +271,14 @@ mod catalogue {
                     "SELECT pg_reload_conf()",
                 ]);
                 // The reload reaches the session when it next reads a command. (Asked without
-                // naming the setting in the text, as an application would not.)
+                // naming the setting in the text, as an application would not; with the stale
+                // token the read itself is refused once it has.)
                 let seen = (0..1000)
-                    .map(|_| {
-                        c.simple(
-                            "SELECT setting FROM pg_settings WHERE name = 'fen' || 'cing.token'",
-                        )
-                    })
-                    .find(|a| a.rows.first().and_then(|r| r[0].clone()).as_deref() == Some(t));
+                    .map(|_| c.simple("SELECT current_setting('fen' || 'cing.token', true)"))
+                    .find(|a| {
+                        a.code() == "FN001"
+                            || a.rows.first().and_then(|r| r[0].clone()).as_deref() == Some(t)
+                    });
                 assert!(seen.is_some(), "the reload never reached the session");
                 let a = c.simple(UPDATE);
                 s.pg.psql_each(&["ALTER SYSTEM RESET ALL", "SELECT pg_reload_conf()"]);

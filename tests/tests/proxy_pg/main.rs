@@ -14,6 +14,7 @@
 mod bypass;
 mod clients;
 mod combined;
+mod drivers;
 mod fencing;
 mod input;
 mod replicas;
