@@ -331,6 +331,33 @@ async fn send(
     }
 }
 
+/// How a client declares its token to the PostgreSQL mode: each write takes the next way in
+/// turn (by its token), so that a run mixes them all. Every way ends in the same settings; the
+/// proxy must fence them alike (invariant 9).
+#[derive(Clone, Copy, Debug)]
+enum Declare {
+    /// `SET fencing.resource = ...; SET fencing.token = ...; BEGIN` in one simple Query.
+    Set,
+    /// `SELECT set_config($1, $2, false)` with bound values (extended protocol), then `BEGIN`.
+    BoundSetConfig,
+    /// A new connection with `options='-c fencing.resource=... -c fencing.token=...'`.
+    StartupOptions,
+    /// `BEGIN`, then a helper function of the database (`fencing_declare`) inside the writing
+    /// transaction.
+    HelperInTransaction,
+}
+
+impl Declare {
+    fn for_token(token: u64) -> Declare {
+        match token % 4 {
+            0 => Declare::Set,
+            1 => Declare::BoundSetConfig,
+            2 => Declare::StartupOptions,
+            _ => Declare::HelperInTransaction,
+        }
+    }
+}
+
 /// One transaction: read the counter, write it plus one, log the write. Outcomes: a
 /// transaction that failed before its COMMIT was sent did not commit (`Fail`); an error or
 /// silence after COMMIT was sent is `Info`.
@@ -345,10 +372,18 @@ async fn pg_rmw(
         Some(d) => format!("SQLSTATE {}: {}", d.code().code(), d.message()),
         None => e.to_string(),
     };
+    let way = Declare::for_token(token);
+    let conninfo = match way {
+        Declare::StartupOptions => {
+            *session = None;
+            format!("{conninfo} options='-c fencing.resource={resource} -c fencing.token={token}'")
+        }
+        _ => conninfo.to_string(),
+    };
     if session.is_none() {
         match tokio::time::timeout(
             OP_TIMEOUT,
-            tokio_postgres::connect(conninfo, tokio_postgres::NoTls),
+            tokio_postgres::connect(&conninfo, tokio_postgres::NoTls),
         )
         .await
         {
@@ -361,12 +396,31 @@ async fn pg_rmw(
         }
     }
     let db = session.as_ref().expect("connected just above");
+    let t = token.to_string();
     let before_commit = async {
-        // The resource and token are ours (digits and `counter:N`), safe to quote as literals.
-        db.batch_execute(&format!(
-            "SET fencing.resource = '{resource}'; SET fencing.token = '{token}'; BEGIN"
-        ))
-        .await?;
+        match way {
+            // The resource and token are ours (digits and `counter:N`), safe to quote as literals.
+            Declare::Set => {
+                db.batch_execute(&format!(
+                    "SET fencing.resource = '{resource}'; SET fencing.token = '{token}'; BEGIN"
+                ))
+                .await?
+            }
+            Declare::BoundSetConfig => {
+                db.execute(
+                    "SELECT set_config('fencing.resource', $1, false), set_config('fencing.token', $2, false)",
+                    &[&resource, &t],
+                )
+                .await?;
+                db.batch_execute("BEGIN").await?;
+            }
+            Declare::StartupOptions => db.batch_execute("BEGIN").await?,
+            Declare::HelperInTransaction => {
+                db.batch_execute("BEGIN").await?;
+                db.execute("SELECT fencing_declare($1, $2)", &[&resource, &t])
+                    .await?;
+            }
+        }
         let value: i64 = db
             .query_one(
                 "SELECT value FROM counters WHERE resource = $1",
@@ -402,6 +456,8 @@ async fn pg_rmw(
     };
     match tokio::time::timeout(OP_TIMEOUT, db.batch_execute("COMMIT")).await {
         Ok(Ok(())) => Outcome::Ok(n as u64),
+        // An error answering COMMIT (a stale token at the commit point, or FN003: the
+        // transaction was ended for a newer token) means it did not commit.
         Ok(Err(e)) if e.as_db_error().is_some() => Outcome::Fail(why(e)),
         Ok(Err(e)) => Outcome::Info(format!("COMMIT: {}", why(e))),
         Err(_) => Outcome::Info("COMMIT: no answer in time".to_string()),

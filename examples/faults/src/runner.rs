@@ -226,6 +226,8 @@ pub fn run(cli: &Cli) -> anyhow::Result<bool> {
             pg.psql(&format!(
                 "CREATE TABLE counters (resource text PRIMARY KEY, value bigint NOT NULL, n bigint NOT NULL);
                  CREATE TABLE applied (resource text NOT NULL, id text PRIMARY KEY, token bigint NOT NULL, n bigint NOT NULL);
+                 CREATE FUNCTION fencing_declare(r text, t text) RETURNS void LANGUAGE sql AS
+                   $$ SELECT set_config('fencing.resource', r, false), set_config('fencing.token', t, false) $$;
                  INSERT INTO counters VALUES {}",
                 rows.join(", ")
             ));

@@ -1283,16 +1283,17 @@ impl Machine {
         if from_check {
             return self.on_check_error(fields, check, marks);
         }
-        if fields.severity == b"FATAL" && fields.code == b"57P01" {
+        // PostgreSQL ended the session while it sat idle in a transaction that passed a check
+        // with a token: nothing of it can have committed (nothing was in flight), and a newer
+        // token ending it is what fence_wait_ms does. Said as FN003, in answer to the client's
+        // next message. With anything in flight the outcome is not known (a shutdown may have
+        // raced a commit): PostgreSQL's own error goes as it is.
+        if fields.severity == b"FATAL" && fields.code == b"57P01" && self.idle() {
             if let Some(Some((resource, token))) = &self.checked_txn {
                 let newer = marks.mark(resource).filter(|h| h > token);
                 let mut out = Vec::new();
                 sqlstate::fenced_out(&mut out, resource, *token, newer);
-                return if self.idle() {
-                    Verdict::Hold(out)
-                } else {
-                    Verdict::Replace(out)
-                };
+                return Verdict::Hold(out);
             }
         }
         Verdict::Forward

@@ -74,6 +74,24 @@ fn a_fault_run_through_the_postgres_mode_holds() {
 }
 
 #[test]
+fn a_fault_run_through_the_postgres_mode_without_fencing_is_caught() {
+    // The clients declare their tokens four ways in turn (SET, bound set_config, start-up
+    // options, a helper function in the transaction): with the proxy in the way the run above
+    // holds; without it, the zombies' writes land and the checker must say so.
+    let (code, out, _dir) = faults(&[
+        "--mode",
+        "pg",
+        "--seed",
+        "6",
+        "--fault-count",
+        "10",
+        "--no-fencing",
+    ]);
+    assert_eq!(code, Some(1), "{out}");
+    assert!(out.contains("VIOLATED  fencing"), "{out}");
+}
+
+#[test]
 fn a_fault_run_without_fencing_is_caught_by_the_checker() {
     let (code, out, _dir) = faults(&[
         "--mode",
