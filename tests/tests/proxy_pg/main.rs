@@ -17,6 +17,7 @@ mod combined;
 mod drivers;
 mod fencing;
 mod input;
+mod protected;
 mod replicas;
 
 use e2e::FenceProxy;
