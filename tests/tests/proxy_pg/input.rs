@@ -148,6 +148,11 @@ fn an_upstream_down_and_the_connection_limit_get_clear_errors() {
             .err()
             .expect("a third connection is refused");
         assert_eq!(code(&e), "53300", "{e}");
+        // libpq asks for TLS first (sslmode=prefer, its default): the refusal comes after the
+        // SSLRequest was answered, so psql shows it.
+        let (ok, _, err) = crate::psql(s.addr(), "SELECT 1", &[("PGSSLMODE", "prefer")]);
+        assert!(!ok);
+        assert!(err.contains("FATAL:  fence-proxy: too many connections"), "{err}");
     });
     // A proxy whose PostgreSQL is not there.
     let dir = tempfile::tempdir().unwrap();
