@@ -67,19 +67,13 @@ echo 'SELECT 1;' >"$OUT/select1.sql"
 { echo '\set aid random(1, 100000 * :scale)'
   echo 'SELECT 1 \; UPDATE pgbench_accounts SET abalance = abalance + 1 WHERE aid = :aid;'
 } >"$OUT/update-select1.sql"
-# The fast path as fence-proxy prepares and sends it, read from its source (CHECK_LOCK and
-# CHECK_FAST in proxy/pg-relay/src/schema.rs, `$1` = 1000), in one pipeline like the proxy's batch.
-python3 - proxy/pg-relay/src/schema.rs >"$OUT/fast.sql" <<'PY'
-import re, sys
-src = open(sys.argv[1]).read()
-def const(name):
-    m = re.search(r'pub const %s: &\[u8\] = b"(.*?)";' % name, src, re.S)
-    return re.sub(r'\\\n\s*', '', m.group(1)).replace('$1', '1000')
-print('\\startpipeline')
-print(const('CHECK_LOCK') + ';')
-print(const('CHECK_FAST') + ';')
-print('\\endpipeline')
-PY
+# The checks as fence-proxy prepares and sends them (`fence-proxy pg print-checks`, `$1` = 1000):
+# the fast path (lock and read) in one pipeline like the proxy's batch, and the form a session
+# without a token gets.
+target/release/fence-proxy pg print-checks >"$OUT/checks.tsv"
+check_text() { awk -F'\t' -v n="$1" '$1 == n { print $2 }' "$OUT/checks.tsv" | sed 's/\$1/1000/g'; }
+{ echo '\startpipeline'; echo "$(check_text __fence_proxy_lock);"; echo "$(check_text __fence_proxy_fast);"; echo '\endpipeline'; } >"$OUT/fast.sql"
+echo "$(check_text __fence_proxy_any);" >"$OUT/any.sql"
 TOKEN="-c fencing.resource=bench:accounts -c fencing.token=42"
 
 RESULTS="$OUT/results.txt"; : >"$RESULTS"
@@ -145,6 +139,13 @@ run "SELECT 1 prepared direct" $PG 1 "" -- -M prepared -f "$OUT/select1.sql"
 run "fast path prepared direct (a current token)" $PG 1 "$TOKEN" -- -M prepared -f "$OUT/fast.sql"
 run "fencing.check(1000) direct (the full check)" $PG 1 "$TOKEN" -- -f "$OUT/check.sql"
 run "fencing.check(1000, true) direct (a current token)" $PG 1 "$TOKEN" -- -f "$OUT/check-current.sql"
+run "no-token check prepared direct (a session without a token)" $PG 1 "" -- -M prepared -f "$OUT/any.sql"
+# A protected table: the statement trigger's cost per write, directly (no proxy), with a token.
+run "token-update direct, unprotected" $PG 1 "$TOKEN" -- -f "$OUT/update.sql"
+"$PGBIN/psql" -h 127.0.0.1 -p $PG -U postgres -qc "SELECT fencing.protect('pgbench_accounts', 'bench:')"
+run "token-update direct, protected table" $PG 1 "$TOKEN" -- -f "$OUT/update.sql"
+run "token-update fence-proxy (token), protected table" $PROXY 1 "$TOKEN" -- -f "$OUT/update.sql"
+"$PGBIN/psql" -h 127.0.0.1 -p $PG -U postgres -qc "SELECT fencing.unprotect('pgbench_accounts')"
 # Medians of the per-round ratios.
 python3 - "$RESULTS" <<'PY2'
 import statistics, sys, collections

@@ -22,11 +22,18 @@ fn main() -> ExitCode {
     tame_malloc();
     let cli = Cli::parse();
     if let Some(config::Mode::Pg(config::PgArgs {
-        action: Some(config::PgAction::PrintSchema),
+        action: Some(action),
         ..
     })) = &cli.mode
     {
-        print!("{}", pg_relay::schema::SQL);
+        match action {
+            config::PgAction::PrintSchema => print!("{}", pg_relay::schema::SQL),
+            config::PgAction::PrintChecks => {
+                for (name, text) in pg_relay::schema::prepared_statements() {
+                    println!("{name}\t{text}");
+                }
+            }
+        }
         return ExitCode::SUCCESS;
     }
     let config = match Config::from_cli(&cli) {

@@ -56,7 +56,7 @@ const LOCK: &[u8] = b"__fence_proxy_lock";
 const FAST: &[u8] = b"__fence_proxy_fast";
 const BARE: &[u8] = b"__fence_proxy_bare";
 const DECLARED: &[u8] = b"__fence_proxy_declared";
-const STATEMENTS: [(&[u8], &[u8], &[u32]); 5] = [
+pub(crate) const STATEMENTS: [(&[u8], &[u8], &[u32]); 5] = [
     (BARE, schema::CHECK_BARE, &[23]),
     (ANY, schema::CHECK_ANY, &[23]),
     (LOCK, schema::CHECK_LOCK, &[]),

@@ -96,6 +96,19 @@ pub fn check_text(wait_ms: &str, current: bool, declared: bool, installed: bool)
     }
 }
 
+/// The statements the relay prepares on each server connection, by name, as text.
+pub fn prepared_statements() -> Vec<(&'static str, String)> {
+    crate::machine::STATEMENTS
+        .iter()
+        .map(|(name, text, _)| {
+            (
+                std::str::from_utf8(name).expect("ASCII names"),
+                String::from_utf8_lossy(text).into_owned(),
+            )
+        })
+        .collect()
+}
+
 /// Why the check could not be installed. (The sqlx error is part of the message rather than a
 /// `source`: its own chain repeats its text, so a reporter that prints causes would say it
 /// three times.)
