@@ -135,6 +135,25 @@ impl Raw {
         self.answer()
     }
 
+    /// Prepares `sql` as the named statement `name` (Parse, Sync).
+    pub fn prepare(&mut self, name: &str, sql: &str) -> Answer {
+        let mut m = Vec::new();
+        msg::parse(&mut m, name.as_bytes(), sql.as_bytes(), &[]);
+        msg::sync(&mut m);
+        self.send(&m);
+        self.answer()
+    }
+
+    /// Binds and executes the named statement `name`, without parameters (Bind, Execute, Sync).
+    pub fn execute_prepared(&mut self, name: &str) -> Answer {
+        let mut m = Vec::new();
+        msg::bind(&mut m, b"", name.as_bytes(), &[]);
+        msg::execute(&mut m, b"", 0);
+        msg::sync(&mut m);
+        self.send(&m);
+        self.answer()
+    }
+
     /// One statement with bound parameters (Parse, Bind, Execute, Sync).
     pub fn extended(&mut self, sql: &str, params: &[&str]) -> Answer {
         self.batch(&[(sql, params)])

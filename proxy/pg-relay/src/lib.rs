@@ -78,8 +78,11 @@ struct CancelTarget {
 /// What the sessions of one listener share.
 pub struct Relay {
     config: PgRelayConfig,
-    /// Highest token seen accepted (or reported) per resource: a cache, never the authority.
-    marks: DashMap<CompactString, i64>,
+    /// Highest token seen accepted (or reported) per database and resource: a cache, never the
+    /// authority. Per database: two databases behind one listener have marks of their own.
+    marks: DashMap<CompactString, Arc<Marks>>,
+    /// Entries in all of `marks`, bounded by `marks_max`.
+    marks_len: Arc<AtomicUsize>,
     cancels: DashMap<i32, CancelTarget>,
     connections: AtomicUsize,
 }
@@ -89,6 +92,7 @@ impl Relay {
         Relay {
             config,
             marks: DashMap::new(),
+            marks_len: Arc::new(AtomicUsize::new(0)),
             cancels: DashMap::new(),
             connections: AtomicUsize::new(0),
         }
@@ -103,24 +107,22 @@ impl Relay {
         self.connections.load(Ordering::Relaxed)
     }
 
-    /// The highest token this relay has seen for `resource`.
-    pub fn mark(&self, resource: &str) -> Option<i64> {
-        self.marks.get(resource).map(|m| *m)
-    }
-
-    fn raise_mark(&self, resource: &str, token: i64) {
-        if let Some(mut m) = self.marks.get_mut(resource) {
-            if *m < token {
-                *m = token;
-            }
-            return;
+    /// The marks of the sessions of `database`.
+    pub(crate) fn marks_of(&self, database: &str) -> Arc<Marks> {
+        if let Some(m) = self.marks.get(database) {
+            return Arc::clone(&m);
         }
-        if self.marks.len() < self.config.marks_max {
-            let mut m = self.marks.entry(resource.into()).or_insert(token);
-            if *m < token {
-                *m = token;
-            }
-        }
+        let fresh = Marks {
+            map: DashMap::new(),
+            len: Arc::clone(&self.marks_len),
+            max: self.config.marks_max,
+        };
+        Arc::clone(
+            &self
+                .marks
+                .entry(database.into())
+                .or_insert_with(|| Arc::new(fresh)),
+        )
     }
 
     /// Registers a session's cancel key and returns the pid and key handed to the client.
@@ -179,13 +181,40 @@ impl Relay {
     }
 }
 
-impl machine::Marks for Relay {
+/// The in-memory marks of one database.
+pub(crate) struct Marks {
+    map: DashMap<CompactString, i64>,
+    len: Arc<AtomicUsize>,
+    max: usize,
+}
+
+impl machine::Marks for Marks {
     fn mark(&self, resource: &str) -> Option<i64> {
-        Relay::mark(self, resource)
+        self.map.get(resource).map(|m| *m)
     }
 
     fn raise(&self, resource: &str, token: i64) {
-        self.raise_mark(resource, token);
+        if let Some(mut m) = self.map.get_mut(resource) {
+            if *m < token {
+                *m = token;
+            }
+            return;
+        }
+        // Past `marks_max`, new resources are simply checked by PostgreSQL alone.
+        if self.len.load(Ordering::Relaxed) < self.max {
+            let mut inserted = false;
+            let mut m = self.map.entry(resource.into()).or_insert_with(|| {
+                inserted = true;
+                token
+            });
+            if *m < token {
+                *m = token;
+            }
+            drop(m);
+            if inserted {
+                self.len.fetch_add(1, Ordering::Relaxed);
+            }
+        }
     }
 }
 

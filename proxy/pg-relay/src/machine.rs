@@ -55,13 +55,13 @@ const ANY: &[u8] = b"__fence_proxy_any";
 const LOCK: &[u8] = b"__fence_proxy_lock";
 const FAST: &[u8] = b"__fence_proxy_fast";
 const BARE: &[u8] = b"__fence_proxy_bare";
-const DECLARED: &[u8] = b"__fence_proxy_declared";
-pub(crate) const STATEMENTS: [(&[u8], &[u8], &[u32]); 5] = [
-    (BARE, schema::CHECK_BARE, &[23]),
-    (ANY, schema::CHECK_ANY, &[23]),
+/// Parameters: the fence wait in milliseconds (int4), and whether the check is at the
+/// transaction's commit point (bool; see `schema.rs`).
+pub(crate) const STATEMENTS: [(&[u8], &[u8], &[u32]); 4] = [
+    (BARE, schema::CHECK_BARE, &[23, 16]),
+    (ANY, schema::CHECK_ANY, &[23, 16]),
     (LOCK, schema::CHECK_LOCK, &[]),
-    (FAST, schema::CHECK_FAST, &[23]),
-    (DECLARED, schema::CHECK_DECLARED, &[23]),
+    (FAST, schema::CHECK_FAST, &[23, 16]),
 ];
 /// The portal of a check placed before a client's Execute (the client's own portal, bound
 /// earlier, may be the unnamed one, which a Bind of ours would replace).
@@ -111,6 +111,10 @@ pub(crate) struct Plan {
     pending: bool,
     /// Statements that may touch data since that check (saturating).
     data: u32,
+    /// A check before the statements ran in this transaction (it took the resource's lock and
+    /// made the token the mark, if it passed): the check at the commit point takes the fast
+    /// form.
+    before_checked: bool,
 }
 
 /// Whether the check a statement needs goes right after it instead of before it: the
@@ -130,22 +134,45 @@ impl Plan {
         checked: false,
         pending: false,
         data: 0,
+        before_checked: false,
     };
 
-    /// Whether a check must run before a statement of this kind (see [`check_after`] for
-    /// where it goes when the statement itself declares the token).
+    /// Whether the transaction needs a check for a statement of this kind: for one that may
+    /// touch data, a check that has not run yet (or ran before a visible settings change);
+    /// for a commit, a check after the statements that may have touched data since the last
+    /// one; for a statement of unknown text, both (it may be either). Where the check goes
+    /// (before the statement, right after it, or at the commit point) the machine decides
+    /// (`Machine::defer`, [`check_after`]).
     fn needs_check(&self, kind: Kind) -> bool {
         match kind {
             Kind::Data | Kind::CopyIn => !self.checked || self.pending,
-            Kind::Commit { .. } => self.data >= 2,
+            Kind::Commit { .. } => self.data >= 1,
+            Kind::Unknown => !self.checked || self.pending || self.data >= 1,
             _ => false,
         }
     }
 
     /// Whether the end of the unit (a Sync, the end of a query string) is a commit point that
-    /// needs a check.
+    /// needs a check: an implicit transaction in which a statement that may touch data ran
+    /// since the last check.
     fn end_needs_check(&self) -> bool {
-        self.open == Open::Implicit && self.data >= 2
+        self.open == Open::Implicit && self.data >= 1
+    }
+
+    /// A declared check ran ([`Form::Declared`]): it covered the statements before it, but
+    /// passed half a declaration, so the next statement that may touch data needs a full one.
+    fn declared_now(&mut self) {
+        if self.open == Open::No {
+            self.open = Open::Implicit;
+        }
+        self.data = 0;
+        self.pending = true;
+    }
+
+    /// A check before the statements ran ([`Form::Before`]).
+    fn checked_before(&mut self) {
+        self.checked_now();
+        self.before_checked = true;
     }
 
     fn checked_now(&mut self) {
@@ -185,6 +212,7 @@ impl Plan {
             Kind::RollbackTo => {
                 // The check's lock may have been taken after the savepoint: it is gone.
                 self.checked = false;
+                self.before_checked = false;
                 self.pending = true;
                 false
             }
@@ -204,6 +232,16 @@ impl Plan {
                 self.data = self.data.saturating_add(1);
                 self.pending |= class.mentions_settings;
                 class.mentions_settings
+            }
+            Kind::Unknown => {
+                // It may have written, changed the settings, or ended the check's transaction.
+                if self.open == Open::No {
+                    self.open = Open::Implicit;
+                }
+                self.data = self.data.saturating_add(1);
+                self.pending = true;
+                self.checked = false;
+                true
             }
         }
     }
@@ -229,14 +267,18 @@ impl Plan {
     }
 }
 
-/// Which check to send.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Which check to send, and what the plan makes of it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum Form {
-    /// The transaction's check: it decides, and the plan counts it.
-    Full,
-    /// Right after a statement that declares the token: half a declaration passes while the
-    /// transaction has written nothing.
+    /// Right after a statement that declares the token: at its commit point, and the next
+    /// statement that may touch data is checked before it ([`Plan::declared_now`]).
     Declared,
+    /// At the transaction's commit point, after its statements: in a transaction that has
+    /// written nothing it need not judge (a stale or half declaration is refused where the
+    /// writes are).
+    Commit,
+    /// Before the statements: it judges, raises or refuses, and takes the resource's lock.
+    Before,
 }
 
 /// One check the relay sent, as the reply to it is awaited.
@@ -250,6 +292,8 @@ struct Check {
     generation: u64,
     /// The bare form (no check installed): its cast error means "a token, and no check".
     bare: bool,
+    /// At a commit point: it may answer without judging (a NULL resource).
+    at_commit: bool,
 }
 
 /// What PostgreSQL will answer next, in order.
@@ -266,6 +310,13 @@ enum Expect {
     },
     Describe,
     Execute,
+    /// A client's simple Query of one statement, sent as Parse, Bind, Describe and Execute so
+    /// that a check can follow it in its transaction (`Machine::send_converted`): its
+    /// ParseComplete, BindComplete and NoData are hidden, its RowDescription, rows and
+    /// completion forwarded, and its errors are the client's.
+    QueryParse,
+    QueryBind,
+    QueryDescribe,
     /// The Execute of a check of ours: its row is read, everything hidden.
     Check(Check),
     /// The Execute of the fast path's lock statement: hidden.
@@ -361,13 +412,15 @@ pub(crate) struct Machine {
     unnamed_portal: Class,
     /// The last check's result, a hint for the next one's form: (resource, token, generation).
     hint: Option<(CompactString, i64, u64)>,
+    /// The last check found no token, under this settings generation.
+    no_token: Option<u64>,
     /// A settled check refused this token: (resource, token, highest, generation).
     stale: Option<(CompactString, i64, i64, u64)>,
     cache_refusals: u32,
     /// The open transaction passed a check: with this token, or `None` without one.
     checked_txn: Option<Option<(CompactString, i64)>>,
     /// The row of the check being answered.
-    check_row: Option<(CompactString, Option<i64>)>,
+    check_row: Option<CheckRow>,
     local: VecDeque<Local>,
     /// Bytes for the server that the server direction decided on (the probe).
     to_server: Vec<u8>,
@@ -401,6 +454,7 @@ impl Machine {
             portals: HashMap::new(),
             unnamed_portal: Class::UNKNOWN,
             hint: None,
+            no_token: None,
             stale: None,
             cache_refusals: 0,
             checked_txn: None,
@@ -591,13 +645,13 @@ impl Machine {
                 .copied()
                 .unwrap_or(Class::UNKNOWN)
         };
-        if self.plan.needs_check(class.kind) && !check_after(class) {
+        if self.plan.needs_check(class.kind) && !check_after(class) && !self.defer(class, marks) {
             if fresh && self.refuse_from_memory(marks) {
                 self.rejecting = true;
                 return Step::Done;
             }
             // Before the client's Bind, so that our unnamed portal is gone before its own.
-            self.push_check(out, b"", fresh, marks);
+            self.push_form(out, b"", fresh, marks, form_before(class));
         }
         if portal.is_empty() {
             self.unnamed_portal = class;
@@ -622,13 +676,13 @@ impl Machine {
             self.portals.get(portal).copied().unwrap_or(Class::UNKNOWN)
         };
         let needs = self.plan.needs_check(class.kind);
-        if needs && !check_after(class) {
+        if needs && !check_after(class) && !self.defer(class, marks) {
             if fresh && self.refuse_from_memory(marks) {
                 self.rejecting = true;
                 return Step::Done;
             }
             // The client's portal is bound already: ours must not replace it.
-            self.push_check(out, PORTAL, fresh, marks);
+            self.push_form(out, PORTAL, fresh, marks, form_before(class));
         }
         self.ran(class);
         self.copy_in = class.kind == Kind::CopyIn;
@@ -642,7 +696,7 @@ impl Machine {
 
     fn on_sync(&mut self, message: &[u8], out: &mut Vec<u8>, marks: &dyn Marks) {
         if self.plan.end_needs_check() {
-            self.push_check(out, b"", false, marks);
+            self.push_form(out, b"", false, marks, Form::Commit);
         }
         self.plan.unit_ended();
         self.expect.push_back(Expect::Sync { ours: false });
@@ -657,6 +711,10 @@ impl Machine {
         }
         if class.drops_statements {
             self.prepared = false;
+            // A name it frees may be prepared again by SQL PREPARE, with any text.
+            for c in self.statements.values_mut() {
+                *c = Class::UNKNOWN;
+            }
         }
     }
 
@@ -711,7 +769,7 @@ impl Machine {
     /// Sends a check as extended-protocol messages (preparing our statements first if they
     /// are gone), in `portal`. The plan counts it as run.
     fn push_check(&mut self, out: &mut Vec<u8>, portal: &[u8], settled: bool, marks: &dyn Marks) {
-        self.push_form(out, portal, settled, marks, Form::Full);
+        self.push_form(out, portal, settled, marks, Form::Before);
     }
 
     fn push_form(
@@ -737,21 +795,25 @@ impl Machine {
             settled,
             generation: self.generation,
             bare: self.installed == Installed::No,
+            at_commit: form != Form::Before,
         };
         let wait = self.wait_param.clone();
         let expect = Expect::Check(check);
+        let params: [&[u8]; 2] = [wait.as_bytes(), if check.at_commit { b"t" } else { b"f" }];
         if check.bare {
-            self.execute_ours(out, portal, BARE, &[wait.as_bytes()], expect);
-        } else if form == Form::Declared {
-            self.execute_ours(out, portal, DECLARED, &[wait.as_bytes()], expect);
-        } else if self.known_current(marks) {
+            self.execute_ours(out, portal, BARE, &params, expect);
+        } else if self.known_current(marks)
+            || (form != Form::Before && self.plan.before_checked && !self.plan.pending)
+        {
             self.execute_ours(out, portal, LOCK, &[], Expect::Lock);
-            self.execute_ours(out, portal, FAST, &[wait.as_bytes()], expect);
+            self.execute_ours(out, portal, FAST, &params, expect);
         } else {
-            self.execute_ours(out, portal, ANY, &[wait.as_bytes()], expect);
+            self.execute_ours(out, portal, ANY, &params, expect);
         }
-        if form == Form::Full {
-            self.plan.checked_now();
+        match form {
+            Form::Before => self.plan.checked_before(),
+            Form::Commit => self.plan.checked_now(),
+            Form::Declared => self.plan.declared_now(),
         }
     }
 
@@ -784,6 +846,23 @@ impl Machine {
         }
     }
 
+    /// Whether the check a statement of `class` needs may wait for the transaction's commit
+    /// point instead of going before it. The check at the commit point is the one that
+    /// decides (it sees what the statements may have changed: a function that declares a
+    /// token and writes in one statement is judged by what it declared); a check before the
+    /// statement is needed only to hold the resource's lock while the transaction works, so
+    /// that a newer token can end it if it stalls, or so that a new token's raise ends older
+    /// transactions before this one waits behind their row locks. So it waits when the
+    /// relay believes the session has no token, and, in an implicit transaction (which cannot
+    /// stall between its statements), when it believes the token is the mark.
+    fn defer(&self, class: Class, marks: &dyn Marks) -> bool {
+        if !matches!(class.kind, Kind::Data | Kind::CopyIn) || self.plan.pending {
+            return false;
+        }
+        let no_token = self.no_token == Some(self.generation);
+        no_token || (self.plan.open != Open::Explicit && self.known_current(marks))
+    }
+
     /// Whether the last check found the session's token to be the mark, under the same
     /// settings, and the mark has not moved since.
     fn known_current(&self, marks: &dyn Marks) -> bool {
@@ -806,20 +885,24 @@ struct QueryPlan {
     at_end: Option<Form>,
 }
 
-/// Notes a check at `at` (a statement index, or `n` for the end); a full check where a
-/// declared one was noted replaces it (it judges at least as much).
+/// Notes a check at `at` (a statement index, or `n` for the end); two at one place are one,
+/// of the form that judges more.
 fn note_check(q: &mut QueryPlan, at: usize, form: Form) {
     if at == q.statements.len() {
-        q.at_end = match (q.at_end, form) {
-            (Some(Form::Full), _) | (_, Form::Full) => Some(Form::Full),
-            _ => Some(Form::Declared),
-        };
+        q.at_end = Some(q.at_end.map_or(form, |f| f.max(form)));
     } else if let Some(last) = q.before.last_mut().filter(|(i, _)| *i == at) {
-        if form == Form::Full {
-            last.1 = Form::Full;
-        }
+        last.1 = last.1.max(form);
     } else {
         q.before.push((at, form));
+    }
+}
+
+/// The form of the check a statement of `class` needs before it: at a commit point for a
+/// `COMMIT`, else one that judges (an unknown statement may be anything).
+fn form_before(class: Class) -> Form {
+    match class.kind {
+        Kind::Commit { .. } => Form::Commit,
+        _ => Form::Before,
     }
 }
 
@@ -836,7 +919,7 @@ impl Machine {
         }
         let fresh = self.batch_len == 0;
         let before = (self.plan, self.generation);
-        let q = self.plan_query(text);
+        let q = self.plan_query(text, marks);
         self.copy_in = q.statements.iter().any(|s| s.class.kind == Kind::CopyIn);
         if q.before.first().is_some_and(|c| c.0 == 0) && fresh {
             // The first statement needs the check and nothing ran before it: memory may know.
@@ -850,8 +933,10 @@ impl Machine {
         if q.before.is_empty() && q.at_end.is_none() {
             self.expect.push_back(Expect::query(false));
             out.extend_from_slice(message);
-        } else if pipelined(text, &q, fresh) {
-            self.send_pipelined(message, fresh, before, out, marks);
+        } else if let Some(after) = converted(&q, fresh) {
+            self.send_converted(text, &q, after, fresh, before, out, marks);
+        } else if let Some(form) = pipelined(text, &q, fresh) {
+            self.send_pipelined(message, form, fresh, before, out, marks);
         } else {
             self.send_with_checks_in_text(text, &q, before.1, out, marks);
         }
@@ -888,7 +973,7 @@ impl Machine {
     }
 
     /// Walks the statements of `text` through the plan, noting where the checks go.
-    fn plan_query(&mut self, text: &[u8]) -> QueryPlan {
+    fn plan_query(&mut self, text: &[u8], marks: &dyn Marks) -> QueryPlan {
         let mut q = QueryPlan {
             statements: sql::split(text, self.lexing),
             before: Vec::new(),
@@ -898,21 +983,71 @@ impl Machine {
         for i in 0..n {
             let class = q.statements[i].class;
             let needs = self.plan.needs_check(class.kind);
-            if needs && !check_after(class) {
-                note_check(&mut q, i, Form::Full);
-                self.plan.checked_now();
+            if needs && !check_after(class) && !self.defer(class, marks) {
+                let form = form_before(class);
+                note_check(&mut q, i, form);
+                match form {
+                    Form::Before => self.plan.checked_before(),
+                    _ => self.plan.checked_now(),
+                }
             }
             self.ran(class);
             if needs && check_after(class) {
                 note_check(&mut q, i + 1, Form::Declared);
+                self.plan.declared_now();
             }
         }
         if self.plan.end_needs_check() {
-            note_check(&mut q, n, Form::Full);
+            note_check(&mut q, n, Form::Commit);
             self.plan.checked_now();
         }
         self.plan.unit_ended();
         q
+    }
+
+    /// A Query of one statement as Parse, Bind, Describe and Execute of the unnamed statement,
+    /// with the checks before and after it as prepared statements, and one Sync: one
+    /// transaction, one ReadyForQuery, and a check after the statement, which is where an
+    /// implicit transaction commits (a simple Query can hold nothing after its statement).
+    /// The client sees what it would have seen for the Query (errors at their own positions).
+    #[allow(clippy::too_many_arguments)]
+    fn send_converted(
+        &mut self,
+        text: &[u8],
+        q: &QueryPlan,
+        after: Option<Form>,
+        fresh: bool,
+        before: (Plan, u64),
+        out: &mut Vec<u8>,
+        marks: &dyn Marks,
+    ) {
+        if !q.before.is_empty() {
+            let planned = (self.plan, self.generation);
+            (self.plan, self.generation) = before;
+            self.push_check(out, b"", fresh, marks);
+            (self.plan, self.generation) = planned;
+        }
+        msg::parse(out, b"", text, &[]);
+        self.expect.push_back(Expect::QueryParse);
+        msg::bind(out, b"", b"", &[]);
+        self.expect.push_back(Expect::QueryBind);
+        msg::describe(out, b'P', b"");
+        self.expect.push_back(Expect::QueryDescribe);
+        msg::execute(out, b"", 0);
+        self.expect.push_back(Expect::Execute);
+        if let Some(form) = after {
+            // The plan counted it already (plan_query), and has moved past the unit; the check
+            // before, if any, made the fast form the likely one.
+            let plan = self.plan;
+            self.plan.before_checked = !q.before.is_empty();
+            self.push_form(out, b"", false, marks, form);
+            self.plan = plan;
+        }
+        msg::sync(out);
+        self.expect.push_back(Expect::Sync { ours: false });
+        // A simple Query destroys the unnamed statement and portal; so did this.
+        self.unnamed_statement = Class::UNKNOWN;
+        self.unnamed_portal = Class::UNKNOWN;
     }
 
     /// The check as prepared statements, then the Query, then a Sync of ours that ends what the
@@ -921,6 +1056,7 @@ impl Machine {
     fn send_pipelined(
         &mut self,
         message: &[u8],
+        form: Form,
         fresh: bool,
         before: (Plan, u64),
         out: &mut Vec<u8>,
@@ -929,7 +1065,7 @@ impl Machine {
         // The check runs before the text's statements: under the plan and settings from before.
         let after = (self.plan, self.generation);
         (self.plan, self.generation) = before;
-        self.push_check(out, b"", fresh, marks);
+        self.push_form(out, b"", fresh, marks, form);
         (self.plan, self.generation) = after;
         self.expect.push_back(Expect::query(true));
         out.extend_from_slice(message);
@@ -951,12 +1087,13 @@ impl Machine {
         let installed = self.installed != Installed::No;
         let settled = self.idle_outside_transaction();
         let sql = |form: Form| {
-            schema::check_text(&self.wait_param, current, form == Form::Declared, installed)
+            schema::check_text(&self.wait_param, current, form != Form::Before, installed)
         };
         let mut check = Check {
             settled: false,
             generation: generation_before,
             bare: !installed,
+            at_commit: false,
         };
         let mut new_text = Vec::with_capacity(text.len() + (q.before.len() + 1) * 64);
         let mut units = VecDeque::new();
@@ -970,6 +1107,7 @@ impl Machine {
             new_text.extend_from_slice(sql(form).as_bytes());
             new_text.extend_from_slice(b"; ");
             check.settled = settled && n == 0 && i == 0;
+            check.at_commit = form != Form::Before;
             units.push_back(Unit {
                 check: Some(check),
                 count: 1,
@@ -981,6 +1119,7 @@ impl Machine {
             new_text.extend_from_slice(b"\n;");
             new_text.extend_from_slice(sql(form).as_bytes());
             check.settled = false;
+            check.at_commit = form != Form::Before;
             units.push_back(Unit {
                 check: Some(check),
                 count: 1,
@@ -1003,9 +1142,9 @@ impl Machine {
 /// same transaction and reads the same settings; a `BEGIN` with an isolation level must come
 /// before any query of its transaction), no `COPY FROM STDIN` follows (its data would swallow
 /// our Sync), and no batch of the client's is open (our Sync would end it).
-fn pipelined(text: &[u8], q: &QueryPlan, fresh: bool) -> bool {
-    let [(i, Form::Full)] = q.before[..] else {
-        return false;
+fn pipelined(text: &[u8], q: &QueryPlan, fresh: bool) -> Option<Form> {
+    let [(i, form)] = q.before[..] else {
+        return None;
     };
     let quiet_before = q.statements[..i].iter().all(|s| match s.class.kind {
         Kind::Inert => true,
@@ -1013,7 +1152,19 @@ fn pipelined(text: &[u8], q: &QueryPlan, fresh: bool) -> bool {
         _ => false,
     });
     let copy = q.statements.iter().any(|s| s.class.kind == Kind::CopyIn);
-    fresh && q.at_end.is_none() && quiet_before && !copy
+    (fresh && q.at_end.is_none() && quiet_before && !copy).then_some(form)
+}
+
+/// Whether a Query goes as extended-protocol messages with its checks around it (see
+/// `Machine::send_converted`), and which check follows it: one statement that may touch data
+/// (not a `COPY FROM STDIN`, whose data must follow it at once), checked before it at most,
+/// with no batch of the client's open (our Sync would end it).
+fn converted(q: &QueryPlan, fresh: bool) -> Option<Option<Form>> {
+    let [s] = &q.statements[..] else {
+        return None;
+    };
+    let before_ok = matches!(q.before[..], [] | [(0, Form::Before)]);
+    (fresh && s.class.kind == Kind::Data && before_ok).then_some(q.at_end)
 }
 
 /// `BEGIN`, `BEGIN WORK`, `BEGIN TRANSACTION` or `START TRANSACTION`, with no modes.
@@ -1063,10 +1214,12 @@ impl Machine {
             }
             Backend::ParseComplete => self.pop_ours(|e| match e {
                 Expect::Parse { ours } => Some(*ours),
+                Expect::QueryParse => Some(true),
                 _ => None,
             }),
             Backend::BindComplete => self.pop_ours(|e| match e {
                 Expect::Bind { ours } => Some(*ours),
+                Expect::QueryBind => Some(true),
                 _ => None,
             }),
             Backend::CloseComplete => self.pop_ours(|e| match e {
@@ -1074,7 +1227,8 @@ impl Machine {
                 _ => None,
             }),
             Backend::ParameterDescription => Verdict::Forward,
-            Backend::NoData | Backend::RowDescription => self.on_description(),
+            Backend::NoData => self.on_description(false),
+            Backend::RowDescription => self.on_description(true),
             Backend::DataRow { message } => self.on_data_row(message),
             Backend::CommandComplete { .. }
             | Backend::EmptyQueryResponse
@@ -1122,11 +1276,20 @@ impl Machine {
         }
     }
 
-    fn on_description(&mut self) -> Verdict {
+    fn on_description(&mut self, row_description: bool) -> Verdict {
         match self.expect.front() {
             Some(Expect::Describe) => {
                 self.expect.pop_front();
                 Verdict::Forward
+            }
+            // A simple Query gets a RowDescription only for a statement that returns rows.
+            Some(Expect::QueryDescribe) => {
+                self.expect.pop_front();
+                if row_description {
+                    Verdict::Forward
+                } else {
+                    Verdict::Hide
+                }
             }
             _ if self.next_is_hidden() => Verdict::Hide,
             _ => Verdict::Forward,
@@ -1187,13 +1350,22 @@ impl Machine {
         self.stale = None;
         self.cache_refusals = 0;
         match self.check_row.take() {
-            Some((resource, Some(token))) => {
+            Some(CheckRow::Token(resource, token)) => {
                 marks.raise(&resource, token);
                 self.hint = Some((resource.clone(), token, check.generation));
+                self.no_token = None;
                 self.checked_txn = Some(Some((resource, token)));
             }
-            _ => {
+            // A check at a commit point with nothing written passed without judging: the
+            // session has some setting, of which nothing is known.
+            Some(CheckRow::Unjudged) => {
                 self.hint = None;
+                self.no_token = None;
+            }
+            // No row (the text form) or a NULL token: no token.
+            Some(CheckRow::NoToken) | None => {
+                self.hint = None;
+                self.no_token = Some(check.generation);
                 self.checked_txn = Some(None);
             }
         }
@@ -1327,6 +1499,9 @@ impl Machine {
             Some(
                 Expect::Parse { .. }
                     | Expect::Bind { .. }
+                    | Expect::QueryParse
+                    | Expect::QueryBind
+                    | Expect::QueryDescribe
                     | Expect::Execute
                     | Expect::Check(_)
                     | Expect::Lock
@@ -1372,13 +1547,27 @@ impl Machine {
     }
 }
 
-/// The (resource, token) row of a check: a NULL token (or no valid one) means "no token".
-fn read_check_row(message: &[u8]) -> Option<(CompactString, Option<i64>)> {
+/// What the row of a check says.
+#[derive(Debug)]
+enum CheckRow {
+    /// It accepted this token for this resource.
+    Token(CompactString, i64),
+    /// The session has no token (a NULL, or no valid, token).
+    NoToken,
+    /// A check at a commit point with nothing written did not judge (a NULL resource).
+    Unjudged,
+}
+
+/// Reads the (resource, token) row of a check.
+fn read_check_row(message: &[u8]) -> Option<CheckRow> {
     let cols = msg::data_row(message).ok()?;
     let [r, t] = cols[..] else {
         return None;
     };
-    let resource = std::str::from_utf8(r.unwrap_or_default()).ok()?;
+    let Some(r) = r else {
+        return Some(CheckRow::Unjudged);
+    };
+    let resource = std::str::from_utf8(r).ok()?;
     let token = t
         .and_then(|t| std::str::from_utf8(t).ok())
         .and_then(|t| t.parse::<i64>().ok())
@@ -1390,9 +1579,9 @@ fn read_check_row(message: &[u8]) -> Option<(CompactString, Option<i64>)> {
         });
     match token {
         Some(t) if fencing::ResourceName::validate(resource).is_ok() => {
-            Some((resource.into(), Some(t)))
+            Some(CheckRow::Token(resource.into(), t))
         }
-        _ => Some((resource.into(), None)),
+        _ => Some(CheckRow::NoToken),
     }
 }
 

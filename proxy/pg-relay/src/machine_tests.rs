@@ -126,6 +126,22 @@ fn short(name: &[u8]) -> String {
         .map_or(n.clone(), str::to_string)
 }
 
+/// The text parameters of a Bind (the relay binds no formats).
+fn bind_params(m: &[u8]) -> Vec<Vec<u8>> {
+    let mut r = msg::Reader::body(m);
+    r.cstr("p").unwrap();
+    r.cstr("s").unwrap();
+    let formats = r.i16("f").unwrap();
+    r.take(formats as usize * 2, "f").unwrap();
+    let n = r.i16("n").unwrap();
+    (0..n)
+        .map(|_| {
+            let len = r.i32("l").unwrap();
+            r.take(len.max(0) as usize, "v").unwrap().to_vec()
+        })
+        .collect()
+}
+
 /// What a stream of client messages says, one per line.
 fn describe_client(bytes: &[u8]) -> Vec<String> {
     let mut out = Vec::new();
@@ -143,7 +159,13 @@ fn describe_client(bytes: &[u8]) -> Vec<String> {
                 format!("Parse {} {:?}", short(name), String::from_utf8_lossy(text))
             }
             Frontend::Bind { portal, statement } => {
-                format!("Bind {:?} {}", short(portal), short(statement))
+                // A check at a commit point says so in its second parameter.
+                let at_commit = if bind_params(m).get(1).map(Vec::as_slice) == Some(b"t") {
+                    " at commit"
+                } else {
+                    ""
+                };
+                format!("Bind {:?} {}{at_commit}", short(portal), short(statement))
             }
             Frontend::Execute { portal, .. } => format!("Execute {:?}", short(portal)),
             Frontend::Close { target, name } => format!("Close {target:?} {}", short(name)),
@@ -186,12 +208,11 @@ fn run(script: &str, installed: bool) -> String {
             "Parse any",
             "Parse lock",
             "Parse fast",
-            "Parse declared",
             "Sync"
         ]
     );
     let replies: &[&str] = if installed {
-        &["1", "1", "1", "1", "1", "Z I"]
+        &["1", "1", "1", "1", "Z I"]
     } else {
         &["1", "E 3F000", "Z I"]
     };
@@ -267,7 +288,7 @@ fn nothing_reaches_the_client_before_the_probe_is_answered() {
         m.client(&client_message("Q SELECT 1"), &mut out, &marks),
         Ok(Step::Defer)
     );
-    for r in ["1", "1", "1", "1", "1"] {
+    for r in ["1", "1", "1", "1"] {
         assert_eq!(m.server(&server_message(r), &marks), Verdict::Hide);
     }
     assert_eq!(m.server(&server_message("Z I"), &marks), Verdict::Forward);
@@ -280,28 +301,103 @@ fn nothing_reaches_the_client_before_the_probe_is_answered() {
 
 #[test]
 fn every_autocommit_statement_is_checked_and_the_check_is_hidden() {
+    // The first: before (nothing is known of the session's settings yet) and after (where the
+    // implicit transaction commits: what the statement may have set is judged there); then,
+    // with no token found, after only. A simple Query of one statement goes as Parse, Bind,
+    // Describe and Execute so that the check can follow it. In an explicit transaction of a
+    // session without a token, the check waits for the COMMIT.
     check(
         "
         C Q UPDATE t SET v = 1
         S 2
         S D '' NULL
         S C SELECT 1
+        S 1
+        S 2
+        S n
         S C UPDATE 1
+        S 2
+        S D NULL
+        S C SELECT 1
+        S 2
+        S D '' NULL
+        S C SELECT 1
         S Z I
+        C Q SELECT v FROM t
+        S 1
+        S 2
+        S T
+        S D 1
+        S C SELECT 1
+        S 2
+        S D '' NULL
+        S C SELECT 1
         S Z I
+        C Q BEGIN
+        S C BEGIN
+        S Z T
+        C Q UPDATE t SET v = 2
+        S C UPDATE 1
+        S Z T
+        C Q COMMIT
         ",
         expect![[r#"
             C Q UPDATE t SET v = 1
                 → Bind "" any
                 → Execute ""
-                → Query "UPDATE t SET v = 1"
+                → Parse  "UPDATE t SET v = 1"
+                → Bind "" 
+                → Describe { target: Portal, name: [] }
+                → Execute ""
+                → Bind "" lock
+                → Execute ""
+                → Bind "" fast at commit
+                → Execute ""
                 → Sync
             S 2                      hide
             S D '' NULL              hide
             S C SELECT 1             hide
+            S 1                      hide
+            S 2                      hide
+            S n                      hide
             S C UPDATE 1             forward
+            S 2                      hide
+            S D NULL                 hide
+            S C SELECT 1             hide
+            S 2                      hide
+            S D '' NULL              hide
+            S C SELECT 1             hide
             S Z I                    forward
-            S Z I                    hide
+            C Q SELECT v FROM t
+                → Parse  "SELECT v FROM t"
+                → Bind "" 
+                → Describe { target: Portal, name: [] }
+                → Execute ""
+                → Bind "" any at commit
+                → Execute ""
+                → Sync
+            S 1                      hide
+            S 2                      hide
+            S T                      forward
+            S D 1                    forward
+            S C SELECT 1             forward
+            S 2                      hide
+            S D '' NULL              hide
+            S C SELECT 1             hide
+            S Z I                    forward
+            C Q BEGIN
+                → Query "BEGIN"
+            S C BEGIN                forward
+            S Z T                    forward
+            C Q UPDATE t SET v = 2
+                → Query "UPDATE t SET v = 2"
+            S C UPDATE 1             forward
+            S Z T                    forward
+            C Q COMMIT
+                → Bind "" any at commit
+                → Execute ""
+                → Query "COMMIT"
+                → Sync
         "#]],
     );
 }
@@ -312,10 +408,18 @@ fn a_token_found_current_takes_the_fast_form_next() {
         "
         C Q UPDATE t SET v = 1
         S 2
+        S D '' NULL
+        S C SELECT 1
+        S 1
+        S 2
+        S n
+        S C UPDATE 1
+        S 2
+        S D NULL
+        S C SELECT 1
+        S 2
         S D r 5
         S C SELECT 1
-        S C UPDATE 1
-        S Z I
         S Z I
         C Q UPDATE t SET v = 2
         mark r 6
@@ -325,26 +429,51 @@ fn a_token_found_current_takes_the_fast_form_next() {
             C Q UPDATE t SET v = 1
                 → Bind "" any
                 → Execute ""
-                → Query "UPDATE t SET v = 1"
+                → Parse  "UPDATE t SET v = 1"
+                → Bind "" 
+                → Describe { target: Portal, name: [] }
+                → Execute ""
+                → Bind "" lock
+                → Execute ""
+                → Bind "" fast at commit
+                → Execute ""
                 → Sync
+            S 2                      hide
+            S D '' NULL              hide
+            S C SELECT 1             hide
+            S 1                      hide
+            S 2                      hide
+            S n                      hide
+            S C UPDATE 1             forward
+            S 2                      hide
+            S D NULL                 hide
+            S C SELECT 1             hide
             S 2                      hide
             S D r 5                  hide
             S C SELECT 1             hide
-            S C UPDATE 1             forward
             S Z I                    forward
-            S Z I                    hide
             C Q UPDATE t SET v = 2
+                → Parse  "UPDATE t SET v = 2"
+                → Bind "" 
+                → Describe { target: Portal, name: [] }
+                → Execute ""
                 → Bind "" lock
                 → Execute ""
-                → Bind "" fast
+                → Bind "" fast at commit
                 → Execute ""
-                → Query "UPDATE t SET v = 2"
                 → Sync
             mark r 6
             C Q UPDATE t SET v = 3
                 → Bind "" any
                 → Execute ""
-                → Query "UPDATE t SET v = 3"
+                → Parse  "UPDATE t SET v = 3"
+                → Bind "" 
+                → Describe { target: Portal, name: [] }
+                → Execute ""
+                → Bind "" lock
+                → Execute ""
+                → Bind "" fast at commit
+                → Execute ""
                 → Sync
         "#]],
     );
@@ -362,27 +491,32 @@ fn an_explicit_transaction_is_checked_at_its_first_write_and_again_at_commit() {
         S Z T
         C Q UPDATE t SET v = 1
         S 2
-        S D '' NULL
+        S D r 5
         S C SELECT 1
+        S 1
+        S 2
+        S n
         S C UPDATE 1
-        S Z T
         S Z T
         C Q UPDATE t SET v = 2
         S C UPDATE 1
         S Z T
         C Q COMMIT
         S 2
-        S D '' NULL
+        S D NULL
+        S C SELECT 1
+        S 2
+        S D r 5
         S C SELECT 1
         S C COMMIT
         S Z I
         S Z I
+        C Q RESET ALL
         C Q BEGIN
         C Q SELECT f()
         C Q COMMIT
         C Q BEGIN
         C Q UPDATE t SET v = 3
-        C Q UPDATE t SET v = 4
         C Q ROLLBACK
         ",
         expect![[r#"
@@ -393,47 +527,68 @@ fn an_explicit_transaction_is_checked_at_its_first_write_and_again_at_commit() {
             C Q UPDATE t SET v = 1
                 → Bind "" any
                 → Execute ""
-                → Query "UPDATE t SET v = 1"
+                → Parse  "UPDATE t SET v = 1"
+                → Bind "" 
+                → Describe { target: Portal, name: [] }
+                → Execute ""
                 → Sync
             S 2                      hide
-            S D '' NULL              hide
+            S D r 5                  hide
             S C SELECT 1             hide
+            S 1                      hide
+            S 2                      hide
+            S n                      hide
             S C UPDATE 1             forward
             S Z T                    forward
-            S Z T                    hide
             C Q UPDATE t SET v = 2
                 → Query "UPDATE t SET v = 2"
             S C UPDATE 1             forward
             S Z T                    forward
             C Q COMMIT
-                → Bind "" any
+                → Bind "" lock
+                → Execute ""
+                → Bind "" fast at commit
                 → Execute ""
                 → Query "COMMIT"
                 → Sync
             S 2                      hide
-            S D '' NULL              hide
+            S D NULL                 hide
+            S C SELECT 1             hide
+            S 2                      hide
+            S D r 5                  hide
             S C SELECT 1             hide
             S C COMMIT               forward
             S Z I                    forward
             S Z I                    hide
+            C Q RESET ALL
+                → Query "RESET ALL"
             C Q BEGIN
                 → Query "BEGIN"
             C Q SELECT f()
                 → Bind "" any
                 → Execute ""
-                → Query "SELECT f()"
+                → Parse  "SELECT f()"
+                → Bind "" 
+                → Describe { target: Portal, name: [] }
+                → Execute ""
                 → Sync
             C Q COMMIT
+                → Bind "" lock
+                → Execute ""
+                → Bind "" fast at commit
+                → Execute ""
                 → Query "COMMIT"
+                → Sync
             C Q BEGIN
                 → Query "BEGIN"
             C Q UPDATE t SET v = 3
                 → Bind "" any
                 → Execute ""
-                → Query "UPDATE t SET v = 3"
+                → Parse  "UPDATE t SET v = 3"
+                → Bind "" 
+                → Describe { target: Portal, name: [] }
+                → Execute ""
                 → Sync
-            C Q UPDATE t SET v = 4
-                → Query "UPDATE t SET v = 4"
             C Q ROLLBACK
                 → Query "ROLLBACK"
         "#]],
@@ -487,6 +642,10 @@ fn a_batch_of_several_statements_is_checked_before_the_first_and_at_its_sync() {
             C E -
                 → Execute ""
             C S
+                → Bind "" lock
+                → Execute ""
+                → Bind "" fast at commit
+                → Execute ""
                 → Sync
             C B - s1
                 → Bind "" any
@@ -495,6 +654,10 @@ fn a_batch_of_several_statements_is_checked_before_the_first_and_at_its_sync() {
             C E -
                 → Execute ""
             C S
+                → Bind "" lock
+                → Execute ""
+                → Bind "" fast at commit
+                → Execute ""
                 → Sync
         "#]],
     );
@@ -522,7 +685,14 @@ fn a_failed_check_skips_the_query_and_a_settled_refusal_is_remembered() {
             C Q UPDATE t SET v = 1
                 → Bind "" any
                 → Execute ""
-                → Query "UPDATE t SET v = 1"
+                → Parse  "UPDATE t SET v = 1"
+                → Bind "" 
+                → Describe { target: Portal, name: [] }
+                → Execute ""
+                → Bind "" lock
+                → Execute ""
+                → Bind "" fast at commit
+                → Execute ""
                 → Sync
             S 2                      hide
             S E FN001 resource: r, presented token: 4, highest accepted token: 9 forward
@@ -538,7 +708,14 @@ fn a_failed_check_skips_the_query_and_a_settled_refusal_is_remembered() {
             C Q UPDATE t SET v = 3
                 → Bind "" any
                 → Execute ""
-                → Query "UPDATE t SET v = 3"
+                → Parse  "UPDATE t SET v = 3"
+                → Bind "" 
+                → Describe { target: Portal, name: [] }
+                → Execute ""
+                → Bind "" lock
+                → Execute ""
+                → Bind "" fast at commit
+                → Execute ""
                 → Sync
         "#]],
     );
@@ -594,7 +771,10 @@ fn a_refusal_inside_a_transaction_is_not_remembered() {
             C Q UPDATE t SET v = 1
                 → Bind "" any
                 → Execute ""
-                → Query "UPDATE t SET v = 1"
+                → Parse  "UPDATE t SET v = 1"
+                → Bind "" 
+                → Describe { target: Portal, name: [] }
+                → Execute ""
                 → Sync
             S 2                      hide
             S E FN001 resource: r, presented token: 4, highest accepted token: 9 forward
@@ -606,7 +786,14 @@ fn a_refusal_inside_a_transaction_is_not_remembered() {
             C Q UPDATE t SET v = 2
                 → Bind "" any
                 → Execute ""
-                → Query "UPDATE t SET v = 2"
+                → Parse  "UPDATE t SET v = 2"
+                → Bind "" 
+                → Describe { target: Portal, name: [] }
+                → Execute ""
+                → Bind "" lock
+                → Execute ""
+                → Bind "" fast at commit
+                → Execute ""
                 → Sync
         "#]],
     );
@@ -623,8 +810,10 @@ fn a_fenced_session_idle_in_its_transaction_gets_its_error_when_it_speaks() {
         S 2
         S D r 5
         S C SELECT 1
+        S 1
+        S 2
+        S n
         S C UPDATE 1
-        S Z T
         S Z T
         mark r 6
         S F 57P01
@@ -637,14 +826,19 @@ fn a_fenced_session_idle_in_its_transaction_gets_its_error_when_it_speaks() {
             C Q UPDATE t SET v = 1
                 → Bind "" any
                 → Execute ""
-                → Query "UPDATE t SET v = 1"
+                → Parse  "UPDATE t SET v = 1"
+                → Bind "" 
+                → Describe { target: Portal, name: [] }
+                → Execute ""
                 → Sync
             S 2                      hide
             S D r 5                  hide
             S C SELECT 1             hide
+            S 1                      hide
+            S 2                      hide
+            S n                      hide
             S C UPDATE 1             forward
             S Z T                    forward
-            S Z T                    hide
             mark r 6
             S F 57P01                hold: ERROR FN003, Z I
         "#]],
@@ -671,7 +865,10 @@ fn a_fenced_session_idle_in_its_transaction_gets_its_error_when_it_speaks() {
             C Q UPDATE t SET v = 1
                 → Bind "" any
                 → Execute ""
-                → Query "UPDATE t SET v = 1"
+                → Parse  "UPDATE t SET v = 1"
+                → Bind "" 
+                → Describe { target: Portal, name: [] }
+                → Execute ""
                 → Sync
             S 2                      hide
             S D r 5                  hide
@@ -690,19 +887,36 @@ fn without_the_check_installed_the_bare_form_passes_sessions_without_a_token() {
         C Q UPDATE t SET v = 1
             → Bind "" bare
             → Execute ""
-            → Query "UPDATE t SET v = 1"
+            → Parse  "UPDATE t SET v = 1"
+            → Bind "" 
+            → Describe { target: Portal, name: [] }
+            → Execute ""
+            → Bind "" bare at commit
+            → Execute ""
             → Sync
         S 2                      hide
         S D '' NULL              hide
         S C SELECT 1             hide
+        S 1                      hide
+        S 2                      hide
+        S n                      hide
         S C UPDATE 1             forward
+        S 2                      hide
+        S D '' NULL              hide
+        S C SELECT 1             hide
         S Z I                    forward
-        S Z I                    hide
         C Q UPDATE t SET v = 1
-            → Bind "" bare
+            → Parse  "UPDATE t SET v = 1"
+            → Bind "" 
+            → Describe { target: Portal, name: [] }
             → Execute ""
-            → Query "UPDATE t SET v = 1"
+            → Bind "" bare at commit
+            → Execute ""
             → Sync
+        S 1                      hide
+        S 2                      hide
+        S n                      hide
+        S C UPDATE 1             forward
         S 2                      hide
         S E 22P02                replace: ERROR FN004
         S Z I                    forward
@@ -713,10 +927,19 @@ fn without_the_check_installed_the_bare_form_passes_sessions_without_a_token() {
         S 2
         S D '' NULL
         S C SELECT 1
+        S 1
+        S 2
+        S n
         S C UPDATE 1
-        S Z I
+        S 2
+        S D '' NULL
+        S C SELECT 1
         S Z I
         C Q UPDATE t SET v = 1
+        S 1
+        S 2
+        S n
+        S C UPDATE 1
         S 2
         S E 22P02
         S Z I
@@ -736,7 +959,14 @@ fn without_the_check_installed_the_bare_form_passes_sessions_without_a_token() {
             C Q UPDATE t SET v = 1
                 → Bind "" any
                 → Execute ""
-                → Query "UPDATE t SET v = 1"
+                → Parse  "UPDATE t SET v = 1"
+                → Bind "" 
+                → Describe { target: Portal, name: [] }
+                → Execute ""
+                → Bind "" lock
+                → Execute ""
+                → Bind "" fast at commit
+                → Execute ""
                 → Sync
             S 2                      hide
             S E 42883                replace: ERROR FN004
@@ -746,7 +976,12 @@ fn without_the_check_installed_the_bare_form_passes_sessions_without_a_token() {
                 → Parse bare
                 → Bind "" bare
                 → Execute ""
-                → Query "UPDATE t SET v = 1"
+                → Parse  "UPDATE t SET v = 1"
+                → Bind "" 
+                → Describe { target: Portal, name: [] }
+                → Execute ""
+                → Bind "" bare at commit
+                → Execute ""
                 → Sync
         "#]],
     );
@@ -763,7 +998,7 @@ fn copy_from_stdin_and_checks_inside_a_string_go_into_its_text() {
         ",
         expect![[r#"
             C Q COPY t FROM STDIN
-                → Query "SELECT * FROM fencing.check(1000, false); COPY t FROM STDIN"
+                → Query "SELECT * FROM fencing.check(1000, false); COPY t FROM STDIN\n;SELECT CASE WHEN s.u THEN NULL ELSE s.r END, CASE WHEN s.r OPERATOR(pg_catalog.=) '' AND s.t OPERATOR(pg_catalog.=) '' THEN NULL::pg_catalog.int8 WHEN s.u THEN NULL::pg_catalog.int8 ELSE fencing.check_token(1000) END FROM (SELECT q.r, q.t, true::pg_catalog.bool AND NOT (q.r OPERATOR(pg_catalog.=) '' AND q.t OPERATOR(pg_catalog.=) '') AND pg_catalog.pg_current_xact_id_if_assigned() IS NULL AS u, q.rc FROM (SELECT COALESCE(pg_catalog.current_setting('fencing.resource', true), '') AS r, COALESCE(pg_catalog.current_setting('fencing.token', true), '') AS t, pg_catalog.current_setting('transaction_isolation') OPERATOR(pg_catalog.=) 'read committed' AS rc) q) s"
             C Q UPDATE a SET v = 1; COMMIT; UPDATE b SET v = 2; -- end
                 → Query "UPDATE a SET v = 1; COMMIT; UPDATE b SET v = 2; -- end"
             C Q BEGIN; UPDATE a SET v = 1; SET LOCAL fencing.token = '7'; UPDATE b SET v = 2; COMMIT
@@ -782,12 +1017,14 @@ fn replies_to_checks_in_the_text_are_hidden_and_an_error_ends_the_string() {
         S T
         S D '' NULL
         S C SELECT 1
+        S G
+        C c
         S C COPY 2
-        S Z I
-        C Q SELECT f(); UPDATE a SET v = 1
         S T
         S D '' NULL
         S C SELECT 1
+        S Z I
+        C Q SELECT f(); UPDATE a SET v = 1
         S T
         S D 1
         S C SELECT 1
@@ -797,17 +1034,20 @@ fn replies_to_checks_in_the_text_are_hidden_and_an_error_ends_the_string() {
         ",
         expect![[r#"
             C Q COPY t FROM STDIN
-                → Query "SELECT * FROM fencing.check(1000, false); COPY t FROM STDIN"
+                → Query "SELECT * FROM fencing.check(1000, false); COPY t FROM STDIN\n;SELECT CASE WHEN s.u THEN NULL ELSE s.r END, CASE WHEN s.r OPERATOR(pg_catalog.=) '' AND s.t OPERATOR(pg_catalog.=) '' THEN NULL::pg_catalog.int8 WHEN s.u THEN NULL::pg_catalog.int8 ELSE fencing.check_token(1000) END FROM (SELECT q.r, q.t, true::pg_catalog.bool AND NOT (q.r OPERATOR(pg_catalog.=) '' AND q.t OPERATOR(pg_catalog.=) '') AND pg_catalog.pg_current_xact_id_if_assigned() IS NULL AS u, q.rc FROM (SELECT COALESCE(pg_catalog.current_setting('fencing.resource', true), '') AS r, COALESCE(pg_catalog.current_setting('fencing.token', true), '') AS t, pg_catalog.current_setting('transaction_isolation') OPERATOR(pg_catalog.=) 'read committed' AS rc) q) s"
             S T                      hide
             S D '' NULL              hide
             S C SELECT 1             hide
+            S G                      forward
+            C c
+                → CopyDone
             S C COPY 2               forward
+            S T                      hide
+            S D '' NULL              hide
+            S C SELECT 1             hide
             S Z I                    forward
             C Q SELECT f(); UPDATE a SET v = 1
-                → Query "SELECT f(); UPDATE a SET v = 1"
-            S T                      forward
-            S D '' NULL              forward
-            S C SELECT 1             forward
+                → Query "SELECT f(); UPDATE a SET v = 1\n;SELECT CASE WHEN s.u THEN NULL ELSE s.r END, CASE WHEN s.r OPERATOR(pg_catalog.=) '' AND s.t OPERATOR(pg_catalog.=) '' THEN NULL::pg_catalog.int8 WHEN s.u THEN NULL::pg_catalog.int8 ELSE fencing.check_token(1000) END FROM (SELECT q.r, q.t, true::pg_catalog.bool AND NOT (q.r OPERATOR(pg_catalog.=) '' AND q.t OPERATOR(pg_catalog.=) '') AND pg_catalog.pg_current_xact_id_if_assigned() IS NULL AS u, q.rc FROM (SELECT COALESCE(pg_catalog.current_setting('fencing.resource', true), '') AS r, COALESCE(pg_catalog.current_setting('fencing.token', true), '') AS t, pg_catalog.current_setting('transaction_isolation') OPERATOR(pg_catalog.=) 'read committed' AS rc) q) s"
             S T                      forward
             S D 1                    forward
             S C SELECT 1             forward
@@ -839,16 +1079,21 @@ fn what_drops_our_statements_has_them_prepared_again() {
                 → Parse lock
                 → Close Statement fast
                 → Parse fast
-                → Close Statement declared
-                → Parse declared
                 → Bind "" any
                 → Execute ""
-                → Query "UPDATE t SET v = 1"
+                → Parse  "UPDATE t SET v = 1"
+                → Bind "" 
+                → Describe { target: Portal, name: [] }
+                → Execute ""
+                → Bind "" lock
+                → Execute ""
+                → Bind "" fast at commit
+                → Execute ""
                 → Sync
             C P __fence_proxy_any SELECT 1
                 → Parse any
             C Q UPDATE t SET v = 1
-                → Query "SELECT * FROM fencing.check(1000, false); UPDATE t SET v = 1"
+                → Query "SELECT * FROM fencing.check(1000, false); UPDATE t SET v = 1\n;SELECT CASE WHEN s.u THEN NULL ELSE s.r END, CASE WHEN s.r OPERATOR(pg_catalog.=) '' AND s.t OPERATOR(pg_catalog.=) '' THEN NULL::pg_catalog.int8 WHEN s.u THEN NULL::pg_catalog.int8 ELSE fencing.check_token(1000) END FROM (SELECT q.r, q.t, true::pg_catalog.bool AND NOT (q.r OPERATOR(pg_catalog.=) '' AND q.t OPERATOR(pg_catalog.=) '') AND pg_catalog.pg_current_xact_id_if_assigned() IS NULL AS u, q.rc FROM (SELECT COALESCE(pg_catalog.current_setting('fencing.resource', true), '') AS r, COALESCE(pg_catalog.current_setting('fencing.token', true), '') AS t, pg_catalog.current_setting('transaction_isolation') OPERATOR(pg_catalog.=) 'read committed' AS rc) q) s"
         "#]],
     );
 }
@@ -926,12 +1171,26 @@ fn text_that_reads_differently_under_a_changing_setting_waits_for_the_replies() 
             C Q UPDATE t SET v = 'a\'; COMMIT; --'
                 → Bind "" any
                 → Execute ""
-                → Query "UPDATE t SET v = 'a\\'; COMMIT; --'"
+                → Parse  "UPDATE t SET v = 'a\\'; COMMIT; --'"
+                → Bind "" 
+                → Describe { target: Portal, name: [] }
+                → Execute ""
+                → Bind "" lock
+                → Execute ""
+                → Bind "" fast at commit
+                → Execute ""
                 → Sync
             C Q UPDATE t SET v = 'no backslash'
                 → Bind "" any
                 → Execute ""
-                → Query "UPDATE t SET v = 'no backslash'"
+                → Parse  "UPDATE t SET v = 'no backslash'"
+                → Bind "" 
+                → Describe { target: Portal, name: [] }
+                → Execute ""
+                → Bind "" lock
+                → Execute ""
+                → Bind "" fast at commit
+                → Execute ""
                 → Sync
         "#]],
     );
@@ -963,19 +1222,31 @@ fn a_function_call_is_checked_like_a_query() {
 
 #[test]
 fn a_check_goes_ahead_of_a_plain_begin_but_after_one_with_modes() {
+    // One check, after BEGIN in the string: ahead of the Query if the BEGIN is plain; in the
+    // text if it has modes (which must come before any query of the transaction). With a
+    // COMMIT in the string too, both checks go into the text.
     check(
         "
+        C Q BEGIN; UPDATE t SET v = 1
+        C Q ROLLBACK
+        C Q BEGIN ISOLATION LEVEL REPEATABLE READ; UPDATE t SET v = 1
+        C Q ROLLBACK
         C Q BEGIN; UPDATE t SET v = 1; COMMIT
-        C Q BEGIN ISOLATION LEVEL REPEATABLE READ; UPDATE t SET v = 1; COMMIT
         ",
         expect![[r#"
-            C Q BEGIN; UPDATE t SET v = 1; COMMIT
+            C Q BEGIN; UPDATE t SET v = 1
                 → Bind "" any
                 → Execute ""
-                → Query "BEGIN; UPDATE t SET v = 1; COMMIT"
+                → Query "BEGIN; UPDATE t SET v = 1"
                 → Sync
-            C Q BEGIN ISOLATION LEVEL REPEATABLE READ; UPDATE t SET v = 1; COMMIT
-                → Query "BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT * FROM fencing.check(1000, false); UPDATE t SET v = 1; COMMIT"
+            C Q ROLLBACK
+                → Query "ROLLBACK"
+            C Q BEGIN ISOLATION LEVEL REPEATABLE READ; UPDATE t SET v = 1
+                → Query "BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT * FROM fencing.check(1000, false); UPDATE t SET v = 1"
+            C Q ROLLBACK
+                → Query "ROLLBACK"
+            C Q BEGIN; UPDATE t SET v = 1; COMMIT
+                → Query "BEGIN; SELECT * FROM fencing.check(1000, false); UPDATE t SET v = 1; SELECT CASE WHEN s.u THEN NULL ELSE s.r END, CASE WHEN s.r OPERATOR(pg_catalog.=) '' AND s.t OPERATOR(pg_catalog.=) '' THEN NULL::pg_catalog.int8 WHEN s.u THEN NULL::pg_catalog.int8 ELSE fencing.check_token(1000) END FROM (SELECT q.r, q.t, true::pg_catalog.bool AND NOT (q.r OPERATOR(pg_catalog.=) '' AND q.t OPERATOR(pg_catalog.=) '') AND pg_catalog.pg_current_xact_id_if_assigned() IS NULL AS u, q.rc FROM (SELECT COALESCE(pg_catalog.current_setting('fencing.resource', true), '') AS r, COALESCE(pg_catalog.current_setting('fencing.token', true), '') AS t, pg_catalog.current_setting('transaction_isolation') OPERATOR(pg_catalog.=) 'read committed' AS rc) q) s; COMMIT"
         "#]],
     );
 }
@@ -1002,6 +1273,9 @@ fn a_sync_sent_with_copy_data_is_not_waited_for_once_the_copy_began() {
         C c
         C S
         S C COPY 1
+        S 2
+        S D '' NULL
+        S C SELECT 1
         S Z I
         C Q SELECT 1
         ",
@@ -1028,13 +1302,23 @@ fn a_sync_sent_with_copy_data_is_not_waited_for_once_the_copy_began() {
             C c
                 → CopyDone
             C S
+                → Bind "" lock
+                → Execute ""
+                → Bind "" fast at commit
+                → Execute ""
                 → Sync
             S C COPY 1               forward
+            S 2                      hide
+            S D '' NULL              hide
+            S C SELECT 1             hide
             S Z I                    forward
             C Q SELECT 1
-                → Bind "" any
+                → Parse  "SELECT 1"
+                → Bind "" 
+                → Describe { target: Portal, name: [] }
                 → Execute ""
-                → Query "SELECT 1"
+                → Bind "" any at commit
+                → Execute ""
                 → Sync
         "#]],
     );
@@ -1063,15 +1347,21 @@ fn a_statement_that_declares_the_token_is_checked_right_after_itself() {
                 → Bind "" 
             C E -
                 → Execute ""
-                → Bind "__fence_proxy" declared
+                → Bind "__fence_proxy" any at commit
                 → Execute "__fence_proxy"
                 → Close Portal __fence_proxy
             C S
                 → Sync
             C Q SELECT set_config('fencing.token', '5', false)
-                → Query "SELECT set_config('fencing.token', '5', false)\n;SELECT s.r, CASE WHEN s.r OPERATOR(pg_catalog.=) '' AND s.t OPERATOR(pg_catalog.=) '' THEN NULL::pg_catalog.int8 WHEN (s.r OPERATOR(pg_catalog.=) '' OR s.t OPERATOR(pg_catalog.=) '') AND pg_catalog.pg_current_xact_id_if_assigned() IS NULL THEN NULL::pg_catalog.int8 ELSE fencing.check_token(1000) END FROM (SELECT COALESCE(pg_catalog.current_setting('fencing.resource', true), '') AS r, COALESCE(pg_catalog.current_setting('fencing.token', true), '') AS t) s"
+                → Parse  "SELECT set_config('fencing.token', '5', false)"
+                → Bind "" 
+                → Describe { target: Portal, name: [] }
+                → Execute ""
+                → Bind "" any at commit
+                → Execute ""
+                → Sync
             C Q SELECT set_config('fencing.token', '5', false); UPDATE t SET v = 1
-                → Query "SELECT set_config('fencing.token', '5', false); SELECT * FROM fencing.check(1000, false); UPDATE t SET v = 1"
+                → Query "SELECT set_config('fencing.token', '5', false); SELECT * FROM fencing.check(1000, false); UPDATE t SET v = 1\n;SELECT CASE WHEN s.u THEN NULL ELSE s.r END, CASE WHEN s.r OPERATOR(pg_catalog.=) '' AND s.t OPERATOR(pg_catalog.=) '' THEN NULL::pg_catalog.int8 WHEN s.u THEN NULL::pg_catalog.int8 ELSE fencing.check_token(1000) END FROM (SELECT q.r, q.t, true::pg_catalog.bool AND NOT (q.r OPERATOR(pg_catalog.=) '' AND q.t OPERATOR(pg_catalog.=) '') AND pg_catalog.pg_current_xact_id_if_assigned() IS NULL AS u, q.rc FROM (SELECT COALESCE(pg_catalog.current_setting('fencing.resource', true), '') AS r, COALESCE(pg_catalog.current_setting('fencing.token', true), '') AS t, pg_catalog.current_setting('transaction_isolation') OPERATOR(pg_catalog.=) 'read committed' AS rc) q) s"
         "#]],
     );
 }

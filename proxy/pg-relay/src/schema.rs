@@ -5,14 +5,20 @@
 pub const SQL: &str = include_str!("schema.sql");
 
 /// The settings of the session, as the check statements read them (the start of a subquery
-/// `s`): `(r, t)`, each `''` when
-/// unset (PostgreSQL keeps an empty placeholder after a `RESET`). Schema-qualified throughout:
-/// the text is parsed under the client's `search_path`, where an operator or function of the
-/// same name could otherwise be found first.
+/// `q`): `(r, t)`, each `''` when unset (PostgreSQL keeps an empty placeholder after a
+/// `RESET`), and `u`: this is a check at the transaction's commit point (`$2`), with some
+/// fencing setting, in a transaction that has written nothing (no transaction id assigned).
+/// Such a check need not judge: nothing is there to fence, and the statements that write later
+/// are checked then. Schema-qualified throughout: the text is parsed under the client's
+/// `search_path`, where an operator or function of the same name could otherwise be found first.
 macro_rules! settings {
     () => {
-        "(SELECT COALESCE(pg_catalog.current_setting('fencing.resource', true), '') AS r, \
-COALESCE(pg_catalog.current_setting('fencing.token', true), '') AS t"
+        "(SELECT q.r, q.t, \
+$2::pg_catalog.bool AND NOT (q.r OPERATOR(pg_catalog.=) '' AND q.t OPERATOR(pg_catalog.=) '') \
+AND pg_catalog.pg_current_xact_id_if_assigned() IS NULL AS u, q.rc FROM \
+(SELECT COALESCE(pg_catalog.current_setting('fencing.resource', true), '') AS r, \
+COALESCE(pg_catalog.current_setting('fencing.token', true), '') AS t, \
+pg_catalog.current_setting('transaction_isolation') OPERATOR(pg_catalog.=) 'read committed' AS rc) q"
     };
 }
 
@@ -20,27 +26,13 @@ COALESCE(pg_catalog.current_setting('fencing.token', true), '') AS t"
 /// common case of a session without a token costs one plain statement, two settings read and
 /// compared, no function call. A session with any fencing setting at all (a token, or only
 /// half of one) is handed to the general check (`fencing.check_token($1)`, `$1` the fence wait
-/// in milliseconds), which decides, raises or refuses (FN001, FN002). Returns the resource and
-/// the token accepted, or a NULL token when the session has none.
+/// in milliseconds), which decides, raises or refuses (FN001, FN002), unless `u` (above).
+/// Returns the resource and the token accepted; a NULL token when the session has none; a
+/// NULL resource when it did not judge.
 pub const CHECK_ANY: &[u8] = concat!(
-    "SELECT s.r, CASE WHEN s.r OPERATOR(pg_catalog.=) '' AND s.t OPERATOR(pg_catalog.=) '' \
-THEN NULL::pg_catalog.int8 ELSE fencing.check_token($1) END FROM ",
-    settings!(),
-    ") s"
-)
-.as_bytes();
-
-/// The check right after a statement that declares the token (`SELECT set_config(...)`): as
-/// [`CHECK_ANY`], except that half a declaration passes while the transaction has written
-/// nothing (no transaction id assigned), so that a resource and a token may be declared one
-/// statement at a time. The relay does not count it as the transaction's check: the next
-/// statement that may touch data is checked in full.
-pub const CHECK_DECLARED: &[u8] = concat!(
-    "SELECT s.r, CASE WHEN s.r OPERATOR(pg_catalog.=) '' AND s.t OPERATOR(pg_catalog.=) '' \
-THEN NULL::pg_catalog.int8 \
-WHEN (s.r OPERATOR(pg_catalog.=) '' OR s.t OPERATOR(pg_catalog.=) '') \
-AND pg_catalog.pg_current_xact_id_if_assigned() IS NULL THEN NULL::pg_catalog.int8 \
-ELSE fencing.check_token($1) END FROM ",
+    "SELECT CASE WHEN s.u THEN NULL ELSE s.r END, \
+CASE WHEN s.r OPERATOR(pg_catalog.=) '' AND s.t OPERATOR(pg_catalog.=) '' THEN NULL::pg_catalog.int8 \
+WHEN s.u THEN NULL::pg_catalog.int8 ELSE fencing.check_token($1) END FROM ",
     settings!(),
     ") s"
 )
@@ -49,7 +41,7 @@ ELSE fencing.check_token($1) END FROM ",
 /// The check in a database where the fence check is not installed (the relay found out when it
 /// prepared its statements): a session without a token passes; any fencing setting makes it
 /// fail, with a cast error the relay reports as FN004 (fail closed: nothing here can check a
-/// token). It takes the same parameter as the others (declared, unused), so that it binds alike.
+/// token). It takes the same parameters as the others (unused), so that it binds alike.
 pub const CHECK_BARE: &[u8] = concat!(
     "SELECT s.r, CASE WHEN s.r OPERATOR(pg_catalog.=) '' AND s.t OPERATOR(pg_catalog.=) '' \
 THEN NULL::pg_catalog.int8 ELSE CAST('fence-proxy: no fence check in this database; fencing.resource = ' \
@@ -71,27 +63,32 @@ fencing.lock_key(pg_catalog.current_setting('fencing.resource', true)))";
 /// the mark. When the token is the mark under READ COMMITTED it answers (resource, token) by
 /// itself, with no PL/pgSQL call; in every other case (stale, higher, missing, malformed, no
 /// token, another isolation level) it hands over to the general check
-/// (`fencing.check_token($1)`), which decides, raises or refuses. Two plain statements cost
-/// PostgreSQL about a third of what one PL/pgSQL call does (BENCHMARKS.md).
+/// (`fencing.check_token($1)`), which decides, raises or refuses, unless `u` (above). Two plain
+/// statements cost PostgreSQL about a third of what one PL/pgSQL call does (BENCHMARKS.md).
 pub const CHECK_FAST: &[u8] = concat!(
-    "SELECT s.r, CASE WHEN s.rc AND \
-(SELECT m.token FROM fencing.tokens m WHERE m.resource OPERATOR(pg_catalog.=) s.r)\
-::pg_catalog.text OPERATOR(pg_catalog.=) s.t THEN s.t::pg_catalog.int8 \
-ELSE fencing.check_token($1) END FROM ",
+    "SELECT CASE WHEN s.u AND NOT s.cur THEN NULL ELSE s.r END, \
+CASE WHEN s.cur THEN s.t::pg_catalog.int8 WHEN s.u THEN NULL::pg_catalog.int8 \
+ELSE fencing.check_token($1) END FROM (SELECT v.r, v.t, v.u, v.rc AND COALESCE(\
+(SELECT m.token FROM fencing.tokens m WHERE m.resource OPERATOR(pg_catalog.=) v.r)\
+::pg_catalog.text OPERATOR(pg_catalog.=) v.t, false) AS cur FROM ",
     settings!(),
-    ", pg_catalog.current_setting('transaction_isolation') OPERATOR(pg_catalog.=) 'read committed' AS rc) s"
+    ") v) s"
 )
 .as_bytes();
 
 /// The check as the relay writes it into a Query's text (where prepared statements cannot go:
 /// after a statement of the same string, or before a `COPY FROM STDIN`). `current`: the proxy
-/// believes the token is the mark; `declared`: the form of [`CHECK_DECLARED`]; `installed`:
-/// the check exists in this database.
-pub fn check_text(wait_ms: &str, current: bool, declared: bool, installed: bool) -> String {
-    let text = |form: &[u8]| String::from_utf8_lossy(form).replace("$1", wait_ms);
-    match (installed, declared) {
+/// believes the token is the mark; `at_commit`: at the transaction's commit point ([`CHECK_ANY`]
+/// with `$2` true); `installed`: the check exists in this database.
+pub fn check_text(wait_ms: &str, current: bool, at_commit: bool, installed: bool) -> String {
+    let text = |form: &[u8]| {
+        String::from_utf8_lossy(form)
+            .replace("$1", wait_ms)
+            .replace("$2", if at_commit { "true" } else { "false" })
+    };
+    match (installed, at_commit) {
         (false, _) => text(CHECK_BARE),
-        (true, true) => text(CHECK_DECLARED),
+        (true, true) => text(CHECK_ANY),
         (true, false) => format!("SELECT * FROM fencing.check({wait_ms}, {current})"),
     }
 }

@@ -45,12 +45,17 @@ AS $fn$
           AND l.objid = key.lo AND l.database = key.db AND l.granted
           AND l.pid <> pg_backend_pid()
     ), advertised AS (
-        SELECT lo.pid, coalesce(hi.objid::text::bigint, 0) * 4294967296 + lo.objid::text::bigint AS token
+        -- A transaction may have raised several resources and advertised a token for each; the
+        -- advertisements name no resource, so it counts as older only if every token it
+        -- advertised is (the highest of its low and of its high halves bounds them all): an
+        -- older token never ends a transaction that may be raising this resource to a newer one.
+        SELECT lo.pid, coalesce(max(hi.objid::text::bigint), 0) * 4294967296 + max(lo.objid::text::bigint) AS token
         FROM key CROSS JOIN pg_locks lo
         LEFT JOIN pg_locks hi ON hi.pid = lo.pid AND hi.locktype = 'advisory' AND hi.objsubid = 2
                              AND hi.classid = 1178946117 AND hi.database = lo.database
         WHERE lo.locktype = 'advisory' AND lo.objsubid = 2 AND lo.classid = 1178946116
           AND lo.database = key.db
+        GROUP BY lo.pid
     )
     SELECT count(*)::integer FROM (
         SELECT pg_terminate_backend(h.pid) FROM holders h
@@ -118,6 +123,20 @@ BEGIN
     END IF;
     k := fencing.lock_key(r);
     read_committed := current_setting('transaction_isolation') = 'read committed';
+    IF current_setting('transaction_read_only') = 'on' THEN
+        -- A read-only transaction writes nothing, so it needs no raise and no locking read
+        -- (which it may not do): a token not below the mark passes, holding the lock shared.
+        PERFORM pg_advisory_xact_lock_shared(k);
+        SELECT m.token INTO cur FROM fencing.tokens m WHERE m.resource = r;
+        IF FOUND AND cur > t THEN
+            RAISE EXCEPTION USING ERRCODE = 'FN001',
+                MESSAGE = format('fencing token %s for resource %s is stale: the highest accepted token is %s',
+                                 t, quote_literal(r), cur),
+                DETAIL = format('resource: %s, presented token: %s, highest accepted token: %s', r, t, cur),
+                HINT = 'this client no longer holds the lock; acquire it again for a new token';
+        END IF;
+        fenced_resource := r; fenced_token := t; RETURN NEXT; RETURN;
+    END IF;
 
     LOOP
         SELECT m.token INTO cur FROM fencing.tokens m WHERE m.resource = r;
@@ -204,8 +223,10 @@ BEGIN
     END IF;
     r := current_setting('fencing.resource', true);
     t_text := current_setting('fencing.token', true);
-    IF coalesce(r, '') = '' OR coalesce(t_text, '') = '' OR t_text !~ '^[1-9][0-9]{0,17}$' THEN
-        -- No token, half of one, or one the proxy did not see: the general check says what.
+    IF coalesce(r, '') = '' OR coalesce(t_text, '') = '' OR t_text !~ '^[1-9][0-9]{0,17}$'
+       OR current_setting('transaction_read_only') = 'on' THEN
+        -- No token, half of one, or one the proxy did not see, or a read-only transaction
+        -- (which may not read FOR SHARE): the general check says what.
         RETURN QUERY SELECT * FROM fencing.check(p_wait_ms);
         RETURN;
     END IF;
@@ -337,6 +358,57 @@ BEGIN
     END LOOP;
 END;
 $fn$;
+
+-- Partitions and inheritance children that appear after protect (CREATE TABLE ... PARTITION OF,
+-- ATTACH PARTITION, INHERIT) are protected as they come, with their ancestor's prefix and wait.
+CREATE OR REPLACE FUNCTION fencing.protect_new_children()
+RETURNS event_trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+DECLARE
+    cmd record;
+    child record;
+BEGIN
+    FOR cmd IN SELECT * FROM pg_event_trigger_ddl_commands() WHERE classid = 'pg_class'::regclass LOOP
+        FOR child IN
+            WITH RECURSIVE down(oid) AS (
+                SELECT cmd.objid
+                UNION SELECT i.inhrelid FROM pg_inherits i JOIN down ON i.inhparent = down.oid
+            ), up(child, anc) AS (
+                SELECT d.oid, d.oid FROM down d
+                UNION SELECT up.child, i.inhparent FROM up JOIN pg_inherits i ON i.inhrelid = up.anc
+            )
+            SELECT DISTINCT ON (up.child) up.child::regclass AS rel,
+                   split_part(encode(t.tgargs, 'escape'), '\000', 1) AS prefix,
+                   split_part(encode(t.tgargs, 'escape'), '\000', 2) AS wait_ms
+            FROM up
+            JOIN pg_trigger t ON t.tgrelid = up.anc AND t.tgname = 'fencing_guard'
+            JOIN pg_class c ON c.oid = up.child AND c.relkind IN ('r', 'p', 'f')
+            WHERE NOT EXISTS (SELECT 1 FROM pg_trigger t2 WHERE t2.tgrelid = up.child AND t2.tgname = 'fencing_guard')
+        LOOP
+            EXECUTE format('CREATE TRIGGER fencing_guard BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE ON %s '
+                           'FOR EACH STATEMENT EXECUTE FUNCTION fencing.guard(%L, %L)',
+                           child.rel, child.prefix, child.wait_ms);
+        END LOOP;
+    END LOOP;
+END;
+$fn$;
+
+-- Event triggers need a superuser: without one, the installation says so and goes on
+-- (partitions attached later then need fencing.protect again).
+DO $do$
+BEGIN
+    IF (SELECT rolsuper FROM pg_roles WHERE rolname = current_user) THEN
+        DROP EVENT TRIGGER IF EXISTS fencing_protect_new_children;
+        CREATE EVENT TRIGGER fencing_protect_new_children ON ddl_command_end
+            WHEN TAG IN ('CREATE TABLE', 'ALTER TABLE', 'CREATE FOREIGN TABLE')
+            EXECUTE FUNCTION fencing.protect_new_children();
+    ELSE
+        RAISE NOTICE 'fence-proxy: not a superuser: partitions created or attached after fencing.protect need fencing.protect again';
+    END IF;
+END
+$do$;
 
 -- The protected tables, their prefixes and waits.
 CREATE OR REPLACE VIEW fencing.protected_tables AS

@@ -30,7 +30,7 @@ use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::sync::Notify;
 
 use crate::machine::{Local, Machine, Step, Verdict};
-use crate::{Relay, sqlstate};
+use crate::{Marks, Relay, sqlstate};
 
 /// Messages larger than this are streamed rather than held whole, where they may be (CopyData
 /// from either side, DataRow from the server).
@@ -74,6 +74,7 @@ enum Opened {
     Session {
         packet: BytesMut,
         replication: bool,
+        database: String,
     },
     /// A CancelRequest (forwarded) or a client that left.
     Done,
@@ -113,9 +114,21 @@ async fn read_startup(
                             .iter()
                             .any(|f| v.eq_ignore_ascii_case(f.as_bytes()))
                 });
+                let param = |name: &[u8]| {
+                    params
+                        .iter()
+                        .find(|(k, _)| *k == name)
+                        .map(|(_, v)| String::from_utf8_lossy(v).into_owned())
+                };
+                // PostgreSQL's default database is the user's name.
+                let database = param(b"database")
+                    .filter(|d| !d.is_empty())
+                    .or_else(|| param(b"user"))
+                    .unwrap_or_default();
                 return Ok(Opened::Session {
                     packet,
                     replication,
+                    database,
                 });
             }
             Err(e) => return Ok(Opened::Bad(e)),
@@ -136,7 +149,7 @@ async fn session(
     )
     .await
     .map_err(|_| std::io::Error::other("no start-up packet in time"))??;
-    let packet = match opened {
+    let (packet, database) = match opened {
         Opened::Done => return Ok(()),
         Opened::Bad(e) => {
             let code = match e {
@@ -171,8 +184,11 @@ async fn session(
             )
             .await;
         }
-        Opened::Session { packet, .. } => packet,
+        Opened::Session {
+            packet, database, ..
+        } => (packet, database),
     };
+    let marks = relay.marks_of(&database);
     let mut upstream = connect(relay, client).await?;
     upstream.write_all(&packet).await?;
     tracing::debug!(%peer, "session started");
@@ -184,8 +200,8 @@ async fn session(
     };
     let (mut client_r, mut client_w) = client.split();
     let (upstream_r, upstream_w) = upstream.into_split();
-    let c2s = to_server(relay, &shared, &mut client_r, upstream_w, buf);
-    let s2c = to_client(relay, &shared, upstream_r, &mut client_w);
+    let c2s = to_server(relay, &marks, &shared, &mut client_r, upstream_w, buf);
+    let s2c = to_client(relay, &marks, &shared, upstream_r, &mut client_w);
     tokio::pin!(c2s, s2c);
     // Polled in this order, the client-to-server direction first: what it queues for the
     // client is then usually written in the same wake-up.
@@ -339,6 +355,7 @@ enum Fed {
 /// Client to server.
 async fn to_server(
     relay: &Relay,
+    marks: &Marks,
     shared: &Shared,
     client: &mut tokio::net::tcp::ReadHalf<'_>,
     mut server: OwnedWriteHalf,
@@ -358,6 +375,7 @@ async fn to_server(
             out.extend_from_slice(&m.take_to_server());
             let fed = feed(
                 relay,
+                marks,
                 &mut m,
                 &mut framer,
                 &mut deferred,
@@ -406,6 +424,7 @@ async fn to_server(
 /// Feeds the whole messages in `buf` (a deferred one first) to the machine.
 fn feed(
     relay: &Relay,
+    marks: &Marks,
     m: &mut Machine,
     framer: &mut Framer,
     deferred: &mut Option<BytesMut>,
@@ -426,7 +445,7 @@ fn feed(
                 }
             }
         };
-        match m.client(&message, out, relay) {
+        match m.client(&message, out, marks) {
             Ok(Step::Done) => {}
             Ok(Step::Terminate) => return Ok(Fed::Terminate),
             Ok(Step::Defer) => return Ok(Fed::Deferred(message)),
@@ -459,6 +478,7 @@ impl Drop for CancelKey<'_> {
 /// Server to client.
 async fn to_client(
     relay: &Relay,
+    marks: &Marks,
     shared: &Shared,
     mut server: OwnedReadHalf,
     client: &mut tokio::net::tcp::WriteHalf<'_>,
@@ -513,7 +533,14 @@ async fn to_client(
             Event::Read(_) => {
                 let wake = {
                     let mut m = shared.machine();
-                    relay_server_messages(&mut m, &mut framer, &mut buf, &mut out, &mut cancel)?;
+                    relay_server_messages(
+                        marks,
+                        &mut m,
+                        &mut framer,
+                        &mut buf,
+                        &mut out,
+                        &mut cancel,
+                    )?;
                     m.wants_progress()
                 };
                 if !out.is_empty() {
@@ -530,6 +557,7 @@ async fn to_client(
 
 /// Passes the whole server messages in `buf` through the machine into `out`.
 fn relay_server_messages(
+    marks: &Marks,
     m: &mut Machine,
     framer: &mut Framer,
     buf: &mut BytesMut,
@@ -556,7 +584,7 @@ fn relay_server_messages(
             pg_wire::msg::backend_key_data(out, ours, &our_key);
             continue;
         }
-        match m.server(&message, relay) {
+        match m.server(&message, marks) {
             Verdict::Forward => out.extend_from_slice(&message),
             Verdict::Hide => {}
             Verdict::Replace(bytes) => out.extend_from_slice(&bytes),

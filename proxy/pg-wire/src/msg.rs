@@ -243,6 +243,14 @@ pub fn close(out: &mut Vec<u8>, kind: u8, name: &[u8]) {
     finish(out, at);
 }
 
+/// Describe of a prepared statement (`kind` b'S') or a portal (b'P').
+pub fn describe(out: &mut Vec<u8>, kind: u8, name: &[u8]) {
+    let at = begin(out, b'D');
+    out.push(kind);
+    cstr(out, name);
+    finish(out, at);
+}
+
 pub fn sync(out: &mut Vec<u8>) {
     let at = begin(out, b'S');
     finish(out, at);

@@ -107,10 +107,11 @@ pub enum Kind {
     /// and an empty statement.
     Inert,
     /// Cannot run inside a transaction block or a pipeline, so no check can share its
-    /// transaction, and writes no rows: `VACUUM`, `CLUSTER`, `REINDEX`, `CREATE`/`DROP
-    /// DATABASE` and `TABLESPACE`, `CREATE`/`DROP INDEX CONCURRENTLY`, `ALTER SYSTEM`, the
-    /// subscription commands, `COMMIT PREPARED`, `ROLLBACK PREPARED` (the transaction it ends
-    /// was checked before its `PREPARE TRANSACTION`).
+    /// transaction, and writes no rows: `VACUUM`, `CLUSTER` of the whole database, `REINDEX`
+    /// of a database or system or `CONCURRENTLY`, `CREATE`/`DROP DATABASE` and `TABLESPACE`,
+    /// `CREATE`/`DROP INDEX CONCURRENTLY`, `ALTER SYSTEM`, the subscription commands, `COMMIT
+    /// PREPARED`, `ROLLBACK PREPARED` (the transaction it ends was checked before its `PREPARE
+    /// TRANSACTION`). `CLUSTER t` and `REINDEX TABLE t` run in a transaction: they are `Data`.
     Standalone,
     /// `COPY ... FROM STDIN`: data, whose copy data follows the Query (so nothing may be sent
     /// between the Query and that data).
@@ -118,6 +119,10 @@ pub enum Kind {
     /// Anything else: it may read or write data, and may change the session's settings (any
     /// function it calls, any trigger it fires may call `set_config`).
     Data,
+    /// A statement whose text the relay does not know (bound to a prepared statement it never
+    /// saw parsed, or whose name SQL `PREPARE` may have reused): it may be anything, a `COMMIT`
+    /// included. [`classify`] never returns it.
+    Unknown,
 }
 
 /// How the relay treats a statement.
@@ -133,9 +138,9 @@ pub struct Class {
 }
 
 impl Class {
-    /// A statement the relay knows nothing about (bound to a statement it never saw parsed).
+    /// A statement the relay knows nothing about ([`Kind::Unknown`]).
     pub const UNKNOWN: Class = Class {
-        kind: Kind::Data,
+        kind: Kind::Unknown,
         mentions_settings: true,
         drops_statements: false,
     };
@@ -417,7 +422,18 @@ impl<'a> Words<'a> {
                 Kind::Inert
             }
             _ if is("prepare") => Kind::Inert,
-            _ if is("vacuum") || is("cluster") || is("reindex") => Kind::Standalone,
+            _ if is("vacuum") => Kind::Standalone,
+            // Whole-database forms and CONCURRENTLY cannot run in a transaction block.
+            _ if is("cluster") && (w(1).is_empty() || eq(w(1), "verbose") && w(2).is_empty()) => {
+                Kind::Standalone
+            }
+            _ if is("reindex")
+                && (self.concurrently
+                    || (1..4)
+                        .any(|i| ["database", "system", "schema"].iter().any(|k| eq(w(i), k)))) =>
+            {
+                Kind::Standalone
+            }
             _ if create_or_drop && (eq(w(1), "database") || eq(w(1), "tablespace")) => {
                 Kind::Standalone
             }
@@ -675,6 +691,11 @@ mod tests {
             ("", Kind::Inert),
             (" -- nothing\n", Kind::Inert),
             ("VACUUM t", Kind::Standalone),
+            ("CLUSTER", Kind::Standalone),
+            ("REINDEX DATABASE d", Kind::Standalone),
+            ("REINDEX TABLE CONCURRENTLY t", Kind::Standalone),
+            ("CLUSTER t USING i", Kind::Data),
+            ("REINDEX TABLE t", Kind::Data),
             ("CREATE DATABASE x", Kind::Standalone),
             (
                 "create unique index concurrently i on t (v)",

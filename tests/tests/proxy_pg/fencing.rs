@@ -438,10 +438,9 @@ fn a_current_token_takes_the_fast_path_and_a_belief_gone_wrong_falls_back_to_the
         "CREATE TABLE t (n int); \
          CREATE FUNCTION bump() RETURNS void LANGUAGE sql AS $$ SELECT set_config('fencing.token', '7', false) $$",
     );
-    // Every transaction that touches data gets a check; psql sends one statement per Query,
-    // so the check goes as prepared statements ahead of it: the general form (`fencing.
-    // check_token`, which calls `fencing.check(wait)`) unless a check with the same settings
-    // found the token to be the mark, else the fast path (two plain statements, no function
+    // Every transaction that touches data gets a check. The general form (`fencing.
+    // check_token`, which calls `fencing.check(wait)`) runs only where the relay does not know
+    // the token to be the mark; otherwise the fast path (two plain statements, no function
     // call unless the mark is not the token: then `fencing.check_token` decides).
     let script = format!(
         "SET track_functions = 'all';\n\
@@ -462,16 +461,21 @@ fn a_current_token_takes_the_fast_path_and_a_belief_gone_wrong_falls_back_to_the
     );
     let (ok, out, err) = psql(s.addr(), &script, &[]);
     assert!(ok, "{err}");
-    // The general check ran 3 times, each through check_token: for INSERT 1 (first use of
-    // the token), for INSERT 3 (the token became 7 inside a function, where the proxy could
-    // not see it: the fast path found the mark below it and handed over, and the general
-    // check raised it) and for INSERT 4 (the marks were deleted behind everyone's back: the
-    // fast path found no mark, the general check put 7 back). INSERT 2, the COMMIT after
-    // `SELECT 'inside'` (two statements ran since the check), SELECT bump(), the one Query
-    // holding a plain BEGIN, INSERT 5 and COMMIT, and the flush took the fast path alone; the
-    // text form `check(wait, current)` was never needed.
+    // The general check ran 4 times, each through check_token:
+    // - INSERT 1: the token's first use, before the INSERT (it raised the mark to 5); the
+    //   check after it, at its commit, took the fast path;
+    // - INSERT 3: the token had become 7 inside `bump()`, where the relay could not see it
+    //   (the check after `SELECT bump()` did not judge: that transaction wrote nothing), so
+    //   the relay knew nothing and checked in full before INSERT 3 (raising the mark to 7);
+    // - INSERT 4: the marks were deleted behind everyone's back: the fast path before it found
+    //   no mark and handed over, and the general check put 7 back;
+    // - the one Query holding BEGIN, INSERT 5 and COMMIT: its checks go into its text, the
+    //   one before INSERT 5 as `check(wait, current)` (the fast path inside PL/pgSQL: no
+    //   general check), the one before COMMIT in the general form.
+    // INSERT 2 and the COMMIT after `SELECT 'inside'`, SELECT bump() and the flush took the
+    // fast path alone.
     assert!(
-        out.contains("calls|check/1:3,check_token/1:3"),
+        out.contains("calls|check/1:4,check/2:1,check_token/1:4"),
         "{out}\n{err}"
     );
     assert_eq!(mark(&s.pg, "inv:b"), "7");
@@ -517,4 +521,119 @@ fn failing_statements_after_the_check_and_a_dropped_check_statement_leave_the_se
     // proxy prepared them again (closing the survivors first) and the checks ran.
     assert!(out.contains("in step|3"), "{out}\n{err}");
     assert_eq!(mark(&s.pg, "inv:c"), "3");
+}
+
+/// A transaction that raised one resource to 3 and another to 7 (both still open) must not be
+/// ended by a token 6 for the second: it is newer there. (The tokens a raising transaction
+/// advertises name no resource; it counted as older if any of them was.)
+#[test]
+fn an_older_token_does_not_end_a_transaction_raising_another_resource_to_a_newer_one() {
+    let s = setup(100);
+    s.pg.psql("INSERT INTO fencing.tokens (resource, token) VALUES ('y', 5)");
+    runtime().block_on(async {
+        let a = connect(s.addr()).await;
+        for q in [
+            "BEGIN",
+            "SET LOCAL fencing.resource = 'x'; SET LOCAL fencing.token = '3'",
+            "SELECT 1",
+            "SET LOCAL fencing.resource = 'y'; SET LOCAL fencing.token = '7'",
+            "SELECT 2",
+        ] {
+            a.batch_execute(q).await.unwrap();
+        }
+        let b = holder(s.addr(), "y", 6).await;
+        let b_write = tokio::spawn(async move { b.batch_execute("SELECT 3").await });
+        let watcher = connect(s.addr()).await;
+        let wait_started = "SELECT coalesce(max(waitstart)::text, '') FROM pg_locks \
+                            WHERE locktype = 'advisory' AND NOT granted";
+        let first: String = loop {
+            let w: String = watcher.query_one(wait_started, &[]).await.unwrap().get(0);
+            if !w.is_empty() {
+                break w;
+            }
+        };
+        // B's first wait ran out (fence_wait_ms), it looked for older transactions to end, and
+        // it waits again: the wait has a new start.
+        loop {
+            let w: String = watcher.query_one(wait_started, &[]).await.unwrap().get(0);
+            if !w.is_empty() && w != first {
+                break;
+            }
+        }
+        a.batch_execute("COMMIT")
+            .await
+            .expect("the newer raise was not ended");
+        let e = b_write.await.unwrap().expect_err("6 is older than 7 now");
+        assert_eq!(code(&e), "FN001", "{e}");
+    });
+    assert_eq!(mark(&s.pg, "y"), "7");
+}
+
+#[test]
+fn read_only_transactions_at_any_isolation_level_are_checked_and_pass_with_a_current_token() {
+    let s = setup(1000);
+    s.pg.psql(
+        "CREATE TABLE t (n int); INSERT INTO fencing.tokens (resource, token) VALUES ('r', 5)",
+    );
+    let (ok, out, err) = psql(
+        s.addr(),
+        "SET fencing.resource = 'r'; SET fencing.token = '5';\n\
+         BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; SELECT 'rr', count(*) FROM t; COMMIT;\n\
+         BEGIN ISOLATION LEVEL SERIALIZABLE READ ONLY DEFERRABLE; SELECT 'ser', count(*) FROM t; COMMIT;\n\
+         SET fencing.token = '4';\n\
+         BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; SELECT 'stale', count(*) FROM t; COMMIT;\n",
+        &[],
+    );
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("rr|0") && out.contains("ser|0"),
+        "{out}\n{err}"
+    );
+    assert!(!out.contains("stale|"), "{out}");
+    assert!(err.contains("FN001"), "{err}");
+}
+
+/// The relay's memory of marks is per database: two databases behind one listener each have
+/// their own `inv:a`.
+#[test]
+fn the_marks_in_memory_are_per_database() {
+    let pg = e2e::pg::Postgres::start();
+    pg.psql("CREATE DATABASE other");
+    let other_url = format!("postgres://postgres@127.0.0.1:{}/other", pg.port);
+    let dir = tempfile::tempdir().unwrap();
+    let proxy = e2e::FenceProxy::start_with(
+        dir.path(),
+        &format!(
+            "[[pg]]\nlisten = \"127.0.0.1:0\"\nupstream = \"127.0.0.1:{}\"\nschema_urls = [\"{}\", \"{other_url}\"]\n",
+            pg.port,
+            pg.url()
+        ),
+        0,
+        1,
+    );
+    let addr = proxy.pg[0].as_str();
+    pg.psql("INSERT INTO fencing.tokens (resource, token) VALUES ('inv:a', 100)");
+    runtime().block_on(async {
+        // In `postgres`, through the proxy, the mark of inv:a goes to 500.
+        let p = holder(addr, "inv:a", 500).await;
+        p.batch_execute("SELECT 1").await.unwrap();
+        // In `other`, its own inv:a is at 100 (set directly); a stale 50 is refused twice, the
+        // second time from memory: both with other's highest token, 100.
+        let (o, _conn) = connect_with(addr, "dbname=other").await;
+        o.batch_execute("CREATE TABLE IF NOT EXISTS t (n int)").await.unwrap();
+        o.batch_execute(
+            "INSERT INTO fencing.tokens (resource, token) VALUES ('inv:a', 100) ON CONFLICT DO NOTHING",
+        )
+        .await
+        .unwrap();
+        o.batch_execute("SET fencing.resource = 'inv:a'; SET fencing.token = '50'")
+            .await
+            .unwrap();
+        for _ in 0..2 {
+            let e = o.batch_execute("INSERT INTO t VALUES (1)").await.unwrap_err();
+            assert_eq!(code(&e), "FN001", "{e}");
+            let m = e.as_db_error().unwrap().message().to_string();
+            assert!(m.contains("the highest accepted token is 100"), "{m}");
+        }
+    });
 }

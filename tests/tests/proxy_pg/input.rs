@@ -152,7 +152,10 @@ fn an_upstream_down_and_the_connection_limit_get_clear_errors() {
         // SSLRequest was answered, so psql shows it.
         let (ok, _, err) = crate::psql(s.addr(), "SELECT 1", &[("PGSSLMODE", "prefer")]);
         assert!(!ok);
-        assert!(err.contains("FATAL:  fence-proxy: too many connections"), "{err}");
+        assert!(
+            err.contains("FATAL:  fence-proxy: too many connections"),
+            "{err}"
+        );
     });
     // A proxy whose PostgreSQL is not there.
     let dir = tempfile::tempdir().unwrap();

@@ -18,7 +18,10 @@ fn protected() -> (Setup, String) {
 }
 
 fn with_token(addr: &str, resource: &str, token: &str) -> Raw {
-    Raw::connect(addr, &[("fencing.resource", resource), ("fencing.token", token)])
+    Raw::connect(
+        addr,
+        &[("fencing.resource", resource), ("fencing.token", token)],
+    )
 }
 
 #[test]
@@ -36,20 +39,34 @@ fn a_direct_connection_writes_only_with_a_current_token() {
         let a = with_token(&direct, "inv:a", "1").simple(write);
         assert_eq!(a.code(), "FN001", "{write} with a stale token: {a:?}");
         let a = with_token(&direct, "other:a", "500").simple(write);
-        assert_eq!(a.code(), "FN005", "{write} for a resource outside the prefix: {a:?}");
+        assert_eq!(
+            a.code(),
+            "FN005",
+            "{write} for a resource outside the prefix: {a:?}"
+        );
         let a = with_token(&direct, "inv:a", "").simple(write);
         assert_eq!(a.code(), "FN002", "{write} with half a declaration: {a:?}");
     }
-    assert_eq!(s.pg.psql("SELECT sku, n FROM stock"), "a|10", "nothing was written");
+    assert_eq!(
+        s.pg.psql("SELECT sku, n FROM stock"),
+        "a|10",
+        "nothing was written"
+    );
     // The current token writes, directly and through the proxy; reads need none.
     let a = with_token(&direct, "inv:a", "100").simple("UPDATE stock SET n = 9");
     assert!(a.errors.is_empty(), "{a:?}");
     let a = with_token(s.addr(), "inv:b", "7").simple("UPDATE stock SET n = 8");
-    assert!(a.errors.is_empty(), "a new resource under the prefix: {a:?}");
+    assert!(
+        a.errors.is_empty(),
+        "a new resource under the prefix: {a:?}"
+    );
     let a = Raw::connect(&direct, &[]).simple("SELECT n FROM stock");
     assert_eq!(a.rows, [[Some("8".to_string())]], "{a:?}");
     // The write through the proxy took its token's mark.
-    assert_eq!(s.pg.psql("SELECT token FROM fencing.tokens WHERE resource = 'inv:b'"), "7");
+    assert_eq!(
+        s.pg.psql("SELECT token FROM fencing.tokens WHERE resource = 'inv:b'"),
+        "7"
+    );
 }
 
 #[test]
@@ -85,7 +102,10 @@ fn unprotect_removes_it_and_bad_arguments_get_clear_errors() {
     s.pg.psql("SELECT fencing.unprotect('stock')");
     let a = Raw::connect(&direct, &[]).simple("UPDATE stock SET n = 1");
     assert!(a.errors.is_empty(), "{a:?}");
-    assert_eq!(s.pg.psql("SELECT count(*) FROM fencing.protected_tables"), "0");
+    assert_eq!(
+        s.pg.psql("SELECT count(*) FROM fencing.protected_tables"),
+        "0"
+    );
     let mut c = Raw::connect(&direct, &[]);
     let a = c.simple("SELECT fencing.protect('stock', 'has space')");
     assert_eq!(a.code(), "22023", "{a:?}");
@@ -94,7 +114,9 @@ fn unprotect_removes_it_and_bad_arguments_get_clear_errors() {
     let a = c.simple("SELECT fencing.protect('no_such_table', 'inv:')");
     assert_eq!(a.code(), "42P01", "{a:?}");
     // A role that does not own the table can neither protect nor unprotect it.
-    s.pg.psql("CREATE ROLE app LOGIN; GRANT ALL ON stock TO app; SELECT fencing.protect('stock', 'inv:')");
+    s.pg.psql(
+        "CREATE ROLE app LOGIN; GRANT ALL ON stock TO app; SELECT fencing.protect('stock', 'inv:')",
+    );
     let mut app = Raw::connect_as(&direct, "app", &[]);
     let a = app.simple("SELECT fencing.unprotect('stock')");
     assert_eq!(a.code(), "42501", "{a:?}");
@@ -115,5 +137,26 @@ fn print_schema_shows_the_protection_functions() {
         "VIEW fencing.protected_tables",
     ] {
         assert!(text.contains(needle), "print-schema lacks {needle}");
+    }
+}
+
+#[test]
+fn partitions_and_children_that_come_later_are_protected_too() {
+    let (s, direct) = protected();
+    s.pg.psql(
+        "CREATE TABLE events (id int, at date) PARTITION BY RANGE (at);
+         SELECT fencing.protect('events', 'ev:');
+         CREATE TABLE events_2026 PARTITION OF events FOR VALUES FROM ('2026-01-01') TO ('2027-01-01');
+         CREATE TABLE events_2027 (id int, at date);
+         ALTER TABLE events ATTACH PARTITION events_2027 FOR VALUES FROM ('2027-01-01') TO ('2028-01-01');
+         CREATE TABLE stock_archive (old boolean) INHERITS (stock);",
+    );
+    for write in [
+        "INSERT INTO events_2026 VALUES (1, '2026-06-01')",
+        "INSERT INTO events_2027 VALUES (1, '2027-06-01')",
+        "INSERT INTO stock_archive VALUES ('x', 1, true)",
+    ] {
+        let a = Raw::connect(&direct, &[]).simple(write);
+        assert_eq!(a.code(), "FN005", "{write}: {a:?}");
     }
 }
