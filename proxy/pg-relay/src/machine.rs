@@ -67,12 +67,6 @@ pub(crate) const STATEMENTS: [(&[u8], &[u8], &[u32]); 4] = [
 /// earlier, may be the unnamed one, which a Bind of ours would replace).
 const PORTAL: &[u8] = b"__fence_proxy";
 
-/// After this many refusals in a row answered from memory, the next statement goes to
-/// PostgreSQL: settings that come from the server's configuration file can change on a reload
-/// without any statement of the session, and memory must not refuse forever what PostgreSQL
-/// would now accept.
-const CACHE_REFUSALS_MAX: u32 = 8;
-
 /// SQLSTATEs with which PostgreSQL says the check (or a piece of it) does not exist here or
 /// may not be used: undefined function, schema, table or prepared statement, no privilege.
 const NOT_INSTALLED: [&[u8]; 4] = [b"42883", b"3F000", b"42P01", b"42501"];
@@ -284,10 +278,6 @@ enum Form {
 /// One check the relay sent, as the reply to it is awaited.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Check {
-    /// Sent first in a unit that began with nothing in flight outside any transaction: the
-    /// settings it reads are the session's lasting ones (a failure cannot undo anything that
-    /// set them), so a refusal may be remembered for the next units.
-    settled: bool,
     /// The settings generation it was sent under.
     generation: u64,
     /// The bare form (no check installed): its cast error means "a token, and no check".
@@ -385,8 +375,7 @@ pub(crate) enum Verdict {
 /// Something the client direction answers by itself, for the other direction to write.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum Local {
-    Reply(Vec<u8>),
-    /// Then close the connection.
+    /// A FATAL error; then the connection closes.
     Fatal(Vec<u8>),
 }
 
@@ -404,8 +393,6 @@ pub(crate) struct Machine {
     generation: u64,
     /// The client's extended-protocol batch: messages sent since the last Sync (0: none).
     batch_len: u32,
-    /// Dropping the client's messages up to Sync (its batch was refused from memory).
-    rejecting: bool,
     statements: HashMap<Vec<u8>, Class>,
     unnamed_statement: Class,
     portals: HashMap<Vec<u8>, Class>,
@@ -414,9 +401,6 @@ pub(crate) struct Machine {
     hint: Option<(CompactString, i64, u64)>,
     /// The last check found no token, under this settings generation.
     no_token: Option<u64>,
-    /// A settled check refused this token: (resource, token, highest, generation).
-    stale: Option<(CompactString, i64, i64, u64)>,
-    cache_refusals: u32,
     /// The open transaction passed a check: with this token, or `None` without one.
     checked_txn: Option<Option<(CompactString, i64)>>,
     /// The row of the check being answered.
@@ -448,15 +432,12 @@ impl Machine {
             plan: Plan::IDLE,
             generation: 0,
             batch_len: 0,
-            rejecting: false,
             statements: HashMap::new(),
             unnamed_statement: Class::UNKNOWN,
             portals: HashMap::new(),
             unnamed_portal: Class::UNKNOWN,
             hint: None,
             no_token: None,
-            stale: None,
-            cache_refusals: 0,
             checked_txn: None,
             check_row: None,
             local: VecDeque::new(),
@@ -545,17 +526,6 @@ impl Machine {
         {
             return Ok(Step::Defer);
         }
-        if self.rejecting {
-            if m == Frontend::Sync {
-                self.rejecting = false;
-                self.batch_len = 0;
-            }
-            return Ok(if m == Frontend::Terminate {
-                Step::Terminate
-            } else {
-                Step::Done
-            });
-        }
         if self.copy_in {
             // Nothing may be injected into COPY data; a Sync here may go unanswered.
             match m {
@@ -579,10 +549,10 @@ impl Machine {
             Frontend::FunctionCall => self.on_function_call(message, out, marks),
             Frontend::Parse { name, text } => self.on_parse(message, name, text, out),
             Frontend::Bind { portal, statement } => {
-                return Ok(self.on_bind(message, portal, statement, fresh, out, marks));
+                return Ok(self.on_bind(message, portal, statement, out, marks));
             }
             Frontend::Execute { portal, .. } => {
-                return Ok(self.on_execute(message, portal, fresh, out, marks));
+                return Ok(self.on_execute(message, portal, out, marks));
             }
             Frontend::Describe { .. } => self.send(message, Expect::Describe, out),
             Frontend::Close { target, name } => {
@@ -633,7 +603,6 @@ impl Machine {
         message: &[u8],
         portal: &[u8],
         statement: &[u8],
-        fresh: bool,
         out: &mut Vec<u8>,
         marks: &dyn Marks,
     ) -> Step {
@@ -646,12 +615,8 @@ impl Machine {
                 .unwrap_or(Class::UNKNOWN)
         };
         if self.plan.needs_check(class.kind) && !check_after(class) && !self.defer(class, marks) {
-            if fresh && self.refuse_from_memory(marks) {
-                self.rejecting = true;
-                return Step::Done;
-            }
             // Before the client's Bind, so that our unnamed portal is gone before its own.
-            self.push_form(out, b"", fresh, marks, form_before(class));
+            self.push_form(out, b"", marks, form_before(class));
         }
         if portal.is_empty() {
             self.unnamed_portal = class;
@@ -666,7 +631,6 @@ impl Machine {
         &mut self,
         message: &[u8],
         portal: &[u8],
-        fresh: bool,
         out: &mut Vec<u8>,
         marks: &dyn Marks,
     ) -> Step {
@@ -677,26 +641,22 @@ impl Machine {
         };
         let needs = self.plan.needs_check(class.kind);
         if needs && !check_after(class) && !self.defer(class, marks) {
-            if fresh && self.refuse_from_memory(marks) {
-                self.rejecting = true;
-                return Step::Done;
-            }
             // The client's portal is bound already: ours must not replace it.
-            self.push_form(out, PORTAL, fresh, marks, form_before(class));
+            self.push_form(out, PORTAL, marks, form_before(class));
         }
         self.ran(class);
         self.copy_in = class.kind == Kind::CopyIn;
         self.send(message, Expect::Execute, out);
         if needs && check_after(class) {
             // In a portal of ours: the client may execute its own portal again.
-            self.push_form(out, PORTAL, false, marks, Form::Declared);
+            self.push_form(out, PORTAL, marks, Form::Declared);
         }
         Step::Done
     }
 
     fn on_sync(&mut self, message: &[u8], out: &mut Vec<u8>, marks: &dyn Marks) {
         if self.plan.end_needs_check() {
-            self.push_form(out, b"", false, marks, Form::Commit);
+            self.push_form(out, b"", marks, Form::Commit);
         }
         self.plan.unit_ended();
         self.expect.push_back(Expect::Sync { ours: false });
@@ -722,10 +682,9 @@ impl Machine {
     /// a simple Query.
     fn on_function_call(&mut self, message: &[u8], out: &mut Vec<u8>, marks: &dyn Marks) {
         let class = Class::UNKNOWN;
-        let fresh = self.batch_len == 0;
         let check = self.plan.needs_check(class.kind);
         if check {
-            self.push_check(out, b"", fresh, marks);
+            self.push_check(out, b"", marks);
         }
         self.ran(class);
         self.plan.unit_ended();
@@ -738,49 +697,13 @@ impl Machine {
         self.batch_len = 0;
     }
 
-    /// When the relay's memory knows, for sure, that the session's token is stale: answer the
-    /// unit here with PostgreSQL's own error (saving the round trip). Only at the start of a
-    /// unit with nothing in flight, outside any transaction, with settings unchanged since a
-    /// settled check refused them.
-    fn refuse_from_memory(&mut self, marks: &dyn Marks) -> bool {
-        if !(self.idle() && self.status == b'I') {
-            return false;
-        }
-        let Some((resource, token, _, generation)) = self.stale.clone() else {
-            return false;
-        };
-        let highest = marks.mark(&resource).filter(|h| *h > token);
-        let Some(highest) = highest.filter(|_| generation == self.generation) else {
-            return false;
-        };
-        self.cache_refusals += 1;
-        if self.cache_refusals >= CACHE_REFUSALS_MAX {
-            self.stale = None;
-            self.cache_refusals = 0;
-        }
-        let mut reply = Vec::new();
-        sqlstate::stale(&mut reply, &resource, token, highest);
-        msg::ready_for_query(&mut reply, b'I');
-        self.local.push_back(Local::Reply(reply));
-        self.plan = Plan::IDLE;
-        true
-    }
-
     /// Sends a check as extended-protocol messages (preparing our statements first if they
     /// are gone), in `portal`. The plan counts it as run.
-    fn push_check(&mut self, out: &mut Vec<u8>, portal: &[u8], settled: bool, marks: &dyn Marks) {
-        self.push_form(out, portal, settled, marks, Form::Before);
+    fn push_check(&mut self, out: &mut Vec<u8>, portal: &[u8], marks: &dyn Marks) {
+        self.push_form(out, portal, marks, Form::Before);
     }
 
-    fn push_form(
-        &mut self,
-        out: &mut Vec<u8>,
-        portal: &[u8],
-        settled: bool,
-        marks: &dyn Marks,
-        form: Form,
-    ) {
-        let settled = settled && self.idle_outside_transaction();
+    fn push_form(&mut self, out: &mut Vec<u8>, portal: &[u8], marks: &dyn Marks, form: Form) {
         if !self.prepared {
             for (name, text, types) in self.statements_to_prepare() {
                 // Closing first: a missing statement is no error, a survivor would be one.
@@ -792,7 +715,6 @@ impl Machine {
             self.prepared = true;
         }
         let check = Check {
-            settled,
             generation: self.generation,
             bare: self.installed == Installed::No,
             at_commit: form != Form::Before,
@@ -815,10 +737,6 @@ impl Machine {
             Form::Commit => self.plan.checked_now(),
             Form::Declared => self.plan.declared_now(),
         }
-    }
-
-    fn idle_outside_transaction(&self) -> bool {
-        self.idle() && self.status == b'I'
     }
 
     fn statements_to_prepare(&self) -> Vec<(&'static [u8], &'static [u8], &'static [u32])> {
@@ -855,12 +773,27 @@ impl Machine {
     /// transactions before this one waits behind their row locks. So it waits when the
     /// relay believes the session has no token, and, in an implicit transaction (which cannot
     /// stall between its statements), when it believes the token is the mark.
+    ///
+    /// In an implicit transaction it also waits when the relay knows the token to be stale: a
+    /// check before the statement would refuse it, and the statement may be the one that
+    /// declares a new token (a helper function the relay cannot see into); at the commit point
+    /// the write is refused just the same. In an explicit transaction a known stale token is
+    /// refused at once, before the transaction can take row locks that a stalled zombie would
+    /// keep from the new holder.
     fn defer(&self, class: Class, marks: &dyn Marks) -> bool {
         if !matches!(class.kind, Kind::Data | Kind::CopyIn) || self.plan.pending {
             return false;
         }
         let no_token = self.no_token == Some(self.generation);
-        no_token || (self.plan.open != Open::Explicit && self.known_current(marks))
+        let implicit = self.plan.open != Open::Explicit;
+        no_token || (implicit && (self.known_current(marks) || self.known_stale(marks)))
+    }
+
+    /// Whether the last check's token, under the same settings, is below the relay's mark.
+    fn known_stale(&self, marks: &dyn Marks) -> bool {
+        self.hint
+            .as_ref()
+            .is_some_and(|(r, t, g)| *g == self.generation && marks.mark(r).is_some_and(|m| m > *t))
     }
 
     /// Whether the last check found the session's token to be the mark, under the same
@@ -921,22 +854,13 @@ impl Machine {
         let before = (self.plan, self.generation);
         let q = self.plan_query(text, marks);
         self.copy_in = q.statements.iter().any(|s| s.class.kind == Kind::CopyIn);
-        if q.before.first().is_some_and(|c| c.0 == 0) && fresh {
-            // The first statement needs the check and nothing ran before it: memory may know.
-            let after = (self.plan, self.generation);
-            (self.plan, self.generation) = before;
-            if self.refuse_from_memory(marks) {
-                return Ok(Step::Done);
-            }
-            (self.plan, self.generation) = after;
-        }
         if q.before.is_empty() && q.at_end.is_none() {
             self.expect.push_back(Expect::query(false));
             out.extend_from_slice(message);
         } else if let Some(after) = converted(&q, fresh) {
-            self.send_converted(text, &q, after, fresh, before, out, marks);
+            self.send_converted(text, &q, after, before, out, marks);
         } else if let Some(form) = pipelined(text, &q, fresh) {
-            self.send_pipelined(message, form, fresh, before, out, marks);
+            self.send_pipelined(message, form, before, out, marks);
         } else {
             self.send_with_checks_in_text(text, &q, before.1, out, marks);
         }
@@ -1016,7 +940,6 @@ impl Machine {
         text: &[u8],
         q: &QueryPlan,
         after: Option<Form>,
-        fresh: bool,
         before: (Plan, u64),
         out: &mut Vec<u8>,
         marks: &dyn Marks,
@@ -1024,7 +947,7 @@ impl Machine {
         if !q.before.is_empty() {
             let planned = (self.plan, self.generation);
             (self.plan, self.generation) = before;
-            self.push_check(out, b"", fresh, marks);
+            self.push_check(out, b"", marks);
             (self.plan, self.generation) = planned;
         }
         msg::parse(out, b"", text, &[]);
@@ -1040,7 +963,7 @@ impl Machine {
             // before, if any, made the fast form the likely one.
             let plan = self.plan;
             self.plan.before_checked = !q.before.is_empty();
-            self.push_form(out, b"", false, marks, form);
+            self.push_form(out, b"", marks, form);
             self.plan = plan;
         }
         msg::sync(out);
@@ -1057,7 +980,6 @@ impl Machine {
         &mut self,
         message: &[u8],
         form: Form,
-        fresh: bool,
         before: (Plan, u64),
         out: &mut Vec<u8>,
         marks: &dyn Marks,
@@ -1065,7 +987,7 @@ impl Machine {
         // The check runs before the text's statements: under the plan and settings from before.
         let after = (self.plan, self.generation);
         (self.plan, self.generation) = before;
-        self.push_form(out, b"", fresh, marks, form);
+        self.push_form(out, b"", marks, form);
         (self.plan, self.generation) = after;
         self.expect.push_back(Expect::query(true));
         out.extend_from_slice(message);
@@ -1085,12 +1007,10 @@ impl Machine {
     ) {
         let current = self.generation == generation_before && self.known_current(marks);
         let installed = self.installed != Installed::No;
-        let settled = self.idle_outside_transaction();
         let sql = |form: Form| {
             schema::check_text(&self.wait_param, current, form != Form::Before, installed)
         };
         let mut check = Check {
-            settled: false,
             generation: generation_before,
             bare: !installed,
             at_commit: false,
@@ -1098,7 +1018,7 @@ impl Machine {
         let mut new_text = Vec::with_capacity(text.len() + (q.before.len() + 1) * 64);
         let mut units = VecDeque::new();
         let (mut copied, mut done) = (0, 0usize);
-        for (n, &(i, form)) in q.before.iter().enumerate() {
+        for &(i, form) in &q.before {
             let start = q.statements[i].start;
             new_text.extend_from_slice(&text[copied..start]);
             copied = start;
@@ -1106,7 +1026,6 @@ impl Machine {
             done = i;
             new_text.extend_from_slice(sql(form).as_bytes());
             new_text.extend_from_slice(b"; ");
-            check.settled = settled && n == 0 && i == 0;
             check.at_commit = form != Form::Before;
             units.push_back(Unit {
                 check: Some(check),
@@ -1118,7 +1037,6 @@ impl Machine {
             push_client_units(&mut units, q.statements.len() - done);
             new_text.extend_from_slice(b"\n;");
             new_text.extend_from_slice(sql(form).as_bytes());
-            check.settled = false;
             check.at_commit = form != Form::Before;
             units.push_back(Unit {
                 check: Some(check),
@@ -1347,8 +1265,6 @@ impl Machine {
 
     /// A check of ours answered without an error.
     fn check_passed(&mut self, check: Check, marks: &dyn Marks) {
-        self.stale = None;
-        self.cache_refusals = 0;
         match self.check_row.take() {
             Some(CheckRow::Token(resource, token)) => {
                 marks.raise(&resource, token);
@@ -1521,12 +1437,11 @@ impl Machine {
     ) -> Verdict {
         let code = fields.code;
         if code == sqlstate::STALE_TOKEN.as_bytes()
-            && let Some((resource, token, highest)) = sqlstate::parse_stale_detail(fields.detail)
+            && let Some((resource, _, highest)) = sqlstate::parse_stale_detail(fields.detail)
         {
+            // What PostgreSQL said the mark is: the next check of this token takes the full
+            // form (the fast one would hand over anyway).
             marks.raise(resource, highest);
-            self.stale = check
-                .filter(|c| c.settled)
-                .map(|c| (resource.into(), token, highest, c.generation));
             return Verdict::Forward;
         }
         if code == STATEMENT_GONE {

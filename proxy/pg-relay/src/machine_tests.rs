@@ -242,7 +242,7 @@ fn run(script: &str, installed: bool) -> String {
                     t.push_str(&format!("    → {s}\n"));
                 }
                 while let Some(l) = m.take_local() {
-                    let (Local::Reply(b) | Local::Fatal(b)) = &l;
+                    let Local::Fatal(b) = &l;
                     t.push_str(&format!("    ↩ {}\n", describe_server(b)));
                 }
             }
@@ -464,15 +464,11 @@ fn a_token_found_current_takes_the_fast_form_next() {
                 → Sync
             mark r 6
             C Q UPDATE t SET v = 3
-                → Bind "" any
-                → Execute ""
                 → Parse  "UPDATE t SET v = 3"
                 → Bind "" 
                 → Describe { target: Portal, name: [] }
                 → Execute ""
-                → Bind "" lock
-                → Execute ""
-                → Bind "" fast at commit
+                → Bind "" any at commit
                 → Execute ""
                 → Sync
         "#]],
@@ -664,28 +660,37 @@ fn a_batch_of_several_statements_is_checked_before_the_first_and_at_its_sync() {
 }
 
 #[test]
-fn a_failed_check_skips_the_query_and_a_settled_refusal_is_remembered() {
-    // The check fails (stale): PostgreSQL skips the Query, so the Sync's ReadyForQuery is the
-    // Query's. The next write with the same settings is refused from memory, with nothing in
-    // flight; a SET goes to PostgreSQL again.
+fn a_known_stale_token_waits_for_the_commit_point_in_autocommit_only() {
+    // With a token known stale (the relay saw a higher mark since), an autocommit statement is
+    // checked only where it commits (it may be the one that declares a new token, in a
+    // function the relay cannot see into); in an explicit transaction it is refused at once.
     check(
         "
-        C Q UPDATE t SET v = 1
+        C Q UPDATE t SET v = 0
         S 2
-        S E FN001 resource: r, presented token: 4, highest accepted token: 9
+        S D r 5
+        S C SELECT 1
+        S 1
+        S 2
+        S n
+        S C UPDATE 1
+        S 2
+        S D NULL
+        S C SELECT 1
+        S 2
+        S D r 5
+        S C SELECT 1
         S Z I
+        mark r 9
+        C Q SELECT app.declare('r', '10')
+        C Q BEGIN
         C Q UPDATE t SET v = 2
-        C Q SELECT 1
-        C Q SET fencing.token = '9'
-        S C SET
-        S Z I
-        C Q UPDATE t SET v = 3
         ",
         expect![[r#"
-            C Q UPDATE t SET v = 1
+            C Q UPDATE t SET v = 0
                 → Bind "" any
                 → Execute ""
-                → Parse  "UPDATE t SET v = 1"
+                → Parse  "UPDATE t SET v = 0"
                 → Bind "" 
                 → Describe { target: Portal, name: [] }
                 → Execute ""
@@ -695,104 +700,36 @@ fn a_failed_check_skips_the_query_and_a_settled_refusal_is_remembered() {
                 → Execute ""
                 → Sync
             S 2                      hide
-            S E FN001 resource: r, presented token: 4, highest accepted token: 9 forward
+            S D r 5                  hide
+            S C SELECT 1             hide
+            S 1                      hide
+            S 2                      hide
+            S n                      hide
+            S C UPDATE 1             forward
+            S 2                      hide
+            S D NULL                 hide
+            S C SELECT 1             hide
+            S 2                      hide
+            S D r 5                  hide
+            S C SELECT 1             hide
             S Z I                    forward
-            C Q UPDATE t SET v = 2
-                ↩ ERROR FN001, Z I
-            C Q SELECT 1
-                ↩ ERROR FN001, Z I
-            C Q SET fencing.token = '9'
-                → Query "SET fencing.token = '9'"
-            S C SET                  forward
-            S Z I                    forward
-            C Q UPDATE t SET v = 3
-                → Bind "" any
-                → Execute ""
-                → Parse  "UPDATE t SET v = 3"
+            mark r 9
+            C Q SELECT app.declare('r', '10')
+                → Parse  "SELECT app.declare('r', '10')"
                 → Bind "" 
                 → Describe { target: Portal, name: [] }
                 → Execute ""
-                → Bind "" lock
-                → Execute ""
-                → Bind "" fast at commit
+                → Bind "" any at commit
                 → Execute ""
                 → Sync
-        "#]],
-    );
-}
-
-#[test]
-fn memory_refuses_only_so_many_times_in_a_row() {
-    let mut script = String::from(
-        "C Q UPDATE t SET v = 1\nS 2\nS E FN001 resource: r, presented token: 4, highest accepted token: 9\nS Z I\n",
-    );
-    for _ in 0..super::CACHE_REFUSALS_MAX {
-        script.push_str("C Q UPDATE t SET v = 2\n");
-    }
-    let t = run(&script, true);
-    let refused = t.matches("↩ ERROR FN001, Z I").count();
-    assert_eq!(refused as u32, super::CACHE_REFUSALS_MAX, "{t}");
-    let t = run(&format!("{script}C Q UPDATE t SET v = 2\n"), true);
-    assert!(
-        t.trim_end().ends_with("→ Sync"),
-        "the next one goes to PostgreSQL: {t}"
-    );
-}
-
-#[test]
-fn a_refusal_inside_a_transaction_is_not_remembered() {
-    // Inside a transaction the settings the check saw may be undone by the rollback.
-    check(
-        "
-        C Q BEGIN
-        S C BEGIN
-        S Z T
-        C Q SET LOCAL fencing.token = '4'
-        S C SET
-        S Z T
-        C Q UPDATE t SET v = 1
-        S 2
-        S E FN001 resource: r, presented token: 4, highest accepted token: 9
-        S Z E
-        C Q ROLLBACK
-        S C ROLLBACK
-        S Z I
-        C Q UPDATE t SET v = 2
-        ",
-        expect![[r#"
             C Q BEGIN
                 → Query "BEGIN"
-            S C BEGIN                forward
-            S Z T                    forward
-            C Q SET LOCAL fencing.token = '4'
-                → Query "SET LOCAL fencing.token = '4'"
-            S C SET                  forward
-            S Z T                    forward
-            C Q UPDATE t SET v = 1
-                → Bind "" any
-                → Execute ""
-                → Parse  "UPDATE t SET v = 1"
-                → Bind "" 
-                → Describe { target: Portal, name: [] }
-                → Execute ""
-                → Sync
-            S 2                      hide
-            S E FN001 resource: r, presented token: 4, highest accepted token: 9 forward
-            S Z E                    forward
-            C Q ROLLBACK
-                → Query "ROLLBACK"
-            S C ROLLBACK             forward
-            S Z I                    forward
             C Q UPDATE t SET v = 2
                 → Bind "" any
                 → Execute ""
                 → Parse  "UPDATE t SET v = 2"
                 → Bind "" 
                 → Describe { target: Portal, name: [] }
-                → Execute ""
-                → Bind "" lock
-                → Execute ""
-                → Bind "" fast at commit
                 → Execute ""
                 → Sync
         "#]],

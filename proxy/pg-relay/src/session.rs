@@ -507,7 +507,6 @@ async fn to_client(
             }
         };
         match event {
-            Event::Local(Local::Reply(bytes)) => client.write_all(&bytes).await?,
             Event::Local(Local::Fatal(bytes)) => {
                 if !framer.mid_message() {
                     let _ = client.write_all(&bytes).await;
