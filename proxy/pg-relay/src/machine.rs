@@ -857,8 +857,8 @@ impl Machine {
         if q.before.is_empty() && q.at_end.is_none() {
             self.expect.push_back(Expect::query(false));
             out.extend_from_slice(message);
-        } else if let Some(after) = converted(&q, fresh) {
-            self.send_converted(text, &q, after, before, out, marks);
+        } else if let Some((check_before, check_after)) = converted(&q, fresh) {
+            self.send_converted(text, check_before, check_after, before, out, marks);
         } else if let Some(form) = pipelined(text, &q, fresh) {
             self.send_pipelined(message, form, before, out, marks);
         } else {
@@ -938,16 +938,16 @@ impl Machine {
     fn send_converted(
         &mut self,
         text: &[u8],
-        q: &QueryPlan,
+        check_before: Option<Form>,
         after: Option<Form>,
         before: (Plan, u64),
         out: &mut Vec<u8>,
         marks: &dyn Marks,
     ) {
-        if !q.before.is_empty() {
+        if let Some(form) = check_before {
             let planned = (self.plan, self.generation);
             (self.plan, self.generation) = before;
-            self.push_check(out, b"", marks);
+            self.push_form(out, b"", marks, form);
             (self.plan, self.generation) = planned;
         }
         msg::parse(out, b"", text, &[]);
@@ -962,7 +962,7 @@ impl Machine {
             // The plan counted it already (plan_query), and has moved past the unit; the check
             // before, if any, made the fast form the likely one.
             let plan = self.plan;
-            self.plan.before_checked = !q.before.is_empty();
+            self.plan.before_checked = check_before == Some(Form::Before);
             self.push_form(out, b"", marks, form);
             self.plan = plan;
         }
@@ -1074,15 +1074,20 @@ fn pipelined(text: &[u8], q: &QueryPlan, fresh: bool) -> Option<Form> {
 }
 
 /// Whether a Query goes as extended-protocol messages with its checks around it (see
-/// `Machine::send_converted`), and which check follows it: one statement that may touch data
-/// (not a `COPY FROM STDIN`, whose data must follow it at once), checked before it at most,
-/// with no batch of the client's open (our Sync would end it).
-fn converted(q: &QueryPlan, fresh: bool) -> Option<Option<Form>> {
+/// `Machine::send_converted`): one statement that needs a check (not a `COPY FROM STDIN`, whose
+/// data must follow it at once), with at most one check before it, and no batch of the
+/// client's open (our Sync would end it). Returns the checks before and after it.
+fn converted(q: &QueryPlan, fresh: bool) -> Option<(Option<Form>, Option<Form>)> {
     let [s] = &q.statements[..] else {
         return None;
     };
-    let before_ok = matches!(q.before[..], [] | [(0, Form::Before)]);
-    (fresh && s.class.kind == Kind::Data && before_ok).then_some(q.at_end)
+    let before = match q.before[..] {
+        [] => None,
+        [(0, form)] => Some(form),
+        _ => return None,
+    };
+    let kind_ok = !matches!(s.class.kind, Kind::CopyIn | Kind::Standalone);
+    (fresh && kind_ok).then_some((before, q.at_end))
 }
 
 /// `BEGIN`, `BEGIN WORK`, `BEGIN TRANSACTION` or `START TRANSACTION`, with no modes.

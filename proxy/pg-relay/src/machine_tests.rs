@@ -396,7 +396,10 @@ fn every_autocommit_statement_is_checked_and_the_check_is_hidden() {
             C Q COMMIT
                 → Bind "" any at commit
                 → Execute ""
-                → Query "COMMIT"
+                → Parse  "COMMIT"
+                → Bind "" 
+                → Describe { target: Portal, name: [] }
+                → Execute ""
                 → Sync
         "#]],
     );
@@ -504,8 +507,10 @@ fn an_explicit_transaction_is_checked_at_its_first_write_and_again_at_commit() {
         S 2
         S D r 5
         S C SELECT 1
+        S 1
+        S 2
+        S n
         S C COMMIT
-        S Z I
         S Z I
         C Q RESET ALL
         C Q BEGIN
@@ -545,7 +550,10 @@ fn an_explicit_transaction_is_checked_at_its_first_write_and_again_at_commit() {
                 → Execute ""
                 → Bind "" fast at commit
                 → Execute ""
-                → Query "COMMIT"
+                → Parse  "COMMIT"
+                → Bind "" 
+                → Describe { target: Portal, name: [] }
+                → Execute ""
                 → Sync
             S 2                      hide
             S D NULL                 hide
@@ -553,9 +561,11 @@ fn an_explicit_transaction_is_checked_at_its_first_write_and_again_at_commit() {
             S 2                      hide
             S D r 5                  hide
             S C SELECT 1             hide
+            S 1                      hide
+            S 2                      hide
+            S n                      hide
             S C COMMIT               forward
             S Z I                    forward
-            S Z I                    hide
             C Q RESET ALL
                 → Query "RESET ALL"
             C Q BEGIN
@@ -573,7 +583,10 @@ fn an_explicit_transaction_is_checked_at_its_first_write_and_again_at_commit() {
                 → Execute ""
                 → Bind "" fast at commit
                 → Execute ""
-                → Query "COMMIT"
+                → Parse  "COMMIT"
+                → Bind "" 
+                → Describe { target: Portal, name: [] }
+                → Execute ""
                 → Sync
             C Q BEGIN
                 → Query "BEGIN"

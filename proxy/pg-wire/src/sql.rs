@@ -448,13 +448,34 @@ impl<'a> Words<'a> {
 }
 
 fn class_of(text: &[u8], words: &Words<'_>) -> Class {
+    // One pass over the text for all five words (a statement can be long: one INSERT of many
+    // rows).
+    let mut found = [false; 5];
+    const NEEDLES: [&[u8]; 5] = [
+        b"fencing",
+        b"set_config",
+        b"deallocate",
+        b"discard",
+        b"__fence_proxy",
+    ];
+    for i in 0..text.len() {
+        let c = text[i].to_ascii_lowercase();
+        if !matches!(c, b'f' | b's' | b'd' | b'_') {
+            continue;
+        }
+        for (n, needle) in NEEDLES.iter().enumerate() {
+            if !found[n]
+                && text[i..].len() >= needle.len()
+                && text[i..i + needle.len()].eq_ignore_ascii_case(needle)
+            {
+                found[n] = true;
+            }
+        }
+    }
     Class {
         kind: words.kind(),
-        mentions_settings: contains_ignore_case(text, b"fencing")
-            || contains_ignore_case(text, b"set_config"),
-        drops_statements: contains_ignore_case(text, b"deallocate")
-            || contains_ignore_case(text, b"discard")
-            || contains_ignore_case(text, b"__fence_proxy"),
+        mentions_settings: found[0] || found[1],
+        drops_statements: found[2] || found[3] || found[4],
     }
 }
 
