@@ -8,6 +8,7 @@
 #
 #   bench/pg.sh
 #   SECONDS_PER_RUN=5 ROUNDS=1 bench/pg.sh
+#   BASELINE=/path/to/an/older/fence-proxy bench/pg.sh   # that build too, in the same rounds
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUN=${SECONDS_PER_RUN:-10}
@@ -20,8 +21,9 @@ command -v pgbouncer >/dev/null || { echo "bench/pg.sh: pgbouncer is missing (ap
 cargo build --release -q -p fence-proxy
 . bench/common.sh
 
-PG=15432; BOUNCER=15433; PROXY=15434
-for port in $PG $BOUNCER $PROXY; do
+PG=15432; BOUNCER=15433; PROXY=15434; BASE=15435
+BASELINE=${BASELINE:-}
+for port in $PG $BOUNCER $PROXY $BASE; do
   if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
     echo "bench/pg.sh: something already listens on port $port; stop it first" >&2; exit 1
   fi
@@ -53,6 +55,14 @@ target/release/fence-proxy pg --listen 127.0.0.1:$PROXY --upstream 127.0.0.1:$PG
 pids+=("$!"); PROXY_PID=$!
 wait_port $BOUNCER; wait_port $PROXY
 BOUNCER_PID=$(pgrep -f "^pgbouncer -q $OUT/pgbouncer.ini")
+BASE_PID=
+if [ -n "$BASELINE" ]; then
+  # An older build, on a database where the current build installed the check (the older
+  # check's functions are replaced by the newer ones, which it calls the same way).
+  "$BASELINE" pg --listen 127.0.0.1:$BASE --upstream 127.0.0.1:$PG --log warn 2>"$OUT/baseline.log" &
+  pids+=("$!"); BASE_PID=$!
+  wait_port $BASE
+fi
 
 pgb() { "$PGBIN/pgbench" -h 127.0.0.1 -U postgres "$@" postgres; }
 pgb -p $PG -i -s 10 -q >/dev/null 2>&1
@@ -80,7 +90,7 @@ RESULTS="$OUT/results.txt"; : >"$RESULTS"
 # CPU time (user + system, clock ticks) the proxy behind PORT has used so far; 0 for direct.
 ticks() {
   local pid=
-  case $1 in $BOUNCER) pid=$BOUNCER_PID ;; $PROXY) pid=$PROXY_PID ;; esac
+  case $1 in $BOUNCER) pid=$BOUNCER_PID ;; $PROXY) pid=$PROXY_PID ;; $BASE) pid=$BASE_PID ;; esac
   if [ -n "$pid" ]; then awk '{print $14 + $15}' "/proc/$pid/stat"; else echo 0; fi
 }
 run() { # name port clients [PGOPTIONS] -- pgbench args
@@ -118,11 +128,13 @@ for c in 1 16; do
     run "$w direct" $PG $c "" -- $flag
     for r in $(seq "$ROUNDS"); do
       pair "$r" "$w pgbouncer #$r" $BOUNCER "" "$w fence-proxy #$r" $PROXY "" $c $flag
+      [ -n "$BASELINE" ] && run "$w baseline #$r" $BASE $c "" -- $flag
     done
   done
   for r in $(seq "$ROUNDS"); do
     pair "$r" "token-update direct #$r" $PG "$TOKEN" "token-update fence-proxy (token) #$r" $PROXY "$TOKEN" \
       $c -f "$OUT/update.sql"
+    [ -n "$BASELINE" ] && run "token-update baseline (token) #$r" $BASE $c "$TOKEN" -- -f "$OUT/update.sql"
   done
   # PgBouncer refuses the options start-up parameter, so it relays the script without a token.
   run "token-update pgbouncer (no token)" $BOUNCER $c "" -- -f "$OUT/update.sql"
@@ -170,11 +182,19 @@ for clients in ("1", "16"):
         if rs:
             print(f"  {w} fence-proxy vs PgBouncer, {clients} client(s): {statistics.median(rs):.2f}x"
                   f" (rounds: {', '.join(f'{x:.2f}' for x in rs)})")
-        for who in ("pgbouncer", "fence-proxy"):
+        rs = ratios(w + " baseline", w + " pgbouncer", clients)
+        if rs:
+            print(f"  {w} baseline vs PgBouncer, {clients} client(s): {statistics.median(rs):.2f}x"
+                  f" (rounds: {', '.join(f'{x:.2f}' for x in rs)})")
+        for who in ("pgbouncer", "fence-proxy", "baseline"):
             us = [v for v in cpu.get((f"{w} {who}", clients), {}).values()]
             if us:
                 print(f"    {who} CPU per transaction: median {statistics.median(us):.1f} us"
                       f" (rounds: {', '.join(f'{x:.1f}' for x in us)})")
+    rs = ratios("token-update baseline (token)", "token-update direct", clients)
+    if rs:
+        print(f"  token-update baseline with a token vs direct, {clients} client(s): {statistics.median(rs):.2f}x"
+              f" (rounds: {', '.join(f'{x:.2f}' for x in rs)})")
     rs = ratios("token-update fence-proxy (token)", "token-update direct", clients)
     if rs:
         print(f"  token-update fence-proxy with a token vs direct, {clients} client(s): {statistics.median(rs):.2f}x"
