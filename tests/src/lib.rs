@@ -137,6 +137,21 @@ impl Lines {
         lines
     }
 
+    /// Waits until the stream has ended (the writer closed it); false if it has not within
+    /// `PATIENCE` (something the process started may still hold it open).
+    fn wait_closed(&self) -> bool {
+        let deadline = Instant::now() + PATIENCE;
+        let mut st = self.state.lock().unwrap();
+        while !st.1 {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            st = self.changed.wait_timeout(st, left).unwrap().0;
+        }
+        true
+    }
+
     /// Everything so far, one line each.
     pub fn text(&self) -> String {
         self.state.lock().unwrap().0.join("\n")
@@ -204,7 +219,8 @@ impl Spawned {
         }
     }
 
-    /// Waits for the process to exit.
+    /// Waits for the process to exit and for what it wrote to be read: after it, `stdout` and
+    /// `stderr` hold everything (the reader threads may lag behind the exit).
     pub fn wait(&mut self) -> ExitStatus {
         if let Some(s) = self.status {
             return s;
@@ -212,6 +228,13 @@ impl Spawned {
         match self.exit.recv_timeout(PATIENCE) {
             Ok(s) => {
                 self.status = Some(s);
+                for (name, lines) in [("stdout", &self.stdout), ("stderr", &self.stderr)] {
+                    assert!(
+                        lines.wait_closed(),
+                        "{} exited but its {name} stayed open for {PATIENCE:?}",
+                        self.name
+                    );
+                }
                 s
             }
             Err(RecvTimeoutError::Timeout) => panic!(

@@ -4,23 +4,24 @@
 //!
 //! # The rule it keeps (invariant 9, fail closed)
 //!
-//! Every transaction that runs a statement that may touch data runs the fence check *inside
+//! Every transaction in which a statement that may touch data ran runs the fence check *inside
 //! itself*, and the check reads the session's settings inside PostgreSQL: however the settings
 //! got there (start-up keys, `options`, `SET`, `set_config` with bound values, a function, a
-//! `DO` block, role and database defaults), the check sees what PostgreSQL sees. The relay never
-//! decides from the SQL text *whether* to check, only *where*:
+//! trigger, a `DO` block, role and database defaults), the check sees what PostgreSQL sees.
+//! The relay never decides from the SQL text *whether* to check, only *where*:
 //!
-//! - before the first statement of a transaction that may touch data (anything but transaction
-//!   control, `SET`/`RESET`/`DISCARD`, `SHOW` and the like: [`Kind`]);
-//! - again before the next such statement after one that visibly changes the settings (`SET`,
-//!   `ROLLBACK TO`, text that mentions `fencing` or `set_config`);
-//! - again at the transaction's commit point (a `COMMIT`, the end of an implicit transaction:
-//!   a Sync, the end of a query string) when two or more statements that may touch data ran
-//!   since the last check: the first of them may have changed the settings invisibly (a
-//!   function), and the ones after it wrote under what it set. One statement alone is checked
-//!   before it; what it sets applies from the next statement on, which is checked.
+//! - at the transaction's commit point (a `COMMIT`, the Sync of an implicit transaction, the
+//!   end of its query string), after its statements, so that it judges what they declared. In
+//!   a transaction that wrote nothing it need not judge (nothing to fence; the writes later
+//!   are judged);
+//! - before its first statement that may touch data, where liveness needs it (`Machine::defer`):
+//!   unless the relay believes the session has no token or, in an implicit transaction, holds
+//!   the mark or a known stale token;
+//! - before the next such statement after one that visibly changes the settings (`SET`,
+//!   `ROLLBACK TO`, text that mentions `fencing` or `set_config`); right after a statement
+//!   whose text declares the token ([`check_after`]).
 //!
-//! Which form the check takes is only a matter of speed, never of safety: every form reads the
+//! Which form a check takes is only a matter of speed, never of safety: every form reads the
 //! real settings and hands over to the general check when the relay's belief is wrong.
 //!
 //! # States
@@ -452,6 +453,12 @@ impl Machine {
     /// Keeps `error` for the client's next message (see [`Verdict::Hold`]).
     pub(crate) fn hold(&mut self, error: Vec<u8>) {
         self.held = Some(error);
+    }
+
+    /// Whether an end of the session by PostgreSQL now would be said as FN003 (see
+    /// [`Verdict::Hold`]): nothing in flight, in a transaction that passed a check with a token.
+    pub(crate) fn may_hold(&self) -> bool {
+        self.idle() && matches!(self.checked_txn, Some(Some(_)))
     }
 
     pub(crate) fn held(&self) -> bool {
@@ -1381,7 +1388,7 @@ impl Machine {
         // token ending it is what fence_wait_ms does. Said as FN003, in answer to the client's
         // next message. With anything in flight the outcome is not known (a shutdown may have
         // raced a commit): PostgreSQL's own error goes as it is.
-        if fields.severity == b"FATAL" && fields.code == b"57P01" && self.idle() {
+        if fields.severity == b"FATAL" && fields.code == b"57P01" && self.may_hold() {
             if let Some(Some((resource, token))) = &self.checked_txn {
                 let newer = marks.mark(resource).filter(|h| h > token);
                 let mut out = Vec::new();

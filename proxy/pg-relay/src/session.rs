@@ -197,6 +197,7 @@ async fn session(
         machine: Mutex::new(Machine::new(relay.config.fence_wait.as_millis())),
         progress: Notify::new(),
         client_spoke: Notify::new(),
+        server_read: Notify::new(),
     };
     let (mut client_r, mut client_w) = client.split();
     let (upstream_r, upstream_w) = upstream.into_split();
@@ -258,6 +259,8 @@ struct Shared {
     progress: Notify,
     /// The client sent something while a held error waited for it.
     client_spoke: Notify,
+    /// The server direction read from PostgreSQL (or found it closed).
+    server_read: Notify,
 }
 
 impl Shared {
@@ -365,6 +368,14 @@ async fn to_server(
     let mut framer = Framer::default();
     let mut deferred: Option<BytesMut> = None;
     loop {
+        let may_hold = !buf.is_empty() && shared.machine().may_hold();
+        if may_hold && upstream_pending(server.as_ref()).await {
+            // PostgreSQL said something before it could have seen these bytes (perhaps the end
+            // of the session, said as FN003 only while nothing is in flight): the other
+            // direction reads it first.
+            shared.server_read.notified().await;
+            continue;
+        }
         let (fed, queued_local) = {
             let mut m = shared.machine();
             if m.held() {
@@ -419,6 +430,21 @@ async fn to_server(
             () = shared.progress.notified() => {}
         }
     }
+}
+
+/// Whether bytes from PostgreSQL wait unread in the socket (without taking them). Polled with
+/// the session task's own waker: a peek that finds nothing registers it for the socket's next
+/// bytes, in the slot the other direction's read uses (the same task).
+async fn upstream_pending(server: &TcpStream) -> bool {
+    std::future::poll_fn(|cx| {
+        let mut byte = [0u8; 1];
+        let mut probe = tokio::io::ReadBuf::new(&mut byte);
+        std::task::Poll::Ready(matches!(
+            server.poll_peek(cx, &mut probe),
+            std::task::Poll::Ready(Ok(n)) if n > 0
+        ))
+    })
+    .await
 }
 
 /// Feeds the whole messages in `buf` (a deferred one first) to the machine.
@@ -515,6 +541,7 @@ async fn to_client(
                 return Ok(());
             }
             Event::Read(0) => {
+                shared.server_read.notify_one();
                 let held = shared.machine().held_error();
                 if let Some(bytes) = held {
                     let spoke = tokio::time::timeout(
@@ -549,6 +576,7 @@ async fn to_client(
                 if wake {
                     shared.progress.notify_one();
                 }
+                shared.server_read.notify_one();
             }
         }
     }

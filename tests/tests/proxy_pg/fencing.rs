@@ -6,7 +6,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
 
 use crate::{
-    code, connect, connect_with, holder, mark, psql, runtime, setup, start_proxy, wait_count,
+    code, connect, connect_with, error_of, holder, mark, psql, raw_query, raw_session, read_until,
+    runtime, setup, start_proxy, wait_count,
 };
 
 #[test]
@@ -121,6 +122,52 @@ fn zombie_in_a_transaction(mark_already_41: bool) {
             "{msg}"
         );
     });
+    assert_eq!(s.pg.psql("SELECT owner FROM acct"), "B");
+}
+
+#[test]
+fn a_commit_that_meets_the_end_of_its_session_in_the_proxy_is_told_fn003() {
+    // The zombie's COMMIT and PostgreSQL's end of its session reach the proxy at the same
+    // moment (the proxy is stopped while both are sent). PostgreSQL ended the session before
+    // the COMMIT could reach it, so nothing was in flight: the client is told FN003, not
+    // PostgreSQL's administrator shutdown (which the proxy reports when a message of the
+    // client's was in flight, as the outcome is then unknown).
+    let mut s = setup(300);
+    s.pg.psql(
+        "CREATE TABLE acct (id int PRIMARY KEY, owner text); INSERT INTO acct VALUES (1, 'init')",
+    );
+    let mut a = raw_session(
+        s.addr(),
+        &[(
+            b"options",
+            b"-c fencing.resource=acct:1 -c fencing.token=41",
+        )],
+    );
+    raw_query(&mut a, "BEGIN");
+    let wrote = raw_query(&mut a, "UPDATE acct SET owner = 'A' WHERE id = 1");
+    assert!(wrote.iter().all(|(t, _)| *t != b'E'), "{wrote:?}");
+    s.proxy.process.signal(libc::SIGSTOP);
+    // B, on a direct connection, raises the mark to 42: its check waits the fence wait for
+    // A's transaction, then ends A's session and waits for its end.
+    s.pg.psql(
+        "SET fencing.resource = 'acct:1'; SET fencing.token = '42'; BEGIN; \
+         SELECT fencing.check_token(300); UPDATE acct SET owner = 'B' WHERE id = 1; COMMIT",
+    );
+    assert_eq!(
+        s.pg.psql("SELECT count(*) FROM pg_stat_activity WHERE state LIKE 'idle in transaction%'"),
+        "0"
+    );
+    let mut commit = Vec::new();
+    pg_wire::msg::query(&mut commit, b"COMMIT");
+    std::io::Write::write_all(&mut a, &commit).unwrap();
+    s.proxy.process.signal(libc::SIGCONT);
+    let (severity, code, message) = error_of(&read_until(&mut a, b'E'));
+    assert_eq!(
+        (severity.as_str(), code.as_str()),
+        ("ERROR", "FN003"),
+        "{message}"
+    );
+    assert!(message.contains("fencing token 41"), "{message}");
     assert_eq!(s.pg.psql("SELECT owner FROM acct"), "B");
 }
 

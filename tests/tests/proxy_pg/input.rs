@@ -5,55 +5,8 @@ use std::net::TcpStream;
 
 use pg_wire::msg;
 
-use crate::{code, connect, runtime, setup_with};
+use crate::{closed, code, connect, error_of, raw_session, read_until, runtime, setup_with};
 use e2e::pg::Postgres;
-
-/// Connects raw, completes start-up (trust), and returns the stream after ReadyForQuery.
-fn raw_session(addr: &str) -> TcpStream {
-    let mut s = TcpStream::connect(addr).unwrap();
-    let mut start = Vec::new();
-    msg::startup(
-        &mut start,
-        &[(b"user", b"postgres"), (b"database", b"postgres")],
-    );
-    s.write_all(&start).unwrap();
-    read_until(&mut s, b'Z');
-    s
-}
-
-/// Reads messages until one with `tag`; returns all the messages read.
-fn read_until(s: &mut TcpStream, tag: u8) -> Vec<(u8, Vec<u8>)> {
-    let mut got = Vec::new();
-    loop {
-        let mut head = [0u8; 5];
-        s.read_exact(&mut head)
-            .expect("the proxy closed before answering");
-        let len = u32::from_be_bytes([head[1], head[2], head[3], head[4]]) as usize;
-        let mut body = vec![0u8; len - 4];
-        s.read_exact(&mut body).unwrap();
-        let mut whole = head.to_vec();
-        whole.extend_from_slice(&body);
-        got.push((head[0], whole));
-        if head[0] == tag {
-            return got;
-        }
-    }
-}
-
-fn error_of(messages: &[(u8, Vec<u8>)]) -> (String, String, String) {
-    let (_, m) = messages
-        .iter()
-        .find(|(t, _)| *t == b'E')
-        .expect("an ErrorResponse");
-    let f = msg::error_fields(m).unwrap();
-    let s = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
-    (s(f.severity), s(f.code), s(f.message))
-}
-
-fn closed(s: &mut TcpStream) -> bool {
-    let mut b = [0u8; 1];
-    matches!(s.read(&mut b), Ok(0) | Err(_))
-}
 
 #[test]
 fn malformed_and_oversized_messages_close_only_that_connection() {
@@ -84,7 +37,7 @@ fn malformed_and_oversized_messages_close_only_that_connection() {
                 "malformed Bind",
             ),
         ] {
-            let mut raw = raw_session(s.addr());
+            let mut raw = raw_session(s.addr(), &[]);
             raw.write_all(&bytes).unwrap();
             let got = read_until(&mut raw, b'E');
             let (severity, code, message) = error_of(&got);

@@ -20,8 +20,12 @@ mod input;
 mod protected;
 mod replicas;
 
+use std::io::{Read, Write};
+use std::net::TcpStream;
+
 use e2e::FenceProxy;
 use e2e::pg::Postgres;
+use pg_wire::msg;
 use tokio_postgres::{Client, NoTls};
 
 /// A throwaway PostgreSQL and a fence-proxy in front of it that installed the check.
@@ -59,6 +63,60 @@ impl Setup {
     pub fn addr(&self) -> &str {
         &self.proxy.pg[0]
     }
+}
+
+/// Connects raw with the start-up keys `extra` besides user and database, completes start-up (trust), and returns the stream after ReadyForQuery.
+pub fn raw_session(addr: &str, extra: &[(&[u8], &[u8])]) -> TcpStream {
+    let mut s = TcpStream::connect(addr).unwrap();
+    let mut start = Vec::new();
+    let mut params: Vec<(&[u8], &[u8])> = vec![(b"user", b"postgres"), (b"database", b"postgres")];
+    params.extend_from_slice(extra);
+    msg::startup(&mut start, &params);
+    s.write_all(&start).unwrap();
+    read_until(&mut s, b'Z');
+    s
+}
+
+/// Reads messages until one with `tag`; returns all the messages read.
+pub fn read_until(s: &mut TcpStream, tag: u8) -> Vec<(u8, Vec<u8>)> {
+    let mut got = Vec::new();
+    loop {
+        let mut head = [0u8; 5];
+        s.read_exact(&mut head)
+            .expect("the proxy closed before answering");
+        let len = u32::from_be_bytes([head[1], head[2], head[3], head[4]]) as usize;
+        let mut body = vec![0u8; len - 4];
+        s.read_exact(&mut body).unwrap();
+        let mut whole = head.to_vec();
+        whole.extend_from_slice(&body);
+        got.push((head[0], whole));
+        if head[0] == tag {
+            return got;
+        }
+    }
+}
+
+pub fn error_of(messages: &[(u8, Vec<u8>)]) -> (String, String, String) {
+    let (_, m) = messages
+        .iter()
+        .find(|(t, _)| *t == b'E')
+        .expect("an ErrorResponse");
+    let f = msg::error_fields(m).unwrap();
+    let s = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+    (s(f.severity), s(f.code), s(f.message))
+}
+
+pub fn closed(s: &mut TcpStream) -> bool {
+    let mut b = [0u8; 1];
+    matches!(s.read(&mut b), Ok(0) | Err(_))
+}
+
+/// Sends `sql` as a simple Query on a raw session; returns the messages up to ReadyForQuery.
+pub fn raw_query(s: &mut TcpStream, sql: &str) -> Vec<(u8, Vec<u8>)> {
+    let mut q = Vec::new();
+    msg::query(&mut q, sql.as_bytes());
+    s.write_all(&q).unwrap();
+    read_until(s, b'Z')
 }
 
 pub fn runtime() -> tokio::runtime::Runtime {
@@ -135,7 +193,6 @@ pub fn code(e: &tokio_postgres::Error) -> String {
 
 /// psql through `addr`, running `script` from standard input; returns (success, stdout, stderr).
 pub fn psql(addr: &str, script: &str, extra_env: &[(&str, &str)]) -> (bool, String, String) {
-    use std::io::Write;
     let (host, port) = addr.rsplit_once(':').unwrap();
     let mut cmd = Postgres::client_tool("psql");
     cmd.args([
