@@ -143,8 +143,8 @@ pub enum PgAction {
     /// Print the SQL that installs the fence check (schema `fencing`), for a DBA to run.
     PrintSchema,
     /// Print the statements the proxy prepares on each PostgreSQL connection, one per line as
-    /// `name<TAB>text` (`$1` is the fence wait in milliseconds): what `log_statement = all`
-    /// shows it running.
+    /// `name<TAB>text` (`$1` is the fence wait in milliseconds, `$2` whether the check is at a
+    /// commit point): what `log_statement = all` shows it running.
     PrintChecks,
 }
 

@@ -689,3 +689,48 @@ fn the_marks_in_memory_are_per_database() {
         assert_eq!(calls, 1);
     });
 }
+
+#[test]
+fn print_checks_prints_the_statements_each_connection_prepares() {
+    let s = setup(1000);
+    let out = std::process::Command::new(e2e::bin("fence-proxy"))
+        .args(["pg", "print-checks"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let printed: BTreeMap<String, String> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let (name, text) = l.split_once('\t').expect("name<TAB>text");
+            (name.to_string(), text.to_string())
+        })
+        .collect();
+    let names: Vec<&str> = printed.keys().map(String::as_str).collect();
+    assert_eq!(
+        names,
+        [
+            "__fence_proxy_any",
+            "__fence_proxy_bare",
+            "__fence_proxy_fast",
+            "__fence_proxy_lock"
+        ]
+    );
+    // What a session through the proxy has prepared is exactly what was printed.
+    runtime().block_on(async {
+        let c = connect(s.addr()).await;
+        let rows = c
+            .query(
+                "SELECT name, statement FROM pg_prepared_statements \
+                 WHERE name LIKE '\\_\\_fence\\_proxy%'",
+                &[],
+            )
+            .await
+            .unwrap();
+        let prepared: BTreeMap<String, String> = rows
+            .iter()
+            .map(|r| (r.get::<_, String>(0), r.get::<_, String>(1)))
+            .collect();
+        assert_eq!(prepared, printed);
+    });
+}
