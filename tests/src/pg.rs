@@ -140,30 +140,9 @@ impl Postgres {
 
     /// Runs SQL with psql (a client we did not write) and returns its unaligned output.
     pub fn psql(&self, sql: &str) -> String {
-        let mut cmd = Command::new("psql");
-        cmd.args([
-            "-h",
-            "127.0.0.1",
-            "-p",
-            &self.port.to_string(),
-            "-U",
-            "postgres",
-            "-d",
-            "postgres",
-            "-X",
-            "-tA",
-            "-v",
-            "ON_ERROR_STOP=1",
-            "-c",
-            sql,
-        ]);
-        let (status, stdout, stderr) = output(cmd);
-        assert!(status.success(), "psql {sql:?} failed: {stderr}");
-        stdout.trim().to_string()
+        self.psql_each(&[sql])
     }
-}
 
-impl Postgres {
     /// Runs each statement with psql, each in a transaction of its own (for `ALTER SYSTEM` and
     /// the like, which refuse to run inside one), in one session.
     pub fn psql_each(&self, statements: &[&str]) -> String {
@@ -181,7 +160,14 @@ impl Postgres {
             cmd.args(["-c", s]);
         }
         let (status, stdout, stderr) = output(cmd);
-        assert!(status.success(), "psql {statements:?} failed: {stderr}");
+        assert!(
+            status.success(),
+            "psql {} failed: {stderr}",
+            match statements {
+                [one] => format!("{one:?}"),
+                all => format!("{all:?}"),
+            }
+        );
         stdout.trim().to_string()
     }
 

@@ -292,8 +292,35 @@ BEGIN
 END;
 $fn$;
 
--- Protects `p_table` (and its partitions or inheritance children as they are now: attach
--- later ones with protect again) for resources starting with `p_prefix` ('' for any);
+-- Drops the guard trigger from `p_table` and its partitions or inheritance children; returns
+-- those of them that are tables (what protect guards). Needs the right to drop their triggers.
+CREATE OR REPLACE FUNCTION fencing.drop_guards(p_table regclass)
+RETURNS SETOF regclass
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+DECLARE
+    rel regclass;
+BEGIN
+    FOR rel IN
+        WITH RECURSIVE tree(oid) AS (
+            SELECT p_table::oid
+            UNION SELECT i.inhrelid FROM pg_inherits i JOIN tree ON i.inhparent = tree.oid
+        )
+        SELECT c.oid::regclass FROM tree JOIN pg_class c ON c.oid = tree.oid
+        WHERE c.relkind IN ('r', 'p', 'f')
+    LOOP
+        IF EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = rel AND tgname = 'fencing_guard') THEN
+            EXECUTE format('DROP TRIGGER fencing_guard ON %s', rel);
+        END IF;
+        RETURN NEXT rel;
+    END LOOP;
+END;
+$fn$;
+
+-- Protects `p_table` (and its partitions or inheritance children; later ones as they come
+-- where the event trigger below is installed, otherwise by protect again) for resources
+-- starting with `p_prefix` ('' for any);
 -- `p_wait_ms` is the fence wait of the check the trigger runs. Again on a protected table:
 -- replaces its prefix and wait. Needs the right to create triggers on the table (its owner).
 CREATE OR REPLACE FUNCTION fencing.protect(p_table regclass, p_prefix text, p_wait_ms integer DEFAULT 1000)
@@ -314,17 +341,7 @@ BEGIN
             MESSAGE = format('fencing.protect: wait %s ms is out of range', coalesce(p_wait_ms::text, 'NULL')),
             HINT = '1 to 3600000 milliseconds';
     END IF;
-    FOR rel IN
-        WITH RECURSIVE tree(oid) AS (
-            SELECT p_table::oid
-            UNION SELECT i.inhrelid FROM pg_inherits i JOIN tree ON i.inhparent = tree.oid
-        )
-        SELECT c.oid::regclass FROM tree JOIN pg_class c ON c.oid = tree.oid
-        WHERE c.relkind IN ('r', 'p', 'f')
-    LOOP
-        IF EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = rel AND tgname = 'fencing_guard') THEN
-            EXECUTE format('DROP TRIGGER fencing_guard ON %s', rel);
-        END IF;
+    FOR rel IN SELECT * FROM fencing.drop_guards(p_table) LOOP
         EXECUTE format('CREATE TRIGGER fencing_guard BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE ON %s '
                        'FOR EACH STATEMENT EXECUTE FUNCTION fencing.guard(%L, %L)', rel, p_prefix, p_wait_ms);
     END LOOP;
@@ -338,25 +355,10 @@ $fn$;
 -- Removes the protection from `p_table` and its partitions or children.
 CREATE OR REPLACE FUNCTION fencing.unprotect(p_table regclass)
 RETURNS void
-LANGUAGE plpgsql
+LANGUAGE sql
 SET search_path = pg_catalog, pg_temp
 AS $fn$
-DECLARE
-    rel regclass;
-BEGIN
-    FOR rel IN
-        WITH RECURSIVE tree(oid) AS (
-            SELECT p_table::oid
-            UNION SELECT i.inhrelid FROM pg_inherits i JOIN tree ON i.inhparent = tree.oid
-        )
-        SELECT c.oid::regclass FROM tree JOIN pg_class c ON c.oid = tree.oid
-        WHERE c.relkind IN ('r', 'p', 'f')
-    LOOP
-        IF EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = rel AND tgname = 'fencing_guard') THEN
-            EXECUTE format('DROP TRIGGER fencing_guard ON %s', rel);
-        END IF;
-    END LOOP;
-END;
+    SELECT count(*) FROM fencing.drop_guards(p_table);
 $fn$;
 
 -- Partitions and inheritance children that appear after protect (CREATE TABLE ... PARTITION OF,
@@ -430,4 +432,5 @@ GRANT EXECUTE ON FUNCTION fencing.check_token(integer) TO PUBLIC;
 REVOKE ALL ON FUNCTION fencing.guard() FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION fencing.protect(regclass, text, integer) TO PUBLIC;
 GRANT EXECUTE ON FUNCTION fencing.unprotect(regclass) TO PUBLIC;
+GRANT EXECUTE ON FUNCTION fencing.drop_guards(regclass) TO PUBLIC;
 GRANT SELECT ON fencing.protected_tables TO PUBLIC;
