@@ -1,12 +1,13 @@
 //! Generates the protobuf and tonic code. Needs `protoc` (Debian: `apt-get install
-//! protobuf-compiler`), or the `PROTOC` environment variable pointing at one.
+//! protobuf-compiler`; `./x` installs it), or the `PROTOC` environment variable pointing at one.
 
 fn main() {
     println!("cargo:rerun-if-changed=proto");
     if std::env::var_os("PROTOC").is_none() && which("protoc").is_none() {
         panic!(
-            "protoc, the protobuf compiler, is needed to build lockd-proto: install it \
-             (Debian/Ubuntu: `apt-get install protobuf-compiler`) or set PROTOC=/path/to/protoc"
+            "protoc, the protobuf compiler, is needed to build lockd-proto: run `./x deps demo` \
+             (Debian: it runs `apt-get install protobuf-compiler libprotobuf-dev`), or set \
+             PROTOC=/path/to/protoc"
         );
     }
     tonic_prost_build::configure()

@@ -1,31 +1,60 @@
 //! `verify check HISTORY.jsonl [--html TIMELINE.html]`: judges a recorded history (and draws
-//! it); exit status 0 when no property is
-//! violated, 1 when one is, 2 when the history cannot be read. See docs/history.md.
+//! it); `verify model`: the protocol explored for a small scope. Exit status 0 when no property
+//! is violated, 1 when one is, 2 when the input cannot be read. See docs/history.md.
 
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-fn usage() -> ExitCode {
-    eprintln!(
-        "usage: verify check HISTORY.jsonl [--html TIMELINE.html]   (see docs/history.md)\n       verify model [--no-fencing] [--clients N]"
-    );
-    ExitCode::from(2)
+use clap::{CommandFactory, Parser, Subcommand};
+
+/// Checks recorded histories of the lock service and its fenced stores for the safety
+/// invariants, draws them, and models the protocol.
+///
+/// Exit status: 0 no violation (or no counterexample), 1 a violation (or a counterexample),
+/// 2 bad input (an unreadable history, a usage error).
+#[derive(Parser)]
+#[command(name = "verify", version)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Judges a recorded history (docs/history.md): single holder, monotone tokens, fencing,
+    /// acknowledged writes present, refused writes absent.
+    Check {
+        /// The history, JSON Lines.
+        history: PathBuf,
+        /// Also draws the timeline into this HTML file.
+        #[arg(long, value_name = "FILE")]
+        html: Option<PathBuf>,
+    },
+    /// Explores the protocol's model exhaustively for a small scope.
+    Model {
+        /// Models stores that do not check the token: a counterexample is expected.
+        #[arg(long)]
+        no_fencing: bool,
+        /// Clients in the model.
+        #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u8).range(1..=4))]
+        clients: u8,
+    },
 }
 
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let (path, html) = match args.as_slice() {
-        [cmd, path] if cmd == "check" => (path, None),
-        [cmd, path, flag, out] if cmd == "check" && flag == "--html" => (path, Some(out)),
-        [cmd, rest @ ..] if cmd == "model" => return model(rest),
-        [flag] if flag == "--help" || flag == "-h" => {
-            println!(
-                "verify check HISTORY.jsonl: checks a recorded history for the safety invariants"
-            );
-            return ExitCode::SUCCESS;
-        }
-        _ => return usage(),
-    };
-    let file = match std::fs::File::open(path) {
+    cli_docs::generate_if_asked(Cli::command);
+    match Cli::parse().command {
+        Command::Check { history, html } => check(&history, html.as_deref()),
+        Command::Model {
+            no_fencing,
+            clients,
+        } => model(clients, !no_fencing),
+    }
+}
+
+fn check(history: &Path, html: Option<&Path>) -> ExitCode {
+    let path = history.display();
+    let file = match std::fs::File::open(history) {
         Ok(f) => f,
         Err(e) => {
             eprintln!("verify: cannot open {path}: {e}");
@@ -43,10 +72,10 @@ fn main() -> ExitCode {
     println!("{report}");
     if let Some(out) = html {
         if let Err(e) = std::fs::write(out, verifier::timeline::html(&events, &report)) {
-            eprintln!("verify: cannot write {out}: {e}");
+            eprintln!("verify: cannot write {}: {e}", out.display());
             return ExitCode::from(2);
         }
-        println!("timeline: {out}");
+        println!("timeline: {}", out.display());
     }
     if report.ok() {
         ExitCode::SUCCESS
@@ -55,32 +84,14 @@ fn main() -> ExitCode {
     }
 }
 
-/// `verify model [--no-fencing] [--clients N]`: explores the protocol's model; exit status 1
-/// when a counterexample is found.
-fn model(args: &[String]) -> ExitCode {
-    let mut scope = verifier::model::Scope {
-        clients: 2,
+/// `verify model`: explores the protocol's model; exit status 1 when a counterexample is found.
+fn model(clients: u8, fence: bool) -> ExitCode {
+    let scope = verifier::model::Scope {
+        clients: clients.into(),
         grants: 3,
         writes: 2,
-        fence: true,
+        fence,
     };
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        match a.as_str() {
-            "--no-fencing" => scope.fence = false,
-            "--clients" => match it.next().and_then(|n| n.parse().ok()) {
-                Some(n @ 1..=4) => scope.clients = n,
-                _ => {
-                    eprintln!("verify model: --clients takes 1 to 4");
-                    return ExitCode::from(2);
-                }
-            },
-            other => {
-                eprintln!("verify model: unknown argument {other:?}");
-                return usage();
-            }
-        }
-    }
     let outcome = verifier::model::explore(scope);
     println!(
         "model: {} clients, up to {} grants and {} writes each, fence {}",

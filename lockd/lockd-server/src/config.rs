@@ -9,10 +9,29 @@
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
-use anyhow::{Context, bail};
 use clap::{Args, Parser, ValueEnum};
 use lockd_core::Limits;
 use serde::{Deserialize, Serialize};
+
+/// Why a configuration was refused; the message names the setting or the file.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {}: {source}", path.display())]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("config file {} is not valid: {source}", path.display())]
+    Parse {
+        path: PathBuf,
+        source: toml::de::Error,
+    },
+    #[error(transparent)]
+    Limits(#[from] lockd_core::LimitsError),
+    /// A setting out of its range, or settings that contradict each other.
+    #[error("{0}")]
+    Invalid(String),
+}
 
 /// Command line of `lockd`.
 #[derive(Parser, Debug)]
@@ -211,7 +230,7 @@ impl Default for Config {
 
 impl Config {
     /// Resolves the command line (with its environment) and the file it names.
-    pub fn from_cli(cli: &Cli) -> anyhow::Result<Config> {
+    pub fn from_cli(cli: &Cli) -> Result<Config, ConfigError> {
         let file = match &cli.config {
             Some(path) => read_file(path)?,
             None => Settings::default(),
@@ -273,7 +292,10 @@ impl Config {
         self
     }
 
-    fn validate(&self) -> anyhow::Result<()> {
+    fn validate(&self) -> Result<(), ConfigError> {
+        macro_rules! bail {
+            ($($arg:tt)*) => { return Err(ConfigError::Invalid(format!($($arg)*))) };
+        }
         self.limits.validate()?;
         if self.sync_interval_ms == 0 {
             bail!("sync_interval_ms must be at least 1");
@@ -311,16 +333,22 @@ impl Config {
                 );
             }
         }
-        tracing_subscriber::EnvFilter::try_new(&self.log)
-            .with_context(|| format!("log filter {:?} is not valid", self.log))?;
+        if let Err(e) = tracing_subscriber::EnvFilter::try_new(&self.log) {
+            bail!("log filter {:?} is not valid: {e}", self.log);
+        }
         Ok(())
     }
 }
 
-fn read_file(path: &Path) -> anyhow::Result<Settings> {
-    let text = std::fs::read_to_string(path)
-        .with_context(|| format!("cannot read config file {}", path.display()))?;
-    toml::from_str(&text).with_context(|| format!("config file {} is not valid", path.display()))
+fn read_file(path: &Path) -> Result<Settings, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    toml::from_str(&text).map_err(|source| ConfigError::Parse {
+        path: path.to_path_buf(),
+        source,
+    })
 }
 
 #[cfg(test)]

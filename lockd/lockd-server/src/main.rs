@@ -3,11 +3,12 @@
 use std::io::IsTerminal;
 use std::process::ExitCode;
 
-use clap::Parser;
+use clap::{CommandFactory, Parser};
 use lockd_server::config::{Cli, Config, LogFormat};
 use tracing_subscriber::EnvFilter;
 
 fn main() -> ExitCode {
+    cli_docs::generate_if_asked(Cli::command);
     let cli = Cli::parse();
     let config = match Config::from_cli(&cli) {
         Ok(c) => c,

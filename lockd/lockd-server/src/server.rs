@@ -4,7 +4,6 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::Context;
 use lockd_core::Core;
 use lockd_proto::v1::lock_service_server::LockServiceServer;
 use lockd_store::{RedbStore, RedbStoreOptions, Store};
@@ -30,11 +29,33 @@ pub const MAX_STREAMS_PER_CONNECTION: u32 = 4096;
 /// Exit status when the store fails under lockd (EX_IOERR of sysexits.h).
 pub const EXIT_STORE_FAILED: i32 = 74;
 
+/// Why lockd could not start, or stopped serving.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error("opening the store: {0}")]
+    Open(#[source] lockd_store::StoreError),
+    #[error("loading the store: {0}")]
+    Load(#[source] lockd_store::StoreError),
+    #[error("the stored state is inconsistent; refusing to start: {0}")]
+    Inconsistent(#[from] lockd_core::RecoverError),
+    #[error("starting the etcd backend: {0}")]
+    Etcd(#[source] lockd_store_etcd::LockError),
+    #[error("cannot listen on {addr}: {source}")]
+    Listen {
+        addr: std::net::SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("reading the bound address: {0}")]
+    LocalAddr(#[source] std::io::Error),
+    #[error("serving gRPC: {0}")]
+    Serve(#[from] tonic::transport::Error),
+}
+
 /// Runs lockd until `shutdown` completes. Returns when everything is flushed.
 pub async fn run(
     config: Config,
     shutdown: impl Future<Output = ()> + Send + 'static,
-) -> anyhow::Result<()> {
+) -> Result<(), ServeError> {
     if config.backend == Backend::Etcd {
         return run_etcd(config, shutdown).await;
     }
@@ -42,16 +63,15 @@ pub async fn run(
         cache_size_bytes: config.cache_size_mb << 20,
         journal_bytes: config.journal_size_mb << 20,
     };
-    let mut store = RedbStore::open(&config.data_dir, &options)?;
-    let snapshot = store.load().context("loading the store")?;
+    let mut store = RedbStore::open(&config.data_dir, &options).map_err(ServeError::Open)?;
+    let snapshot = store.load().map_err(ServeError::Load)?;
     let clock = Clock::new();
     let core = Core::recover(
         config.limits.clone(),
         Box::new(OsLeaseIds),
         snapshot,
         clock.now(),
-    )
-    .context("the stored state is inconsistent; refusing to start")?;
+    )?;
     let stats = core.stats();
     info!(
         data_file = %store.path().display(),
@@ -97,7 +117,7 @@ pub async fn run(
 async fn run_etcd(
     config: Config,
     shutdown: impl Future<Output = ()> + Send + 'static,
-) -> anyhow::Result<()> {
+) -> Result<(), ServeError> {
     let locks = EtcdLocks::start(EtcdOptions {
         endpoints: config.etcd_endpoints.clone(),
         prefix: config.etcd_prefix.clone(),
@@ -107,7 +127,7 @@ async fn run_etcd(
         limits: config.limits.clone(),
     })
     .await
-    .context("starting the etcd backend")?;
+    .map_err(ServeError::Etcd)?;
     let stop = {
         let locks = Arc::clone(&locks);
         async move {
@@ -128,11 +148,14 @@ async fn serve(
     config: &Config,
     locks: Locks,
     stop: impl Future<Output = ()> + Send + 'static,
-) -> anyhow::Result<()> {
+) -> Result<(), ServeError> {
     let incoming = TcpIncoming::bind(config.listen)
-        .with_context(|| format!("cannot listen on {}", config.listen))?
+        .map_err(|source| ServeError::Listen {
+            addr: config.listen,
+            source,
+        })?
         .with_nodelay(Some(true));
-    let addr = incoming.local_addr().context("reading the bound address")?;
+    let addr = incoming.local_addr().map_err(ServeError::LocalAddr)?;
     info!(%addr, backend = ?config.backend, "listening");
 
     let keepalive = (config.keepalive_interval_ms > 0)
@@ -147,6 +170,6 @@ async fn serve(
         .max_concurrent_streams(MAX_STREAMS_PER_CONNECTION)
         .add_service(service)
         .serve_with_incoming_shutdown(incoming, stop)
-        .await
-        .context("serving gRPC")
+        .await?;
+    Ok(())
 }

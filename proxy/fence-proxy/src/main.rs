@@ -9,7 +9,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use anyhow::Context;
-use clap::Parser;
+use clap::{CommandFactory, Parser};
 use config::{Cli, Config, LogFormat, MarksStore};
 use http_relay::{Fence, LocalFence, Relay};
 use tokio::sync::watch;
@@ -19,6 +19,7 @@ use tracing_subscriber::EnvFilter;
 const EXIT_STORE_FAILED: i32 = 74;
 
 fn main() -> ExitCode {
+    cli_docs::generate_if_asked(Cli::command);
     tame_malloc();
     let cli = Cli::parse();
     if let Some(config::Mode::Pg(config::PgArgs {

@@ -10,7 +10,7 @@ mod run;
 use std::process::ExitCode;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, CommandFactory, Parser, Subcommand};
 use lockd_client::{
     AcquireOptions, Acquired, Client, ClientError, DEFAULT_ENDPOINT, NotGranted, NotGrantedReason,
 };
@@ -109,6 +109,7 @@ impl LockArgs {
 }
 
 fn main() -> ExitCode {
+    cli_docs::generate_if_asked(Cli::command);
     let cli = Cli::parse();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

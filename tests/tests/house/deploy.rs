@@ -1,0 +1,122 @@
+//! `deploy/`: every example configuration is accepted by its binary as written (so the
+//! examples cannot rot), and the systemd units verify and keep their hardening.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use e2e::{bin, output, workspace};
+
+fn deploy() -> PathBuf {
+    workspace().join("deploy")
+}
+
+/// `BIN --config FILE --print-config`: the effective configuration, or the refusal.
+fn print_config(binary: &str, file: &Path) -> Result<String, String> {
+    let mut cmd = Command::new(bin(binary));
+    cmd.arg("--config").arg(file).arg("--print-config");
+    let (status, stdout, stderr) = output(cmd);
+    if status.success() {
+        Ok(stdout)
+    } else {
+        Err(stderr)
+    }
+}
+
+/// Which binary reads each example, and a line its effective configuration must contain (so
+/// that the file was read, not ignored).
+const EXAMPLES: &[(&str, &str, &str)] = &[
+    (
+        "lockd-embedded.toml",
+        "lockd",
+        "data_dir = \"/var/lib/lockd\"",
+    ),
+    ("lockd-etcd.toml", "lockd", "backend = \"etcd\""),
+    ("fence-proxy.toml", "fence-proxy", "[[http.routes]]"),
+];
+
+#[test]
+fn every_example_configuration_is_accepted() {
+    let dir = deploy().join("config");
+    let mut found: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    found.sort();
+    let mut listed: Vec<String> = EXAMPLES.iter().map(|(f, _, _)| f.to_string()).collect();
+    listed.sort();
+    assert_eq!(found, listed, "every file in deploy/config is checked here");
+    for (file, binary, expect) in EXAMPLES {
+        let printed = print_config(binary, &dir.join(file))
+            .unwrap_or_else(|e| panic!("{binary} refuses deploy/config/{file}: {e}"));
+        assert!(printed.contains(expect), "{file}: {printed}");
+    }
+    // A fence-proxy example also has its PostgreSQL listener.
+    let printed = print_config("fence-proxy", &dir.join("fence-proxy.toml")).unwrap();
+    assert!(printed.contains("[[pg]]"), "{printed}");
+}
+
+#[test]
+fn a_broken_example_would_be_caught() {
+    let tmp = tempfile::tempdir().unwrap();
+    for (file, binary, _) in EXAMPLES {
+        let text = std::fs::read_to_string(deploy().join("config").join(file)).unwrap();
+        let broken = tmp.path().join(file);
+        std::fs::write(&broken, format!("{text}\nno_such_setting = 1\n")).unwrap();
+        let err = print_config(binary, &broken).expect_err(file);
+        assert!(err.contains("no_such_setting"), "{file}: {err}");
+    }
+}
+
+/// The hardening each unit promises (docs: deploy/README.md).
+const HARDENING: &[&str] = &[
+    "DynamicUser=yes",
+    "NoNewPrivileges=yes",
+    "ProtectSystem=strict",
+    "Restart=on-failure",
+    "RestartPreventExitStatus=2",
+];
+
+#[test]
+fn the_systemd_units_verify_and_are_hardened() {
+    let analyze = Path::new("/usr/bin/systemd-analyze");
+    assert!(
+        analyze.is_file(),
+        "systemd-analyze is missing (apt-get install systemd; `./x test` installs it)"
+    );
+    let tmp = tempfile::tempdir().unwrap();
+    for (unit, binary, state) in [
+        ("lockd.service", "lockd", "StateDirectory=lockd"),
+        (
+            "fence-proxy.service",
+            "fence-proxy",
+            "StateDirectory=fence-proxy",
+        ),
+    ] {
+        let text = std::fs::read_to_string(deploy().join("systemd").join(unit)).unwrap();
+        for key in HARDENING.iter().chain([&state]) {
+            assert!(text.lines().any(|l| l.trim() == *key), "{unit} lacks {key}");
+        }
+        let exec = text
+            .lines()
+            .find_map(|l| l.strip_prefix("ExecStart="))
+            .unwrap_or_else(|| panic!("{unit} has no ExecStart"));
+        let installed = format!("/usr/local/bin/{binary}");
+        assert!(exec.starts_with(&installed), "{unit}: {exec}");
+        // systemd-analyze wants the program to exist: point it at the one just built.
+        let local = tmp.path().join(unit);
+        std::fs::write(
+            &local,
+            text.replace(&installed, &bin(binary).display().to_string()),
+        )
+        .unwrap();
+        let mut cmd = Command::new(analyze);
+        cmd.arg("verify").arg(&local);
+        let (status, stdout, stderr) = output(cmd);
+        // Unknown keys are only warned about: any message at all fails the test.
+        assert!(
+            status.success() && stderr.trim().is_empty() && stdout.trim().is_empty(),
+            "systemd-analyze verify {unit}: {status}\n{stdout}\n{stderr}"
+        );
+    }
+}

@@ -1,0 +1,13 @@
+//! The house's own rules, checked, so that they cannot drift from ARCHITECTURE.md:
+//!
+//! - `tidy`: the dependency rules against `cargo metadata`, a `//!` at the head of every
+//!   module, no `anyhow` in libraries, no unused dependencies, the line budget of a file;
+//! - `deploy`: the example configurations of `deploy/` are accepted by the binaries, and the
+//!   systemd units pass `systemd-analyze verify` with the hardening they promise;
+//! - `cli_docs`: the man pages and completions `./x man` makes cover every subcommand.
+//!
+//! Needs the binaries: `cargo build --workspace --bins --tests` first.
+
+mod cli_docs;
+mod deploy;
+mod tidy;
