@@ -308,6 +308,7 @@ enum Expect {
     QueryParse,
     QueryBind,
     QueryDescribe,
+    QueryExecute,
     /// The Execute of a check of ours: its row is read, everything hidden.
     Check(Check),
     /// The Execute of the fast path's lock statement: hidden.
@@ -418,6 +419,10 @@ pub(crate) struct Machine {
     deferred: bool,
     /// The fenced error for a client that was idle when PostgreSQL ended its session.
     held: Option<Vec<u8>>,
+    /// The completion of a simple Query's last statement, kept until the check at its
+    /// commit point has passed: PostgreSQL sends it only once the implicit transaction has
+    /// committed, and a refused commit answers with the error alone.
+    held_complete: Option<Vec<u8>>,
 }
 
 impl Machine {
@@ -447,6 +452,7 @@ impl Machine {
             copy_in: false,
             deferred: false,
             held: None,
+            held_complete: None,
         }
     }
 
@@ -964,7 +970,7 @@ impl Machine {
         msg::describe(out, b'P', b"");
         self.expect.push_back(Expect::QueryDescribe);
         msg::execute(out, b"", 0);
-        self.expect.push_back(Expect::Execute);
+        self.expect.push_back(Expect::QueryExecute);
         if let Some(form) = after {
             // The plan counted it already (plan_query), and has moved past the unit; the check
             // before, if any, made the fast form the likely one.
@@ -1162,9 +1168,27 @@ impl Machine {
             Backend::DataRow { message } => self.on_data_row(message),
             Backend::CommandComplete { .. }
             | Backend::EmptyQueryResponse
-            | Backend::PortalSuspended => self.on_complete(marks),
-            Backend::Error(fields) => self.on_error(&fields, marks),
-            Backend::ReadyForQuery { status } => self.on_ready(status),
+            | Backend::PortalSuspended => self.on_complete(message, marks),
+            Backend::Error(fields) => {
+                // The commit the held completion waited for failed: the error says so alone.
+                self.held_complete = None;
+                self.on_error(&fields, marks)
+            }
+            Backend::ReadyForQuery { status } => {
+                let verdict = self.on_ready(status);
+                match self.held_complete.take() {
+                    // Not expected (the check's own completion releases it): never lose it.
+                    Some(mut held) => {
+                        match verdict {
+                            Verdict::Forward => held.extend_from_slice(message),
+                            Verdict::Replace(out) => held.extend_from_slice(&out),
+                            Verdict::Hide | Verdict::Hold(_) => {}
+                        }
+                        Verdict::Replace(held)
+                    }
+                    None => verdict,
+                }
+            }
             Backend::CopyInResponse => {
                 // The COPY started: the Syncs sent with its data will not be answered.
                 let first = self
@@ -1236,7 +1260,7 @@ impl Machine {
         Verdict::Hide
     }
 
-    fn on_complete(&mut self, marks: &dyn Marks) -> Verdict {
+    fn on_complete(&mut self, message: &[u8], marks: &dyn Marks) -> Verdict {
         let check = match self.expect.front_mut() {
             Some(Expect::Lock) => {
                 self.expect.pop_front();
@@ -1251,6 +1275,15 @@ impl Machine {
                 self.expect.pop_front();
                 None
             }
+            Some(Expect::QueryExecute) => {
+                self.expect.pop_front();
+                let check_follows = self
+                    .expect
+                    .iter()
+                    .take_while(|e| !matches!(e, Expect::Sync { .. }))
+                    .any(|e| matches!(e, Expect::Check(_)));
+                return self.complete_or_hold(message, check_follows);
+            }
             Some(Expect::Query { units, .. }) => match units.front_mut() {
                 Some(u) => {
                     let c = u.check;
@@ -1258,6 +1291,28 @@ impl Machine {
                         u.count -= 1;
                         if u.count == 0 {
                             units.pop_front();
+                            // The client's last statement, and only the commit point's check
+                            // after it (then the catch-all of anything PostgreSQL adds).
+                            let last = c.is_none()
+                                && matches!(
+                                    units.make_contiguous(),
+                                    [
+                                        Unit {
+                                            check: Some(Check {
+                                                at_commit: true,
+                                                ..
+                                            }),
+                                            ..
+                                        },
+                                        Unit {
+                                            check: None,
+                                            count: u32::MAX,
+                                        },
+                                    ]
+                                );
+                            if last {
+                                return self.complete_or_hold(message, true);
+                            }
                         }
                     }
                     c
@@ -1270,9 +1325,22 @@ impl Machine {
             None => Verdict::Forward,
             Some(c) => {
                 self.check_passed(c, marks);
-                Verdict::Hide
+                match self.held_complete.take() {
+                    Some(held) => Verdict::Replace(held),
+                    None => Verdict::Hide,
+                }
             }
         }
+    }
+
+    /// A client statement's completion: kept back while the check of the implicit
+    /// transaction's commit point that follows it has not answered.
+    fn complete_or_hold(&mut self, message: &[u8], check_follows: bool) -> Verdict {
+        if !check_follows || message.first() != Some(&b'C') {
+            return Verdict::Forward;
+        }
+        self.held_complete = Some(message.to_vec());
+        Verdict::Hide
     }
 
     /// A check of ours answered without an error.
@@ -1431,6 +1499,7 @@ impl Machine {
                     | Expect::QueryBind
                     | Expect::QueryDescribe
                     | Expect::Execute
+                    | Expect::QueryExecute
                     | Expect::Check(_)
                     | Expect::Lock
                     | Expect::Describe

@@ -188,6 +188,7 @@ fn describe_server(bytes: &[u8]) -> String {
                 String::from_utf8_lossy(f.code)
             ),
             Backend::ReadyForQuery { status } => format!("Z {}", status as char),
+            Backend::CommandComplete { tag } => format!("C {}", String::from_utf8_lossy(tag)),
             other => format!("{other:?}"),
         });
     }
@@ -360,13 +361,13 @@ fn every_autocommit_statement_is_checked_and_the_check_is_hidden() {
             S 1                      hide
             S 2                      hide
             S n                      hide
-            S C UPDATE 1             forward
+            S C UPDATE 1             hide
             S 2                      hide
             S D NULL                 hide
             S C SELECT 1             hide
             S 2                      hide
             S D '' NULL              hide
-            S C SELECT 1             hide
+            S C SELECT 1             replace: C UPDATE 1
             S Z I                    forward
             C Q SELECT v FROM t
                 → Parse  "SELECT v FROM t"
@@ -380,10 +381,10 @@ fn every_autocommit_statement_is_checked_and_the_check_is_hidden() {
             S 2                      hide
             S T                      forward
             S D 1                    forward
-            S C SELECT 1             forward
+            S C SELECT 1             hide
             S 2                      hide
             S D '' NULL              hide
-            S C SELECT 1             hide
+            S C SELECT 1             replace: C SELECT 1
             S Z I                    forward
             C Q BEGIN
                 → Query "BEGIN"
@@ -447,13 +448,13 @@ fn a_token_found_current_takes_the_fast_form_next() {
             S 1                      hide
             S 2                      hide
             S n                      hide
-            S C UPDATE 1             forward
+            S C UPDATE 1             hide
             S 2                      hide
             S D NULL                 hide
             S C SELECT 1             hide
             S 2                      hide
             S D r 5                  hide
-            S C SELECT 1             hide
+            S C SELECT 1             replace: C UPDATE 1
             S Z I                    forward
             C Q UPDATE t SET v = 2
                 → Parse  "UPDATE t SET v = 2"
@@ -718,13 +719,13 @@ fn a_known_stale_token_waits_for_the_commit_point_in_autocommit_only() {
             S 1                      hide
             S 2                      hide
             S n                      hide
-            S C UPDATE 1             forward
+            S C UPDATE 1             hide
             S 2                      hide
             S D NULL                 hide
             S C SELECT 1             hide
             S 2                      hide
             S D r 5                  hide
-            S C SELECT 1             hide
+            S C SELECT 1             replace: C UPDATE 1
             S Z I                    forward
             mark r 9
             C Q SELECT app.declare('r', '10')
@@ -850,10 +851,10 @@ fn without_the_check_installed_the_bare_form_passes_sessions_without_a_token() {
         S 1                      hide
         S 2                      hide
         S n                      hide
-        S C UPDATE 1             forward
+        S C UPDATE 1             hide
         S 2                      hide
         S D '' NULL              hide
-        S C SELECT 1             hide
+        S C SELECT 1             replace: C UPDATE 1
         S Z I                    forward
         C Q UPDATE t SET v = 1
             → Parse  "UPDATE t SET v = 1"
@@ -866,7 +867,7 @@ fn without_the_check_installed_the_bare_form_passes_sessions_without_a_token() {
         S 1                      hide
         S 2                      hide
         S n                      hide
-        S C UPDATE 1             forward
+        S C UPDATE 1             hide
         S 2                      hide
         S E 22P02                replace: ERROR FN004
         S Z I                    forward
@@ -948,7 +949,7 @@ fn copy_from_stdin_and_checks_inside_a_string_go_into_its_text() {
         ",
         expect![[r#"
             C Q COPY t FROM STDIN
-                → Query "SELECT * FROM fencing.check(1000, false); COPY t FROM STDIN\n;SELECT CASE WHEN s.u THEN NULL ELSE s.r END, CASE WHEN s.r OPERATOR(pg_catalog.=) '' AND s.t OPERATOR(pg_catalog.=) '' THEN NULL::pg_catalog.int8 WHEN s.u THEN NULL::pg_catalog.int8 ELSE fencing.check_token(1000) END FROM (SELECT q.r, q.t, true::pg_catalog.bool AND NOT (q.r OPERATOR(pg_catalog.=) '' AND q.t OPERATOR(pg_catalog.=) '') AND pg_catalog.pg_current_xact_id_if_assigned() IS NULL AS u, q.rc FROM (SELECT COALESCE(pg_catalog.current_setting('fencing.resource', true), '') AS r, COALESCE(pg_catalog.current_setting('fencing.token', true), '') AS t, pg_catalog.current_setting('transaction_isolation') OPERATOR(pg_catalog.=) 'read committed' AS rc) q) s"
+                → Query "SELECT * FROM fencing.check(1000, false); COPY t FROM STDIN\n;SELECT CASE WHEN s.u THEN NULL ELSE s.r END, CASE WHEN s.h THEN fencing.held_cursor() WHEN s.r OPERATOR(pg_catalog.=) '' AND s.t OPERATOR(pg_catalog.=) '' THEN NULL::pg_catalog.int8 WHEN s.u THEN NULL::pg_catalog.int8 ELSE fencing.check_token(1000) END FROM (SELECT q.r, q.t, true::pg_catalog.bool AND NOT (q.r OPERATOR(pg_catalog.=) '' AND q.t OPERATOR(pg_catalog.=) '') AND pg_catalog.pg_current_xact_id_if_assigned() IS NULL AS u, q.rc, true::pg_catalog.bool AND EXISTS (SELECT FROM pg_catalog.pg_cursors c WHERE c.is_holdable) AS h FROM (SELECT COALESCE(pg_catalog.current_setting('fencing.resource', true), '') AS r, COALESCE(pg_catalog.current_setting('fencing.token', true), '') AS t, pg_catalog.current_setting('transaction_isolation') OPERATOR(pg_catalog.=) 'read committed' AS rc) q) s"
             C Q UPDATE a SET v = 1; COMMIT; UPDATE b SET v = 2; -- end
                 → Query "UPDATE a SET v = 1; COMMIT; UPDATE b SET v = 2; -- end"
             C Q BEGIN; UPDATE a SET v = 1; SET LOCAL fencing.token = '7'; UPDATE b SET v = 2; COMMIT
@@ -984,24 +985,24 @@ fn replies_to_checks_in_the_text_are_hidden_and_an_error_ends_the_string() {
         ",
         expect![[r#"
             C Q COPY t FROM STDIN
-                → Query "SELECT * FROM fencing.check(1000, false); COPY t FROM STDIN\n;SELECT CASE WHEN s.u THEN NULL ELSE s.r END, CASE WHEN s.r OPERATOR(pg_catalog.=) '' AND s.t OPERATOR(pg_catalog.=) '' THEN NULL::pg_catalog.int8 WHEN s.u THEN NULL::pg_catalog.int8 ELSE fencing.check_token(1000) END FROM (SELECT q.r, q.t, true::pg_catalog.bool AND NOT (q.r OPERATOR(pg_catalog.=) '' AND q.t OPERATOR(pg_catalog.=) '') AND pg_catalog.pg_current_xact_id_if_assigned() IS NULL AS u, q.rc FROM (SELECT COALESCE(pg_catalog.current_setting('fencing.resource', true), '') AS r, COALESCE(pg_catalog.current_setting('fencing.token', true), '') AS t, pg_catalog.current_setting('transaction_isolation') OPERATOR(pg_catalog.=) 'read committed' AS rc) q) s"
+                → Query "SELECT * FROM fencing.check(1000, false); COPY t FROM STDIN\n;SELECT CASE WHEN s.u THEN NULL ELSE s.r END, CASE WHEN s.h THEN fencing.held_cursor() WHEN s.r OPERATOR(pg_catalog.=) '' AND s.t OPERATOR(pg_catalog.=) '' THEN NULL::pg_catalog.int8 WHEN s.u THEN NULL::pg_catalog.int8 ELSE fencing.check_token(1000) END FROM (SELECT q.r, q.t, true::pg_catalog.bool AND NOT (q.r OPERATOR(pg_catalog.=) '' AND q.t OPERATOR(pg_catalog.=) '') AND pg_catalog.pg_current_xact_id_if_assigned() IS NULL AS u, q.rc, true::pg_catalog.bool AND EXISTS (SELECT FROM pg_catalog.pg_cursors c WHERE c.is_holdable) AS h FROM (SELECT COALESCE(pg_catalog.current_setting('fencing.resource', true), '') AS r, COALESCE(pg_catalog.current_setting('fencing.token', true), '') AS t, pg_catalog.current_setting('transaction_isolation') OPERATOR(pg_catalog.=) 'read committed' AS rc) q) s"
             S T                      hide
             S D '' NULL              hide
             S C SELECT 1             hide
             S G                      forward
             C c
                 → CopyDone
-            S C COPY 2               forward
+            S C COPY 2               hide
             S T                      hide
             S D '' NULL              hide
-            S C SELECT 1             hide
+            S C SELECT 1             replace: C COPY 2
             S Z I                    forward
             C Q SELECT f(); UPDATE a SET v = 1
-                → Query "SELECT f(); UPDATE a SET v = 1\n;SELECT CASE WHEN s.u THEN NULL ELSE s.r END, CASE WHEN s.r OPERATOR(pg_catalog.=) '' AND s.t OPERATOR(pg_catalog.=) '' THEN NULL::pg_catalog.int8 WHEN s.u THEN NULL::pg_catalog.int8 ELSE fencing.check_token(1000) END FROM (SELECT q.r, q.t, true::pg_catalog.bool AND NOT (q.r OPERATOR(pg_catalog.=) '' AND q.t OPERATOR(pg_catalog.=) '') AND pg_catalog.pg_current_xact_id_if_assigned() IS NULL AS u, q.rc FROM (SELECT COALESCE(pg_catalog.current_setting('fencing.resource', true), '') AS r, COALESCE(pg_catalog.current_setting('fencing.token', true), '') AS t, pg_catalog.current_setting('transaction_isolation') OPERATOR(pg_catalog.=) 'read committed' AS rc) q) s"
+                → Query "SELECT f(); UPDATE a SET v = 1\n;SELECT CASE WHEN s.u THEN NULL ELSE s.r END, CASE WHEN s.h THEN fencing.held_cursor() WHEN s.r OPERATOR(pg_catalog.=) '' AND s.t OPERATOR(pg_catalog.=) '' THEN NULL::pg_catalog.int8 WHEN s.u THEN NULL::pg_catalog.int8 ELSE fencing.check_token(1000) END FROM (SELECT q.r, q.t, true::pg_catalog.bool AND NOT (q.r OPERATOR(pg_catalog.=) '' AND q.t OPERATOR(pg_catalog.=) '') AND pg_catalog.pg_current_xact_id_if_assigned() IS NULL AS u, q.rc, true::pg_catalog.bool AND EXISTS (SELECT FROM pg_catalog.pg_cursors c WHERE c.is_holdable) AS h FROM (SELECT COALESCE(pg_catalog.current_setting('fencing.resource', true), '') AS r, COALESCE(pg_catalog.current_setting('fencing.token', true), '') AS t, pg_catalog.current_setting('transaction_isolation') OPERATOR(pg_catalog.=) 'read committed' AS rc) q) s"
             S T                      forward
             S D 1                    forward
             S C SELECT 1             forward
-            S C UPDATE 1             forward
+            S C UPDATE 1             hide
             S E FN001 resource: r, presented token: 4, highest accepted token: 9 forward
             S Z I                    forward
         "#]],
@@ -1043,7 +1044,7 @@ fn what_drops_our_statements_has_them_prepared_again() {
             C P __fence_proxy_any SELECT 1
                 → Parse any
             C Q UPDATE t SET v = 1
-                → Query "SELECT * FROM fencing.check(1000, false); UPDATE t SET v = 1\n;SELECT CASE WHEN s.u THEN NULL ELSE s.r END, CASE WHEN s.r OPERATOR(pg_catalog.=) '' AND s.t OPERATOR(pg_catalog.=) '' THEN NULL::pg_catalog.int8 WHEN s.u THEN NULL::pg_catalog.int8 ELSE fencing.check_token(1000) END FROM (SELECT q.r, q.t, true::pg_catalog.bool AND NOT (q.r OPERATOR(pg_catalog.=) '' AND q.t OPERATOR(pg_catalog.=) '') AND pg_catalog.pg_current_xact_id_if_assigned() IS NULL AS u, q.rc FROM (SELECT COALESCE(pg_catalog.current_setting('fencing.resource', true), '') AS r, COALESCE(pg_catalog.current_setting('fencing.token', true), '') AS t, pg_catalog.current_setting('transaction_isolation') OPERATOR(pg_catalog.=) 'read committed' AS rc) q) s"
+                → Query "SELECT * FROM fencing.check(1000, false); UPDATE t SET v = 1\n;SELECT CASE WHEN s.u THEN NULL ELSE s.r END, CASE WHEN s.h THEN fencing.held_cursor() WHEN s.r OPERATOR(pg_catalog.=) '' AND s.t OPERATOR(pg_catalog.=) '' THEN NULL::pg_catalog.int8 WHEN s.u THEN NULL::pg_catalog.int8 ELSE fencing.check_token(1000) END FROM (SELECT q.r, q.t, true::pg_catalog.bool AND NOT (q.r OPERATOR(pg_catalog.=) '' AND q.t OPERATOR(pg_catalog.=) '') AND pg_catalog.pg_current_xact_id_if_assigned() IS NULL AS u, q.rc, true::pg_catalog.bool AND EXISTS (SELECT FROM pg_catalog.pg_cursors c WHERE c.is_holdable) AS h FROM (SELECT COALESCE(pg_catalog.current_setting('fencing.resource', true), '') AS r, COALESCE(pg_catalog.current_setting('fencing.token', true), '') AS t, pg_catalog.current_setting('transaction_isolation') OPERATOR(pg_catalog.=) 'read committed' AS rc) q) s"
         "#]],
     );
 }
@@ -1196,7 +1197,7 @@ fn a_check_goes_ahead_of_a_plain_begin_but_after_one_with_modes() {
             C Q ROLLBACK
                 → Query "ROLLBACK"
             C Q BEGIN; UPDATE t SET v = 1; COMMIT
-                → Query "BEGIN; SELECT * FROM fencing.check(1000, false); UPDATE t SET v = 1; SELECT CASE WHEN s.u THEN NULL ELSE s.r END, CASE WHEN s.r OPERATOR(pg_catalog.=) '' AND s.t OPERATOR(pg_catalog.=) '' THEN NULL::pg_catalog.int8 WHEN s.u THEN NULL::pg_catalog.int8 ELSE fencing.check_token(1000) END FROM (SELECT q.r, q.t, true::pg_catalog.bool AND NOT (q.r OPERATOR(pg_catalog.=) '' AND q.t OPERATOR(pg_catalog.=) '') AND pg_catalog.pg_current_xact_id_if_assigned() IS NULL AS u, q.rc FROM (SELECT COALESCE(pg_catalog.current_setting('fencing.resource', true), '') AS r, COALESCE(pg_catalog.current_setting('fencing.token', true), '') AS t, pg_catalog.current_setting('transaction_isolation') OPERATOR(pg_catalog.=) 'read committed' AS rc) q) s; COMMIT"
+                → Query "BEGIN; SELECT * FROM fencing.check(1000, false); UPDATE t SET v = 1; SELECT CASE WHEN s.u THEN NULL ELSE s.r END, CASE WHEN s.h THEN fencing.held_cursor() WHEN s.r OPERATOR(pg_catalog.=) '' AND s.t OPERATOR(pg_catalog.=) '' THEN NULL::pg_catalog.int8 WHEN s.u THEN NULL::pg_catalog.int8 ELSE fencing.check_token(1000) END FROM (SELECT q.r, q.t, true::pg_catalog.bool AND NOT (q.r OPERATOR(pg_catalog.=) '' AND q.t OPERATOR(pg_catalog.=) '') AND pg_catalog.pg_current_xact_id_if_assigned() IS NULL AS u, q.rc, true::pg_catalog.bool AND EXISTS (SELECT FROM pg_catalog.pg_cursors c WHERE c.is_holdable) AS h FROM (SELECT COALESCE(pg_catalog.current_setting('fencing.resource', true), '') AS r, COALESCE(pg_catalog.current_setting('fencing.token', true), '') AS t, pg_catalog.current_setting('transaction_isolation') OPERATOR(pg_catalog.=) 'read committed' AS rc) q) s; COMMIT"
         "#]],
     );
 }
@@ -1311,7 +1312,90 @@ fn a_statement_that_declares_the_token_is_checked_right_after_itself() {
                 → Execute ""
                 → Sync
             C Q SELECT set_config('fencing.token', '5', false); UPDATE t SET v = 1
-                → Query "SELECT set_config('fencing.token', '5', false); SELECT * FROM fencing.check(1000, false); UPDATE t SET v = 1\n;SELECT CASE WHEN s.u THEN NULL ELSE s.r END, CASE WHEN s.r OPERATOR(pg_catalog.=) '' AND s.t OPERATOR(pg_catalog.=) '' THEN NULL::pg_catalog.int8 WHEN s.u THEN NULL::pg_catalog.int8 ELSE fencing.check_token(1000) END FROM (SELECT q.r, q.t, true::pg_catalog.bool AND NOT (q.r OPERATOR(pg_catalog.=) '' AND q.t OPERATOR(pg_catalog.=) '') AND pg_catalog.pg_current_xact_id_if_assigned() IS NULL AS u, q.rc FROM (SELECT COALESCE(pg_catalog.current_setting('fencing.resource', true), '') AS r, COALESCE(pg_catalog.current_setting('fencing.token', true), '') AS t, pg_catalog.current_setting('transaction_isolation') OPERATOR(pg_catalog.=) 'read committed' AS rc) q) s"
+                → Query "SELECT set_config('fencing.token', '5', false); SELECT * FROM fencing.check(1000, false); UPDATE t SET v = 1\n;SELECT CASE WHEN s.u THEN NULL ELSE s.r END, CASE WHEN s.h THEN fencing.held_cursor() WHEN s.r OPERATOR(pg_catalog.=) '' AND s.t OPERATOR(pg_catalog.=) '' THEN NULL::pg_catalog.int8 WHEN s.u THEN NULL::pg_catalog.int8 ELSE fencing.check_token(1000) END FROM (SELECT q.r, q.t, true::pg_catalog.bool AND NOT (q.r OPERATOR(pg_catalog.=) '' AND q.t OPERATOR(pg_catalog.=) '') AND pg_catalog.pg_current_xact_id_if_assigned() IS NULL AS u, q.rc, true::pg_catalog.bool AND EXISTS (SELECT FROM pg_catalog.pg_cursors c WHERE c.is_holdable) AS h FROM (SELECT COALESCE(pg_catalog.current_setting('fencing.resource', true), '') AS r, COALESCE(pg_catalog.current_setting('fencing.token', true), '') AS t, pg_catalog.current_setting('transaction_isolation') OPERATOR(pg_catalog.=) 'read committed' AS rc) q) s"
+        "#]],
+    );
+}
+
+/// PostgreSQL sends a simple Query's last completion only once its implicit transaction has
+/// committed; a commit refused by the check answers with the error alone (psql would otherwise
+/// print `UPDATE 1` and then the error, and psycopg's `copy()` fails to read the tag). Both
+/// forms: one statement (sent as extended-protocol messages) and several (the check in the
+/// text).
+#[test]
+fn a_refused_commit_point_answers_with_the_error_alone() {
+    check(
+        "
+        C Q SET fencing.resource = 'r'
+        S C SET
+        S Z I
+        C Q UPDATE t SET v = 1
+        S 2
+        S D r 5
+        S C SELECT 1
+        S 1
+        S 2
+        S n
+        S C UPDATE 1
+        S 2
+        S E FN001
+        S Z I
+        C Q UPDATE t SET v = 1; UPDATE u SET v = 2
+        S C UPDATE 1
+        S C UPDATE 1
+        S T
+        S E FN001
+        S Z I
+        C Q UPDATE t SET v = 1; UPDATE u SET v = 2
+        S C UPDATE 1
+        S C UPDATE 1
+        S T
+        S D r 5
+        S C SELECT 1
+        S Z I
+        ",
+        expect![[r#"
+            C Q SET fencing.resource = 'r'
+                → Query "SET fencing.resource = 'r'"
+            S C SET                  forward
+            S Z I                    forward
+            C Q UPDATE t SET v = 1
+                → Bind "" any
+                → Execute ""
+                → Parse  "UPDATE t SET v = 1"
+                → Bind "" 
+                → Describe { target: Portal, name: [] }
+                → Execute ""
+                → Bind "" lock
+                → Execute ""
+                → Bind "" fast at commit
+                → Execute ""
+                → Sync
+            S 2                      hide
+            S D r 5                  hide
+            S C SELECT 1             hide
+            S 1                      hide
+            S 2                      hide
+            S n                      hide
+            S C UPDATE 1             hide
+            S 2                      hide
+            S E FN001                forward
+            S Z I                    forward
+            C Q UPDATE t SET v = 1; UPDATE u SET v = 2
+                → Query "UPDATE t SET v = 1; UPDATE u SET v = 2\n;SELECT CASE WHEN s.u THEN NULL ELSE s.r END, CASE WHEN s.h THEN fencing.held_cursor() WHEN s.r OPERATOR(pg_catalog.=) '' AND s.t OPERATOR(pg_catalog.=) '' THEN NULL::pg_catalog.int8 WHEN s.u THEN NULL::pg_catalog.int8 ELSE fencing.check_token(1000) END FROM (SELECT q.r, q.t, true::pg_catalog.bool AND NOT (q.r OPERATOR(pg_catalog.=) '' AND q.t OPERATOR(pg_catalog.=) '') AND pg_catalog.pg_current_xact_id_if_assigned() IS NULL AS u, q.rc, true::pg_catalog.bool AND EXISTS (SELECT FROM pg_catalog.pg_cursors c WHERE c.is_holdable) AS h FROM (SELECT COALESCE(pg_catalog.current_setting('fencing.resource', true), '') AS r, COALESCE(pg_catalog.current_setting('fencing.token', true), '') AS t, pg_catalog.current_setting('transaction_isolation') OPERATOR(pg_catalog.=) 'read committed' AS rc) q) s"
+            S C UPDATE 1             forward
+            S C UPDATE 1             hide
+            S T                      hide
+            S E FN001                forward
+            S Z I                    forward
+            C Q UPDATE t SET v = 1; UPDATE u SET v = 2
+                → Query "UPDATE t SET v = 1; UPDATE u SET v = 2\n;SELECT CASE WHEN s.u THEN NULL ELSE s.r END, CASE WHEN s.h THEN fencing.held_cursor() WHEN s.r OPERATOR(pg_catalog.=) '' AND s.t OPERATOR(pg_catalog.=) '' THEN NULL::pg_catalog.int8 WHEN s.u THEN NULL::pg_catalog.int8 ELSE fencing.check_token(1000) END FROM (SELECT q.r, q.t, true::pg_catalog.bool AND NOT (q.r OPERATOR(pg_catalog.=) '' AND q.t OPERATOR(pg_catalog.=) '') AND pg_catalog.pg_current_xact_id_if_assigned() IS NULL AS u, q.rc, true::pg_catalog.bool AND EXISTS (SELECT FROM pg_catalog.pg_cursors c WHERE c.is_holdable) AS h FROM (SELECT COALESCE(pg_catalog.current_setting('fencing.resource', true), '') AS r, COALESCE(pg_catalog.current_setting('fencing.token', true), '') AS t, pg_catalog.current_setting('transaction_isolation') OPERATOR(pg_catalog.=) 'read committed' AS rc) q) s"
+            S C UPDATE 1             forward
+            S C UPDATE 1             hide
+            S T                      hide
+            S D r 5                  hide
+            S C SELECT 1             replace: C UPDATE 1
+            S Z I                    forward
         "#]],
     );
 }

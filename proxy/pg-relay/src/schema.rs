@@ -9,13 +9,18 @@ pub const SQL: &str = include_str!("schema.sql");
 /// `RESET`), and `u`: this is a check at the transaction's commit point (`$2`), with some
 /// fencing setting, in a transaction that has written nothing (no transaction id assigned).
 /// Such a check need not judge: nothing is there to fence, and the statements that write later
-/// are checked then. Schema-qualified throughout: the text is parsed under the client's
+/// are checked then. `h`: at the commit point, the session has a `WITH HOLD` cursor, which
+/// can only be this transaction's (the checks refuse every commit with one, so none outlives
+/// its transaction): PostgreSQL runs its query when the transaction commits, after this check,
+/// so nothing can judge what it writes or declares, and the commit is refused
+/// (`fencing.held_cursor`, FN006). Schema-qualified throughout: the text is parsed under the client's
 /// `search_path`, where an operator or function of the same name could otherwise be found first.
 macro_rules! settings {
     () => {
         "(SELECT q.r, q.t, \
 $2::pg_catalog.bool AND NOT (q.r OPERATOR(pg_catalog.=) '' AND q.t OPERATOR(pg_catalog.=) '') \
-AND pg_catalog.pg_current_xact_id_if_assigned() IS NULL AS u, q.rc FROM \
+AND pg_catalog.pg_current_xact_id_if_assigned() IS NULL AS u, q.rc, \
+$2::pg_catalog.bool AND EXISTS (SELECT FROM pg_catalog.pg_cursors c WHERE c.is_holdable) AS h FROM \
 (SELECT COALESCE(pg_catalog.current_setting('fencing.resource', true), '') AS r, \
 COALESCE(pg_catalog.current_setting('fencing.token', true), '') AS t, \
 pg_catalog.current_setting('transaction_isolation') OPERATOR(pg_catalog.=) 'read committed' AS rc) q"
@@ -31,7 +36,8 @@ pg_catalog.current_setting('transaction_isolation') OPERATOR(pg_catalog.=) 'read
 /// NULL resource when it did not judge.
 pub const CHECK_ANY: &[u8] = concat!(
     "SELECT CASE WHEN s.u THEN NULL ELSE s.r END, \
-CASE WHEN s.r OPERATOR(pg_catalog.=) '' AND s.t OPERATOR(pg_catalog.=) '' THEN NULL::pg_catalog.int8 \
+CASE WHEN s.h THEN fencing.held_cursor() \
+WHEN s.r OPERATOR(pg_catalog.=) '' AND s.t OPERATOR(pg_catalog.=) '' THEN NULL::pg_catalog.int8 \
 WHEN s.u THEN NULL::pg_catalog.int8 ELSE fencing.check_token($1) END FROM ",
     settings!(),
     ") s"
@@ -67,8 +73,9 @@ fencing.lock_key(pg_catalog.current_setting('fencing.resource', true)))";
 /// statements cost PostgreSQL about a third of what one PL/pgSQL call does (BENCHMARKS.md).
 pub const CHECK_FAST: &[u8] = concat!(
     "SELECT CASE WHEN s.u AND NOT s.cur THEN NULL ELSE s.r END, \
-CASE WHEN s.cur THEN s.t::pg_catalog.int8 WHEN s.u THEN NULL::pg_catalog.int8 \
-ELSE fencing.check_token($1) END FROM (SELECT v.r, v.t, v.u, v.rc AND COALESCE(\
+CASE WHEN s.h THEN fencing.held_cursor() WHEN s.cur THEN s.t::pg_catalog.int8 \
+WHEN s.u THEN NULL::pg_catalog.int8 \
+ELSE fencing.check_token($1) END FROM (SELECT v.r, v.t, v.u, v.h, v.rc AND COALESCE(\
 (SELECT m.token FROM fencing.tokens m WHERE m.resource OPERATOR(pg_catalog.=) v.r)\
 ::pg_catalog.text OPERATOR(pg_catalog.=) v.t, false) AS cur FROM ",
     settings!(),

@@ -28,8 +28,9 @@ AS $fn$ SELECT pg_catalog.hashtextextended(p_resource, 1178946115) $fn$;
 -- Ends the open transactions, other than the caller's, that a raise to `p_token` on
 -- `p_resource` waits for and that presented an older token: those holding the resource's lock
 -- shared (their token is the mark, which is below `p_token`) and raisers that advertised a lower
--- token (class ids 1178946116 and 1178946117, in pg_locks). Returns how many it ended. Does
--- nothing if the mark has meanwhile reached `p_token` (the caller is then the older one).
+-- token for this resource (see fencing.check: two-key advisory locks whose first key is a half
+-- of the resource's lock key). Returns how many it ended. Does nothing if the mark has
+-- meanwhile reached `p_token` (the caller is then the older one).
 CREATE OR REPLACE FUNCTION fencing.evict_older(p_resource text, p_token bigint)
 RETURNS integer
 LANGUAGE sql SECURITY DEFINER
@@ -45,15 +46,16 @@ AS $fn$
           AND l.objid = key.lo AND l.database = key.db AND l.granted
           AND l.pid <> pg_backend_pid()
     ), advertised AS (
-        -- A transaction may have raised several resources and advertised a token for each; the
-        -- advertisements name no resource, so it counts as older only if every token it
-        -- advertised is (the highest of its low and of its high halves bounds them all): an
-        -- older token never ends a transaction that may be raising this resource to a newer one.
+        -- The token a raiser advertised for this resource: its low half under the first key
+        -- hi (the lock key's high half), its high half under the first key lo. Anything else
+        -- under those keys (another resource whose halves collide, an application's own
+        -- two-key lock) can only make the bound higher: an older token never ends a
+        -- transaction that may be raising this resource to a newer one; at worst it waits.
         SELECT lo.pid, coalesce(max(hi.objid::text::bigint), 0) * 4294967296 + max(lo.objid::text::bigint) AS token
         FROM key CROSS JOIN pg_locks lo
         LEFT JOIN pg_locks hi ON hi.pid = lo.pid AND hi.locktype = 'advisory' AND hi.objsubid = 2
-                             AND hi.classid = 1178946117 AND hi.database = lo.database
-        WHERE lo.locktype = 'advisory' AND lo.objsubid = 2 AND lo.classid = 1178946116
+                             AND hi.classid = key.lo AND hi.database = lo.database
+        WHERE lo.locktype = 'advisory' AND lo.objsubid = 2 AND lo.classid = key.hi
           AND lo.database = key.db
         GROUP BY lo.pid
     )
@@ -64,6 +66,13 @@ AS $fn$
                OR EXISTS (SELECT 1 FROM advertised a WHERE a.pid = h.pid AND a.token < p_token))
     ) ended;
 $fn$;
+
+-- The low 32 bits of `v` as a signed integer (what a two-key advisory lock takes; pg_locks
+-- shows it back as an unsigned oid).
+CREATE OR REPLACE FUNCTION fencing.signed32(v bigint)
+RETURNS integer
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $fn$ SELECT ((v & 4294967295) - CASE WHEN (v & 4294967295) > 2147483647 THEN 4294967296 ELSE 0 END)::integer $fn$;
 
 -- The fence check. fence-proxy runs it first in every transaction of a session that has
 -- `fencing.resource` and `fencing.token` set, inside that transaction. It reads the two settings
@@ -161,12 +170,17 @@ BEGIN
             END IF;
             CONTINUE;
         END IF;
-        -- Higher token (or a new resource): advertise the token, take the resource exclusively,
-        -- waiting at most p_wait_ms before ending the older-token transactions in the way.
-        PERFORM pg_advisory_xact_lock_shared(1178946116,
-            ((t & 4294967295) - CASE WHEN (t & 4294967295) > 2147483647 THEN 4294967296 ELSE 0 END)::integer);
+        -- Higher token (or a new resource): advertise the token for this resource, take the
+        -- resource exclusively, waiting at most p_wait_ms before ending the older-token
+        -- transactions in the way. The advertisement is a two-key advisory lock, the first key
+        -- a half of the resource's lock key, the second a half of the token (evict_older reads
+        -- them): a transaction that raises several resources is judged, for each, by the token
+        -- it presented for that one.
+        PERFORM pg_advisory_xact_lock_shared(fencing.signed32(k >> 32),
+            fencing.signed32(t & 4294967295));
         IF t > 4294967295 THEN
-            PERFORM pg_advisory_xact_lock_shared(1178946117, (t >> 32)::integer);
+            PERFORM pg_advisory_xact_lock_shared(fencing.signed32(k & 4294967295),
+                (t >> 32)::integer);
         END IF;
         old_timeout := current_setting('lock_timeout');
         BEGIN
@@ -244,6 +258,22 @@ BEGIN
     END IF;
     -- Stale (the full check refuses it, FN001) or above the mark (it raises it).
     RETURN QUERY SELECT * FROM fencing.check(p_wait_ms);
+END;
+$fn$;
+
+-- The refusal of a commit point where the session has a WITH HOLD cursor (see schema.rs): the
+-- cursor's query runs when the transaction commits, after every check the proxy can run, so it
+-- could write with a stale token, or declare one and write, unseen.
+CREATE OR REPLACE FUNCTION fencing.held_cursor()
+RETURNS bigint
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+BEGIN
+    RAISE EXCEPTION USING ERRCODE = 'FN006',
+        MESSAGE = 'fence-proxy: a transaction that declares a WITH HOLD cursor cannot be fenced',
+        DETAIL = 'PostgreSQL runs a held cursor''s query when its transaction commits, after the fence''s last check; the transaction was rolled back',
+        HINT = 'declare the cursor without WITH HOLD and read it inside its transaction, or read through a connection that does not pass fence-proxy';
 END;
 $fn$;
 
@@ -429,6 +459,7 @@ GRANT EXECUTE ON FUNCTION fencing.lock_key(text) TO PUBLIC;
 GRANT EXECUTE ON FUNCTION fencing.check(integer) TO PUBLIC;
 GRANT EXECUTE ON FUNCTION fencing.check(integer, boolean) TO PUBLIC;
 GRANT EXECUTE ON FUNCTION fencing.check_token(integer) TO PUBLIC;
+GRANT EXECUTE ON FUNCTION fencing.held_cursor() TO PUBLIC;
 REVOKE ALL ON FUNCTION fencing.guard() FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION fencing.protect(regclass, text, integer) TO PUBLIC;
 GRANT EXECUTE ON FUNCTION fencing.unprotect(regclass) TO PUBLIC;

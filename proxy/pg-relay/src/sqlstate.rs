@@ -1,8 +1,9 @@
 //! The one table of the errors the PostgreSQL mode reports itself, and their wording.
 //!
 //! The SQLSTATE is the API (none is in class 40, so drivers do not retry them on their own: a
-//! stale token is not a transient error); the message text is for people. `FN001`, `FN002` and
-//! `FN005` are also raised by the check inside PostgreSQL (`schema.sql`) with the same wording.
+//! stale token is not a transient error); the message text is for people. `FN001`, `FN002`,
+//! `FN005` and `FN006` are also raised by the check inside PostgreSQL (`schema.sql`) with the
+//! same wording.
 
 use pg_wire::msg::{self, ErrorResponse};
 
@@ -16,6 +17,9 @@ pub const FENCED_OUT: &str = "FN003";
 pub const NOT_INSTALLED: &str = "FN004";
 /// A write to a protected table without a current token (raised by PostgreSQL itself).
 pub const PROTECTED: &str = "FN005";
+/// A commit point the fence cannot check: the transaction declared a `WITH HOLD` cursor, whose
+/// query PostgreSQL runs at commit (raised by PostgreSQL itself, `fencing.held_cursor`).
+pub const UNCHECKABLE: &str = "FN006";
 pub const PROTOCOL_VIOLATION: &str = "08P01";
 pub const CANNOT_CONNECT: &str = "08001";
 pub const TOO_MANY_CONNECTIONS: &str = "53300";

@@ -734,3 +734,177 @@ fn print_checks_prints_the_statements_each_connection_prepares() {
         assert_eq!(prepared, printed);
     });
 }
+
+/// The tags of the messages a raw query got back, e.g. "CEZ".
+fn tags(messages: &[(u8, Vec<u8>)]) -> String {
+    messages.iter().map(|(t, _)| *t as char).collect()
+}
+
+#[test]
+fn a_write_refused_at_its_commit_point_is_answered_by_the_error_alone() {
+    let s = setup(1000);
+    s.pg.psql(
+        "CREATE TABLE acct (id int PRIMARY KEY, owner text); INSERT INTO acct VALUES (1, 'init')",
+    );
+    let mut a = raw_session(
+        s.addr(),
+        &[(b"fencing.resource", b"acct:1"), (b"fencing.token", b"41")],
+    );
+    assert_eq!(
+        tags(&raw_query(
+            &mut a,
+            "UPDATE acct SET owner = 'A1' WHERE id = 1"
+        )),
+        "CZ"
+    );
+    // The proxy now believes 41 is current, so A's next write is checked at its commit point
+    // only; the newer holder raised the mark behind its back.
+    s.pg.psql("UPDATE fencing.tokens SET token = 42 WHERE resource = 'acct:1'");
+    // PostgreSQL sends an implicit transaction's last completion only after its commit: a
+    // refused commit is the error alone (not "UPDATE 1", then the error).
+    let one = raw_query(&mut a, "UPDATE acct SET owner = 'A2' WHERE id = 1");
+    assert_eq!(tags(&one), "EZ");
+    assert_eq!(error_of(&one).1, "FN001");
+    let two = raw_query(
+        &mut a,
+        "UPDATE acct SET owner = 'A3' WHERE id = 1; UPDATE acct SET owner = 'A4' WHERE id = 1",
+    );
+    assert_eq!(
+        tags(&two),
+        "CEZ",
+        "the first statement's completion, then the error"
+    );
+    assert_eq!(error_of(&two).1, "FN001");
+    assert_eq!(s.pg.psql("SELECT owner FROM acct"), "A1");
+    // A passing commit still gets its completion, once.
+    let mut b = raw_session(
+        s.addr(),
+        &[(b"fencing.resource", b"acct:1"), (b"fencing.token", b"42")],
+    );
+    assert_eq!(
+        tags(&raw_query(
+            &mut b,
+            "UPDATE acct SET owner = 'B' WHERE id = 1"
+        )),
+        "CZ"
+    );
+    assert_eq!(
+        tags(&raw_query(
+            &mut b,
+            "UPDATE acct SET owner = 'B1' WHERE id = 1; UPDATE acct SET owner = 'B2' WHERE id = 1"
+        )),
+        "CCZ"
+    );
+    assert_eq!(s.pg.psql("SELECT owner FROM acct"), "B2");
+}
+
+/// A `WITH HOLD` cursor's query runs when its transaction commits, after the proxy's last
+/// check: a write in it (or a declaration and a write) would go unjudged, so such a commit is
+/// refused (FN006), however the transaction was spelled, and nothing of it is kept.
+#[test]
+fn a_held_cursor_cannot_carry_a_write_past_the_check() {
+    let s = setup(1000);
+    s.pg.psql(
+        "CREATE TABLE stock (sku text PRIMARY KEY, n int); INSERT INTO stock VALUES ('a', 10); \
+         CREATE FUNCTION take() RETURNS int LANGUAGE plpgsql AS $$ BEGIN \
+           UPDATE stock SET n = n - 1 WHERE sku = 'a'; RETURN 1; END $$; \
+         CREATE FUNCTION take_as_one() RETURNS int LANGUAGE plpgsql AS $$ BEGIN \
+           PERFORM set_config('fencing.resource', 'inv:a', false); \
+           PERFORM set_config('fencing.token', '1', false); \
+           UPDATE stock SET n = n - 1 WHERE sku = 'a'; RETURN 1; END $$",
+    );
+    let mut a = raw_session(
+        s.addr(),
+        &[(b"fencing.resource", b"inv:a"), (b"fencing.token", b"100")],
+    );
+    assert_eq!(
+        tags(&raw_query(&mut a, "UPDATE stock SET n = n WHERE sku = 'a'")),
+        "CZ"
+    );
+    s.pg.psql("UPDATE fencing.tokens SET token = 101 WHERE resource = 'inv:a'");
+    let mut none = raw_session(s.addr(), &[]);
+    for (zombie, sql) in [
+        (true, "DECLARE c CURSOR WITH HOLD FOR SELECT take()"),
+        (
+            true,
+            "DECLARE c CURSOR WITH HOLD FOR SELECT take(); SELECT 1",
+        ),
+        (
+            true,
+            "SELECT 1; DECLARE c CURSOR WITH HOLD FOR SELECT take()",
+        ),
+        // A session without a token whose cursor declares a stale one and writes.
+        (false, "DECLARE c CURSOR WITH HOLD FOR SELECT take_as_one()"),
+    ] {
+        let got = raw_query(if zombie { &mut a } else { &mut none }, sql);
+        assert_eq!(error_of(&got).1, "FN006", "{sql}: {}", tags(&got));
+        assert_eq!(s.pg.psql("SELECT n FROM stock"), "10", "{sql}");
+    }
+    // In an explicit transaction, and through the extended protocol.
+    assert_eq!(tags(&raw_query(&mut none, "BEGIN")), "CZ");
+    raw_query(
+        &mut none,
+        "DECLARE c CURSOR WITH HOLD FOR SELECT take_as_one()",
+    );
+    let got = raw_query(&mut none, "COMMIT");
+    assert_eq!(error_of(&got).1, "FN006", "{}", tags(&got));
+    assert_eq!(s.pg.psql("SELECT n FROM stock"), "10");
+    runtime().block_on(async {
+        let c = connect(s.addr()).await;
+        let e = c
+            .execute("DECLARE c CURSOR WITH HOLD FOR SELECT take_as_one()", &[])
+            .await
+            .unwrap_err();
+        assert_eq!(code(&e), "FN006", "{e}");
+        // A cursor without HOLD, read inside its transaction, is as before; so is a held one
+        // closed before the commit (PostgreSQL then has nothing to run at commit).
+        c.batch_execute(
+            "BEGIN; DECLARE d CURSOR FOR SELECT sku FROM stock; FETCH ALL FROM d; COMMIT",
+        )
+        .await
+        .unwrap();
+        c.batch_execute(
+            "BEGIN; DECLARE h CURSOR WITH HOLD FOR SELECT sku FROM stock; CLOSE h; COMMIT",
+        )
+        .await
+        .unwrap();
+    });
+    assert_eq!(s.pg.psql("SELECT n FROM stock"), "10");
+    assert_eq!(mark(&s.pg, "inv:a"), "101");
+}
+
+/// A zombie that raised two resources in one transaction, one of them to a token far above
+/// the other's: the newer holder of the lower one still ends it after the fence wait (each
+/// resource's advertisement is judged on its own), and the zombie's COMMIT is told FN003.
+#[test]
+fn a_zombie_raising_two_resources_is_ended_by_the_newer_holder_of_either() {
+    let s = setup(100);
+    s.pg.psql(
+        "CREATE TABLE stock (sku text PRIMARY KEY, n int); INSERT INTO stock VALUES ('y', 10); \
+         INSERT INTO fencing.tokens (resource, token) VALUES ('inv:y', 5)",
+    );
+    runtime().block_on(async {
+        let a = connect(s.addr()).await;
+        for q in [
+            "BEGIN",
+            "SET LOCAL fencing.resource = 'inv:x'; SET LOCAL fencing.token = '1000'",
+            "SELECT 1",
+            "SET LOCAL fencing.resource = 'inv:y'; SET LOCAL fencing.token = '6'",
+            "UPDATE stock SET n = n - 1 WHERE sku = 'y'",
+        ] {
+            a.batch_execute(q).await.unwrap();
+        }
+        let b = holder(s.addr(), "inv:y", 7).await;
+        // Only a bound on a broken build (which would wait for A for ever), not a timing.
+        b.batch_execute("SET statement_timeout = '60s'")
+            .await
+            .unwrap();
+        b.batch_execute("UPDATE stock SET n = 100 WHERE sku = 'y'")
+            .await
+            .expect("the newer holder of inv:y ended the zombie and wrote");
+        let e = a.batch_execute("COMMIT").await.unwrap_err();
+        assert_eq!(code(&e), "FN003", "{e}");
+    });
+    assert_eq!(s.pg.psql("SELECT n FROM stock"), "100");
+    assert_eq!(mark(&s.pg, "inv:y"), "7");
+}
