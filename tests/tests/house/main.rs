@@ -4,10 +4,12 @@
 //!   module, no `anyhow` in libraries, no unused dependencies, the line budget of a file;
 //! - `deploy`: the example configurations of `deploy/` are accepted by the binaries, and the
 //!   systemd units pass `systemd-analyze verify` with the hardening they promise;
-//! - `cli_docs`: the man pages and completions `./x man` makes cover every subcommand.
+//! - `cli_docs`: the man pages and completions `./x man` makes cover every subcommand;
+//! - `entry`: `./x` installs what is missing as root, and otherwise says how.
 //!
 //! Needs the binaries: `cargo build --workspace --bins --tests` first.
 
 mod cli_docs;
 mod deploy;
+mod entry;
 mod tidy;

@@ -1,0 +1,106 @@
+//! `./x`, README's entry point, with the system it asks stubbed out: as another user it prints
+//! the exact command and stops; as root it installs what is missing and checks that it did;
+//! with nothing missing it installs nothing.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::process::Command;
+
+use e2e::{output, workspace};
+
+/// Stub programs in a directory put first on PATH: `id -u` says `uid`, `dpkg-query` says every
+/// package is `status` (and logs the query), `apt-get` and `cargo` log their arguments.
+fn stubs(dir: &Path, uid: u32, status: &str) {
+    let log = dir.join("calls.log");
+    let write = |name: &str, body: String| {
+        let path = dir.join(name);
+        std::fs::write(&path, format!("#!/bin/sh\n{body}\n")).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    };
+    write("id", format!("echo {uid}"));
+    write(
+        "dpkg-query",
+        format!("echo \"dpkg-query $*\" >> {log:?}; printf %s {status}"),
+    );
+    for program in ["apt-get", "cargo"] {
+        write(program, format!("echo \"{program} $*\" >> {log:?}"));
+    }
+}
+
+fn x(dir: &Path, args: &[&str]) -> (i32, String, String) {
+    let mut cmd = Command::new("bash");
+    cmd.arg(workspace().join("x"))
+        .args(args)
+        .env("PATH", format!("{}:/usr/bin:/bin", dir.display()));
+    let (status, stdout, stderr) = output(cmd);
+    let calls = std::fs::read_to_string(dir.join("calls.log")).unwrap_or_default();
+    (
+        status.code().unwrap_or(-1),
+        format!("{stdout}{stderr}"),
+        calls,
+    )
+}
+
+#[test]
+fn as_another_user_it_prints_the_command_and_stops() {
+    let dir = tempfile::tempdir().unwrap();
+    stubs(dir.path(), 1000, "not-installed");
+    let (code, out, calls) = x(dir.path(), &["demo"]);
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.contains(
+            "sudo sh -c 'apt-get update && apt-get install -y --no-install-recommends protobuf-compiler libprotobuf-dev'"
+        ),
+        "{out}"
+    );
+    assert!(
+        !calls.contains("apt-get") && !calls.contains("cargo"),
+        "{calls}"
+    );
+}
+
+#[test]
+fn as_root_it_installs_what_is_missing_and_checks_that_it_did() {
+    let dir = tempfile::tempdir().unwrap();
+    stubs(dir.path(), 0, "not-installed");
+    let (code, out, calls) = x(dir.path(), &["deps", "demo"]);
+    assert!(
+        calls.contains("apt-get update -qq\n")
+            && calls.contains(
+                "apt-get install -y -qq --no-install-recommends protobuf-compiler libprotobuf-dev\n"
+            ),
+        "{calls}"
+    );
+    // The stub installed nothing: x must say so rather than go on to a build that would fail.
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.contains("apt-get did not install: protobuf-compiler libprotobuf-dev"),
+        "{out}"
+    );
+}
+
+#[test]
+fn with_nothing_missing_it_installs_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    stubs(dir.path(), 0, "installed");
+    let (code, out, calls) = x(dir.path(), &["deps", "demo"]);
+    assert_eq!(code, 0, "{out}");
+    assert!(calls.contains("dpkg-query"), "{calls}");
+    assert!(!calls.contains("apt-get"), "{calls}");
+}
+
+#[test]
+fn an_unknown_command_is_a_usage_error() {
+    let dir = tempfile::tempdir().unwrap();
+    stubs(dir.path(), 1000, "installed");
+    let (code, out, calls) = x(dir.path(), &["dmeo"]);
+    assert_eq!(code, 2, "{out}");
+    assert!(
+        out.contains("./x demo") && out.contains("./x test"),
+        "{out}"
+    );
+    assert!(calls.is_empty(), "{calls}");
+    let (code, out, _) = x(dir.path(), &["deps", "everything"]);
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("usage: ./x deps [demo|test]"), "{out}");
+}
