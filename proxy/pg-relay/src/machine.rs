@@ -56,12 +56,14 @@ const ANY: &[u8] = b"__fence_proxy_any";
 const LOCK: &[u8] = b"__fence_proxy_lock";
 const FAST: &[u8] = b"__fence_proxy_fast";
 const BARE: &[u8] = b"__fence_proxy_bare";
-/// Parameters: the fence wait in milliseconds (int4), and whether the check is at the
-/// transaction's commit point (bool; see `schema.rs`).
+/// Parameters (see `schema.rs`): the fence wait in milliseconds (int4), whether the check is
+/// at the transaction's commit point (bool), whether the transaction ends there (bool: its
+/// deferred triggers fire first). The lock statement takes only the last; the fast read, which
+/// always follows it, the first two.
 pub(crate) const STATEMENTS: [(&[u8], &[u8], &[u32]); 4] = [
-    (BARE, schema::CHECK_BARE, &[23, 16]),
-    (ANY, schema::CHECK_ANY, &[23, 16]),
-    (LOCK, schema::CHECK_LOCK, &[]),
+    (BARE, schema::CHECK_BARE, &[23, 16, 16]),
+    (ANY, schema::CHECK_ANY, &[23, 16, 16]),
+    (LOCK, schema::CHECK_LOCK, &[16]),
     (FAST, schema::CHECK_FAST, &[23, 16]),
 ];
 /// The portal of a check placed before a client's Execute (the client's own portal, bound
@@ -154,13 +156,14 @@ impl Plan {
         self.open == Open::Implicit && self.data >= 1
     }
 
-    /// A declared check ran ([`Form::Declared`]): it covered the statements before it, but
-    /// passed half a declaration, so the next statement that may touch data needs a full one.
+    /// A declared check ran ([`Form::Declared`]): it may have passed half a declaration, so
+    /// the next statement that may touch data needs a full one; and the statements before it
+    /// still count for the commit point, whose check fires the deferred triggers they queued
+    /// (which run at the commit, after this check).
     fn declared_now(&mut self) {
         if self.open == Open::No {
             self.open = Open::Implicit;
         }
-        self.data = 0;
         self.pending = true;
     }
 
@@ -270,7 +273,7 @@ enum Form {
     Declared,
     /// At the transaction's commit point, after its statements: in a transaction that has
     /// written nothing it need not judge (a stale or half declaration is refused where the
-    /// writes are).
+    /// writes are). The transaction ends right after it: its deferred triggers fire first.
     Commit,
     /// Before the statements: it judges, raises or refuses, and takes the resource's lock.
     Before,
@@ -419,9 +422,10 @@ pub(crate) struct Machine {
     deferred: bool,
     /// The fenced error for a client that was idle when PostgreSQL ended its session.
     held: Option<Vec<u8>>,
-    /// The completion of a simple Query's last statement, kept until the check at its
-    /// commit point has passed: PostgreSQL sends it only once the implicit transaction has
-    /// committed, and a refused commit answers with the error alone.
+    /// The completion of a simple Query's last statement, kept until its ReadyForQuery (then
+    /// sent just before it), and dropped if an error comes first: PostgreSQL sends it only once
+    /// the implicit transaction has committed, and a refused or failed commit (the check, a
+    /// deferred constraint, a serialization failure) answers with the error alone.
     held_complete: Option<Vec<u8>>,
 }
 
@@ -734,14 +738,16 @@ impl Machine {
         };
         let wait = self.wait_param.clone();
         let expect = Expect::Check(check);
-        let params: [&[u8]; 2] = [wait.as_bytes(), if check.at_commit { b"t" } else { b"f" }];
+        let flag = |b: bool| -> &'static [u8] { if b { b"t" } else { b"f" } };
+        let ends = flag(form == Form::Commit);
+        let params: [&[u8]; 3] = [wait.as_bytes(), flag(check.at_commit), ends];
         if check.bare {
             self.execute_ours(out, portal, BARE, &params, expect);
         } else if self.known_current(marks)
             || (form != Form::Before && self.plan.before_checked && !self.plan.pending)
         {
-            self.execute_ours(out, portal, LOCK, &[], Expect::Lock);
-            self.execute_ours(out, portal, FAST, &params, expect);
+            self.execute_ours(out, portal, LOCK, &[ends], Expect::Lock);
+            self.execute_ours(out, portal, FAST, &params[..2], expect);
         } else {
             self.execute_ours(out, portal, ANY, &params, expect);
         }
@@ -1021,7 +1027,13 @@ impl Machine {
         let current = self.generation == generation_before && self.known_current(marks);
         let installed = self.installed != Installed::No;
         let sql = |form: Form| {
-            schema::check_text(&self.wait_param, current, form != Form::Before, installed)
+            schema::check_text(
+                &self.wait_param,
+                current,
+                form != Form::Before,
+                form == Form::Commit,
+                installed,
+            )
         };
         let mut check = Check {
             generation: generation_before,
@@ -1177,7 +1189,7 @@ impl Machine {
             Backend::ReadyForQuery { status } => {
                 let verdict = self.on_ready(status);
                 match self.held_complete.take() {
-                    // Not expected (the check's own completion releases it): never lose it.
+                    // No error came: the implicit transaction committed.
                     Some(mut held) => {
                         match verdict {
                             Verdict::Forward => held.extend_from_slice(message),
@@ -1325,16 +1337,13 @@ impl Machine {
             None => Verdict::Forward,
             Some(c) => {
                 self.check_passed(c, marks);
-                match self.held_complete.take() {
-                    Some(held) => Verdict::Replace(held),
-                    None => Verdict::Hide,
-                }
+                Verdict::Hide
             }
         }
     }
 
-    /// A client statement's completion: kept back while the check of the implicit
-    /// transaction's commit point that follows it has not answered.
+    /// A client statement's completion: kept back until the implicit transaction it ends has
+    /// committed (the check of its commit point follows it).
     fn complete_or_hold(&mut self, message: &[u8], check_follows: bool) -> Verdict {
         if !check_follows || message.first() != Some(&b'C') {
             return Verdict::Forward;

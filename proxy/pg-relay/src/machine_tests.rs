@@ -159,13 +159,23 @@ fn describe_client(bytes: &[u8]) -> Vec<String> {
                 format!("Parse {} {:?}", short(name), String::from_utf8_lossy(text))
             }
             Frontend::Bind { portal, statement } => {
-                // A check at a commit point says so in its second parameter.
-                let at_commit = if bind_params(m).get(1).map(Vec::as_slice) == Some(b"t") {
-                    " at commit"
+                // A check at a commit point says so in its second parameter, and one at the
+                // transaction's end (its deferred triggers fire first) in its third (the lock
+                // statement's only one).
+                let params = bind_params(m);
+                let flag = |i: usize| params.get(i).map(Vec::as_slice) == Some(b"t");
+                let lock = statement.ends_with(b"lock");
+                let at_commit = if !lock && flag(1) { " at commit" } else { "" };
+                let ends = if flag(if lock { 0 } else { 2 }) {
+                    ", ends"
                 } else {
                     ""
                 };
-                format!("Bind {:?} {}{at_commit}", short(portal), short(statement))
+                format!(
+                    "Bind {:?} {}{at_commit}{ends}",
+                    short(portal),
+                    short(statement)
+                )
             }
             Frontend::Execute { portal, .. } => format!("Execute {:?}", short(portal)),
             Frontend::Close { target, name } => format!("Close {target:?} {}", short(name)),
@@ -350,7 +360,7 @@ fn every_autocommit_statement_is_checked_and_the_check_is_hidden() {
                 → Bind "" 
                 → Describe { target: Portal, name: [] }
                 → Execute ""
-                → Bind "" lock
+                → Bind "" lock, ends
                 → Execute ""
                 → Bind "" fast at commit
                 → Execute ""
@@ -367,14 +377,14 @@ fn every_autocommit_statement_is_checked_and_the_check_is_hidden() {
             S C SELECT 1             hide
             S 2                      hide
             S D '' NULL              hide
-            S C SELECT 1             replace: C UPDATE 1
-            S Z I                    forward
+            S C SELECT 1             hide
+            S Z I                    replace: C UPDATE 1, Z I
             C Q SELECT v FROM t
                 → Parse  "SELECT v FROM t"
                 → Bind "" 
                 → Describe { target: Portal, name: [] }
                 → Execute ""
-                → Bind "" any at commit
+                → Bind "" any at commit, ends
                 → Execute ""
                 → Sync
             S 1                      hide
@@ -384,8 +394,8 @@ fn every_autocommit_statement_is_checked_and_the_check_is_hidden() {
             S C SELECT 1             hide
             S 2                      hide
             S D '' NULL              hide
-            S C SELECT 1             replace: C SELECT 1
-            S Z I                    forward
+            S C SELECT 1             hide
+            S Z I                    replace: C SELECT 1, Z I
             C Q BEGIN
                 → Query "BEGIN"
             S C BEGIN                forward
@@ -395,7 +405,7 @@ fn every_autocommit_statement_is_checked_and_the_check_is_hidden() {
             S C UPDATE 1             forward
             S Z T                    forward
             C Q COMMIT
-                → Bind "" any at commit
+                → Bind "" any at commit, ends
                 → Execute ""
                 → Parse  "COMMIT"
                 → Bind "" 
@@ -437,7 +447,7 @@ fn a_token_found_current_takes_the_fast_form_next() {
                 → Bind "" 
                 → Describe { target: Portal, name: [] }
                 → Execute ""
-                → Bind "" lock
+                → Bind "" lock, ends
                 → Execute ""
                 → Bind "" fast at commit
                 → Execute ""
@@ -454,14 +464,14 @@ fn a_token_found_current_takes_the_fast_form_next() {
             S C SELECT 1             hide
             S 2                      hide
             S D r 5                  hide
-            S C SELECT 1             replace: C UPDATE 1
-            S Z I                    forward
+            S C SELECT 1             hide
+            S Z I                    replace: C UPDATE 1, Z I
             C Q UPDATE t SET v = 2
                 → Parse  "UPDATE t SET v = 2"
                 → Bind "" 
                 → Describe { target: Portal, name: [] }
                 → Execute ""
-                → Bind "" lock
+                → Bind "" lock, ends
                 → Execute ""
                 → Bind "" fast at commit
                 → Execute ""
@@ -472,7 +482,7 @@ fn a_token_found_current_takes_the_fast_form_next() {
                 → Bind "" 
                 → Describe { target: Portal, name: [] }
                 → Execute ""
-                → Bind "" any at commit
+                → Bind "" any at commit, ends
                 → Execute ""
                 → Sync
         "#]],
@@ -547,7 +557,7 @@ fn an_explicit_transaction_is_checked_at_its_first_write_and_again_at_commit() {
             S C UPDATE 1             forward
             S Z T                    forward
             C Q COMMIT
-                → Bind "" lock
+                → Bind "" lock, ends
                 → Execute ""
                 → Bind "" fast at commit
                 → Execute ""
@@ -580,7 +590,7 @@ fn an_explicit_transaction_is_checked_at_its_first_write_and_again_at_commit() {
                 → Execute ""
                 → Sync
             C Q COMMIT
-                → Bind "" lock
+                → Bind "" lock, ends
                 → Execute ""
                 → Bind "" fast at commit
                 → Execute ""
@@ -652,7 +662,7 @@ fn a_batch_of_several_statements_is_checked_before_the_first_and_at_its_sync() {
             C E -
                 → Execute ""
             C S
-                → Bind "" lock
+                → Bind "" lock, ends
                 → Execute ""
                 → Bind "" fast at commit
                 → Execute ""
@@ -664,7 +674,7 @@ fn a_batch_of_several_statements_is_checked_before_the_first_and_at_its_sync() {
             C E -
                 → Execute ""
             C S
-                → Bind "" lock
+                → Bind "" lock, ends
                 → Execute ""
                 → Bind "" fast at commit
                 → Execute ""
@@ -708,7 +718,7 @@ fn a_known_stale_token_waits_for_the_commit_point_in_autocommit_only() {
                 → Bind "" 
                 → Describe { target: Portal, name: [] }
                 → Execute ""
-                → Bind "" lock
+                → Bind "" lock, ends
                 → Execute ""
                 → Bind "" fast at commit
                 → Execute ""
@@ -725,15 +735,15 @@ fn a_known_stale_token_waits_for_the_commit_point_in_autocommit_only() {
             S C SELECT 1             hide
             S 2                      hide
             S D r 5                  hide
-            S C SELECT 1             replace: C UPDATE 1
-            S Z I                    forward
+            S C SELECT 1             hide
+            S Z I                    replace: C UPDATE 1, Z I
             mark r 9
             C Q SELECT app.declare('r', '10')
                 → Parse  "SELECT app.declare('r', '10')"
                 → Bind "" 
                 → Describe { target: Portal, name: [] }
                 → Execute ""
-                → Bind "" any at commit
+                → Bind "" any at commit, ends
                 → Execute ""
                 → Sync
             C Q BEGIN
@@ -842,7 +852,7 @@ fn without_the_check_installed_the_bare_form_passes_sessions_without_a_token() {
             → Bind "" 
             → Describe { target: Portal, name: [] }
             → Execute ""
-            → Bind "" bare at commit
+            → Bind "" bare at commit, ends
             → Execute ""
             → Sync
         S 2                      hide
@@ -854,14 +864,14 @@ fn without_the_check_installed_the_bare_form_passes_sessions_without_a_token() {
         S C UPDATE 1             hide
         S 2                      hide
         S D '' NULL              hide
-        S C SELECT 1             replace: C UPDATE 1
-        S Z I                    forward
+        S C SELECT 1             hide
+        S Z I                    replace: C UPDATE 1, Z I
         C Q UPDATE t SET v = 1
             → Parse  "UPDATE t SET v = 1"
             → Bind "" 
             → Describe { target: Portal, name: [] }
             → Execute ""
-            → Bind "" bare at commit
+            → Bind "" bare at commit, ends
             → Execute ""
             → Sync
         S 1                      hide
@@ -914,7 +924,7 @@ fn without_the_check_installed_the_bare_form_passes_sessions_without_a_token() {
                 → Bind "" 
                 → Describe { target: Portal, name: [] }
                 → Execute ""
-                → Bind "" lock
+                → Bind "" lock, ends
                 → Execute ""
                 → Bind "" fast at commit
                 → Execute ""
@@ -931,7 +941,7 @@ fn without_the_check_installed_the_bare_form_passes_sessions_without_a_token() {
                 → Bind "" 
                 → Describe { target: Portal, name: [] }
                 → Execute ""
-                → Bind "" bare at commit
+                → Bind "" bare at commit, ends
                 → Execute ""
                 → Sync
         "#]],
@@ -949,7 +959,7 @@ fn copy_from_stdin_and_checks_inside_a_string_go_into_its_text() {
         ",
         expect![[r#"
             C Q COPY t FROM STDIN
-                → Query "SELECT * FROM fencing.check(1000, false); COPY t FROM STDIN\n;SELECT CASE WHEN s.u THEN NULL ELSE s.r END, CASE WHEN s.h THEN fencing.held_cursor() WHEN s.r OPERATOR(pg_catalog.=) '' AND s.t OPERATOR(pg_catalog.=) '' THEN NULL::pg_catalog.int8 WHEN s.u THEN NULL::pg_catalog.int8 ELSE fencing.check_token(1000) END FROM (SELECT q.r, q.t, true::pg_catalog.bool AND NOT (q.r OPERATOR(pg_catalog.=) '' AND q.t OPERATOR(pg_catalog.=) '') AND pg_catalog.pg_current_xact_id_if_assigned() IS NULL AS u, q.rc, true::pg_catalog.bool AND EXISTS (SELECT FROM pg_catalog.pg_cursors c WHERE c.is_holdable) AS h FROM (SELECT COALESCE(pg_catalog.current_setting('fencing.resource', true), '') AS r, COALESCE(pg_catalog.current_setting('fencing.token', true), '') AS t, pg_catalog.current_setting('transaction_isolation') OPERATOR(pg_catalog.=) 'read committed' AS rc) q) s"
+                → Query "SELECT * FROM fencing.check(1000, false); COPY t FROM STDIN\n;SELECT CASE WHEN s.u THEN NULL ELSE s.r END, CASE WHEN s.h THEN fencing.held_cursor() WHEN s.r OPERATOR(pg_catalog.=) '' AND s.t OPERATOR(pg_catalog.=) '' THEN NULL::pg_catalog.int8 WHEN s.u THEN NULL::pg_catalog.int8 ELSE fencing.check_token(1000) END FROM (SELECT q.r, q.t, true::pg_catalog.bool AND NOT (q.r OPERATOR(pg_catalog.=) '' AND q.t OPERATOR(pg_catalog.=) '') AND pg_catalog.pg_current_xact_id_if_assigned() IS NULL AS u, q.rc, true::pg_catalog.bool AND EXISTS (SELECT FROM pg_catalog.pg_cursors c WHERE c.is_holdable) AS h FROM (SELECT COALESCE(pg_catalog.current_setting('fencing.resource', d.f), '') AS r, COALESCE(pg_catalog.current_setting('fencing.token', d.f), '') AS t, pg_catalog.current_setting('transaction_isolation') OPERATOR(pg_catalog.=) 'read committed' AS rc FROM (SELECT CASE WHEN true::pg_catalog.bool THEN fencing.fire_deferred() ELSE true END AS f OFFSET 0) d) q) s"
             C Q UPDATE a SET v = 1; COMMIT; UPDATE b SET v = 2; -- end
                 → Query "UPDATE a SET v = 1; COMMIT; UPDATE b SET v = 2; -- end"
             C Q BEGIN; UPDATE a SET v = 1; SET LOCAL fencing.token = '7'; UPDATE b SET v = 2; COMMIT
@@ -985,7 +995,7 @@ fn replies_to_checks_in_the_text_are_hidden_and_an_error_ends_the_string() {
         ",
         expect![[r#"
             C Q COPY t FROM STDIN
-                → Query "SELECT * FROM fencing.check(1000, false); COPY t FROM STDIN\n;SELECT CASE WHEN s.u THEN NULL ELSE s.r END, CASE WHEN s.h THEN fencing.held_cursor() WHEN s.r OPERATOR(pg_catalog.=) '' AND s.t OPERATOR(pg_catalog.=) '' THEN NULL::pg_catalog.int8 WHEN s.u THEN NULL::pg_catalog.int8 ELSE fencing.check_token(1000) END FROM (SELECT q.r, q.t, true::pg_catalog.bool AND NOT (q.r OPERATOR(pg_catalog.=) '' AND q.t OPERATOR(pg_catalog.=) '') AND pg_catalog.pg_current_xact_id_if_assigned() IS NULL AS u, q.rc, true::pg_catalog.bool AND EXISTS (SELECT FROM pg_catalog.pg_cursors c WHERE c.is_holdable) AS h FROM (SELECT COALESCE(pg_catalog.current_setting('fencing.resource', true), '') AS r, COALESCE(pg_catalog.current_setting('fencing.token', true), '') AS t, pg_catalog.current_setting('transaction_isolation') OPERATOR(pg_catalog.=) 'read committed' AS rc) q) s"
+                → Query "SELECT * FROM fencing.check(1000, false); COPY t FROM STDIN\n;SELECT CASE WHEN s.u THEN NULL ELSE s.r END, CASE WHEN s.h THEN fencing.held_cursor() WHEN s.r OPERATOR(pg_catalog.=) '' AND s.t OPERATOR(pg_catalog.=) '' THEN NULL::pg_catalog.int8 WHEN s.u THEN NULL::pg_catalog.int8 ELSE fencing.check_token(1000) END FROM (SELECT q.r, q.t, true::pg_catalog.bool AND NOT (q.r OPERATOR(pg_catalog.=) '' AND q.t OPERATOR(pg_catalog.=) '') AND pg_catalog.pg_current_xact_id_if_assigned() IS NULL AS u, q.rc, true::pg_catalog.bool AND EXISTS (SELECT FROM pg_catalog.pg_cursors c WHERE c.is_holdable) AS h FROM (SELECT COALESCE(pg_catalog.current_setting('fencing.resource', d.f), '') AS r, COALESCE(pg_catalog.current_setting('fencing.token', d.f), '') AS t, pg_catalog.current_setting('transaction_isolation') OPERATOR(pg_catalog.=) 'read committed' AS rc FROM (SELECT CASE WHEN true::pg_catalog.bool THEN fencing.fire_deferred() ELSE true END AS f OFFSET 0) d) q) s"
             S T                      hide
             S D '' NULL              hide
             S C SELECT 1             hide
@@ -995,10 +1005,10 @@ fn replies_to_checks_in_the_text_are_hidden_and_an_error_ends_the_string() {
             S C COPY 2               hide
             S T                      hide
             S D '' NULL              hide
-            S C SELECT 1             replace: C COPY 2
-            S Z I                    forward
+            S C SELECT 1             hide
+            S Z I                    replace: C COPY 2, Z I
             C Q SELECT f(); UPDATE a SET v = 1
-                → Query "SELECT f(); UPDATE a SET v = 1\n;SELECT CASE WHEN s.u THEN NULL ELSE s.r END, CASE WHEN s.h THEN fencing.held_cursor() WHEN s.r OPERATOR(pg_catalog.=) '' AND s.t OPERATOR(pg_catalog.=) '' THEN NULL::pg_catalog.int8 WHEN s.u THEN NULL::pg_catalog.int8 ELSE fencing.check_token(1000) END FROM (SELECT q.r, q.t, true::pg_catalog.bool AND NOT (q.r OPERATOR(pg_catalog.=) '' AND q.t OPERATOR(pg_catalog.=) '') AND pg_catalog.pg_current_xact_id_if_assigned() IS NULL AS u, q.rc, true::pg_catalog.bool AND EXISTS (SELECT FROM pg_catalog.pg_cursors c WHERE c.is_holdable) AS h FROM (SELECT COALESCE(pg_catalog.current_setting('fencing.resource', true), '') AS r, COALESCE(pg_catalog.current_setting('fencing.token', true), '') AS t, pg_catalog.current_setting('transaction_isolation') OPERATOR(pg_catalog.=) 'read committed' AS rc) q) s"
+                → Query "SELECT f(); UPDATE a SET v = 1\n;SELECT CASE WHEN s.u THEN NULL ELSE s.r END, CASE WHEN s.h THEN fencing.held_cursor() WHEN s.r OPERATOR(pg_catalog.=) '' AND s.t OPERATOR(pg_catalog.=) '' THEN NULL::pg_catalog.int8 WHEN s.u THEN NULL::pg_catalog.int8 ELSE fencing.check_token(1000) END FROM (SELECT q.r, q.t, true::pg_catalog.bool AND NOT (q.r OPERATOR(pg_catalog.=) '' AND q.t OPERATOR(pg_catalog.=) '') AND pg_catalog.pg_current_xact_id_if_assigned() IS NULL AS u, q.rc, true::pg_catalog.bool AND EXISTS (SELECT FROM pg_catalog.pg_cursors c WHERE c.is_holdable) AS h FROM (SELECT COALESCE(pg_catalog.current_setting('fencing.resource', d.f), '') AS r, COALESCE(pg_catalog.current_setting('fencing.token', d.f), '') AS t, pg_catalog.current_setting('transaction_isolation') OPERATOR(pg_catalog.=) 'read committed' AS rc FROM (SELECT CASE WHEN true::pg_catalog.bool THEN fencing.fire_deferred() ELSE true END AS f OFFSET 0) d) q) s"
             S T                      forward
             S D 1                    forward
             S C SELECT 1             forward
@@ -1036,7 +1046,7 @@ fn what_drops_our_statements_has_them_prepared_again() {
                 → Bind "" 
                 → Describe { target: Portal, name: [] }
                 → Execute ""
-                → Bind "" lock
+                → Bind "" lock, ends
                 → Execute ""
                 → Bind "" fast at commit
                 → Execute ""
@@ -1044,7 +1054,7 @@ fn what_drops_our_statements_has_them_prepared_again() {
             C P __fence_proxy_any SELECT 1
                 → Parse any
             C Q UPDATE t SET v = 1
-                → Query "SELECT * FROM fencing.check(1000, false); UPDATE t SET v = 1\n;SELECT CASE WHEN s.u THEN NULL ELSE s.r END, CASE WHEN s.h THEN fencing.held_cursor() WHEN s.r OPERATOR(pg_catalog.=) '' AND s.t OPERATOR(pg_catalog.=) '' THEN NULL::pg_catalog.int8 WHEN s.u THEN NULL::pg_catalog.int8 ELSE fencing.check_token(1000) END FROM (SELECT q.r, q.t, true::pg_catalog.bool AND NOT (q.r OPERATOR(pg_catalog.=) '' AND q.t OPERATOR(pg_catalog.=) '') AND pg_catalog.pg_current_xact_id_if_assigned() IS NULL AS u, q.rc, true::pg_catalog.bool AND EXISTS (SELECT FROM pg_catalog.pg_cursors c WHERE c.is_holdable) AS h FROM (SELECT COALESCE(pg_catalog.current_setting('fencing.resource', true), '') AS r, COALESCE(pg_catalog.current_setting('fencing.token', true), '') AS t, pg_catalog.current_setting('transaction_isolation') OPERATOR(pg_catalog.=) 'read committed' AS rc) q) s"
+                → Query "SELECT * FROM fencing.check(1000, false); UPDATE t SET v = 1\n;SELECT CASE WHEN s.u THEN NULL ELSE s.r END, CASE WHEN s.h THEN fencing.held_cursor() WHEN s.r OPERATOR(pg_catalog.=) '' AND s.t OPERATOR(pg_catalog.=) '' THEN NULL::pg_catalog.int8 WHEN s.u THEN NULL::pg_catalog.int8 ELSE fencing.check_token(1000) END FROM (SELECT q.r, q.t, true::pg_catalog.bool AND NOT (q.r OPERATOR(pg_catalog.=) '' AND q.t OPERATOR(pg_catalog.=) '') AND pg_catalog.pg_current_xact_id_if_assigned() IS NULL AS u, q.rc, true::pg_catalog.bool AND EXISTS (SELECT FROM pg_catalog.pg_cursors c WHERE c.is_holdable) AS h FROM (SELECT COALESCE(pg_catalog.current_setting('fencing.resource', d.f), '') AS r, COALESCE(pg_catalog.current_setting('fencing.token', d.f), '') AS t, pg_catalog.current_setting('transaction_isolation') OPERATOR(pg_catalog.=) 'read committed' AS rc FROM (SELECT CASE WHEN true::pg_catalog.bool THEN fencing.fire_deferred() ELSE true END AS f OFFSET 0) d) q) s"
         "#]],
     );
 }
@@ -1126,7 +1136,7 @@ fn text_that_reads_differently_under_a_changing_setting_waits_for_the_replies() 
                 → Bind "" 
                 → Describe { target: Portal, name: [] }
                 → Execute ""
-                → Bind "" lock
+                → Bind "" lock, ends
                 → Execute ""
                 → Bind "" fast at commit
                 → Execute ""
@@ -1138,7 +1148,7 @@ fn text_that_reads_differently_under_a_changing_setting_waits_for_the_replies() 
                 → Bind "" 
                 → Describe { target: Portal, name: [] }
                 → Execute ""
-                → Bind "" lock
+                → Bind "" lock, ends
                 → Execute ""
                 → Bind "" fast at commit
                 → Execute ""
@@ -1197,7 +1207,7 @@ fn a_check_goes_ahead_of_a_plain_begin_but_after_one_with_modes() {
             C Q ROLLBACK
                 → Query "ROLLBACK"
             C Q BEGIN; UPDATE t SET v = 1; COMMIT
-                → Query "BEGIN; SELECT * FROM fencing.check(1000, false); UPDATE t SET v = 1; SELECT CASE WHEN s.u THEN NULL ELSE s.r END, CASE WHEN s.h THEN fencing.held_cursor() WHEN s.r OPERATOR(pg_catalog.=) '' AND s.t OPERATOR(pg_catalog.=) '' THEN NULL::pg_catalog.int8 WHEN s.u THEN NULL::pg_catalog.int8 ELSE fencing.check_token(1000) END FROM (SELECT q.r, q.t, true::pg_catalog.bool AND NOT (q.r OPERATOR(pg_catalog.=) '' AND q.t OPERATOR(pg_catalog.=) '') AND pg_catalog.pg_current_xact_id_if_assigned() IS NULL AS u, q.rc, true::pg_catalog.bool AND EXISTS (SELECT FROM pg_catalog.pg_cursors c WHERE c.is_holdable) AS h FROM (SELECT COALESCE(pg_catalog.current_setting('fencing.resource', true), '') AS r, COALESCE(pg_catalog.current_setting('fencing.token', true), '') AS t, pg_catalog.current_setting('transaction_isolation') OPERATOR(pg_catalog.=) 'read committed' AS rc) q) s; COMMIT"
+                → Query "BEGIN; SELECT * FROM fencing.check(1000, false); UPDATE t SET v = 1; SELECT CASE WHEN s.u THEN NULL ELSE s.r END, CASE WHEN s.h THEN fencing.held_cursor() WHEN s.r OPERATOR(pg_catalog.=) '' AND s.t OPERATOR(pg_catalog.=) '' THEN NULL::pg_catalog.int8 WHEN s.u THEN NULL::pg_catalog.int8 ELSE fencing.check_token(1000) END FROM (SELECT q.r, q.t, true::pg_catalog.bool AND NOT (q.r OPERATOR(pg_catalog.=) '' AND q.t OPERATOR(pg_catalog.=) '') AND pg_catalog.pg_current_xact_id_if_assigned() IS NULL AS u, q.rc, true::pg_catalog.bool AND EXISTS (SELECT FROM pg_catalog.pg_cursors c WHERE c.is_holdable) AS h FROM (SELECT COALESCE(pg_catalog.current_setting('fencing.resource', d.f), '') AS r, COALESCE(pg_catalog.current_setting('fencing.token', d.f), '') AS t, pg_catalog.current_setting('transaction_isolation') OPERATOR(pg_catalog.=) 'read committed' AS rc FROM (SELECT CASE WHEN true::pg_catalog.bool THEN fencing.fire_deferred() ELSE true END AS f OFFSET 0) d) q) s; COMMIT"
         "#]],
     );
 }
@@ -1253,7 +1263,7 @@ fn a_sync_sent_with_copy_data_is_not_waited_for_once_the_copy_began() {
             C c
                 → CopyDone
             C S
-                → Bind "" lock
+                → Bind "" lock, ends
                 → Execute ""
                 → Bind "" fast at commit
                 → Execute ""
@@ -1268,7 +1278,7 @@ fn a_sync_sent_with_copy_data_is_not_waited_for_once_the_copy_began() {
                 → Bind "" 
                 → Describe { target: Portal, name: [] }
                 → Execute ""
-                → Bind "" any at commit
+                → Bind "" any at commit, ends
                 → Execute ""
                 → Sync
         "#]],
@@ -1302,17 +1312,19 @@ fn a_statement_that_declares_the_token_is_checked_right_after_itself() {
                 → Execute "__fence_proxy"
                 → Close Portal __fence_proxy
             C S
+                → Bind "" any at commit, ends
+                → Execute ""
                 → Sync
             C Q SELECT set_config('fencing.token', '5', false)
                 → Parse  "SELECT set_config('fencing.token', '5', false)"
                 → Bind "" 
                 → Describe { target: Portal, name: [] }
                 → Execute ""
-                → Bind "" any at commit
+                → Bind "" any at commit, ends
                 → Execute ""
                 → Sync
             C Q SELECT set_config('fencing.token', '5', false); UPDATE t SET v = 1
-                → Query "SELECT set_config('fencing.token', '5', false); SELECT * FROM fencing.check(1000, false); UPDATE t SET v = 1\n;SELECT CASE WHEN s.u THEN NULL ELSE s.r END, CASE WHEN s.h THEN fencing.held_cursor() WHEN s.r OPERATOR(pg_catalog.=) '' AND s.t OPERATOR(pg_catalog.=) '' THEN NULL::pg_catalog.int8 WHEN s.u THEN NULL::pg_catalog.int8 ELSE fencing.check_token(1000) END FROM (SELECT q.r, q.t, true::pg_catalog.bool AND NOT (q.r OPERATOR(pg_catalog.=) '' AND q.t OPERATOR(pg_catalog.=) '') AND pg_catalog.pg_current_xact_id_if_assigned() IS NULL AS u, q.rc, true::pg_catalog.bool AND EXISTS (SELECT FROM pg_catalog.pg_cursors c WHERE c.is_holdable) AS h FROM (SELECT COALESCE(pg_catalog.current_setting('fencing.resource', true), '') AS r, COALESCE(pg_catalog.current_setting('fencing.token', true), '') AS t, pg_catalog.current_setting('transaction_isolation') OPERATOR(pg_catalog.=) 'read committed' AS rc) q) s"
+                → Query "SELECT set_config('fencing.token', '5', false); SELECT * FROM fencing.check(1000, false); UPDATE t SET v = 1\n;SELECT CASE WHEN s.u THEN NULL ELSE s.r END, CASE WHEN s.h THEN fencing.held_cursor() WHEN s.r OPERATOR(pg_catalog.=) '' AND s.t OPERATOR(pg_catalog.=) '' THEN NULL::pg_catalog.int8 WHEN s.u THEN NULL::pg_catalog.int8 ELSE fencing.check_token(1000) END FROM (SELECT q.r, q.t, true::pg_catalog.bool AND NOT (q.r OPERATOR(pg_catalog.=) '' AND q.t OPERATOR(pg_catalog.=) '') AND pg_catalog.pg_current_xact_id_if_assigned() IS NULL AS u, q.rc, true::pg_catalog.bool AND EXISTS (SELECT FROM pg_catalog.pg_cursors c WHERE c.is_holdable) AS h FROM (SELECT COALESCE(pg_catalog.current_setting('fencing.resource', d.f), '') AS r, COALESCE(pg_catalog.current_setting('fencing.token', d.f), '') AS t, pg_catalog.current_setting('transaction_isolation') OPERATOR(pg_catalog.=) 'read committed' AS rc FROM (SELECT CASE WHEN true::pg_catalog.bool THEN fencing.fire_deferred() ELSE true END AS f OFFSET 0) d) q) s"
         "#]],
     );
 }
@@ -1366,7 +1378,7 @@ fn a_refused_commit_point_answers_with_the_error_alone() {
                 → Bind "" 
                 → Describe { target: Portal, name: [] }
                 → Execute ""
-                → Bind "" lock
+                → Bind "" lock, ends
                 → Execute ""
                 → Bind "" fast at commit
                 → Execute ""
@@ -1382,20 +1394,20 @@ fn a_refused_commit_point_answers_with_the_error_alone() {
             S E FN001                forward
             S Z I                    forward
             C Q UPDATE t SET v = 1; UPDATE u SET v = 2
-                → Query "UPDATE t SET v = 1; UPDATE u SET v = 2\n;SELECT CASE WHEN s.u THEN NULL ELSE s.r END, CASE WHEN s.h THEN fencing.held_cursor() WHEN s.r OPERATOR(pg_catalog.=) '' AND s.t OPERATOR(pg_catalog.=) '' THEN NULL::pg_catalog.int8 WHEN s.u THEN NULL::pg_catalog.int8 ELSE fencing.check_token(1000) END FROM (SELECT q.r, q.t, true::pg_catalog.bool AND NOT (q.r OPERATOR(pg_catalog.=) '' AND q.t OPERATOR(pg_catalog.=) '') AND pg_catalog.pg_current_xact_id_if_assigned() IS NULL AS u, q.rc, true::pg_catalog.bool AND EXISTS (SELECT FROM pg_catalog.pg_cursors c WHERE c.is_holdable) AS h FROM (SELECT COALESCE(pg_catalog.current_setting('fencing.resource', true), '') AS r, COALESCE(pg_catalog.current_setting('fencing.token', true), '') AS t, pg_catalog.current_setting('transaction_isolation') OPERATOR(pg_catalog.=) 'read committed' AS rc) q) s"
+                → Query "UPDATE t SET v = 1; UPDATE u SET v = 2\n;SELECT CASE WHEN s.u THEN NULL ELSE s.r END, CASE WHEN s.h THEN fencing.held_cursor() WHEN s.r OPERATOR(pg_catalog.=) '' AND s.t OPERATOR(pg_catalog.=) '' THEN NULL::pg_catalog.int8 WHEN s.u THEN NULL::pg_catalog.int8 ELSE fencing.check_token(1000) END FROM (SELECT q.r, q.t, true::pg_catalog.bool AND NOT (q.r OPERATOR(pg_catalog.=) '' AND q.t OPERATOR(pg_catalog.=) '') AND pg_catalog.pg_current_xact_id_if_assigned() IS NULL AS u, q.rc, true::pg_catalog.bool AND EXISTS (SELECT FROM pg_catalog.pg_cursors c WHERE c.is_holdable) AS h FROM (SELECT COALESCE(pg_catalog.current_setting('fencing.resource', d.f), '') AS r, COALESCE(pg_catalog.current_setting('fencing.token', d.f), '') AS t, pg_catalog.current_setting('transaction_isolation') OPERATOR(pg_catalog.=) 'read committed' AS rc FROM (SELECT CASE WHEN true::pg_catalog.bool THEN fencing.fire_deferred() ELSE true END AS f OFFSET 0) d) q) s"
             S C UPDATE 1             forward
             S C UPDATE 1             hide
             S T                      hide
             S E FN001                forward
             S Z I                    forward
             C Q UPDATE t SET v = 1; UPDATE u SET v = 2
-                → Query "UPDATE t SET v = 1; UPDATE u SET v = 2\n;SELECT CASE WHEN s.u THEN NULL ELSE s.r END, CASE WHEN s.h THEN fencing.held_cursor() WHEN s.r OPERATOR(pg_catalog.=) '' AND s.t OPERATOR(pg_catalog.=) '' THEN NULL::pg_catalog.int8 WHEN s.u THEN NULL::pg_catalog.int8 ELSE fencing.check_token(1000) END FROM (SELECT q.r, q.t, true::pg_catalog.bool AND NOT (q.r OPERATOR(pg_catalog.=) '' AND q.t OPERATOR(pg_catalog.=) '') AND pg_catalog.pg_current_xact_id_if_assigned() IS NULL AS u, q.rc, true::pg_catalog.bool AND EXISTS (SELECT FROM pg_catalog.pg_cursors c WHERE c.is_holdable) AS h FROM (SELECT COALESCE(pg_catalog.current_setting('fencing.resource', true), '') AS r, COALESCE(pg_catalog.current_setting('fencing.token', true), '') AS t, pg_catalog.current_setting('transaction_isolation') OPERATOR(pg_catalog.=) 'read committed' AS rc) q) s"
+                → Query "UPDATE t SET v = 1; UPDATE u SET v = 2\n;SELECT CASE WHEN s.u THEN NULL ELSE s.r END, CASE WHEN s.h THEN fencing.held_cursor() WHEN s.r OPERATOR(pg_catalog.=) '' AND s.t OPERATOR(pg_catalog.=) '' THEN NULL::pg_catalog.int8 WHEN s.u THEN NULL::pg_catalog.int8 ELSE fencing.check_token(1000) END FROM (SELECT q.r, q.t, true::pg_catalog.bool AND NOT (q.r OPERATOR(pg_catalog.=) '' AND q.t OPERATOR(pg_catalog.=) '') AND pg_catalog.pg_current_xact_id_if_assigned() IS NULL AS u, q.rc, true::pg_catalog.bool AND EXISTS (SELECT FROM pg_catalog.pg_cursors c WHERE c.is_holdable) AS h FROM (SELECT COALESCE(pg_catalog.current_setting('fencing.resource', d.f), '') AS r, COALESCE(pg_catalog.current_setting('fencing.token', d.f), '') AS t, pg_catalog.current_setting('transaction_isolation') OPERATOR(pg_catalog.=) 'read committed' AS rc FROM (SELECT CASE WHEN true::pg_catalog.bool THEN fencing.fire_deferred() ELSE true END AS f OFFSET 0) d) q) s"
             S C UPDATE 1             forward
             S C UPDATE 1             hide
             S T                      hide
             S D r 5                  hide
-            S C SELECT 1             replace: C UPDATE 1
-            S Z I                    forward
+            S C SELECT 1             hide
+            S Z I                    replace: C UPDATE 1, Z I
         "#]],
     );
 }

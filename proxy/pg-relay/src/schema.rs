@@ -5,7 +5,8 @@
 pub const SQL: &str = include_str!("schema.sql");
 
 /// The settings of the session, as the check statements read them (the start of a subquery
-/// `q`): `(r, t)`, each `''` when unset (PostgreSQL keeps an empty placeholder after a
+/// `q`), after `$fire` (an expression that is true, evaluated first: at a transaction's end,
+/// [`FIRE`]): `(r, t)`, each `''` when unset (PostgreSQL keeps an empty placeholder after a
 /// `RESET`), and `u`: this is a check at the transaction's commit point (`$2`), with some
 /// fencing setting, in a transaction that has written nothing (no transaction id assigned).
 /// Such a check need not judge: nothing is there to fence, and the statements that write later
@@ -13,17 +14,41 @@ pub const SQL: &str = include_str!("schema.sql");
 /// can only be this transaction's (the checks refuse every commit with one, so none outlives
 /// its transaction): PostgreSQL runs its query when the transaction commits, after this check,
 /// so nothing can judge what it writes or declares, and the commit is refused
-/// (`fencing.held_cursor`, FN006). Schema-qualified throughout: the text is parsed under the client's
-/// `search_path`, where an operator or function of the same name could otherwise be found first.
+/// (`fencing.held_cursor`, FN006). The settings are read with `d.f` as `missing_ok`, so that
+/// they are read after `$fire` has run (an argument is evaluated before its call), and the
+/// xid and the cursors in the projection over that row. Schema-qualified throughout: the text
+/// is parsed under the client's `search_path`, where an operator or function of the same name
+/// could otherwise be found first.
 macro_rules! settings {
-    () => {
-        "(SELECT q.r, q.t, \
+    ($fire:expr) => {
+        concat!(
+            "(SELECT q.r, q.t, \
 $2::pg_catalog.bool AND NOT (q.r OPERATOR(pg_catalog.=) '' AND q.t OPERATOR(pg_catalog.=) '') \
 AND pg_catalog.pg_current_xact_id_if_assigned() IS NULL AS u, q.rc, \
 $2::pg_catalog.bool AND EXISTS (SELECT FROM pg_catalog.pg_cursors c WHERE c.is_holdable) AS h FROM \
-(SELECT COALESCE(pg_catalog.current_setting('fencing.resource', true), '') AS r, \
-COALESCE(pg_catalog.current_setting('fencing.token', true), '') AS t, \
-pg_catalog.current_setting('transaction_isolation') OPERATOR(pg_catalog.=) 'read committed' AS rc) q"
+(SELECT COALESCE(pg_catalog.current_setting('fencing.resource', d.f), '') AS r, \
+COALESCE(pg_catalog.current_setting('fencing.token', d.f), '') AS t, \
+pg_catalog.current_setting('transaction_isolation') OPERATOR(pg_catalog.=) 'read committed' AS rc \
+FROM (SELECT ",
+            $fire,
+            " AS f OFFSET 0) d) q"
+        )
+    };
+}
+
+/// At a transaction's end (`$3`, or the lock statement's `$1`): its deferred triggers fire
+/// now (`fencing.fire_deferred`: `SET CONSTRAINTS ALL IMMEDIATE`), not at `COMMIT` after the
+/// check, so that the check judges what they write and declare (a deferred constraint trigger
+/// that declares a stale token and writes), and so that a deferred constraint's error comes
+/// before the commit point's answer, as it would at `COMMIT`. Only there: in the middle of a
+/// transaction it would make the client's deferred constraints immediate.
+macro_rules! fire {
+    ($ends:literal) => {
+        concat!(
+            "CASE WHEN ",
+            $ends,
+            "::pg_catalog.bool THEN fencing.fire_deferred() ELSE true END"
+        )
     };
 }
 
@@ -33,13 +58,13 @@ pg_catalog.current_setting('transaction_isolation') OPERATOR(pg_catalog.=) 'read
 /// half of one) is handed to the general check (`fencing.check_token($1)`, `$1` the fence wait
 /// in milliseconds), which decides, raises or refuses (FN001, FN002), unless `u` (above).
 /// Returns the resource and the token accepted; a NULL token when the session has none; a
-/// NULL resource when it did not judge.
+/// NULL resource when it did not judge. `$3`: the transaction ends here (see [`fire!`]).
 pub const CHECK_ANY: &[u8] = concat!(
     "SELECT CASE WHEN s.u THEN NULL ELSE s.r END, \
 CASE WHEN s.h THEN fencing.held_cursor() \
 WHEN s.r OPERATOR(pg_catalog.=) '' AND s.t OPERATOR(pg_catalog.=) '' THEN NULL::pg_catalog.int8 \
 WHEN s.u THEN NULL::pg_catalog.int8 ELSE fencing.check_token($1) END FROM ",
-    settings!(),
+    settings!(fire!("$3")),
     ") s"
 )
 .as_bytes();
@@ -47,22 +72,33 @@ WHEN s.u THEN NULL::pg_catalog.int8 ELSE fencing.check_token($1) END FROM ",
 /// The check in a database where the fence check is not installed (the relay found out when it
 /// prepared its statements): a session without a token passes; any fencing setting makes it
 /// fail, with a cast error the relay reports as FN004 (fail closed: nothing here can check a
-/// token). It takes the same parameters as the others (unused), so that it binds alike.
+/// token), and so does a commit point with a held cursor open (`h`). It takes the same
+/// parameters as [`CHECK_ANY`], so that it binds alike; nothing here can fire deferred
+/// triggers early (a limit, docs/fence-proxy.md).
 pub const CHECK_BARE: &[u8] = concat!(
-    "SELECT s.r, CASE WHEN s.r OPERATOR(pg_catalog.=) '' AND s.t OPERATOR(pg_catalog.=) '' \
+    "SELECT s.r, CASE WHEN s.h THEN CAST('fence-proxy: no fence check in this database, and a WITH HOLD \
+cursor is open at this commit point; fencing.resource = ' OPERATOR(pg_catalog.||) s.r AS pg_catalog.int8) \
+WHEN s.r OPERATOR(pg_catalog.=) '' AND s.t OPERATOR(pg_catalog.=) '' \
 THEN NULL::pg_catalog.int8 ELSE CAST('fence-proxy: no fence check in this database; fencing.resource = ' \
 OPERATOR(pg_catalog.||) s.r AS pg_catalog.int8) END FROM ",
-    settings!(),
+    settings!("true"),
     ") s"
 )
 .as_bytes();
 
 /// The fast path, first half: the resource's lock, shared. A statement of its own, so that the
 /// read that follows takes its snapshot after the lock was granted (a raise that committed
-/// while this waited is then seen). Everything is schema-qualified: the text is parsed under the
-/// client's `search_path`.
-pub const CHECK_LOCK: &[u8] = b"SELECT pg_catalog.pg_advisory_xact_lock_shared(\
-fencing.lock_key(pg_catalog.current_setting('fencing.resource', true)))";
+/// while this waited is then seen). At a transaction's end (`$1`) it fires the deferred
+/// triggers first ([`fire!`]): the settings it locks by, and the fast read after it, are then
+/// the final ones. Everything is schema-qualified: the text is parsed under the client's
+/// `search_path`.
+pub const CHECK_LOCK: &[u8] = concat!(
+    "SELECT pg_catalog.pg_advisory_xact_lock_shared(\
+fencing.lock_key(pg_catalog.current_setting('fencing.resource', ",
+    fire!("$1"),
+    ")))"
+)
+.as_bytes();
 
 /// The fast path, second half, for a transaction whose token the proxy believes is the mark
 /// (a check with the same settings passed and no higher mark has been seen since): one read of
@@ -78,7 +114,7 @@ WHEN s.u THEN NULL::pg_catalog.int8 \
 ELSE fencing.check_token($1) END FROM (SELECT v.r, v.t, v.u, v.h, v.rc AND COALESCE(\
 (SELECT m.token FROM fencing.tokens m WHERE m.resource OPERATOR(pg_catalog.=) v.r)\
 ::pg_catalog.text OPERATOR(pg_catalog.=) v.t, false) AS cur FROM ",
-    settings!(),
+    settings!("true"),
     ") v) s"
 )
 .as_bytes();
@@ -86,12 +122,21 @@ ELSE fencing.check_token($1) END FROM (SELECT v.r, v.t, v.u, v.h, v.rc AND COALE
 /// The check as the relay writes it into a Query's text (where prepared statements cannot go:
 /// after a statement of the same string, or before a `COPY FROM STDIN`). `current`: the proxy
 /// believes the token is the mark; `at_commit`: at the transaction's commit point ([`CHECK_ANY`]
-/// with `$2` true); `installed`: the check exists in this database.
-pub fn check_text(wait_ms: &str, current: bool, at_commit: bool, installed: bool) -> String {
+/// with `$2` true); `ends`: the transaction ends there (`$3`); `installed`: the check exists in
+/// this database.
+pub fn check_text(
+    wait_ms: &str,
+    current: bool,
+    at_commit: bool,
+    ends: bool,
+    installed: bool,
+) -> String {
+    let flag = |b: bool| if b { "true" } else { "false" };
     let text = |form: &[u8]| {
         String::from_utf8_lossy(form)
             .replace("$1", wait_ms)
-            .replace("$2", if at_commit { "true" } else { "false" })
+            .replace("$2", flag(at_commit))
+            .replace("$3", flag(ends))
     };
     match (installed, at_commit) {
         (false, _) => text(CHECK_BARE),

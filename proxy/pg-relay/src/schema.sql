@@ -59,11 +59,14 @@ AS $fn$
           AND lo.database = key.db
         GROUP BY lo.pid
     )
+    -- A holder is older if its token is: a share holder's is the mark it checked (below
+    -- p_token) unless it also advertised one for this resource (it raised it since, or reads
+    -- with a newer token), and then, as for a raiser, the bound of what it advertised is.
     SELECT count(*)::integer FROM (
-        SELECT pg_terminate_backend(h.pid) FROM holders h
+        SELECT pg_terminate_backend(h.pid) FROM (SELECT DISTINCT pid FROM holders) h
         WHERE NOT EXISTS (SELECT 1 FROM fencing.tokens k WHERE k.resource = p_resource AND k.token >= p_token)
-          AND (h.mode = 'ShareLock'
-               OR EXISTS (SELECT 1 FROM advertised a WHERE a.pid = h.pid AND a.token < p_token))
+          AND coalesce((SELECT a.token < p_token FROM advertised a WHERE a.pid = h.pid),
+                       EXISTS (SELECT 1 FROM holders s WHERE s.pid = h.pid AND s.mode = 'ShareLock'))
     ) ended;
 $fn$;
 
@@ -73,6 +76,23 @@ CREATE OR REPLACE FUNCTION fencing.signed32(v bigint)
 RETURNS integer
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 AS $fn$ SELECT ((v & 4294967295) - CASE WHEN (v & 4294967295) > 2147483647 THEN 4294967296 ELSE 0 END)::integer $fn$;
+
+-- Advertises token `t` for the resource whose lock key is `k` until the transaction ends:
+-- two-key advisory locks, the first key a half of `k`, the second a half of `t` (the high half
+-- only for tokens above 2^32), which evict_older reads.
+CREATE OR REPLACE FUNCTION fencing.advertise(k bigint, t bigint)
+RETURNS void
+LANGUAGE plpgsql VOLATILE
+AS $fn$
+BEGIN
+    PERFORM pg_catalog.pg_advisory_xact_lock_shared(fencing.signed32(k >> 32),
+        fencing.signed32(t & 4294967295));
+    IF t > 4294967295 THEN
+        PERFORM pg_catalog.pg_advisory_xact_lock_shared(fencing.signed32(k & 4294967295),
+            (t >> 32)::integer);
+    END IF;
+END;
+$fn$;
 
 -- The fence check. fence-proxy runs it first in every transaction of a session that has
 -- `fencing.resource` and `fencing.token` set, inside that transaction. It reads the two settings
@@ -135,6 +155,8 @@ BEGIN
     IF current_setting('transaction_read_only') = 'on' THEN
         -- A read-only transaction writes nothing, so it needs no raise and no locking read
         -- (which it may not do): a token not below the mark passes, holding the lock shared.
+        -- It advertises its token, so that a raise to an older one does not end it.
+        PERFORM fencing.advertise(k, t);
         PERFORM pg_advisory_xact_lock_shared(k);
         SELECT m.token INTO cur FROM fencing.tokens m WHERE m.resource = r;
         IF FOUND AND cur > t THEN
@@ -176,12 +198,7 @@ BEGIN
         -- a half of the resource's lock key, the second a half of the token (evict_older reads
         -- them): a transaction that raises several resources is judged, for each, by the token
         -- it presented for that one.
-        PERFORM pg_advisory_xact_lock_shared(fencing.signed32(k >> 32),
-            fencing.signed32(t & 4294967295));
-        IF t > 4294967295 THEN
-            PERFORM pg_advisory_xact_lock_shared(fencing.signed32(k & 4294967295),
-                (t >> 32)::integer);
-        END IF;
+        PERFORM fencing.advertise(k, t);
         old_timeout := current_setting('lock_timeout');
         BEGIN
             PERFORM set_config('lock_timeout', p_wait_ms || 'ms', true);
@@ -261,6 +278,21 @@ BEGIN
 END;
 $fn$;
 
+-- Fires the transaction's deferred triggers now instead of at COMMIT, so that the check that
+-- follows at the transaction's end judges what they wrote and declared (fence-proxy calls it
+-- there and nowhere else: in mid-transaction it would make the client's deferred constraints
+-- immediate). No SET clause, so that the triggers run with the session's settings, as at
+-- COMMIT; the body names nothing a search_path could redirect.
+CREATE OR REPLACE FUNCTION fencing.fire_deferred()
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE
+AS $fn$
+BEGIN
+    SET CONSTRAINTS ALL IMMEDIATE;
+    RETURN true;
+END;
+$fn$;
+
 -- The refusal of a commit point where the session has a WITH HOLD cursor (see schema.rs): the
 -- cursor's query runs when the transaction commits, after every check the proxy can run, so it
 -- could write with a stale token, or declare one and write, unseen.
@@ -272,8 +304,8 @@ AS $fn$
 BEGIN
     RAISE EXCEPTION USING ERRCODE = 'FN006',
         MESSAGE = 'fence-proxy: a transaction that declares a WITH HOLD cursor cannot be fenced',
-        DETAIL = 'PostgreSQL runs a held cursor''s query when its transaction commits, after the fence''s last check; the transaction was rolled back',
-        HINT = 'declare the cursor without WITH HOLD and read it inside its transaction, or read through a connection that does not pass fence-proxy';
+        DETAIL = 'PostgreSQL runs a held cursor''s query when its transaction commits, after the fence''s last check; this transaction was rolled back. A held cursor that an earlier transaction left open (one committed where the fence cannot check: inside a procedure, or by a FunctionCall) refuses every commit until it is closed',
+        HINT = 'declare the cursor without WITH HOLD and read it inside its transaction, or CLOSE it before COMMIT, or read through a connection that does not pass fence-proxy';
 END;
 $fn$;
 
@@ -455,11 +487,13 @@ REVOKE ALL ON TABLE fencing.tokens FROM PUBLIC;
 GRANT SELECT ON TABLE fencing.tokens TO PUBLIC;
 GRANT USAGE ON SCHEMA fencing TO PUBLIC;
 REVOKE ALL ON FUNCTION fencing.evict_older(text, bigint) FROM PUBLIC;
+REVOKE ALL ON FUNCTION fencing.advertise(bigint, bigint) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION fencing.lock_key(text) TO PUBLIC;
 GRANT EXECUTE ON FUNCTION fencing.check(integer) TO PUBLIC;
 GRANT EXECUTE ON FUNCTION fencing.check(integer, boolean) TO PUBLIC;
 GRANT EXECUTE ON FUNCTION fencing.check_token(integer) TO PUBLIC;
 GRANT EXECUTE ON FUNCTION fencing.held_cursor() TO PUBLIC;
+GRANT EXECUTE ON FUNCTION fencing.fire_deferred() TO PUBLIC;
 REVOKE ALL ON FUNCTION fencing.guard() FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION fencing.protect(regclass, text, integer) TO PUBLIC;
 GRANT EXECUTE ON FUNCTION fencing.unprotect(regclass) TO PUBLIC;

@@ -5,6 +5,8 @@
 //!   with pipelining, COPY both ways, cancel, NOTIFY, md5 and SCRAM passwords;
 //! - `fencing`: stale tokens, the zombie in a transaction and in autocommit, many sessions with
 //!   interleaved tokens, settings through start-up options, RESET;
+//! - `commit_point`: held cursors, deferred triggers, the completion of an implicit
+//!   transaction, and which transactions a raise may end;
 //! - `replicas`: two proxies in front of one database, and a restart;
 //! - `input`: malformed and oversized messages, an upstream down, the connection limit;
 //! - `combined`: one process with a PostgreSQL and an HTTP listener.
@@ -14,6 +16,7 @@
 mod bypass;
 mod clients;
 mod combined;
+mod commit_point;
 mod drivers;
 mod fencing;
 mod input;
