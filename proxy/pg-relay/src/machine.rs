@@ -288,6 +288,9 @@ struct Check {
     bare: bool,
     /// At a commit point: it may answer without judging (a NULL resource).
     at_commit: bool,
+    /// The transaction ends right after it ([`Form::Commit`]): before a `COMMIT` (or `END`,
+    /// `PREPARE TRANSACTION`), or at the end of an implicit transaction.
+    ends: bool,
 }
 
 /// What PostgreSQL will answer next, in order.
@@ -314,12 +317,18 @@ enum Expect {
     QueryExecute,
     /// The Execute of a check of ours: its row is read, everything hidden.
     Check(Check),
-    /// The Execute of the fast path's lock statement: hidden.
-    Lock,
+    /// The Execute of the fast path's lock statement: hidden. `ends`: at the transaction's end
+    /// (it fires the deferred triggers).
+    Lock {
+        ends: bool,
+    },
     /// `ours`: a Sync of the relay's (its ReadyForQuery hidden).
     Sync {
         ours: bool,
     },
+    /// The relay's `ROLLBACK` of a transaction whose end the check refused: its completion
+    /// hidden, its ReadyForQuery the client's.
+    Rollback,
     /// A client's Sync sent after a `COPY FROM STDIN` began and before its data ended:
     /// PostgreSQL ignores it if the COPY starts (there is then no ReadyForQuery for it), and
     /// answers it if the COPY failed at once.
@@ -338,6 +347,8 @@ struct Unit {
     check: Option<Check>,
     /// Statements in this run (`u32::MAX`: all the rest).
     count: u32,
+    /// The check at the end of the text, after every statement of the client's.
+    end: bool,
 }
 
 impl Expect {
@@ -346,6 +357,7 @@ impl Expect {
             units: VecDeque::from([Unit {
                 check: None,
                 count: u32::MAX,
+                end: false,
             }]),
             after_check,
         }
@@ -422,6 +434,10 @@ pub(crate) struct Machine {
     deferred: bool,
     /// The fenced error for a client that was idle when PostgreSQL ended its session.
     held: Option<Vec<u8>>,
+    /// A check at a transaction's end failed: if PostgreSQL then reports the transaction
+    /// aborted (the client's `COMMIT` was skipped), the relay ends it, as a failed `COMMIT`
+    /// would have.
+    refused_end: bool,
     /// The completion of a simple Query's last statement, kept until its ReadyForQuery (then
     /// sent just before it), and dropped if an error comes first: PostgreSQL sends it only once
     /// the implicit transaction has committed, and a refused or failed commit (the check, a
@@ -456,6 +472,7 @@ impl Machine {
             copy_in: false,
             deferred: false,
             held: None,
+            refused_end: false,
             held_complete: None,
         }
     }
@@ -735,6 +752,7 @@ impl Machine {
             generation: self.generation,
             bare: self.installed == Installed::No,
             at_commit: form != Form::Before,
+            ends: form == Form::Commit,
         };
         let wait = self.wait_param.clone();
         let expect = Expect::Check(check);
@@ -746,7 +764,8 @@ impl Machine {
         } else if self.known_current(marks)
             || (form != Form::Before && self.plan.before_checked && !self.plan.pending)
         {
-            self.execute_ours(out, portal, LOCK, &[ends], Expect::Lock);
+            let lock = Expect::Lock { ends: check.ends };
+            self.execute_ours(out, portal, LOCK, &[ends], lock);
             self.execute_ours(out, portal, FAST, &params[..2], expect);
         } else {
             self.execute_ours(out, portal, ANY, &params, expect);
@@ -1039,6 +1058,7 @@ impl Machine {
             generation: generation_before,
             bare: !installed,
             at_commit: false,
+            ends: false,
         };
         let mut new_text = Vec::with_capacity(text.len() + (q.before.len() + 1) * 64);
         let mut units = VecDeque::new();
@@ -1052,9 +1072,11 @@ impl Machine {
             new_text.extend_from_slice(sql(form).as_bytes());
             new_text.extend_from_slice(b"; ");
             check.at_commit = form != Form::Before;
+            check.ends = form == Form::Commit;
             units.push_back(Unit {
                 check: Some(check),
                 count: 1,
+                end: false,
             });
         }
         new_text.extend_from_slice(&text[copied..]);
@@ -1063,14 +1085,17 @@ impl Machine {
             new_text.extend_from_slice(b"\n;");
             new_text.extend_from_slice(sql(form).as_bytes());
             check.at_commit = form != Form::Before;
+            check.ends = form == Form::Commit;
             units.push_back(Unit {
                 check: Some(check),
                 count: 1,
+                end: true,
             });
         }
         units.push_back(Unit {
             check: None,
             count: u32::MAX,
+            end: false,
         });
         self.expect.push_back(Expect::Query {
             units,
@@ -1133,6 +1158,7 @@ fn push_client_units(units: &mut VecDeque<Unit>, n: usize) {
         units.push_back(Unit {
             check: None,
             count: n as u32,
+            end: false,
         });
     }
 }
@@ -1144,7 +1170,7 @@ impl Machine {
     /// Whether the next DataRow answers a check of ours (it is then read whole, never streamed).
     pub(crate) fn next_is_hidden(&self) -> bool {
         match self.expect.front() {
-            Some(Expect::Check(_) | Expect::Lock) => true,
+            Some(Expect::Check(_) | Expect::Lock { .. }) => true,
             Some(Expect::Query { units, .. }) => units.front().is_some_and(|u| u.check.is_some()),
             _ => false,
         }
@@ -1266,7 +1292,7 @@ impl Machine {
         if !self.next_is_hidden() {
             return Verdict::Forward;
         }
-        if !matches!(self.expect.front(), Some(Expect::Lock)) {
+        if !matches!(self.expect.front(), Some(Expect::Lock { .. })) {
             self.check_row = read_check_row(message);
         }
         Verdict::Hide
@@ -1274,10 +1300,12 @@ impl Machine {
 
     fn on_complete(&mut self, message: &[u8], marks: &dyn Marks) -> Verdict {
         let check = match self.expect.front_mut() {
-            Some(Expect::Lock) => {
+            Some(Expect::Lock { .. }) => {
                 self.expect.pop_front();
                 return Verdict::Hide;
             }
+            // Its ReadyForQuery ends it.
+            Some(Expect::Rollback) => return Verdict::Hide,
             Some(Expect::Check(c)) => {
                 let c = *c;
                 self.expect.pop_front();
@@ -1314,11 +1342,13 @@ impl Machine {
                                                 at_commit: true,
                                                 ..
                                             }),
+                                            end: true,
                                             ..
                                         },
                                         Unit {
                                             check: None,
                                             count: u32::MAX,
+                                            ..
                                         },
                                     ]
                                 );
@@ -1387,10 +1417,21 @@ impl Machine {
                     hide = ours;
                     break;
                 }
-                Expect::SyncInCopy => break,
-                Expect::Query { .. } => break,
+                Expect::SyncInCopy | Expect::Query { .. } | Expect::Rollback => break,
                 _ => {}
             }
+        }
+        if std::mem::take(&mut self.refused_end) && status == b'E' && !hide && self.idle() {
+            // The check refused the transaction's end: PostgreSQL skipped the client's COMMIT
+            // and the transaction sits aborted, where a COMMIT that fails in PostgreSQL ends
+            // it. End it too, so that the client finds the session as PostgreSQL would leave
+            // it; its ReadyForQuery is the client's. (Not when the client sent more already:
+            // that would run before this.)
+            msg::query(&mut self.to_server, b"ROLLBACK");
+            self.expect.push_back(Expect::Rollback);
+            self.status = status;
+            self.checked_txn = None;
+            return Verdict::Hide;
         }
         self.status = status;
         if status != b'T' {
@@ -1430,6 +1471,16 @@ impl Machine {
     }
 
     fn on_error(&mut self, fields: &msg::ErrorFields<'_>, marks: &dyn Marks) -> Verdict {
+        // A check (or the fast path's lock, which fires the deferred triggers) at the
+        // transaction's end failed.
+        let ends = match self.expect.front() {
+            Some(Expect::Check(c)) => c.ends,
+            Some(Expect::Lock { ends }) => *ends,
+            Some(Expect::Query { units, .. }) => {
+                units.front().and_then(|u| u.check).is_some_and(|c| c.ends)
+            }
+            _ => false,
+        };
         let (from_check, check) = self.failed_check();
         if self.phase == Phase::Probing {
             // A statement of the probe failed: the check is not usable in this database. The
@@ -1458,6 +1509,7 @@ impl Machine {
         }
         self.check_row = None;
         if from_check {
+            self.refused_end |= ends;
             return self.on_check_error(fields, check, marks);
         }
         // PostgreSQL ended the session while it sat idle in a transaction that passed a check
@@ -1483,9 +1535,9 @@ impl Machine {
                 self.prepared = false;
                 (true, None)
             }
-            Some(Expect::Bind { ours: true } | Expect::Close { ours: true } | Expect::Lock) => {
-                (true, None)
-            }
+            Some(
+                Expect::Bind { ours: true } | Expect::Close { ours: true } | Expect::Lock { .. },
+            ) => (true, None),
             Some(Expect::Check(c)) => (true, Some(*c)),
             Some(Expect::Query { units, .. }) => {
                 let c = units.front().and_then(|u| u.check);
@@ -1510,7 +1562,7 @@ impl Machine {
                     | Expect::Execute
                     | Expect::QueryExecute
                     | Expect::Check(_)
-                    | Expect::Lock
+                    | Expect::Lock { .. }
                     | Expect::Describe
                     | Expect::Close { .. }
             )

@@ -266,6 +266,9 @@ fn run(script: &str, installed: bool) -> String {
                     Verdict::Hold(b) => format!("hold: {}", describe_server(&b)),
                 };
                 t.push_str(&format!("{line:<24} {shown}\n"));
+                for s in describe_client(&m.take_to_server()) {
+                    t.push_str(&format!("    → {s} (the relay's own)\n"));
+                }
             }
             "mark" => {
                 let (r, tok) = what.split_once(' ').unwrap();
@@ -1408,6 +1411,127 @@ fn a_refused_commit_point_answers_with_the_error_alone() {
             S D r 5                  hide
             S C SELECT 1             hide
             S Z I                    replace: C UPDATE 1, Z I
+        "#]],
+    );
+}
+
+/// A `COMMIT` whose check fails is skipped by PostgreSQL, and the transaction sits aborted
+/// (ReadyForQuery `E`), where a `COMMIT` that fails in PostgreSQL ends it (`I`): the relay ends
+/// it with a `ROLLBACK` of its own, hidden but for its ReadyForQuery. Not when the client
+/// already sent more (that would run first), nor for an implicit transaction (already over).
+#[test]
+fn a_refused_commit_ends_its_transaction_as_a_failed_commit_does() {
+    check(
+        "
+        C Q BEGIN
+        S C BEGIN
+        S Z T
+        C Q UPDATE t SET v = 1
+        S 2
+        S D '' NULL
+        S C SELECT 1
+        S 1
+        S 2
+        S n
+        S C UPDATE 1
+        S Z T
+        C Q COMMIT
+        S 2
+        S C SELECT 1
+        S 2
+        S E FN001
+        S Z E
+        S C ROLLBACK
+        S Z I
+        C Q BEGIN
+        S C BEGIN
+        S Z T
+        C Q UPDATE t SET v = 1
+        S C UPDATE 1
+        S Z T
+        C P - COMMIT
+        C B - -
+        C E -
+        C S
+        C Q SELECT 1
+        S 1
+        S 2
+        S E FN001
+        S Z E
+        S E 25P02
+        S Z E
+        ",
+        expect![[r#"
+            C Q BEGIN
+                → Query "BEGIN"
+            S C BEGIN                forward
+            S Z T                    forward
+            C Q UPDATE t SET v = 1
+                → Bind "" any
+                → Execute ""
+                → Parse  "UPDATE t SET v = 1"
+                → Bind "" 
+                → Describe { target: Portal, name: [] }
+                → Execute ""
+                → Sync
+            S 2                      hide
+            S D '' NULL              hide
+            S C SELECT 1             hide
+            S 1                      hide
+            S 2                      hide
+            S n                      hide
+            S C UPDATE 1             forward
+            S Z T                    forward
+            C Q COMMIT
+                → Bind "" lock, ends
+                → Execute ""
+                → Bind "" fast at commit
+                → Execute ""
+                → Parse  "COMMIT"
+                → Bind "" 
+                → Describe { target: Portal, name: [] }
+                → Execute ""
+                → Sync
+            S 2                      hide
+            S C SELECT 1             hide
+            S 2                      hide
+            S E FN001                forward
+            S Z E                    hide
+                → Query "ROLLBACK" (the relay's own)
+            S C ROLLBACK             hide
+            S Z I                    forward
+            C Q BEGIN
+                → Query "BEGIN"
+            S C BEGIN                forward
+            S Z T                    forward
+            C Q UPDATE t SET v = 1
+                → Query "UPDATE t SET v = 1"
+            S C UPDATE 1             forward
+            S Z T                    forward
+            C P - COMMIT
+                → Parse  "COMMIT"
+            C B - -
+                → Bind "" any at commit, ends
+                → Execute ""
+                → Bind "" 
+            C E -
+                → Execute ""
+            C S
+                → Sync
+            C Q SELECT 1
+                → Parse  "SELECT 1"
+                → Bind "" 
+                → Describe { target: Portal, name: [] }
+                → Execute ""
+                → Bind "" any at commit, ends
+                → Execute ""
+                → Sync
+            S 1                      forward
+            S 2                      hide
+            S E FN001                forward
+            S Z E                    forward
+            S E 25P02                forward
+            S Z E                    forward
         "#]],
     );
 }

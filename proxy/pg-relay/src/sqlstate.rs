@@ -53,7 +53,7 @@ pub fn not_installed(out: &mut Vec<u8>, cause: &[u8]) {
         &ErrorResponse {
             severity: "ERROR",
             code: NOT_INSTALLED,
-            message: "fence-proxy: the session has a fencing token but the fence check is not installed in this database (schema fencing)",
+            message: "fence-proxy: the session has a fencing token but the fence check is not installed in this database (schema fencing), or is of another fence-proxy version",
             detail: Some(&String::from_utf8_lossy(cause)),
             hint: Some(
                 "install it with `fence-proxy pg print-schema | psql ...`, or give fence-proxy a schema_urls entry for this database, then reconnect",
@@ -69,7 +69,9 @@ pub fn not_installed(out: &mut Vec<u8>, cause: &[u8]) {
 /// driver tried raises it with its SQLSTATE.)
 pub fn fenced_out(out: &mut Vec<u8>, resource: &str, token: i64, newer: Option<i64>) {
     let why = match newer {
-        Some(h) => format!("a newer token ({h}) for the resource waited for it"),
+        Some(h) => format!(
+            "a newer token for the resource waited for it (the highest this proxy has seen is {h})"
+        ),
         None => "most likely a newer token for the resource waited for it (or the server is shutting down)".to_string(),
     };
     msg::error_response(

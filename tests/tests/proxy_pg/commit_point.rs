@@ -393,3 +393,90 @@ fn a_held_cursor_is_refused_where_the_check_is_not_installed() {
         c.batch_execute("INSERT INTO t VALUES (1)").await.unwrap();
     });
 }
+
+/// The tags and the final transaction status of a raw query's answer, e.g. "CEZ/I".
+fn answer(messages: &[(u8, Vec<u8>)]) -> String {
+    let status = messages
+        .last()
+        .filter(|(t, _)| *t == b'Z')
+        .map_or('?', |(_, m)| m[5] as char);
+    format!("{}/{status}", tags(messages))
+}
+
+/// Whatever ends a transaction's COMMIT (the check refusing it, or PostgreSQL failing it on a
+/// deferred constraint), the client is answered as PostgreSQL answers a failed COMMIT: the
+/// error, and the transaction over (ReadyForQuery `I`), in the same order as PostgreSQL
+/// sends it, also in one query string; the session goes on without a ROLLBACK.
+#[test]
+fn a_failed_commit_is_answered_as_postgresql_answers_it() {
+    let s = setup(1000);
+    s.pg.psql(
+        "CREATE TABLE parent (id int PRIMARY KEY); \
+         CREATE TABLE child (id int REFERENCES parent DEFERRABLE INITIALLY DEFERRED); \
+         CREATE TABLE acct (id int PRIMARY KEY, owner text); INSERT INTO acct VALUES (1, 'init'); \
+         INSERT INTO fencing.tokens (resource, token) VALUES ('acct:1', 41)",
+    );
+    let direct = format!("127.0.0.1:{}", s.pg.port);
+    // PostgreSQL's own answers, then the proxy's, to the same sequences.
+    let sequences: &[&[&str]] = &[
+        &[
+            "BEGIN",
+            "INSERT INTO child VALUES (1)",
+            "COMMIT",
+            "SELECT 1",
+        ],
+        &["BEGIN", "INSERT INTO child VALUES (1)", "END", "SELECT 1"],
+        &[
+            "BEGIN; INSERT INTO child VALUES (1) RETURNING id; COMMIT",
+            "SELECT 1",
+        ],
+        &[
+            "BEGIN; INSERT INTO parent VALUES (1) RETURNING id; COMMIT",
+            "SELECT 1",
+        ],
+        &[
+            "BEGIN; INSERT INTO child VALUES (1); COMMIT; SELECT 2",
+            "SELECT 1",
+        ],
+    ];
+    for sequence in sequences {
+        let run = |addr: &str| {
+            let mut session = raw_session(addr, &[]);
+            let got: Vec<String> = sequence
+                .iter()
+                .map(|sql| answer(&raw_query(&mut session, sql)))
+                .collect();
+            s.pg.psql("DELETE FROM parent");
+            got
+        };
+        assert_eq!(run(s.addr()), run(&direct), "{sequence:?}");
+    }
+    // A COMMIT the check refuses: the same shape as a failed one.
+    let mut a = raw_session(
+        s.addr(),
+        &[(b"fencing.resource", b"acct:1"), (b"fencing.token", b"41")],
+    );
+    assert_eq!(answer(&raw_query(&mut a, "BEGIN")), "CZ/T");
+    assert_eq!(
+        answer(&raw_query(
+            &mut a,
+            "UPDATE acct SET owner = 'A' WHERE id = 1"
+        )),
+        "CZ/T"
+    );
+    s.pg.psql("UPDATE fencing.tokens SET token = 42 WHERE resource = 'acct:1'");
+    let refused = raw_query(&mut a, "COMMIT");
+    assert_eq!(answer(&refused), "EZ/I");
+    assert_eq!(error_of(&refused).1, "FN001");
+    // A stale token known before a statement fails that statement, as any failing statement
+    // does (the rest of the string skipped, the transaction aborted until ROLLBACK).
+    assert_eq!(
+        answer(&raw_query(
+            &mut a,
+            "BEGIN; UPDATE acct SET owner = 'A' WHERE id = 1; COMMIT"
+        )),
+        "CEZ/E"
+    );
+    assert_eq!(answer(&raw_query(&mut a, "ROLLBACK")), "CZ/I");
+    assert_eq!(s.pg.psql("SELECT owner FROM acct"), "init");
+}
