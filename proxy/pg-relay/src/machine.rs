@@ -73,6 +73,8 @@ const PORTAL: &[u8] = b"__fence_proxy";
 /// SQLSTATEs with which PostgreSQL says the check (or a piece of it) does not exist here or
 /// may not be used: undefined function, schema, table or prepared statement, no privilege.
 const NOT_INSTALLED: [&[u8]; 4] = [b"42883", b"3F000", b"42P01", b"42501"];
+/// "Current transaction is aborted, commands ignored until end of transaction block".
+const IN_FAILED_TRANSACTION: &[u8] = b"25P02";
 /// "Prepared statement does not exist": one of ours was dropped where the relay could not
 /// see it (inside a function); it prepares them again for the next check.
 const STATEMENT_GONE: &[u8] = b"26000";
@@ -327,8 +329,11 @@ enum Expect {
         ours: bool,
     },
     /// The relay's `ROLLBACK` of a transaction whose end the check refused: its completion
-    /// hidden, its ReadyForQuery the client's.
-    Rollback,
+    /// hidden (`answers`: forwarded, as the answer to the client's `COMMIT`), its
+    /// ReadyForQuery the client's.
+    Rollback {
+        answers: bool,
+    },
     /// A client's Sync sent after a `COPY FROM STDIN` began and before its data ended:
     /// PostgreSQL ignores it if the COPY starts (there is then no ReadyForQuery for it), and
     /// answers it if the COPY failed at once.
@@ -437,12 +442,25 @@ pub(crate) struct Machine {
     /// A check at a transaction's end failed: if PostgreSQL then reports the transaction
     /// aborted (the client's `COMMIT` was skipped), the relay ends it, as a failed `COMMIT`
     /// would have.
-    refused_end: bool,
+    refused_end: Option<RefusedEnd>,
+    /// A check before an explicit transaction's end is in the batch being sent; once its
+    /// Sync is, `commit_in_flight`.
+    commit_unsynced: bool,
+    /// Such a check and its Sync were sent and not yet answered: the client's next messages
+    /// wait (deferred), so that a refused end can be ended by the relay before they run, as
+    /// PostgreSQL's failed COMMIT would have ended it.
+    commit_in_flight: bool,
+    /// The last ReadyForQuery said the transaction is aborted, and no statement has been sent
+    /// since: a `COMMIT` now is a `ROLLBACK` in PostgreSQL and needs no check.
+    aborted: bool,
     /// The completion of a simple Query's last statement, kept until its ReadyForQuery (then
     /// sent just before it), and dropped if an error comes first: PostgreSQL sends it only once
     /// the implicit transaction has committed, and a refused or failed commit (the check, a
     /// deferred constraint, a serialization failure) answers with the error alone.
     held_complete: Option<Vec<u8>>,
+    /// Notifications, notices and parameter reports that came after the held completion: they
+    /// go after it, as PostgreSQL sends them after the commit.
+    held_after: Vec<u8>,
 }
 
 impl Machine {
@@ -472,8 +490,12 @@ impl Machine {
             copy_in: false,
             deferred: false,
             held: None,
-            refused_end: false,
+            refused_end: None,
+            commit_unsynced: false,
+            commit_in_flight: false,
+            aborted: false,
             held_complete: None,
+            held_after: Vec::new(),
         }
     }
 
@@ -543,7 +565,15 @@ impl Machine {
         out: &mut Vec<u8>,
         marks: &dyn Marks,
     ) -> Result<Step, WireError> {
-        let step = self.client_message(message, out, marks)?;
+        let step = if self.commit_in_flight && self.phase == Phase::Ready {
+            Step::Defer
+        } else {
+            self.client_message(message, out, marks)?
+        };
+        if matches!(message.first(), Some(b'Q' | b'F')) {
+            // A Query (or FunctionCall) ends its own batch.
+            self.commit_in_flight |= std::mem::take(&mut self.commit_unsynced);
+        }
         self.deferred = step == Step::Defer;
         Ok(step)
     }
@@ -648,7 +678,7 @@ impl Machine {
                 .copied()
                 .unwrap_or(Class::UNKNOWN)
         };
-        if self.plan.needs_check(class.kind) && !check_after(class) && !self.defer(class, marks) {
+        if self.needs_check(class.kind) && !check_after(class) && !self.defer(class, marks) {
             // Before the client's Bind, so that our unnamed portal is gone before its own.
             self.push_form(out, b"", marks, form_before(class));
         }
@@ -673,7 +703,7 @@ impl Machine {
         } else {
             self.portals.get(portal).copied().unwrap_or(Class::UNKNOWN)
         };
-        let needs = self.plan.needs_check(class.kind);
+        let needs = self.needs_check(class.kind);
         if needs && !check_after(class) && !self.defer(class, marks) {
             // The client's portal is bound already: ours must not replace it.
             self.push_form(out, PORTAL, marks, form_before(class));
@@ -692,14 +722,24 @@ impl Machine {
         if self.plan.end_needs_check() {
             self.push_form(out, b"", marks, Form::Commit);
         }
+        self.commit_in_flight |= std::mem::take(&mut self.commit_unsynced);
         self.plan.unit_ended();
         self.expect.push_back(Expect::Sync { ours: false });
         out.extend_from_slice(message);
         self.batch_len = 0;
     }
 
+    /// Whether a statement of `kind` needs a check now: as the plan says, except a `COMMIT`
+    /// of a transaction PostgreSQL reported aborted with nothing sent since, which commits
+    /// nothing (PostgreSQL answers it `ROLLBACK`; a check would only fail with 25P02 and leave
+    /// the transaction open).
+    fn needs_check(&self, kind: Kind) -> bool {
+        !(self.aborted && matches!(kind, Kind::Commit { .. })) && self.plan.needs_check(kind)
+    }
+
     /// A statement of `class` is being sent: the plan and the settings generation follow it.
     fn ran(&mut self, class: Class) {
+        self.aborted = false;
         if self.plan.ran(class) {
             self.generation += 1;
         }
@@ -716,7 +756,7 @@ impl Machine {
     /// a simple Query.
     fn on_function_call(&mut self, message: &[u8], out: &mut Vec<u8>, marks: &dyn Marks) {
         let class = Class::UNKNOWN;
-        let check = self.plan.needs_check(class.kind);
+        let check = self.needs_check(class.kind);
         if check {
             self.push_check(out, b"", marks);
         }
@@ -769,6 +809,9 @@ impl Machine {
             self.execute_ours(out, portal, FAST, &params[..2], expect);
         } else {
             self.execute_ours(out, portal, ANY, &params, expect);
+        }
+        if form == Form::Commit && self.plan.open == Open::Explicit {
+            self.commit_unsynced = true;
         }
         match form {
             Form::Before => self.plan.checked_before(),
@@ -944,9 +987,12 @@ impl Machine {
         let n = q.statements.len();
         for i in 0..n {
             let class = q.statements[i].class;
-            let needs = self.plan.needs_check(class.kind);
+            let needs = self.needs_check(class.kind);
             if needs && !check_after(class) && !self.defer(class, marks) {
                 let form = form_before(class);
+                if form == Form::Commit && self.plan.open == Open::Explicit {
+                    self.commit_unsynced = true;
+                }
                 note_check(&mut q, i, form);
                 match form {
                     Form::Before => self.plan.checked_before(),
@@ -1178,6 +1224,18 @@ impl Machine {
 
     /// One whole server message.
     pub(crate) fn server(&mut self, message: &[u8], marks: &dyn Marks) -> Verdict {
+        let verdict = self.server_message(message, marks);
+        if self.held_complete.is_some()
+            && matches!(message.first(), Some(b'A' | b'N' | b'S'))
+            && verdict == Verdict::Forward
+        {
+            self.held_after.extend_from_slice(message);
+            return Verdict::Hide;
+        }
+        verdict
+    }
+
+    fn server_message(&mut self, message: &[u8], marks: &dyn Marks) -> Verdict {
         let Ok(m) = Backend::decode(message) else {
             return Verdict::Forward;
         };
@@ -1208,15 +1266,21 @@ impl Machine {
             | Backend::EmptyQueryResponse
             | Backend::PortalSuspended => self.on_complete(message, marks),
             Backend::Error(fields) => {
-                // The commit the held completion waited for failed: the error says so alone.
-                self.held_complete = None;
-                self.on_error(&fields, marks)
+                // The commit the held completion waited for failed: the error says so alone
+                // (after what came meanwhile).
+                let after = match self.held_complete.take() {
+                    Some(_) => std::mem::take(&mut self.held_after),
+                    None => Vec::new(),
+                };
+                let verdict = self.on_error(&fields, marks);
+                prepend(after, verdict, message)
             }
             Backend::ReadyForQuery { status } => {
                 let verdict = self.on_ready(status);
                 match self.held_complete.take() {
                     // No error came: the implicit transaction committed.
                     Some(mut held) => {
+                        held.append(&mut self.held_after);
                         match verdict {
                             Verdict::Forward => held.extend_from_slice(message),
                             Verdict::Replace(out) => held.extend_from_slice(&out),
@@ -1305,7 +1369,13 @@ impl Machine {
                 return Verdict::Hide;
             }
             // Its ReadyForQuery ends it.
-            Some(Expect::Rollback) => return Verdict::Hide,
+            Some(Expect::Rollback { answers }) => {
+                return if *answers {
+                    Verdict::Forward
+                } else {
+                    Verdict::Hide
+                };
+            }
             Some(Expect::Check(c)) => {
                 let c = *c;
                 self.expect.pop_front();
@@ -1417,18 +1487,25 @@ impl Machine {
                     hide = ours;
                     break;
                 }
-                Expect::SyncInCopy | Expect::Query { .. } | Expect::Rollback => break,
+                Expect::SyncInCopy | Expect::Query { .. } | Expect::Rollback { .. } => break,
                 _ => {}
             }
         }
-        if std::mem::take(&mut self.refused_end) && status == b'E' && !hide && self.idle() {
+        if !hide {
+            self.commit_in_flight = false;
+        }
+        self.aborted = status == b'E';
+        let refused = self.refused_end.take();
+        if let Some(refused) = refused.filter(|_| status == b'E' && !hide && self.idle()) {
             // The check refused the transaction's end: PostgreSQL skipped the client's COMMIT
             // and the transaction sits aborted, where a COMMIT that fails in PostgreSQL ends
             // it. End it too, so that the client finds the session as PostgreSQL would leave
             // it; its ReadyForQuery is the client's. (Not when the client sent more already:
             // that would run before this.)
             msg::query(&mut self.to_server, b"ROLLBACK");
-            self.expect.push_back(Expect::Rollback);
+            self.expect.push_back(Expect::Rollback {
+                answers: refused == RefusedEnd::Aborted,
+            });
             self.status = status;
             self.checked_txn = None;
             return Verdict::Hide;
@@ -1471,15 +1548,20 @@ impl Machine {
     }
 
     fn on_error(&mut self, fields: &msg::ErrorFields<'_>, marks: &dyn Marks) -> Verdict {
-        // A check (or the fast path's lock, which fires the deferred triggers) at the
-        // transaction's end failed.
+        // A message of the check at the transaction's end (the check, or the fast path's
+        // lock, which fires the deferred triggers, or a Bind of either) failed.
         let ends = match self.expect.front() {
-            Some(Expect::Check(c)) => c.ends,
-            Some(Expect::Lock { ends }) => *ends,
             Some(Expect::Query { units, .. }) => {
                 units.front().and_then(|u| u.check).is_some_and(|c| c.ends)
             }
-            _ => false,
+            _ => self
+                .expect
+                .iter()
+                .take_while(|e| !matches!(e, Expect::Sync { .. } | Expect::Query { .. }))
+                .any(|e| {
+                    matches!(e, Expect::Check(c) if c.ends)
+                        || matches!(e, Expect::Lock { ends: true })
+                }),
         };
         let (from_check, check) = self.failed_check();
         if self.phase == Phase::Probing {
@@ -1508,8 +1590,16 @@ impl Machine {
             }
         }
         self.check_row = None;
+        if from_check && ends && fields.code == IN_FAILED_TRANSACTION {
+            // The transaction was aborted before its COMMIT (an error the client saw): nothing
+            // to check, and PostgreSQL answers such a COMMIT with `ROLLBACK`. So will the relay.
+            self.refused_end = Some(RefusedEnd::Aborted);
+            return Verdict::Hide;
+        }
         if from_check {
-            self.refused_end |= ends;
+            if ends {
+                self.refused_end = Some(RefusedEnd::Refused);
+            }
             return self.on_check_error(fields, check, marks);
         }
         // PostgreSQL ended the session while it sat idle in a transaction that passed a check
@@ -1602,6 +1692,34 @@ impl Machine {
         }
         Verdict::Forward
     }
+}
+
+/// `before`, then what `verdict` sends for `message`.
+fn prepend(mut before: Vec<u8>, verdict: Verdict, message: &[u8]) -> Verdict {
+    if before.is_empty() {
+        return verdict;
+    }
+    match verdict {
+        Verdict::Forward => before.extend_from_slice(message),
+        Verdict::Replace(out) => before.extend_from_slice(&out),
+        Verdict::Hide => {}
+        // The connection closes after it: what came before goes first.
+        Verdict::Hold(out) => {
+            before.extend_from_slice(&out);
+            return Verdict::Hold(before);
+        }
+    }
+    Verdict::Replace(before)
+}
+
+/// Why the relay ends a transaction whose `COMMIT` PostgreSQL skipped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum RefusedEnd {
+    /// The check refused it (its error was the answer).
+    Refused,
+    /// It was aborted already (the check could not run: 25P02, hidden); the `ROLLBACK`'s
+    /// completion is the answer, as PostgreSQL's to a `COMMIT` of an aborted transaction.
+    Aborted,
 }
 
 /// What the row of a check says.

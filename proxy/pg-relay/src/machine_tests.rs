@@ -496,7 +496,8 @@ fn a_token_found_current_takes_the_fast_form_next() {
 fn an_explicit_transaction_is_checked_at_its_first_write_and_again_at_commit() {
     // BEGIN needs no check; the first UPDATE does; the second runs in the checked transaction
     // but after a statement that may have changed the settings (a function, a trigger), so the
-    // COMMIT gets a check of its own. ROLLBACK never does.
+    // COMMIT gets a check of its own. ROLLBACK never does. What the client sends after a
+    // COMMIT with a check waits for its answer (a refused one is ended first).
     check(
         "
         C Q BEGIN
@@ -528,11 +529,12 @@ fn an_explicit_transaction_is_checked_at_its_first_write_and_again_at_commit() {
         S Z I
         C Q RESET ALL
         C Q BEGIN
-        C Q SELECT f()
-        C Q COMMIT
-        C Q BEGIN
         C Q UPDATE t SET v = 3
         C Q ROLLBACK
+        C Q BEGIN
+        C Q SELECT f()
+        C Q COMMIT
+        C Q SELECT 1
         ",
         expect![[r#"
             C Q BEGIN
@@ -584,6 +586,18 @@ fn an_explicit_transaction_is_checked_at_its_first_write_and_again_at_commit() {
                 → Query "RESET ALL"
             C Q BEGIN
                 → Query "BEGIN"
+            C Q UPDATE t SET v = 3
+                → Bind "" any
+                → Execute ""
+                → Parse  "UPDATE t SET v = 3"
+                → Bind "" 
+                → Describe { target: Portal, name: [] }
+                → Execute ""
+                → Sync
+            C Q ROLLBACK
+                → Query "ROLLBACK"
+            C Q BEGIN
+                → Query "BEGIN"
             C Q SELECT f()
                 → Bind "" any
                 → Execute ""
@@ -602,18 +616,8 @@ fn an_explicit_transaction_is_checked_at_its_first_write_and_again_at_commit() {
                 → Describe { target: Portal, name: [] }
                 → Execute ""
                 → Sync
-            C Q BEGIN
-                → Query "BEGIN"
-            C Q UPDATE t SET v = 3
-                → Bind "" any
-                → Execute ""
-                → Parse  "UPDATE t SET v = 3"
-                → Bind "" 
-                → Describe { target: Portal, name: [] }
-                → Execute ""
-                → Sync
-            C Q ROLLBACK
-                → Query "ROLLBACK"
+            C Q SELECT 1
+                deferred
         "#]],
     );
 }
@@ -1417,8 +1421,9 @@ fn a_refused_commit_point_answers_with_the_error_alone() {
 
 /// A `COMMIT` whose check fails is skipped by PostgreSQL, and the transaction sits aborted
 /// (ReadyForQuery `E`), where a `COMMIT` that fails in PostgreSQL ends it (`I`): the relay ends
-/// it with a `ROLLBACK` of its own, hidden but for its ReadyForQuery. Not when the client
-/// already sent more (that would run first), nor for an implicit transaction (already over).
+/// it with a `ROLLBACK` of its own, hidden but for its ReadyForQuery; what the client sends
+/// meanwhile waits for that. An implicit transaction is over already. A `COMMIT` of a
+/// transaction that an error aborted gets no check (PostgreSQL answers it `ROLLBACK`).
 #[test]
 fn a_refused_commit_ends_its_transaction_as_a_failed_commit_does() {
     check(
@@ -1458,8 +1463,17 @@ fn a_refused_commit_ends_its_transaction_as_a_failed_commit_does() {
         S 2
         S E FN001
         S Z E
-        S E 25P02
+        S C ROLLBACK
+        S Z I
+        C Q BEGIN
+        S C BEGIN
+        S Z T
+        C Q UPDATE t SET v = 1
+        S E 22012
         S Z E
+        C Q COMMIT
+        S C ROLLBACK
+        S Z I
         ",
         expect![[r#"
             C Q BEGIN
@@ -1519,19 +1533,26 @@ fn a_refused_commit_ends_its_transaction_as_a_failed_commit_does() {
             C S
                 → Sync
             C Q SELECT 1
-                → Parse  "SELECT 1"
-                → Bind "" 
-                → Describe { target: Portal, name: [] }
-                → Execute ""
-                → Bind "" any at commit, ends
-                → Execute ""
-                → Sync
+                deferred
             S 1                      forward
             S 2                      hide
             S E FN001                forward
+            S Z E                    hide
+                → Query "ROLLBACK" (the relay's own)
+            S C ROLLBACK             hide
+            S Z I                    forward
+            C Q BEGIN
+                → Query "BEGIN"
+            S C BEGIN                forward
+            S Z T                    forward
+            C Q UPDATE t SET v = 1
+                → Query "UPDATE t SET v = 1"
+            S E 22012                forward
             S Z E                    forward
-            S E 25P02                forward
-            S Z E                    forward
+            C Q COMMIT
+                → Query "COMMIT"
+            S C ROLLBACK             forward
+            S Z I                    forward
         "#]],
     );
 }

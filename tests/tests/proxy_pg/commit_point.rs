@@ -4,8 +4,13 @@
 //! open transactions a raise may end (judged per resource by the tokens they advertised).
 //! Each test here was written from an outside breaker's repro and failed without its fix.
 
+use std::io::Write;
+
+use pg_wire::msg;
+
 use crate::{
-    code, connect, connect_with, error_of, holder, mark, raw_query, raw_session, runtime, setup,
+    code, connect, connect_with, error_of, holder, mark, raw_query, raw_session, read_until,
+    runtime, setup,
 };
 
 /// The tags of the messages a raw query got back, e.g. "CEZ".
@@ -438,18 +443,60 @@ fn a_failed_commit_is_answered_as_postgresql_answers_it() {
             "BEGIN; INSERT INTO child VALUES (1); COMMIT; SELECT 2",
             "SELECT 1",
         ],
+        // A COMMIT of a transaction an error aborted is a ROLLBACK.
+        &[
+            "BEGIN",
+            "INSERT INTO parent VALUES (5)",
+            "SELECT 1/0",
+            "COMMIT",
+            "SELECT 1",
+        ],
+        // Notifications come after the completion, as after a commit.
+        &[
+            "LISTEN ch",
+            "NOTIFY ch",
+            "INSERT INTO parent VALUES (6); NOTIFY ch",
+            "SELECT pg_notify('ch', 'x')",
+        ],
+    ];
+    // Without a token, and with one (the current one, for a resource of its own).
+    let keys: [&[(&[u8], &[u8])]; 2] = [
+        &[],
+        &[(b"fencing.resource", b"own"), (b"fencing.token", b"1")],
     ];
     for sequence in sequences {
-        let run = |addr: &str| {
+        for extra in keys {
+            let run = |addr: &str| {
+                let mut session = raw_session(addr, extra);
+                let got: Vec<String> = sequence
+                    .iter()
+                    .map(|sql| answer(&raw_query(&mut session, sql)))
+                    .collect();
+                s.pg.psql("DELETE FROM parent");
+                got
+            };
+            assert_eq!(run(s.addr()), run(&direct), "{sequence:?} {extra:?}");
+        }
+        // Pipelined: every query sent at once; each runs as it would have alone.
+        let pipelined = |addr: &str| {
             let mut session = raw_session(addr, &[]);
+            let mut all = Vec::new();
+            for sql in sequence.iter() {
+                msg::query(&mut all, sql.as_bytes());
+            }
+            session.write_all(&all).unwrap();
             let got: Vec<String> = sequence
                 .iter()
-                .map(|sql| answer(&raw_query(&mut session, sql)))
+                .map(|_| answer(&read_until(&mut session, b'Z')))
                 .collect();
             s.pg.psql("DELETE FROM parent");
             got
         };
-        assert_eq!(run(s.addr()), run(&direct), "{sequence:?}");
+        assert_eq!(
+            pipelined(s.addr()),
+            pipelined(&direct),
+            "pipelined {sequence:?}"
+        );
     }
     // A COMMIT the check refuses: the same shape as a failed one.
     let mut a = raw_session(
