@@ -81,7 +81,13 @@ echo 'SELECT 1;' >"$OUT/select1.sql"
 # the fast path (lock and read) in one pipeline like the proxy's batch, and the form a session
 # without a token gets.
 target/release/fence-proxy pg print-checks >"$OUT/checks.tsv"
-check_text() { awk -F'\t' -v n="$1" '$1 == n { print $2 }' "$OUT/checks.tsv" | sed 's/\$1/1000/g; s/\$2/true/g'; }
+# The statement named $1 as run at a transaction's end: the lock statement's $1 is "the
+# transaction ends here"; the others take the fence wait, "at a commit point" and "ends".
+check_text() {
+  local subst='s/\$1/1000/g; s/\$2/true/g; s/\$3/true/g'
+  [ "$1" = __fence_proxy_lock ] && subst='s/\$1/true/g'
+  awk -F'\t' -v n="$1" '$1 == n { print $2 }' "$OUT/checks.tsv" | sed "$subst"
+}
 { echo '\startpipeline'; echo "$(check_text __fence_proxy_lock);"; echo "$(check_text __fence_proxy_fast);"; echo '\endpipeline'; } >"$OUT/fast.sql"
 echo "$(check_text __fence_proxy_any);" >"$OUT/any.sql"
 TOKEN="-c fencing.resource=bench:accounts -c fencing.token=42"
