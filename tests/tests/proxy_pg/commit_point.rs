@@ -10,7 +10,7 @@ use pg_wire::msg;
 
 use crate::{
     code, connect, connect_with, error_of, holder, mark, raw_query, raw_session, read_until,
-    runtime, setup,
+    runtime, setup, until_the_wait_restarts,
 };
 
 /// The tags of the messages a raw query got back, e.g. "CEZ".
@@ -291,27 +291,6 @@ fn a_commit_that_fails_in_postgresql_is_answered_by_its_error_alone() {
         assert_eq!(tags(&got), "TDCEZ");
     }
     assert_eq!(s.pg.psql("SELECT count(*) FROM child"), "0");
-}
-
-/// Waits until B's wait for a lock has started twice: its first wait ran out (fence_wait_ms),
-/// it looked for older transactions to end, and it waits again.
-async fn until_the_wait_restarts(watcher: &tokio_postgres::Client) {
-    let wait_started = "SELECT coalesce(max(waitstart)::text, '') FROM pg_locks \
-                        WHERE locktype = 'advisory' AND NOT granted";
-    let deadline = std::time::Instant::now() + e2e::PATIENCE;
-    let mut first = String::new();
-    loop {
-        let w: String = watcher.query_one(wait_started, &[]).await.unwrap().get(0);
-        if first.is_empty() {
-            first = w;
-        } else if !w.is_empty() && w != first {
-            return;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "no second wait for the lock: the waiter ended the holder (or never waited)"
-        );
-    }
 }
 
 /// A transaction that shared the resource with the current token and then raised it, or that

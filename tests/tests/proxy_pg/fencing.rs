@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicI64, Ordering};
 
 use crate::{
     code, connect, connect_with, error_of, holder, mark, psql, raw_query, raw_session, read_until,
-    runtime, setup, start_proxy, wait_count,
+    runtime, setup, start_proxy, until_the_wait_restarts, wait_count,
 };
 
 #[test]
@@ -590,22 +590,9 @@ fn an_older_token_does_not_end_a_transaction_raising_another_resource_to_a_newer
         let b = holder(s.addr(), "y", 6).await;
         let b_write = tokio::spawn(async move { b.batch_execute("SELECT 3").await });
         let watcher = connect(s.addr()).await;
-        let wait_started = "SELECT coalesce(max(waitstart)::text, '') FROM pg_locks \
-                            WHERE locktype = 'advisory' AND NOT granted";
-        let first: String = loop {
-            let w: String = watcher.query_one(wait_started, &[]).await.unwrap().get(0);
-            if !w.is_empty() {
-                break w;
-            }
-        };
         // B's first wait ran out (fence_wait_ms), it looked for older transactions to end, and
-        // it waits again: the wait has a new start.
-        loop {
-            let w: String = watcher.query_one(wait_started, &[]).await.unwrap().get(0);
-            if !w.is_empty() && w != first {
-                break;
-            }
-        }
+        // it waits again.
+        until_the_wait_restarts(&watcher).await;
         a.batch_execute("COMMIT")
             .await
             .expect("the newer raise was not ended");

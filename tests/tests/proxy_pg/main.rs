@@ -185,6 +185,27 @@ pub async fn wait_count(client: &Client, what: &str, sql: &str, n: i64) {
     }
 }
 
+/// Waits until B's wait for a lock has started twice: its first wait ran out (fence_wait_ms),
+/// it looked for older transactions to end, and it waits again.
+pub async fn until_the_wait_restarts(watcher: &tokio_postgres::Client) {
+    let wait_started = "SELECT coalesce(max(waitstart)::text, '') FROM pg_locks \
+                        WHERE locktype = 'advisory' AND NOT granted";
+    let deadline = std::time::Instant::now() + e2e::PATIENCE;
+    let mut first = String::new();
+    loop {
+        let w: String = watcher.query_one(wait_started, &[]).await.unwrap().get(0);
+        if first.is_empty() {
+            first = w;
+        } else if !w.is_empty() && w != first {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no second wait for the lock: the waiter ended the holder (or never waited)"
+        );
+    }
+}
+
 /// The SQLSTATE of a database error (panics on any other error).
 pub fn code(e: &tokio_postgres::Error) -> String {
     e.as_db_error()
