@@ -568,12 +568,13 @@ impl Machine {
         let step = if self.commit_in_flight && self.phase == Phase::Ready {
             Step::Defer
         } else {
-            self.client_message(message, out, marks)?
+            let step = self.client_message(message, out, marks)?;
+            if matches!(message.first(), Some(b'Q' | b'F')) {
+                // A Query (or FunctionCall) ends its own batch.
+                self.commit_in_flight |= std::mem::take(&mut self.commit_unsynced);
+            }
+            step
         };
-        if matches!(message.first(), Some(b'Q' | b'F')) {
-            // A Query (or FunctionCall) ends its own batch.
-            self.commit_in_flight |= std::mem::take(&mut self.commit_unsynced);
-        }
         self.deferred = step == Step::Defer;
         Ok(step)
     }
@@ -1277,19 +1278,10 @@ impl Machine {
             }
             Backend::ReadyForQuery { status } => {
                 let verdict = self.on_ready(status);
-                match self.held_complete.take() {
-                    // No error came: the implicit transaction committed.
-                    Some(mut held) => {
-                        held.append(&mut self.held_after);
-                        match verdict {
-                            Verdict::Forward => held.extend_from_slice(message),
-                            Verdict::Replace(out) => held.extend_from_slice(&out),
-                            Verdict::Hide | Verdict::Hold(_) => {}
-                        }
-                        Verdict::Replace(held)
-                    }
-                    None => verdict,
-                }
+                // No error came: the implicit transaction committed; its completion goes first.
+                let mut held = self.held_complete.take().unwrap_or_default();
+                held.append(&mut self.held_after);
+                prepend(held, verdict, message)
             }
             Backend::CopyInResponse => {
                 // The COPY started: the Syncs sent with its data will not be answered.

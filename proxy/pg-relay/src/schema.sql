@@ -94,6 +94,22 @@ BEGIN
 END;
 $fn$;
 
+-- FN001: token `t` for resource `r` is below the mark `cur`. The relay reads DETAIL back
+-- (sqlstate.rs) and words its own FN001 the same way.
+CREATE OR REPLACE FUNCTION fencing.refuse_stale(r text, t bigint, cur bigint)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+BEGIN
+    RAISE EXCEPTION USING ERRCODE = 'FN001',
+        MESSAGE = format('fencing token %s for resource %s is stale: the highest accepted token is %s',
+                         t, quote_literal(r), cur),
+        DETAIL = format('resource: %s, presented token: %s, highest accepted token: %s', r, t, cur),
+        HINT = 'this client no longer holds the lock; acquire it again for a new token';
+END;
+$fn$;
+
 -- The fence check. fence-proxy runs it first in every transaction of a session that has
 -- `fencing.resource` and `fencing.token` set, inside that transaction. It reads the two settings
 -- itself, so they never travel as SQL text. Returns the resource and token it accepted, or no
@@ -160,11 +176,7 @@ BEGIN
         PERFORM pg_advisory_xact_lock_shared(k);
         SELECT m.token INTO cur FROM fencing.tokens m WHERE m.resource = r;
         IF FOUND AND cur > t THEN
-            RAISE EXCEPTION USING ERRCODE = 'FN001',
-                MESSAGE = format('fencing token %s for resource %s is stale: the highest accepted token is %s',
-                                 t, quote_literal(r), cur),
-                DETAIL = format('resource: %s, presented token: %s, highest accepted token: %s', r, t, cur),
-                HINT = 'this client no longer holds the lock; acquire it again for a new token';
+            PERFORM fencing.refuse_stale(r, t, cur);
         END IF;
         fenced_resource := r; fenced_token := t; RETURN NEXT; RETURN;
     END IF;
@@ -184,11 +196,7 @@ BEGIN
             IF cur = t THEN
                 fenced_resource := r; fenced_token := t; RETURN NEXT; RETURN;
             ELSIF cur > t THEN
-                RAISE EXCEPTION USING ERRCODE = 'FN001',
-                    MESSAGE = format('fencing token %s for resource %s is stale: the highest accepted token is %s',
-                                     t, quote_literal(r), cur),
-                    DETAIL = format('resource: %s, presented token: %s, highest accepted token: %s', r, t, cur),
-                    HINT = 'this client no longer holds the lock; acquire it again for a new token';
+                PERFORM fencing.refuse_stale(r, t, cur);
             END IF;
             CONTINUE;
         END IF;
@@ -488,6 +496,7 @@ GRANT SELECT ON TABLE fencing.tokens TO PUBLIC;
 GRANT USAGE ON SCHEMA fencing TO PUBLIC;
 REVOKE ALL ON FUNCTION fencing.evict_older(text, bigint) FROM PUBLIC;
 REVOKE ALL ON FUNCTION fencing.advertise(bigint, bigint) FROM PUBLIC;
+REVOKE ALL ON FUNCTION fencing.refuse_stale(text, bigint, bigint) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION fencing.lock_key(text) TO PUBLIC;
 GRANT EXECUTE ON FUNCTION fencing.check(integer) TO PUBLIC;
 GRANT EXECUTE ON FUNCTION fencing.check(integer, boolean) TO PUBLIC;
