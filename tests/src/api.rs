@@ -2,7 +2,8 @@
 //! against the real binary. The embedded backend runs it from the `lockd` tests, the etcd
 //! backend from the `etcd` tests ([`api_suite!`](crate::api_suite)), so that both keep one
 //! contract: contention, FIFO hand-off, expiry, request-id de-duplication, stale lease ids,
-//! tokens across restarts, the longest fields, cancelled waiters, queue limits, bad input.
+//! tokens across restarts, the longest fields, cancelled waiters, a retried waiter keeping its
+//! place, queue limits, bad input.
 //!
 //! Each check panics with a message naming the broken rule. Waits are for states (a queue of
 //! the expected length, a grant), each a round trip, never a sleep.
@@ -36,7 +37,8 @@ impl Backend for Embedded {
     }
 }
 
-/// An etcd cluster (one member: the suite is about semantics; the failure tests use three).
+/// lockd over an etcd cluster (one member, one lockd, which leads: the suite is about
+/// semantics; the failure tests use three of each).
 pub struct OverEtcd(pub EtcdCluster);
 
 impl OverEtcd {
@@ -53,10 +55,10 @@ impl Default for OverEtcd {
 
 impl Backend for OverEtcd {
     fn start(&self, dir: &Path, extra: &[&str]) -> Lockd {
-        let endpoints = self.0.endpoints();
-        let mut args = vec!["--backend", "etcd", "--etcd-endpoints", &endpoints];
-        args.extend_from_slice(extra);
-        Lockd::start(dir, &args)
+        let lockd = self.0.lockd(dir, extra);
+        // After a restart the predecessor's leadership must run out first.
+        lockd.wait_event(crate::etcd::LEADING, |_| true);
+        lockd
     }
 }
 
@@ -74,6 +76,7 @@ macro_rules! api_suite {
             tokens_rise_across_grants_and_restarts,
             the_longest_fields_round_trip,
             a_cancelled_waiter_leaves_the_queue,
+            a_retried_waiter_keeps_its_place,
             a_full_queue_is_refused,
             bad_input_is_refused_with_the_reason
         );
@@ -398,6 +401,39 @@ pub fn a_cancelled_waiter_leaves_the_queue(b: &dyn Backend) {
     api.wait_waiters("busy", 0);
     assert!(api.release("busy", &held.lease_id).released);
     assert!(!api.describe("busy").held, "nobody was granted the lock");
+}
+
+/// A waiting Acquire retried with the same request id (its client lost the connection, say)
+/// while the first call still waits keeps its place: the first call is answered ABORTED
+/// `superseded`, and the retry is served before whoever queued after it.
+pub fn a_retried_waiter_keeps_its_place(b: &dyn Backend) {
+    let dir = tempfile::tempdir().unwrap();
+    let lockd = b.start(dir.path(), &[]);
+    let mut api = Api::new(&lockd);
+    let holder = api.grant("queue", 30_000);
+    let first = api.queue(req("queue", "w1", 30_000, 30_000));
+    api.wait_waiters("queue", 1);
+    let second = api.queue(req("queue", "w2", 30_000, 30_000));
+    api.wait_waiters("queue", 2);
+    let retry = api.queue(req("queue", "w1", 30_000, 30_000));
+    let err = api
+        .rt
+        .block_on(first)
+        .expect("the task ran")
+        .expect_err("the first call is taken over by its retry");
+    assert_refused(&err, Code::Aborted, "superseded");
+    api.wait_waiters("queue", 2);
+    assert!(api.release("queue", &holder.lease_id).released);
+    let l = api.granted(retry);
+    let d = api.describe("queue");
+    assert_eq!(
+        (d.token, d.waiters),
+        (l.token, 1),
+        "the retried waiter is served first, the one queued after it still waits"
+    );
+    assert!(api.release("queue", &l.lease_id).released);
+    let next = api.granted(second);
+    assert!(next.token > l.token);
 }
 
 pub fn a_full_queue_is_refused(b: &dyn Backend) {

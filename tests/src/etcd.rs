@@ -198,3 +198,85 @@ impl EtcdCluster {
         self.members.iter().position(|m| m.client_url == endpoint)
     }
 }
+
+/// What lockd logs when it starts leading, and when it follows a leader.
+pub const LEADING: &str = "leading: every stored lease gets a full TTL from now";
+pub const FOLLOWING: &str = "following";
+
+/// The leadership lease the tests give lockd: etcd's shortest (2 s), so failovers are quick.
+pub const LEADER_TTL_MS: &str = "2000";
+
+impl EtcdCluster {
+    /// lockd over this cluster (leadership lease [`LEADER_TTL_MS`], then `extra`), returned
+    /// once it leads or follows.
+    pub fn lockd(&self, dir: &std::path::Path, extra: &[&str]) -> crate::Lockd {
+        let endpoints = self.endpoints();
+        let mut args = vec![
+            "--backend",
+            "etcd",
+            "--etcd-endpoints",
+            &endpoints,
+            "--etcd-leader-ttl-ms",
+            LEADER_TTL_MS,
+        ];
+        args.extend_from_slice(extra);
+        let lockd = crate::Lockd::start(dir, &args);
+        lockd
+            .process
+            .stderr
+            .wait_for("lockd to lead or follow", |l| {
+                crate::event(l)
+                    .is_some_and(|e| e["message"] == LEADING || e["message"] == FOLLOWING)
+            });
+        lockd
+    }
+}
+
+impl EtcdCluster {
+    /// The address in the lockd leader key under `/lockd`, if a leader is recorded.
+    pub fn lockd_leader(&self) -> Option<String> {
+        let mut cmd = Command::new("etcdctl");
+        cmd.env("ETCDCTL_API", "3")
+            .arg(format!("--endpoints={}", self.running_endpoints()))
+            .args([
+                "--command-timeout=2s",
+                "get",
+                "/lockd/leader",
+                "--print-value-only",
+            ]);
+        let (status, stdout, stderr) = output(cmd);
+        assert!(
+            status.success(),
+            "etcdctl get failed (apt-get install etcd-client): {stderr}"
+        );
+        let v: Value = serde_json::from_str(stdout.trim()).ok()?;
+        v["address"].as_str().map(str::to_string)
+    }
+
+    fn running_endpoints(&self) -> String {
+        self.members
+            .iter()
+            .filter(|m| m.process.is_some())
+            .map(|m| m.client_url.as_str())
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// Which of `instances` (lockd endpoints) leads; waits until the leader key names one of
+    /// them other than `not`.
+    pub fn lockd_leader_among(&self, instances: &[&str], not: Option<&str>) -> usize {
+        let deadline = std::time::Instant::now() + crate::PATIENCE;
+        loop {
+            if let Some(a) = self.lockd_leader()
+                && Some(a.as_str()) != not
+                && let Some(i) = instances.iter().position(|e| *e == a)
+            {
+                return i;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no lockd instance took the leadership"
+            );
+        }
+    }
+}

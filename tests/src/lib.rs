@@ -292,6 +292,21 @@ impl Spawned {
 impl Drop for Spawned {
     fn drop(&mut self) {
         self.signal(libc::SIGKILL);
+        // A failing test shows what its lockd processes said (the last lines of each); so does
+        // every test with E2E_SHOW_LOGS set.
+        let asked = std::env::var_os("E2E_SHOW_LOGS").is_some();
+        if (asked || std::thread::panicking()) && self.name.contains("lockd\"") {
+            let text = self.stderr.text();
+            let lines: Vec<&str> = text.lines().collect();
+            let keep = if asked { lines.len() } else { 60 };
+            let tail = &lines[lines.len().saturating_sub(keep)..];
+            eprintln!(
+                "--- the last lines of {} (pid {}):\n{}",
+                self.name,
+                self.pid,
+                tail.join("\n")
+            );
+        }
     }
 }
 

@@ -73,7 +73,7 @@ pub enum LogFormat {
 pub enum Backend {
     /// The embedded store in `data_dir` (redb): one lockd.
     Embedded,
-    /// An etcd cluster: several stateless lockd instances serve one set of locks.
+    /// An etcd cluster: several lockd instances, one of which leads; etcd stores its state.
     Etcd,
 }
 
@@ -138,9 +138,17 @@ pub struct Settings {
     #[arg(long, env = "LOCKD_ETCD_REQUEST_TIMEOUT_MS", value_name = "MS")]
     pub etcd_request_timeout_ms: Option<u64>,
 
-    /// TTL of this instance's etcd session, in ms: how long the waiters of a lockd that died stay queued [default: 10000].
-    #[arg(long, env = "LOCKD_ETCD_SESSION_TTL_MS", value_name = "MS")]
-    pub etcd_session_ttl_ms: Option<u64>,
+    /// TTL of the leadership lease, in ms: how long the cluster may stay without a leader when the leader dies [default: 3000].
+    #[arg(long, env = "LOCKD_ETCD_LEADER_TTL_MS", value_name = "MS")]
+    pub etcd_leader_ttl_ms: Option<u64>,
+
+    /// Most operations in one etcd transaction (etcd's --max-txn-ops); larger batches are cut [default: 128].
+    #[arg(long, env = "LOCKD_ETCD_MAX_TXN_OPS", value_name = "N")]
+    pub etcd_max_txn_ops: Option<usize>,
+
+    /// URL the other instances forward calls to while this one leads (backend etcd) [default: http:// plus the listen address].
+    #[arg(long, env = "LOCKD_ADVERTISE", value_name = "URL")]
+    pub advertise: Option<String>,
 
     #[command(flatten)]
     #[serde(default)]
@@ -202,7 +210,10 @@ pub struct Config {
     pub etcd_endpoints: Vec<String>,
     pub etcd_prefix: String,
     pub etcd_request_timeout_ms: u64,
-    pub etcd_session_ttl_ms: u64,
+    pub etcd_leader_ttl_ms: u64,
+    pub etcd_max_txn_ops: usize,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub advertise: Option<String>,
     pub limits: Limits,
 }
 
@@ -222,7 +233,9 @@ impl Default for Config {
             etcd_endpoints: vec!["http://127.0.0.1:2379".to_string()],
             etcd_prefix: "/lockd".to_string(),
             etcd_request_timeout_ms: 3_000,
-            etcd_session_ttl_ms: 10_000,
+            etcd_leader_ttl_ms: 3_000,
+            etcd_max_txn_ops: 128,
+            advertise: None,
             limits: Limits::default(),
         }
     }
@@ -274,8 +287,12 @@ impl Config {
             etcd_endpoints,
             etcd_prefix,
             etcd_request_timeout_ms,
-            etcd_session_ttl_ms
+            etcd_leader_ttl_ms,
+            etcd_max_txn_ops
         );
+        if let Some(a) = &s.advertise {
+            self.advertise = Some(a.clone());
+        }
         take_limit!(
             ttl_min_ms,
             ttl_max_ms,
@@ -327,10 +344,26 @@ impl Config {
             if !(100..=60_000).contains(&self.etcd_request_timeout_ms) {
                 bail!("etcd_request_timeout_ms must be 100 ..= 60000");
             }
-            if !(2_000..=600_000).contains(&self.etcd_session_ttl_ms) {
+            if !(2_000..=60_000).contains(&self.etcd_leader_ttl_ms) {
                 bail!(
-                    "etcd_session_ttl_ms must be 2000 ..= 600000 (etcd's shortest lease is about 2 s)"
+                    "etcd_leader_ttl_ms must be 2000 ..= 60000 (etcd's shortest lease is about 2 s)"
                 );
+            }
+            if !(8..=100_000).contains(&self.etcd_max_txn_ops) {
+                bail!(
+                    "etcd_max_txn_ops must be 8 ..= 100000 (etcd's default --max-txn-ops is 128)"
+                );
+            }
+            match &self.advertise {
+                Some(a) if !a.starts_with("http://") || a.len() <= "http://".len() => {
+                    bail!("advertise {a:?} must be an http:// URL, e.g. http://10.0.0.5:7420");
+                }
+                None if self.listen.ip().is_unspecified() => bail!(
+                    "listen {} does not say where the other instances reach this one: set advertise (e.g. http://10.0.0.5:{})",
+                    self.listen,
+                    self.listen.port()
+                ),
+                _ => {}
             }
         }
         if let Err(e) = tracing_subscriber::EnvFilter::try_new(&self.log) {
@@ -403,8 +436,20 @@ mod tests {
                 "must be an http:// URL",
             ),
             (
-                "backend = \"etcd\"\netcd_session_ttl_ms = 500",
-                "etcd_session_ttl_ms must be",
+                "backend = \"etcd\"\netcd_leader_ttl_ms = 500",
+                "etcd_leader_ttl_ms must be",
+            ),
+            (
+                "backend = \"etcd\"\netcd_max_txn_ops = 1",
+                "etcd_max_txn_ops must be",
+            ),
+            (
+                "backend = \"etcd\"\nadvertise = \"10.0.0.5:7420\"",
+                "advertise \"10.0.0.5:7420\" must be an http:// URL",
+            ),
+            (
+                "backend = \"etcd\"\nlisten = \"0.0.0.0:7420\"",
+                "set advertise",
             ),
         ] {
             std::fs::write(&file, text).unwrap();

@@ -20,10 +20,18 @@
 //! cancelled the call, or its connection closed), the guard takes the waiter out of the queue.
 //! A waiter whose client vanishes at the very moment it is granted keeps the grant: the lease
 //! runs out its TTL unless the client retries with the same request id and picks it up.
+//!
+//! # Authority (HA mode)
+//!
+//! The leader of an etcd cluster answers only while its leadership term is surely in force
+//! ([`Authority`]): every successful answer is vouched for at the moment it leaves, after the
+//! decision (and its commit) is done. A leader that lost its term (paused past its lease, cut
+//! off from etcd) answers UNAVAILABLE, so no renewal, grant or retried grant it answers can be
+//! in force when another instance starts deciding.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use fencing::{LeaseId, ResourceName};
 use lockd_core::{
@@ -47,6 +55,12 @@ impl LeaseIdSource for OsLeaseIds {
         getrandom::fill(&mut bytes).expect("the operating system's random number generator failed");
         LeaseId::from_bytes(bytes)
     }
+}
+
+/// Whether this lockd may still answer for its state (the etcd leader: while its term is surely
+/// in force). The embedded mode has no authority to lose.
+pub trait Authority: Send + Sync {
+    fn in_force(&self) -> bool;
 }
 
 /// The answer to an Acquire.
@@ -74,6 +88,8 @@ pub enum DriverError {
     ShuttingDown,
     #[error("lockd's store has failed; no grant can be made durable")]
     StoreFailed,
+    #[error("this lockd no longer leads the cluster; retry (any instance forwards to the leader)")]
+    NotLeader,
 }
 
 impl From<WriterStopped> for DriverError {
@@ -109,6 +125,9 @@ pub struct Driver {
     /// The deadline the timer task sleeps until (`u64::MAX`: none).
     armed: AtomicU64,
     closed: AtomicBool,
+    /// Closed because the leadership ended, not because the process stops.
+    deposed: AtomicBool,
+    authority: Option<Arc<dyn Authority>>,
 }
 
 enum Step {
@@ -133,6 +152,44 @@ impl Driver {
             timer: Notify::new(),
             armed: AtomicU64::new(u64::MAX),
             closed: AtomicBool::new(false),
+            deposed: AtomicBool::new(false),
+            authority: None,
+        }
+    }
+
+    /// A driver that answers only while `authority` is in force (the HA leader).
+    pub fn with_authority(mut self, authority: Arc<dyn Authority>) -> Driver {
+        self.authority = Some(authority);
+        self
+    }
+
+    /// Why calls are refused once the driver is closed.
+    fn closed_error(&self) -> DriverError {
+        if self.deposed.load(Ordering::Acquire) {
+            DriverError::NotLeader
+        } else {
+            DriverError::ShuttingDown
+        }
+    }
+
+    /// Waits until everything numbered up to `seq` is durable. When the store stops, a
+    /// single lockd has failed; an HA leader has only lost its term (another instance takes
+    /// over), which the client is told so that it retries.
+    async fn durable(&self, seq: Seq) -> Result<(), DriverError> {
+        self.writer.wait(seq).await.map_err(|WriterStopped| {
+            if self.authority.is_some() {
+                DriverError::NotLeader
+            } else {
+                DriverError::StoreFailed
+            }
+        })
+    }
+
+    /// Vouches for an answer about to leave (see the module documentation).
+    fn vouch<T>(&self, answer: T) -> Result<T, DriverError> {
+        match &self.authority {
+            Some(a) if !a.in_force() => Err(DriverError::NotLeader),
+            _ => Ok(answer),
         }
     }
 
@@ -154,7 +211,7 @@ impl Driver {
 
     fn check_open(&self) -> Result<(), DriverError> {
         if self.closed.load(Ordering::Acquire) {
-            Err(DriverError::ShuttingDown)
+            Err(self.closed_error())
         } else {
             Ok(())
         }
@@ -217,8 +274,8 @@ impl Driver {
         };
         match step {
             Step::Reply(reply, seq) => {
-                self.writer.wait(seq).await?;
-                Ok(reply)
+                self.durable(seq).await?;
+                self.vouch(reply)
             }
             Step::Wait {
                 waiter,
@@ -235,19 +292,19 @@ impl Driver {
                 guard.armed = false;
                 match end {
                     Ok(WaitEnd::Granted { grant, seq }) => {
-                        self.writer.wait(seq).await?;
-                        Ok(AcquireReply::Granted {
+                        self.durable(seq).await?;
+                        self.vouch(AcquireReply::Granted {
                             grant,
                             duplicate: false,
                             held: true,
                         })
                     }
                     Ok(WaitEnd::TimedOut(busy)) => {
-                        self.writer.wait(self.writer.submit(Vec::new())).await?;
-                        Ok(AcquireReply::TimedOut(busy))
+                        self.durable(self.writer.submit(Vec::new())).await?;
+                        self.vouch(AcquireReply::TimedOut(busy))
                     }
                     Ok(WaitEnd::Superseded) => Err(DriverError::Superseded),
-                    Ok(WaitEnd::Shutdown) | Err(_) => Err(DriverError::ShuttingDown),
+                    Ok(WaitEnd::Shutdown) | Err(_) => Err(self.closed_error()),
                 }
             }
         }
@@ -268,9 +325,9 @@ impl Driver {
         match &result {
             Ok(r) => debug!(%resource, expires_at = r.expires_at, "renewed"),
             // The error names the current holder's token: show it only once it is durable.
-            Err(_) => self.writer.wait(seq).await?,
+            Err(_) => self.durable(seq).await?,
         }
-        Ok(result?)
+        self.vouch(result?)
     }
 
     pub async fn release(
@@ -289,9 +346,9 @@ impl Driver {
         };
         match outcome {
             ReleaseOutcome::Released { token } => debug!(%resource, %token, "released"),
-            ReleaseOutcome::NotHeld { .. } => self.writer.wait(seq).await?,
+            ReleaseOutcome::NotHeld { .. } => self.durable(seq).await?,
         }
-        Ok(outcome)
+        self.vouch(outcome)
     }
 
     pub async fn describe(&self, resource: &ResourceName) -> Result<Description, DriverError> {
@@ -302,13 +359,24 @@ impl Driver {
             let description = st.core.describe(self.clock.now(), resource, &mut fx);
             (description, self.apply(&mut st, fx))
         };
-        self.writer.wait(seq).await?;
-        Ok(description)
+        self.durable(seq).await?;
+        self.vouch(description)
     }
 
     /// Ends every wait with "shutting down" and refuses new calls, so that a graceful shutdown
     /// does not wait minutes for queued Acquires.
     pub fn shutdown(&self) {
+        self.close();
+    }
+
+    /// Like [`Driver::shutdown`], because the leadership ended: calls are refused as
+    /// "not the leader", so that clients retry (and are forwarded to the next leader).
+    pub fn depose(&self) {
+        self.deposed.store(true, Ordering::Release);
+        self.close();
+    }
+
+    fn close(&self) {
         self.closed.store(true, Ordering::Release);
         let mut st = self.lock();
         for (_, slot) in st.slots.drain() {
@@ -438,5 +506,84 @@ impl Drop for WaitGuard<'_> {
         if self.armed {
             self.driver.abandon(self.waiter, self.generation);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::AtomicBool;
+    use std::time::Duration;
+
+    use lockd_core::{Holder, Limits, RequestId};
+    use lockd_store::MemoryStore;
+
+    use super::*;
+
+    /// An authority a test switches off, as a leader's term running out does.
+    struct Switch(AtomicBool);
+
+    impl Authority for Switch {
+        fn in_force(&self) -> bool {
+            self.0.load(Ordering::Acquire)
+        }
+    }
+
+    fn request(resource: &str, request_id: &str) -> AcquireRequest {
+        let limits = Limits::default();
+        AcquireRequest {
+            resource: ResourceName::new(resource).unwrap(),
+            request_id: Some(RequestId::new(request_id, &limits).unwrap()),
+            holder: Holder::new("test", &limits).unwrap(),
+            ttl_ms: 10_000,
+            wait_ms: 0,
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn without_authority_nothing_is_answered_as_done() {
+        let clock = Clock::new();
+        let core = Core::new(Limits::default(), Box::new(OsLeaseIds));
+        let writer = Writer::start(
+            Box::new(MemoryStore::new()),
+            Duration::from_millis(10),
+            Box::new(|e| panic!("store failed: {e}")),
+        );
+        let authority = Arc::new(Switch(AtomicBool::new(true)));
+        let driver = Driver::new(core, writer, clock).with_authority(authority.clone());
+        let AcquireReply::Granted { grant, .. } = driver.acquire(request("a", "q1")).await.unwrap()
+        else {
+            panic!("a free resource is granted");
+        };
+        let resource = ResourceName::new("a").unwrap();
+        driver.renew(&resource, grant.lease_id).await.unwrap();
+
+        // The term is over: a renewal, a retried grant, a new grant, a release and a describe
+        // are all refused, though the core could answer each.
+        authority.0.store(false, Ordering::Release);
+        let not_leader = |r: Result<(), DriverError>, what: &str| {
+            assert!(
+                matches!(r, Err(DriverError::NotLeader)),
+                "{what} was answered without authority: {r:?}"
+            );
+        };
+        not_leader(
+            driver.renew(&resource, grant.lease_id).await.map(drop),
+            "a renewal",
+        );
+        not_leader(
+            driver.acquire(request("a", "q1")).await.map(drop),
+            "a retried grant",
+        );
+        not_leader(
+            driver.acquire(request("b", "q2")).await.map(drop),
+            "a new grant",
+        );
+        not_leader(
+            driver.release(&resource, grant.lease_id).await.map(drop),
+            "a release",
+        );
+        not_leader(driver.describe(&resource).await.map(drop), "a describe");
+        driver.shutdown();
+        driver.close_store();
     }
 }

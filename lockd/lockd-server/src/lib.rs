@@ -2,6 +2,7 @@
 //!
 //! - `config`: flags, environment and TOML file;
 //! - `server`: start-up (open store, recover, listen) and clean shutdown;
+//! - `ha`: over etcd, the election: lead (the core over an etcd store) or forward to the leader;
 //! - `service`: the tonic service, wire messages in and out, no decisions;
 //! - `driver`: the core under a mutex, effects, waiters' reply channels, expiry timer;
 //! - `writer`: group commit (the first waiter commits for everyone queued) and the store's
@@ -12,6 +13,7 @@
 pub mod clock;
 pub mod config;
 pub mod driver;
+pub mod ha;
 pub mod server;
 pub mod service;
 pub mod status;

@@ -1,4 +1,5 @@
-//! Starting and stopping lockd: open the store, rebuild the core, serve, shut down cleanly.
+//! Starting and stopping lockd: open the store, rebuild the core, serve, shut down cleanly;
+//! or, over etcd, connect and take part in the election (see [`crate::ha`]).
 
 use std::future::Future;
 use std::sync::Arc;
@@ -14,9 +15,10 @@ use tracing::{error, info};
 use crate::clock::Clock;
 use crate::config::{Backend, Config};
 use crate::driver::{Driver, OsLeaseIds};
-use crate::service::{LockApi, Locks};
+use crate::ha::Ha;
+use crate::service::{LockApi, Routes};
 use crate::writer::Writer;
-use lockd_store_etcd::{EtcdLocks, EtcdOptions};
+use lockd_store_etcd::{Cluster, EtcdOptions, Member};
 
 /// Largest gRPC message lockd accepts. The largest valid request (names, ids and holders at
 /// their limits) is well under 4 KiB; anything bigger is garbage and is refused unread.
@@ -39,7 +41,7 @@ pub enum ServeError {
     #[error("the stored state is inconsistent; refusing to start: {0}")]
     Inconsistent(#[from] lockd_core::RecoverError),
     #[error("starting the etcd backend: {0}")]
-    Etcd(#[source] lockd_store_etcd::LockError),
+    Etcd(#[source] lockd_store_etcd::EtcdError),
     #[error("cannot listen on {addr}: {source}")]
     Listen {
         addr: std::net::SocketAddr,
@@ -104,7 +106,15 @@ pub async fn run(
             driver.shutdown();
         }
     };
-    let served = serve(&config, Locks::Embedded(Arc::clone(&driver)), stop).await;
+    let (incoming, addr) = bind(&config)?;
+    let served = serve(
+        &config,
+        incoming,
+        addr,
+        Routes::Single(Arc::clone(&driver)),
+        stop,
+    )
+    .await;
     driver.shutdown();
     let _ = timer.await;
     driver.close_store();
@@ -113,42 +123,66 @@ pub async fn run(
     Ok(())
 }
 
-/// lockd over an etcd cluster: no local state but the token high-water file.
+/// lockd over an etcd cluster: campaign, then lead or follow (see [`crate::ha`]).
 async fn run_etcd(
     config: Config,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServeError> {
-    let locks = EtcdLocks::start(EtcdOptions {
+    let options = EtcdOptions {
         endpoints: config.etcd_endpoints.clone(),
         prefix: config.etcd_prefix.clone(),
         request_timeout: Duration::from_millis(config.etcd_request_timeout_ms),
-        session_ttl: Duration::from_millis(config.etcd_session_ttl_ms),
+        leader_ttl: Duration::from_millis(config.etcd_leader_ttl_ms),
         data_dir: config.data_dir.clone(),
-        limits: config.limits.clone(),
-    })
-    .await
-    .map_err(ServeError::Etcd)?;
+        max_txn_ops: config.etcd_max_txn_ops,
+    };
+    let cluster = Arc::new(Cluster::connect(&options).await.map_err(ServeError::Etcd)?);
+    let (incoming, addr) = bind(&config)?;
+    let advertise = config
+        .advertise
+        .clone()
+        .unwrap_or_else(|| format!("http://{addr}"));
+    let me = Member::new(advertise.clone());
+    info!(
+        endpoints = ?config.etcd_endpoints,
+        prefix = %config.etcd_prefix,
+        id = %me.id,
+        %advertise,
+        high_water = cluster.high_water().value(),
+        "connected to etcd; campaigning"
+    );
+    let ha = Arc::new(Ha::new(
+        cluster,
+        me,
+        config.limits.clone(),
+        Duration::from_millis(config.sync_interval_ms),
+    ));
+    let elections = tokio::spawn(Arc::clone(&ha).run());
     let stop = {
-        let locks = Arc::clone(&locks);
+        let ha = Arc::clone(&ha);
         async move {
             shutdown.await;
-            info!("shutting down: ending waits, finishing calls, leaving the etcd session");
-            locks.shutdown();
+            info!("shutting down: ending waits, finishing calls, handing the leadership over");
+            ha.shutdown();
         }
     };
-    let served = serve(&config, Locks::Etcd(Arc::clone(&locks)), stop).await;
-    locks.shutdown();
+    let served = serve(
+        &config,
+        incoming,
+        addr,
+        Routes::Cluster(Arc::clone(&ha)),
+        stop,
+    )
+    .await;
+    ha.shutdown();
+    let _ = elections.await;
     served?;
     info!("stopped");
     Ok(())
 }
 
-/// Listens and serves the gRPC API until `stop` completes.
-async fn serve(
-    config: &Config,
-    locks: Locks,
-    stop: impl Future<Output = ()> + Send + 'static,
-) -> Result<(), ServeError> {
+/// Binds the gRPC listener.
+fn bind(config: &Config) -> Result<(TcpIncoming, std::net::SocketAddr), ServeError> {
     let incoming = TcpIncoming::bind(config.listen)
         .map_err(|source| ServeError::Listen {
             addr: config.listen,
@@ -156,11 +190,21 @@ async fn serve(
         })?
         .with_nodelay(Some(true));
     let addr = incoming.local_addr().map_err(ServeError::LocalAddr)?;
-    info!(%addr, backend = ?config.backend, "listening");
+    Ok((incoming, addr))
+}
 
+/// Serves the gRPC API on `incoming` until `stop` completes.
+async fn serve(
+    config: &Config,
+    incoming: TcpIncoming,
+    addr: std::net::SocketAddr,
+    routes: Routes,
+    stop: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), ServeError> {
+    info!(%addr, backend = ?config.backend, "listening");
     let keepalive = (config.keepalive_interval_ms > 0)
         .then(|| Duration::from_millis(config.keepalive_interval_ms));
-    let service = LockServiceServer::new(LockApi::new(locks, config.limits.clone()))
+    let service = LockServiceServer::new(LockApi::new(routes, config.limits.clone()))
         .max_decoding_message_size(MAX_MESSAGE_BYTES);
     Server::builder()
         .http2_keepalive_interval(keepalive)

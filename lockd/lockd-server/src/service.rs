@@ -1,7 +1,11 @@
 //! The gRPC service `fencing.lock.v1.LockService`: validates and converts wire messages, calls
 //! the driver, converts the answer back. No decisions are made here.
+//!
+//! Over etcd, a call that reaches an instance that does not lead is forwarded to the leader
+//! as it came (with its deadline), and the leader's answer goes back unchanged.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use fencing::{LeaseId, ResourceName};
 use lockd_core::{
@@ -9,44 +13,117 @@ use lockd_core::{
 };
 use lockd_proto::v1 as pb;
 use lockd_proto::v1::lock_service_server::LockService;
+use tonic::metadata::MetadataValue;
 use tonic::{Request, Response, Status};
 
 use crate::driver::{AcquireReply, Driver};
-use crate::status::{from_etcd, invalid_argument};
-use lockd_store_etcd::{AcquireArgs, Acquired, BusyInfo, EtcdLocks};
+use crate::ha::{FORWARDED_METADATA, Ha, Route};
+use crate::status::invalid_argument;
 
 /// Where the service's calls go.
-pub enum Locks {
+pub enum Routes {
     /// The core in this process, over the embedded store.
-    Embedded(Arc<Driver>),
-    /// The etcd cluster (stateless lockd instances).
-    Etcd(Arc<EtcdLocks>),
+    Single(Arc<Driver>),
+    /// An etcd cluster: the core of whichever instance leads.
+    Cluster(Arc<Ha>),
 }
 
 pub struct LockApi {
-    locks: Locks,
+    routes: Routes,
     limits: Limits,
 }
 
-fn etcd_busy(reason: pb::not_granted::Reason, busy: Option<BusyInfo>) -> pb::AcquireResponse {
-    let mut ng = pb::NotGranted {
-        reason: reason as i32,
-        ..Default::default()
-    };
-    if let Some(b) = busy {
-        ng.holder = b.holder;
-        ng.token = b.token.get();
-        ng.expires_at_ms = b.expires_at_ms;
-        ng.waiters = u32::try_from(b.waiters).unwrap_or(u32::MAX);
+type Leader = lockd_proto::v1::lock_service_client::LockServiceClient<tonic::transport::Channel>;
+
+/// Where one call goes.
+enum Target {
+    Local(Arc<Driver>),
+    Forward(Leader, String),
+}
+
+/// A status that no lockd sent (every lockd status carries its code): the forwarded call did
+/// not reach the leader, or the connection broke.
+fn from_transport(s: &Status) -> bool {
+    s.code() == tonic::Code::Unavailable
+        && !s.metadata().contains_key(lockd_proto::ERROR_CODE_METADATA)
+}
+
+/// The call's own deadline (`grpc-timeout`), if it has one.
+fn grpc_timeout<T>(request: &Request<T>) -> Option<Duration> {
+    let v = request.metadata().get("grpc-timeout")?.to_str().ok()?;
+    let (digits, unit) = v.split_at(v.len().checked_sub(1)?);
+    let n: u64 = digits.parse().ok()?;
+    Some(match unit {
+        "H" => Duration::from_secs(n.saturating_mul(3600)),
+        "M" => Duration::from_secs(n.saturating_mul(60)),
+        "S" => Duration::from_secs(n),
+        "m" => Duration::from_millis(n),
+        "u" => Duration::from_micros(n),
+        "n" => Duration::from_nanos(n),
+        _ => return None,
+    })
+}
+
+/// A request as it goes on to the leader: the same message and deadline, marked forwarded.
+fn forwarded<T>(message: T, timeout: Option<Duration>) -> Request<T> {
+    let mut out = Request::new(message);
+    if let Some(t) = timeout {
+        out.set_timeout(t);
     }
-    pb::AcquireResponse {
-        outcome: Some(pb::acquire_response::Outcome::NotGranted(ng)),
-    }
+    out.metadata_mut()
+        .insert(FORWARDED_METADATA, MetadataValue::from_static("1"));
+    out
 }
 
 impl LockApi {
-    pub fn new(locks: Locks, limits: Limits) -> LockApi {
-        LockApi { locks, limits }
+    pub fn new(routes: Routes, limits: Limits) -> LockApi {
+        LockApi { routes, limits }
+    }
+
+    async fn target<T>(&self, request: &Request<T>) -> Result<Target, Status> {
+        match &self.routes {
+            Routes::Single(driver) => Ok(Target::Local(Arc::clone(driver))),
+            Routes::Cluster(ha) => {
+                let was_forwarded = request.metadata().contains_key(FORWARDED_METADATA);
+                Ok(match ha.route(was_forwarded).await? {
+                    Route::Local(driver) => Target::Local(driver),
+                    Route::Forward(client, address) => Target::Forward(client, address),
+                })
+            }
+        }
+    }
+
+    /// Forwards `request` to the leader at `address` with `call`. If it does not reach it (the
+    /// leader died or stepped down a moment ago), once more to whoever leads next: every call
+    /// is safe to repeat (a grant only under its request id, which a retry finds).
+    async fn forward<T, R, F, Fut>(
+        &self,
+        leader: Leader,
+        address: String,
+        request: Request<T>,
+        call: F,
+    ) -> Result<Response<R>, Status>
+    where
+        T: Clone,
+        F: Fn(Leader, Request<T>) -> Fut,
+        Fut: std::future::Future<Output = Result<Response<R>, Status>>,
+    {
+        let timeout = grpc_timeout(&request);
+        let message = request.into_inner();
+        match call(leader, forwarded(message.clone(), timeout)).await {
+            Err(s) if from_transport(&s) => {
+                let Routes::Cluster(ha) = &self.routes else {
+                    return Err(s);
+                };
+                match ha.reroute(&address).await? {
+                    Route::Forward(next, _) => call(next, forwarded(message, timeout)).await,
+                    Route::Local(_) => Err(crate::status::not_leader(
+                        "the leadership moved to this instance during the call; retry".to_string(),
+                    )),
+                }
+            }
+            answered => answered,
+        }
     }
 
     fn not_granted(
@@ -86,6 +163,16 @@ impl LockService for LockApi {
         &self,
         request: Request<pb::AcquireRequest>,
     ) -> Result<Response<pb::AcquireResponse>, Status> {
+        let driver = match self.target(&request).await? {
+            Target::Local(driver) => driver,
+            Target::Forward(leader, address) => {
+                return self
+                    .forward(leader, address, request, |mut c, r| async move {
+                        c.acquire(r).await
+                    })
+                    .await;
+            }
+        };
         let r = request.into_inner();
         let request_id = match r.request_id.as_str() {
             "" => None,
@@ -93,37 +180,6 @@ impl LockService for LockApi {
         };
         let resource = resource(&r.resource)?;
         let holder = Holder::new(&r.holder, &self.limits).map_err(|e| invalid_argument(&e))?;
-        let driver = match &self.locks {
-            Locks::Embedded(driver) => driver,
-            Locks::Etcd(etcd) => {
-                let args = AcquireArgs {
-                    resource,
-                    request_id,
-                    holder,
-                    ttl_ms: r.ttl_ms,
-                    wait_ms: r.wait_timeout_ms,
-                };
-                let response = match etcd.acquire(args).await.map_err(|e| from_etcd(&e))? {
-                    Acquired::Granted {
-                        lease,
-                        duplicate,
-                        held,
-                    } => pb::AcquireResponse {
-                        outcome: Some(pb::acquire_response::Outcome::Granted(pb::Lease {
-                            lease_id: lease.lease_id.to_string(),
-                            token: lease.token.get(),
-                            expires_at_ms: lease.expires_at_ms,
-                            ttl_ms: lease.ttl_ms,
-                            duplicate,
-                            held,
-                        })),
-                    },
-                    Acquired::Busy(b) => etcd_busy(pb::not_granted::Reason::Busy, b),
-                    Acquired::TimedOut(b) => etcd_busy(pb::not_granted::Reason::WaitTimeout, b),
-                };
-                return Ok(Response::new(response));
-            }
-        };
         let req = AcquireRequest {
             resource,
             request_id,
@@ -147,10 +203,10 @@ impl LockService for LockApi {
                 })),
             },
             AcquireReply::Busy(busy) => {
-                Self::not_granted(driver, pb::not_granted::Reason::Busy, Some(busy))
+                Self::not_granted(&driver, pb::not_granted::Reason::Busy, Some(busy))
             }
             AcquireReply::TimedOut(busy) => {
-                Self::not_granted(driver, pb::not_granted::Reason::WaitTimeout, busy)
+                Self::not_granted(&driver, pb::not_granted::Reason::WaitTimeout, busy)
             }
         };
         Ok(Response::new(response))
@@ -160,88 +216,70 @@ impl LockService for LockApi {
         &self,
         request: Request<pb::RenewRequest>,
     ) -> Result<Response<pb::RenewResponse>, Status> {
-        let r = request.into_inner();
-        let (resource, lease_id) = (resource(&r.resource)?, lease_id(&r.lease_id)?);
-        let reply = match &self.locks {
-            Locks::Embedded(driver) => {
-                let renewed = driver.renew(&resource, lease_id).await?;
-                pb::RenewResponse {
-                    expires_at_ms: driver.wall_ms(renewed.expires_at),
-                    ttl_ms: renewed.ttl_ms,
-                }
-            }
-            Locks::Etcd(etcd) => {
-                let lease = etcd
-                    .renew(&resource, lease_id)
-                    .await
-                    .map_err(|e| from_etcd(&e))?;
-                pb::RenewResponse {
-                    expires_at_ms: lease.expires_at_ms,
-                    ttl_ms: lease.ttl_ms,
-                }
+        let driver = match self.target(&request).await? {
+            Target::Local(driver) => driver,
+            Target::Forward(leader, address) => {
+                return self
+                    .forward(leader, address, request, |mut c, r| async move {
+                        c.renew(r).await
+                    })
+                    .await;
             }
         };
-        Ok(Response::new(reply))
+        let r = request.into_inner();
+        let (resource, lease_id) = (resource(&r.resource)?, lease_id(&r.lease_id)?);
+        let renewed = driver.renew(&resource, lease_id).await?;
+        Ok(Response::new(pb::RenewResponse {
+            expires_at_ms: driver.wall_ms(renewed.expires_at),
+            ttl_ms: renewed.ttl_ms,
+        }))
     }
 
     async fn release(
         &self,
         request: Request<pb::ReleaseRequest>,
     ) -> Result<Response<pb::ReleaseResponse>, Status> {
+        let driver = match self.target(&request).await? {
+            Target::Local(driver) => driver,
+            Target::Forward(leader, address) => {
+                return self
+                    .forward(leader, address, request, |mut c, r| async move {
+                        c.release(r).await
+                    })
+                    .await;
+            }
+        };
         let r = request.into_inner();
         let (resource, lease_id) = (resource(&r.resource)?, lease_id(&r.lease_id)?);
-        let outcome = match &self.locks {
-            Locks::Embedded(driver) => driver.release(&resource, lease_id).await?,
-            Locks::Etcd(etcd) => match etcd
-                .release(&resource, lease_id)
-                .await
-                .map_err(|e| from_etcd(&e))?
-            {
-                None => ReleaseOutcome::Released {
-                    token: fencing::FencingToken::MIN,
+        Ok(Response::new(
+            match driver.release(&resource, lease_id).await? {
+                ReleaseOutcome::Released { .. } => pb::ReleaseResponse {
+                    released: true,
+                    current_token: 0,
                 },
-                Some(current) => ReleaseOutcome::NotHeld { current },
+                ReleaseOutcome::NotHeld { current } => pb::ReleaseResponse {
+                    released: false,
+                    current_token: current.map_or(0, |t| t.get()),
+                },
             },
-        };
-        Ok(Response::new(match outcome {
-            ReleaseOutcome::Released { .. } => pb::ReleaseResponse {
-                released: true,
-                current_token: 0,
-            },
-            ReleaseOutcome::NotHeld { current } => pb::ReleaseResponse {
-                released: false,
-                current_token: current.map_or(0, |t| t.get()),
-            },
-        }))
+        ))
     }
 
     async fn describe(
         &self,
         request: Request<pb::DescribeRequest>,
     ) -> Result<Response<pb::DescribeResponse>, Status> {
-        let r = request.into_inner();
-        let resource = resource(&r.resource)?;
-        let driver = match &self.locks {
-            Locks::Embedded(driver) => driver,
-            Locks::Etcd(etcd) => {
-                let (held, waiters) = etcd.describe(&resource).await.map_err(|e| from_etcd(&e))?;
-                let waiters = u32::try_from(waiters).unwrap_or(u32::MAX);
-                return Ok(Response::new(match held {
-                    Some(b) => pb::DescribeResponse {
-                        held: true,
-                        holder: b.holder,
-                        token: b.token.get(),
-                        expires_at_ms: b.expires_at_ms,
-                        ttl_ms: b.ttl_ms,
-                        waiters,
-                    },
-                    None => pb::DescribeResponse {
-                        waiters,
-                        ..Default::default()
-                    },
-                }));
+        let driver = match self.target(&request).await? {
+            Target::Local(driver) => driver,
+            Target::Forward(leader, address) => {
+                return self
+                    .forward(leader, address, request, |mut c, r| async move {
+                        c.describe(r).await
+                    })
+                    .await;
             }
         };
+        let resource = resource(&request.into_inner().resource)?;
         let d = driver.describe(&resource).await?;
         let waiters = u32::try_from(d.waiters).unwrap_or(u32::MAX);
         Ok(Response::new(match d.held {

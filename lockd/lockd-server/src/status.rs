@@ -15,7 +15,6 @@ use tonic::metadata::MetadataValue;
 use tonic::{Code, Status};
 
 use crate::driver::DriverError;
-use lockd_store_etcd::LockError as EtcdError;
 
 /// Stable error codes, as documented in docs/api.md.
 pub mod codes {
@@ -30,8 +29,8 @@ pub mod codes {
     pub const SUPERSEDED: &str = "superseded";
     pub const SHUTTING_DOWN: &str = "shutting_down";
     pub const STORE_FAILED: &str = "store_failed";
-    pub const ETCD_UNAVAILABLE: &str = "etcd_unavailable";
-    pub const ETCD_FAILED: &str = "etcd_failed";
+    pub const NOT_LEADER: &str = "not_leader";
+    pub const NO_LEADER: &str = "no_leader";
 }
 
 fn status(code: Code, stable: &'static str, message: String) -> Status {
@@ -93,6 +92,7 @@ pub fn from_driver(e: &DriverError) -> Status {
         DriverError::Superseded => status(Code::Aborted, codes::SUPERSEDED, message),
         DriverError::ShuttingDown => status(Code::Unavailable, codes::SHUTTING_DOWN, message),
         DriverError::StoreFailed => status(Code::Unavailable, codes::STORE_FAILED, message),
+        DriverError::NotLeader => status(Code::Unavailable, codes::NOT_LEADER, message),
     }
 }
 
@@ -102,17 +102,14 @@ impl From<DriverError> for Status {
     }
 }
 
-/// The etcd backend's errors, on the same codes as the embedded one's.
-pub fn from_etcd(e: &EtcdError) -> Status {
-    let message = e.to_string();
-    match e {
-        EtcdError::Invalid(i) => invalid_argument(i),
-        EtcdError::Acquire(a) => from_acquire(a),
-        EtcdError::Renew(r) => from_renew(r),
-        EtcdError::Unavailable(_) => status(Code::Unavailable, codes::ETCD_UNAVAILABLE, message),
-        EtcdError::Etcd(_) | EtcdError::Config(_) => {
-            status(Code::Unavailable, codes::ETCD_FAILED, message)
-        }
-        EtcdError::ShuttingDown => status(Code::Unavailable, codes::SHUTTING_DOWN, message),
-    }
+/// No leader could be found in time (HA mode): an election is under way, or etcd is out of
+/// reach.
+pub fn no_leader(message: String) -> Status {
+    status(Code::Unavailable, codes::NO_LEADER, message)
+}
+
+/// A forwarded call reached an instance that does not lead either (the leadership moved
+/// meanwhile); the client retries.
+pub fn not_leader(message: String) -> Status {
+    status(Code::Unavailable, codes::NOT_LEADER, message)
 }

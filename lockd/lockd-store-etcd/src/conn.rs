@@ -14,7 +14,7 @@ use std::time::Duration;
 use etcd_client::{Client, ConnectOptions};
 use tokio::time::Instant;
 
-use crate::LockError;
+use crate::EtcdError;
 
 /// Longest a single attempt on one member may take before the next member is tried: a bit
 /// more than etcd's default election timeout, so that a leader change is waited out once.
@@ -33,7 +33,7 @@ pub struct Etcd {
 impl Etcd {
     /// Clients for each endpoint (connections are made lazily: a member that is down now is
     /// simply skipped by calls until it is back).
-    pub async fn connect(endpoints: &[String]) -> Result<Etcd, LockError> {
+    pub async fn connect(endpoints: &[String]) -> Result<Etcd, EtcdError> {
         let mut members = Vec::new();
         for e in endpoints {
             let options = ConnectOptions::new()
@@ -43,11 +43,11 @@ impl Etcd {
                 .with_require_leader(true);
             let client = Client::connect([e.as_str()], Some(options))
                 .await
-                .map_err(|err| LockError::Config(format!("etcd endpoint {e:?}: {err}")))?;
+                .map_err(|err| EtcdError::Config(format!("etcd endpoint {e:?}: {err}")))?;
             members.push((e.clone(), client));
         }
         if members.is_empty() {
-            return Err(LockError::Config("no etcd endpoints given".to_string()));
+            return Err(EtcdError::Config("no etcd endpoints given".to_string()));
         }
         Ok(Etcd {
             members,
@@ -113,7 +113,7 @@ impl Etcd {
         deadline: Instant,
         what: &str,
         mut op: F,
-    ) -> Result<T, LockError>
+    ) -> Result<T, EtcdError>
     where
         F: FnMut(Client) -> Fut,
         Fut: Future<Output = Result<T, etcd_client::Error>>,
@@ -142,7 +142,7 @@ impl Etcd {
                     return Ok(v);
                 }
                 Ok(Err(e)) if !retryable(&e) => {
-                    return Err(LockError::Etcd(format!("{what}: {e}")));
+                    return Err(EtcdError::Etcd(format!("{what}: {e}")));
                 }
                 Ok(Err(e)) => last = format!("{name}: {e}"),
                 Err(_) => last = format!("{name}: no answer within {budget:?}"),
@@ -159,7 +159,7 @@ impl Etcd {
                 round_pause = (round_pause * 2).min(MAX_ROUND_PAUSE);
             }
         }
-        Err(LockError::Unavailable(format!(
+        Err(EtcdError::Unavailable(format!(
             "etcd did not complete {what} in time (no quorum, or unreachable); last failure: {last}"
         )))
     }
@@ -232,7 +232,7 @@ mod tests {
             .call(deadline, "a read", |_| std::future::pending())
             .await;
         let err = got.expect_err("no member answers");
-        assert!(matches!(err, LockError::Unavailable(_)), "{err:?}");
+        assert!(matches!(err, EtcdError::Unavailable(_)), "{err:?}");
         assert!(err.to_string().contains("no answer within"), "{err}");
         assert_eq!(
             etcd.preferred.load(Ordering::Relaxed),
@@ -260,7 +260,7 @@ mod tests {
             })
             .await;
         let err = got.expect_err("every member refuses");
-        assert!(matches!(err, LockError::Unavailable(_)), "{err:?}");
+        assert!(matches!(err, EtcdError::Unavailable(_)), "{err:?}");
         // Rounds at 0, 50, 150, 350, 750 ms, then every 500 ms until 3 s: 9 rounds of 3.
         assert_eq!(attempts.load(Ordering::Relaxed), 27);
     }

@@ -1,25 +1,21 @@
-//! lockd's own high-water of tokens in etcd mode, kept in its data directory.
+//! The token high-water as this lockd instance last saw it, kept in its data directory: the
+//! guard against an etcd cluster that was emptied or restored from an old backup.
 //!
-//! Tokens are etcd revisions plus an offset. etcd's revisions have gone backwards after
-//! crashes in etcd's own history (and a cluster restored from an old backup does the same), so
-//! every lockd instance remembers the highest token it has answered, in a file it syncs every
-//! 100 ms, and never answers a token at or below its *floor*: the file's value at start-up,
-//! raised at run time to the highest token answered more than `lag` ago. (A grant answered
-//! later than that was committed after every token answered before the lag began, so only a
-//! revision that went backwards can fall below the floor; grants still in flight may
-//! legitimately complete out of order and are not compared.) When a token would fall below the
-//! floor, the grant is undone and the cluster's offset raised past it by [`MARGIN`], which
-//! also covers tokens answered in the last 100 ms before a crash and by other instances.
+//! Tokens continue from the high-water stored in etcd (`{p}/high-water`). If etcd loses data,
+//! that value goes back, and a new leader would hand out tokens that were handed out before
+//! (breaking invariant 2 at every fenced store). So every instance also writes down the
+//! highest token it has seen: the leader the tokens it commits, followers the stored
+//! high-water they read while following. The file is synced every [`FLUSH_EVERY`] (and on a
+//! clean shutdown), so it may lag by that much. A new leader that finds etcd below its file
+//! continues at the file's value plus [`MARGIN`], which covers what the lag and the other
+//! instances saw and the file could not.
 
-use std::collections::VecDeque;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::Duration;
 
-use tokio::time::Instant;
-
-/// How far past the floor the offset is raised when etcd is found behind.
+/// How far past this instance's high-water tokens jump when etcd is found behind it.
 pub const MARGIN: u64 = 1 << 32;
 
 /// How often the high-water is written down.
@@ -29,20 +25,17 @@ pub const FILE: &str = "etcd-token-high-water";
 
 pub struct HighWater {
     path: PathBuf,
-    lag: Duration,
     state: Mutex<State>,
 }
 
 struct State {
-    floor: u64,
-    answered: u64,
+    seen: u64,
     persisted: u64,
-    history: VecDeque<(Instant, u64)>,
 }
 
 impl HighWater {
     /// Reads the file in `dir` (creating the directory if needed; no file = 0).
-    pub fn open(dir: &Path, lag: Duration) -> std::io::Result<HighWater> {
+    pub fn open(dir: &Path) -> std::io::Result<HighWater> {
         std::fs::create_dir_all(dir)?;
         let path = dir.join(FILE);
         let value = match std::fs::read_to_string(&path) {
@@ -57,12 +50,9 @@ impl HighWater {
         };
         Ok(HighWater {
             path,
-            lag,
             state: Mutex::new(State {
-                floor: value,
-                answered: value,
+                seen: value,
                 persisted: value,
-                history: VecDeque::new(),
             }),
         })
     }
@@ -71,31 +61,21 @@ impl HighWater {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Tokens must be above this.
-    pub fn floor(&self) -> u64 {
-        self.state().floor
+    /// The highest token seen (written down or not).
+    pub fn value(&self) -> u64 {
+        self.state().seen
     }
 
-    pub fn answered(&self, token: u64) {
+    pub fn saw(&self, token: u64) {
         let mut s = self.state();
-        s.answered = s.answered.max(token);
+        s.seen = s.seen.max(token);
     }
 
-    /// Raises the floor from the history and writes the high-water down if it rose.
-    pub fn tick(&self) -> std::io::Result<()> {
-        let now = Instant::now();
+    /// Writes the high-water down (atomically, synced) if it rose since the last time.
+    pub fn flush(&self) -> std::io::Result<()> {
         let write = {
-            let mut s = self.state();
-            let answered = s.answered;
-            s.history.push_back((now, answered));
-            while let Some(&(at, value)) = s.history.front() {
-                if now.duration_since(at) < self.lag {
-                    break;
-                }
-                s.floor = s.floor.max(value);
-                s.history.pop_front();
-            }
-            (answered > s.persisted).then_some(answered)
+            let s = self.state();
+            (s.seen > s.persisted).then_some(s.seen)
         };
         if let Some(value) = write {
             let tmp = self.path.with_extension("tmp");
@@ -106,7 +86,8 @@ impl HighWater {
             if let Some(dir) = self.path.parent() {
                 std::fs::File::open(dir)?.sync_all()?;
             }
-            self.state().persisted = value;
+            let mut s = self.state();
+            s.persisted = s.persisted.max(value);
         }
         Ok(())
     }
@@ -116,28 +97,25 @@ impl HighWater {
 mod tests {
     use super::*;
 
-    #[tokio::test(start_paused = true)]
-    async fn the_floor_follows_answers_after_the_lag_and_survives_a_restart() {
+    #[test]
+    fn the_high_water_only_rises_and_survives_a_restart() {
         let dir = tempfile::tempdir().unwrap();
-        let hw = HighWater::open(dir.path(), Duration::from_secs(1)).unwrap();
-        assert_eq!(hw.floor(), 0);
-        hw.answered(40);
-        hw.tick().unwrap();
-        // Within the lag a token below 40 may still be answered (grants complete out of order).
-        assert_eq!(hw.floor(), 0);
-        tokio::time::advance(Duration::from_millis(1500)).await;
-        hw.tick().unwrap();
-        assert_eq!(hw.floor(), 40);
-        // Written down: a new instance starts with it as its floor.
-        let again = HighWater::open(dir.path(), Duration::from_secs(1)).unwrap();
-        assert_eq!(again.floor(), 40);
+        let hw = HighWater::open(dir.path()).unwrap();
+        assert_eq!(hw.value(), 0);
+        hw.saw(40);
+        hw.saw(12);
+        assert_eq!(hw.value(), 40);
+        // Not written down yet: a crash now loses it (the margin covers that).
+        assert_eq!(HighWater::open(dir.path()).unwrap().value(), 0);
+        hw.flush().unwrap();
+        assert_eq!(HighWater::open(dir.path()).unwrap().value(), 40);
     }
 
     #[test]
     fn a_damaged_file_is_refused_with_its_path() {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join(FILE), "forty\n").unwrap();
-        let Err(e) = HighWater::open(dir.path(), Duration::from_secs(1)) else {
+        let Err(e) = HighWater::open(dir.path()) else {
             panic!("a damaged file was accepted");
         };
         assert!(e.to_string().contains(FILE), "{e}");

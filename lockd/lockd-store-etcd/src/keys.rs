@@ -1,17 +1,20 @@
-//! Where things live in etcd, under one prefix (`/lockd` by default):
+//! Where lockd keeps its state in etcd, under one prefix (`/lockd` by default). Everything is
+//! readable with `etcdctl get --prefix /lockd`:
 //!
 //! | key | value | etcd lease |
 //! |---|---|---|
-//! | `{p}/locks/{resource}` | the lease id (32 hex digits) | the grant's own lease (TTL = the lock's TTL) |
-//! | `{p}/meta/{resource}` | [`Meta`] as JSON | the grant's lease |
-//! | `{p}/waiters/{resource}#{name}` | [`Waiter`] as JSON | the session lease of the lockd instance serving the wait |
-//! | `{p}/requests/{request_id}` | [`RequestRecord`] as JSON | a retention lease (at least `request_retention_ms`) |
-//! | `{p}/token-offset` | decimal | none |
+//! | `{p}/leader` | [`LeaderRecord`] as JSON: who leads, and where to reach it | the leader's leadership lease |
+//! | `{p}/high-water` | the highest token ever granted, decimal | none |
+//! | `{p}/locks/{resource}` | [`LockRecord`] as JSON: the lease held on the resource | none |
+//! | `{p}/requests/{request_id}` | [`RequestRecord`] as JSON: the grant a request id got | none |
 //!
-//! The lock and meta keys are written in one transaction, so their create revision is the
-//! grant's revision; the token is that revision plus the offset recorded in the meta (and in
-//! the request record). Resource names never contain `#`, so a resource's waiter prefix
-//! `{p}/waiters/{resource}#` cannot match another resource's waiters.
+//! Only the leader writes, and every write of the leader is a transaction conditional on
+//! `{p}/leader` being its own key (its create revision). Locks carry no etcd lease: the
+//! leader's core decides expiry, and a new leader gives every stored lock a full TTL. Waiters
+//! are not stored: they live in the leader's memory, with the calls that wait.
+//!
+//! The records hold the lease id, which is the holder's capability to renew and release:
+//! whoever may read this prefix may act as any holder (give etcd access to lockd alone).
 
 use serde::{Deserialize, Serialize};
 
@@ -26,54 +29,62 @@ impl Keys {
         }
     }
 
+    pub fn leader(&self) -> String {
+        format!("{}/leader", self.prefix)
+    }
+
+    pub fn high_water(&self) -> String {
+        format!("{}/high-water", self.prefix)
+    }
+
+    /// The prefix of every lock key.
+    pub fn locks(&self) -> String {
+        format!("{}/locks/", self.prefix)
+    }
+
     pub fn lock(&self, resource: &str) -> String {
-        format!("{}/locks/{resource}", self.prefix)
+        format!("{}{resource}", self.locks())
     }
 
-    pub fn meta(&self, resource: &str) -> String {
-        format!("{}/meta/{resource}", self.prefix)
-    }
-
-    /// The prefix of a resource's waiters.
-    pub fn waiters(&self, resource: &str) -> String {
-        format!("{}/waiters/{resource}#", self.prefix)
-    }
-
-    pub fn waiter(&self, resource: &str, name: &str) -> String {
-        format!("{}{name}", self.waiters(resource))
+    /// The prefix of every request record.
+    pub fn requests(&self) -> String {
+        format!("{}/requests/", self.prefix)
     }
 
     pub fn request(&self, request_id: &str) -> String {
-        format!("{}/requests/{request_id}", self.prefix)
-    }
-
-    pub fn offset(&self) -> String {
-        format!("{}/token-offset", self.prefix)
+        format!("{}{request_id}", self.requests())
     }
 }
 
-/// What is kept next to a lock.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct Meta {
+/// A held lock.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LockRecord {
+    /// 32 hex digits.
+    pub lease_id: String,
+    pub token: u64,
     pub holder: String,
     pub ttl_ms: u64,
-    /// Added to the grant's revision to make the token.
-    pub offset: u64,
-    /// The etcd lease the lock lives under (renewals keep it alive; a release revokes it).
-    pub etcd_lease: i64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request_id: Option<String>,
 }
 
-/// A queued Acquire.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct Waiter {
-    pub holder: String,
-}
-
-/// A granted request id, for retries (invariant 6).
-#[derive(Debug, Clone, Serialize, Deserialize)]
+/// A remembered request id (kept for `limits.request_retention_ms` after its grant).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RequestRecord {
     pub resource: String,
     pub lease_id: String,
+    pub token: u64,
+    pub holder: String,
     pub ttl_ms: u64,
-    pub offset: u64,
+}
+
+/// The leader.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeaderRecord {
+    /// Random per process start: tells two lockd processes apart even on one address.
+    pub id: String,
+    /// The gRPC endpoint followers forward to, e.g. `http://10.0.0.5:7420`.
+    pub address: String,
+    /// When it started leading (Unix ms), for operators.
+    pub since_unix_ms: u64,
 }

@@ -8,8 +8,8 @@ use lockd_core::Op;
 
 use crate::StoreError;
 
-/// Read access to the state a batch applies to.
-pub(crate) trait View {
+/// Read access to the state a batch applies to (a store's tables, or a mirror of them).
+pub trait View {
     fn lease(&self, resource: &ResourceName) -> Result<Option<LeaseId>, StoreError>;
     fn has_request(&self, request_id: &str) -> Result<bool, StoreError>;
     fn last_token(&self) -> Result<Option<FencingToken>, StoreError>;
@@ -17,10 +17,7 @@ pub(crate) trait View {
 
 /// Checks `ops` in order against `view` plus the effects of the ops before each one. Returns
 /// the high-water after the batch.
-pub(crate) fn check_batch(
-    view: &impl View,
-    ops: &[Op],
-) -> Result<Option<FencingToken>, StoreError> {
+pub fn check_batch(view: &impl View, ops: &[Op]) -> Result<Option<FencingToken>, StoreError> {
     let mut leases: HashMap<&ResourceName, Option<LeaseId>> = HashMap::new();
     let mut requests: HashMap<&str, bool> = HashMap::new();
     let mut last = view.last_token()?;

@@ -44,6 +44,14 @@ pub enum StoreError {
     Corrupt(String),
     #[error("storage I/O failed: {0}")]
     Io(String),
+    /// A replicated store (etcd) refused the batch because this lockd no longer leads: the
+    /// batch changed nothing, and this lockd must stop deciding.
+    #[error("this lockd no longer leads the cluster: {0}")]
+    Deposed(String),
+    /// A replicated store did not answer in time (no quorum, unreachable): whether the batch
+    /// was applied is unknown.
+    #[error("the store did not answer in time: {0}")]
+    Unavailable(String),
 }
 
 impl From<redb::Error> for StoreError {

@@ -9,8 +9,9 @@
 //! - [`RedbStore`]: the embedded, durable default: a redb file behind a journal, in the data
 //!   directory.
 //! - [`conformance`]: the behaviour every store must show, as a suite that each implementation
-//!   runs from its own tests. (The etcd backend, `lockd-store-etcd`, is not a store behind the
-//!   core but decides in etcd transactions; the API-level suite in the e2e tests covers both.)
+//!   runs from its own tests (the etcd store, in `lockd-store-etcd`, runs it from the e2e tests
+//!   against a real etcd).
+//! - [`check_batch`]: the preconditions of a batch, shared by every store (also the etcd one).
 //!
 //! # Assumptions about the disk
 //!
@@ -29,6 +30,7 @@ mod journal;
 mod memory;
 mod redb_store;
 
+pub use check::{View, check_batch};
 pub use error::StoreError;
 pub use lockd_core::{LeaseRecord, Op, Snapshot};
 pub use memory::MemoryStore;

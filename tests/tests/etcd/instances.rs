@@ -1,9 +1,13 @@
-//! Several stateless lockd instances over one etcd cluster.
+//! Three lockd instances over one etcd cluster: one leads, the others forward to it.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use e2e::etcd::EtcdCluster;
+use e2e::Lockd;
+use e2e::etcd::{EtcdCluster, LEADING};
 use lockd_client::{AcquireOptions, Acquired, Client};
+use lockd_proto::v1::lock_service_client::LockServiceClient;
+use lockd_proto::v1::{AcquireRequest, DescribeRequest, RenewRequest, acquire_response::Outcome};
+use tonic::Code;
 
 use crate::{Load, lockd_on};
 
@@ -17,7 +21,7 @@ fn opts(ttl_s: u64, wait_s: u64, request_id: Option<&str>) -> AcquireOptions {
 }
 
 /// An acquire through `client` that must be granted (`what` says why, if not); the lease,
-/// detached from its guard (these tests renew nothing).
+/// detached from its guard (these tests renew by hand).
 fn granted(
     rt: &tokio::runtime::Runtime,
     client: &Client,
@@ -31,33 +35,63 @@ fn granted(
     }
 }
 
+struct Three {
+    cluster: EtcdCluster,
+    lockds: Vec<Lockd>,
+    _dirs: Vec<tempfile::TempDir>,
+}
+
+impl Three {
+    fn start() -> Three {
+        let cluster = EtcdCluster::start(3);
+        let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+        let lockds = dirs.iter().map(|d| lockd_on(d.path(), &cluster)).collect();
+        Three {
+            cluster,
+            lockds,
+            _dirs: dirs,
+        }
+    }
+
+    fn endpoints(&self) -> Vec<String> {
+        self.lockds.iter().map(|l| l.endpoint.clone()).collect()
+    }
+
+    /// The index of the instance that leads (not `not`).
+    fn leader(&self, not: Option<usize>) -> usize {
+        let endpoints = self.endpoints();
+        let refs: Vec<&str> = endpoints.iter().map(String::as_str).collect();
+        self.cluster.lockd_leader_among(&refs, not.map(|i| refs[i]))
+    }
+}
+
 #[test]
-fn two_instances_serve_one_set_of_locks_and_one_may_die() {
-    let cluster = EtcdCluster::start(3);
-    let (da, db) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let mut a = lockd_on(da.path(), &cluster);
-    let b = lockd_on(db.path(), &cluster);
-    let load = Load::start(&[a.endpoint.clone(), b.endpoint.clone()], 6, 3);
+fn any_instance_serves_and_a_clean_stop_of_the_leader_hands_over() {
+    let mut three = Three::start();
+    let endpoints = three.endpoints();
+    let load = Load::start(&endpoints, 6, 3);
     load.recorder
-        .wait_grants(40, "grants through both instances");
+        .wait_grants(40, "grants through all three instances");
 
     let rt = tokio::runtime::Runtime::new().unwrap();
     let _in = rt.enter();
-    let (ca, cb) = (
-        Client::connect(&a.endpoint).unwrap(),
-        Client::connect(&b.endpoint).unwrap(),
-    );
-    // A grant through A, retried with the same request id through B: the same grant.
+    let leader = three.leader(None);
+    let (f1, f2) = ((leader + 1) % 3, (leader + 2) % 3);
+    let clients: Vec<Client> = endpoints
+        .iter()
+        .map(|e| Client::connect(e).unwrap())
+        .collect();
+    // A grant through one follower, retried with the same request id through the other.
     let first = granted(
         &rt,
-        &ca,
+        &clients[f1],
         "job",
         opts(60, 0, Some("retry-me")),
-        "a free resource is granted",
+        "a free resource is granted through a follower",
     );
     let again = granted(
         &rt,
-        &cb,
+        &clients[f2],
         "job",
         opts(60, 0, Some("retry-me")),
         "a retry is answered with the original grant",
@@ -67,49 +101,230 @@ fn two_instances_serve_one_set_of_locks_and_one_may_die() {
         (first.token, &first.lease_id)
     );
     assert!(again.duplicate);
+    // Renewed through the leader itself, described through a follower.
+    rt.block_on(clients[leader].renew("job", &first.lease_id))
+        .expect("a lease granted through a follower is renewed through the leader");
+    let d = rt.block_on(clients[f2].describe("job")).unwrap();
+    assert_eq!(d.token, Some(first.token));
 
-    // A waiter queued through A, another through B after it.
-    let queued_a = rt.spawn({
-        let ca = ca.clone();
-        async move { ca.acquire("job", opts(60, 60, None)).await }
-    });
-    let describe = |c: &Client| rt.block_on(c.describe("job")).unwrap().waiters;
-    let deadline = std::time::Instant::now() + e2e::PATIENCE;
-    while describe(&cb) < 1 {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "A's waiter never queued"
-        );
-    }
-    let queued_b = rt.spawn({
-        let cb = cb.clone();
-        async move { cb.acquire("job", opts(60, 60, None)).await }
-    });
-    while describe(&cb) < 2 {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "B's waiter never queued"
-        );
-    }
-
-    // A dies: its clients move to B, its waiter leaves the queue with its etcd session.
-    a.kill9();
-    drop(queued_a);
-    while describe(&cb) != 1 {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the dead instance's waiter is still queued"
-        );
-    }
-    load.recorder
-        .wait_grants(40, "grants after instance A died");
-    // The holder releases (through B): B's waiter, now first, gets the lock.
-    assert!(rt.block_on(cb.release("job", &first.lease_id)).unwrap());
-    let Acquired::Granted(next) = rt.block_on(queued_b).unwrap().unwrap() else {
-        panic!("B's waiter is granted once the lock is released");
+    // SIGTERM of the leader: it gives the leadership up, another instance takes over at
+    // once (no TTL to wait out), and the lock is still held, by the same lease.
+    three.lockds[leader].process.signal(libc::SIGTERM);
+    assert!(three.lockds[leader].process.wait().success());
+    let next = three.leader(Some(leader));
+    assert_ne!(next, leader);
+    three.lockds[next].wait_event(LEADING, |e| e["leases"].as_u64() >= Some(1));
+    let survivor = (next + 1) % 3;
+    let survivor = if survivor == leader {
+        (next + 2) % 3
+    } else {
+        survivor
     };
-    assert!(next.token() > first.token);
+    rt.block_on(clients[survivor].renew("job", &first.lease_id))
+        .expect("the lease survives the hand-over");
+    load.recorder
+        .wait_grants(40, "grants after the leader stopped");
     load.finish();
+}
+
+#[test]
+fn kill_9_of_the_lockd_leader_during_a_burst_keeps_its_locks() {
+    let mut three = Three::start();
+    let endpoints = three.endpoints();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let _in = rt.enter();
+    let leader = three.leader(None);
+    let follower = (leader + 1) % 3;
+    let client = Client::connect(&endpoints[follower]).unwrap();
+    let kept = granted(
+        &rt,
+        &client,
+        "kept",
+        opts(60, 0, None),
+        "a free resource is granted",
+    );
+
+    let load = Load::start(&endpoints, 6, 3);
+    load.recorder.wait_grants(40, "grants before the kill");
+    let killed_at = Instant::now();
+    three.lockds[leader].kill9();
+    // The SDK retries through the failover: this grant is the new leader's first ones'.
+    let probe = granted(
+        &rt,
+        &client,
+        "probe",
+        opts(30, 0, None),
+        "a free resource is granted",
+    );
+    eprintln!(
+        "failover: the first grant after the kill came {:?} after it",
+        killed_at.elapsed()
+    );
+    assert!(probe.token > kept.token);
+    let next = three.leader(Some(leader));
+    three.lockds[next].wait_event(LEADING, |_| true);
+    load.recorder
+        .wait_grants(40, "grants after the lockd leader was killed");
+    // The lock granted before the kill is held still, by the same lease and token.
+    let d = rt.block_on(client.describe("kept")).unwrap();
+    assert_eq!(d.token, Some(kept.token));
+    rt.block_on(client.renew("kept", &kept.lease_id))
+        .expect("a lease granted before the kill is renewed after it");
+    let after = granted(
+        &rt,
+        &client,
+        "fresh",
+        opts(30, 0, None),
+        "a free resource is granted",
+    );
+    assert!(after.token > kept.token);
+    load.finish();
+}
+
+/// A raw client with a long deadline of its own, so that lockd's answer is what is judged.
+fn rpc(
+    rt: &tokio::runtime::Runtime,
+    endpoint: &str,
+) -> LockServiceClient<tonic::transport::Channel> {
+    rt.block_on(LockServiceClient::connect(endpoint.to_string()))
+        .unwrap()
+}
+
+#[test]
+fn a_paused_lockd_leader_neither_grants_nor_renews_when_it_wakes() {
+    let mut three = Three::start();
+    let endpoints = three.endpoints();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let _in = rt.enter();
+    let leader = three.leader(None);
+    let follower = (leader + 1) % 3;
+    let to_leader = Client::connect(&endpoints[leader]).unwrap();
+    let held = granted(
+        &rt,
+        &to_leader,
+        "r",
+        opts(6, 0, None),
+        "a free resource is granted",
+    );
+    // The last renewal the leader answers: from its sending, the lease is the holder's for
+    // its TTL, and nobody else may hold "r" before that has run out.
+    let renewed_at = Instant::now();
+    rt.block_on(to_leader.renew("r", &held.lease_id))
+        .expect("the leader renews its lease");
+    let ttl = Duration::from_millis(held.ttl.as_millis() as u64);
+    // A lease still valid in the paused leader's memory when it wakes: were the woken leader
+    // to renew it, its holder would count on it past the expiry the next leader gave it.
+    let long = granted(
+        &rt,
+        &to_leader,
+        "long",
+        opts(120, 0, None),
+        "a free resource is granted",
+    );
+
+    three.lockds[leader].process.signal(libc::SIGSTOP);
+    // A waiter through a follower: served by the next leader, once the renewal ran out.
+    let waiting = {
+        let client = Client::connect(&endpoints[follower]).unwrap();
+        rt.spawn(async move {
+            let got = client.acquire("r", opts(6, 40, Some("next"))).await;
+            (got, Instant::now())
+        })
+    };
+    let next = three.leader(Some(leader));
+    assert_ne!(next, leader);
+    let (got, at) = rt.block_on(waiting).unwrap();
+    let Acquired::Granted(next_lease) = got.expect("the waiter is answered") else {
+        panic!("the waiter is granted by the new leader");
+    };
+    let next_lease = rt.block_on(next_lease.detach());
+    assert!(next_lease.token > held.token);
+    assert!(
+        at >= renewed_at + ttl,
+        "\"r\" was granted again {:?} after the paused leader's last renewal was sent, within its TTL {ttl:?}",
+        at - renewed_at
+    );
+
+    // Calls that reach the paused leader wait in its socket; it wakes to them.
+    let mut stale = rpc(&rt, &endpoints[leader]);
+    // Many renewals, so that some reach it before it has noticed that its term is over.
+    let renewals: Vec<_> = (0..32)
+        .map(|i| {
+            let mut c = stale.clone();
+            let (resource, lease_id) = if i % 2 == 0 {
+                ("r", held.lease_id.clone())
+            } else {
+                ("long", long.lease_id.clone())
+            };
+            rt.spawn(async move {
+                let mut r = tonic::Request::new(RenewRequest {
+                    resource: resource.to_string(),
+                    lease_id,
+                });
+                r.set_timeout(Duration::from_secs(30));
+                c.renew(r).await
+            })
+        })
+        .collect();
+    let acquire = rt.spawn(async move {
+        let mut r = tonic::Request::new(AcquireRequest {
+            resource: "z".to_string(),
+            request_id: String::new(),
+            ttl_ms: 30_000,
+            wait_timeout_ms: 0,
+            holder: "late".to_string(),
+        });
+        r.set_timeout(Duration::from_secs(30));
+        stale.acquire(r).await
+    });
+    three.lockds[leader].process.signal(libc::SIGCONT);
+    for renew in renewals {
+        match rt.block_on(renew).unwrap() {
+            // Forwarded to the new leader, which renews "long" (whether the woken leader
+            // renewed it instead, its log says, below).
+            Ok(r) if r.get_ref().ttl_ms == 120_000 => {}
+            Ok(r) => panic!("\"r\" was renewed after it expired: {r:?}"),
+            // Refused by the woken leader itself, or by the new one ("r" has expired).
+            Err(e) => assert!(
+                matches!(e.code(), Code::Unavailable | Code::FailedPrecondition),
+                "{e:?}"
+            ),
+        }
+    }
+    match rt.block_on(acquire).unwrap() {
+        Err(e) => assert_eq!(e.code(), Code::Unavailable, "{e:?}"),
+        // Only as the new leader's grant (it forwarded the call once it knew it was deposed).
+        Ok(r) => {
+            let Some(Outcome::Granted(l)) = r.into_inner().outcome else {
+                panic!("a free resource is granted or refused");
+            };
+            let mut c = rpc(&rt, &endpoints[next]);
+            let d = rt
+                .block_on(c.describe(DescribeRequest {
+                    resource: "z".to_string(),
+                }))
+                .unwrap()
+                .into_inner();
+            assert_eq!(d.token, l.token, "the grant is the new leader's");
+            assert!(l.token > next_lease.token);
+        }
+    }
+    three.lockds[leader].wait_event("stopped leading", |_| true);
+    let woken: Vec<serde_json::Value> = three.lockds[leader]
+        .process
+        .stderr
+        .text()
+        .lines()
+        .filter_map(e2e::event)
+        .filter(|e| {
+            (e["message"] == "renewed" && e["resource"] == "long")
+                || (e["message"] == "granted" && e["resource"] == "z")
+        })
+        .collect();
+    assert!(
+        woken.is_empty(),
+        "the woken leader renewed or granted: {woken:?}"
+    );
 }
 
 #[test]
@@ -132,12 +347,13 @@ fn tokens_stay_above_what_was_answered_when_etcd_loses_its_history() {
         last = last.max(g.token);
     }
     // lockd stops cleanly (its high-water is written down), and etcd is replaced by an empty
-    // cluster: its revisions start again from 1.
+    // cluster.
     lockd.process.signal(libc::SIGTERM);
     assert!(lockd.process.wait().success());
     drop(old);
     let fresh = EtcdCluster::start(1);
     let lockd = lockd_on(dir.path(), &fresh);
+    lockd.wait_event(LEADING, |_| true);
     let client = Client::connect(&lockd.endpoint).unwrap();
     let g = granted(
         &rt,
@@ -147,9 +363,9 @@ fn tokens_stay_above_what_was_answered_when_etcd_loses_its_history() {
         "a free resource is granted",
     );
     assert!(
-        g.token > last + (1 << 32) - 1_000,
-        "token {} after {last}: the offset must lift tokens past the floor and its margin",
+        g.token > last + (1 << 32),
+        "token {} after {last}: tokens must continue above the high-water plus its margin",
         g.token
     );
-    lockd.wait_event("etcd's revision is behind tokens this lockd has answered (etcd lost data, or was restored from a backup); raising the token offset", |_| true);
+    lockd.wait_event("etcd's token high-water is behind tokens this lockd has seen (etcd lost data, or was restored from a backup); tokens continue above this instance's high-water plus a margin", |_| true);
 }

@@ -1,11 +1,15 @@
-//! lockd over a real three-member etcd cluster (Debian `etcd-server`, loopback ports).
+//! lockd over a real etcd cluster (Debian `etcd-server`, loopback ports).
 //!
-//! - `api`: the API conformance suite (`e2e::api`), on a one-member etcd;
-//! - `faults`: `kill -9` of the etcd leader during a burst of grants, SIGSTOP of the leader,
-//!   two members down (no grant, no renewal) and back;
-//! - `instances`: two lockd instances with clients spread over both and one killed; a retry
-//!   with the same request id on the other instance; the waiters of a dead instance leave the
-//!   queue.
+//! - `api`: the API conformance suite (`e2e::api`), one lockd over a one-member etcd;
+//! - `store`: the Store conformance suite on `EtcdStore`, and what a replicated store adds
+//!   (a deposed leader's batch, batches beyond etcd's transaction limit, the key layout, the
+//!   high-water guard);
+//! - `faults`: etcd members failing under lockd: `kill -9` of the etcd leader during a burst
+//!   of grants, SIGSTOP of the etcd leader, two members down (no grant, no renewal) and back;
+//! - `instances`: three lockd instances (one leads, two forward) over three etcd members:
+//!   clients on all of them, a retry through another instance, a clean hand-over, `kill -9`
+//!   of the lockd leader during a burst, SIGSTOP of the lockd leader past its lease, and an
+//!   etcd that lost its data.
 //!
 //! Clients record what they saw as a history (docs/history.md), judged by `verify`'s checker:
 //! single holder and monotone tokens must hold.
@@ -15,6 +19,7 @@
 mod api;
 mod faults;
 mod instances;
+mod store;
 
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -26,19 +31,9 @@ use e2e::{Lockd, PATIENCE};
 use lockd_client::{AcquireOptions, Acquired, Client, ClientError};
 use serde_json::{Value, json};
 
-/// lockd over `cluster`, with a short session so that a dead instance's waiters leave soon.
+/// lockd over `cluster` (a short leadership lease), once it leads or follows.
 pub fn lockd_on(dir: &Path, cluster: &EtcdCluster) -> Lockd {
-    Lockd::start(
-        dir,
-        &[
-            "--backend",
-            "etcd",
-            "--etcd-endpoints",
-            &cluster.endpoints(),
-            "--etcd-session-ttl-ms",
-            "2000",
-        ],
-    )
+    cluster.lockd(dir, &[])
 }
 
 /// The history the clients write, and a count of grants to wait on.

@@ -16,7 +16,10 @@ const RULES: &[(&str, Option<&[&str]>)] = &[
     ("fencing", Some(&[])),
     ("lockd-core", Some(&["fencing"])),
     ("lockd-store", Some(&["fencing", "lockd-core"])),
-    ("lockd-store-etcd", Some(&["fencing", "lockd-core"])),
+    (
+        "lockd-store-etcd",
+        Some(&["fencing", "lockd-core", "lockd-store"]),
+    ),
     ("lockd-proto", Some(&[])),
     (
         "lockd-server",
@@ -86,10 +89,6 @@ const LONG_FILES: &[(&str, &str)] = &[
     (
         "proxy/pg-relay/src/machine_tests.rs",
         "one expect-test transcript per protocol path of the state machine",
-    ),
-    (
-        "lockd/lockd-store-etcd/src/lib.rs",
-        "the etcd backend before it becomes a Store under lockd-core (issue 15 replaces it)",
     ),
     (
         "proxy/http-relay/src/h1.rs",

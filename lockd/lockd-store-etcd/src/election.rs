@@ -1,0 +1,290 @@
+//! Who leads: the holder of `{p}/leader`, a key written under the holder's leadership lease.
+//!
+//! A candidate grants itself a lease and puts the key only if it does not exist (one
+//! transaction); etcd deletes the key when the lease runs out, so a dead or paused leader is
+//! replaced within the lease TTL (plus etcd's expiry check, every 500 ms).
+//!
+//! # Until when a leader may answer
+//!
+//! etcd starts a lease's TTL when it *receives* a grant or a keep-alive, and never expires it
+//! earlier (an etcd leader change even gives every lease a full TTL again). So after a
+//! keep-alive *sent* at `s` and answered with TTL `t`, nobody else can be leader before
+//! `s + t` by etcd's clock. The leader's [`Term::in_force`] holds until `s + t - margin` by its
+//! own clock, with `margin = TTL / 10` for the two clocks' rates (assumed within 1 % of each
+//! other, far looser than NTP's 500 ppm). The clock is `CLOCK_BOOTTIME`: it keeps counting
+//! while the process is stopped or the machine suspended, so a leader that wakes up knows at
+//! once that its term may be over. Each keep-alive round also reads the leader key, so a key
+//! deleted by hand ends the term within one round.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp, TxnOpResponse};
+use tokio::time::Instant;
+use tracing::{info, warn};
+
+use crate::keys::LeaderRecord;
+use crate::{Cluster, EtcdError, conn, decimal};
+
+/// Time since boot, stopped processes and suspended machines included.
+pub fn boot_time() -> Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec; CLOCK_BOOTTIME exists on every Linux lockd
+    // supports (since 2.6.39), so the call cannot fail.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) };
+    assert_eq!(rc, 0, "clock_gettime(CLOCK_BOOTTIME) failed");
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}
+
+/// This lockd process, as a candidate.
+#[derive(Clone, Debug)]
+pub struct Member {
+    pub id: String,
+    /// Where followers forward to.
+    pub address: String,
+}
+
+impl Member {
+    /// A member with a fresh random id.
+    pub fn new(address: String) -> Member {
+        let mut bytes = [0u8; 8];
+        getrandom::fill(&mut bytes).expect("the operating system's random number generator failed");
+        Member {
+            id: bytes.iter().map(|b| format!("{b:02x}")).collect(),
+            address,
+        }
+    }
+}
+
+/// One leader's time in office.
+#[derive(Debug)]
+pub struct Term {
+    lease: i64,
+    revision: i64,
+    ttl: Duration,
+    margin: Duration,
+    /// Boot-time nanoseconds until which the leadership surely holds.
+    deadline_ns: AtomicU64,
+}
+
+impl Term {
+    fn new(lease: i64, revision: i64, ttl: Duration, sent_at: Duration) -> Term {
+        let term = Term {
+            lease,
+            revision,
+            ttl,
+            margin: ttl / 10,
+            deadline_ns: AtomicU64::new(0),
+        };
+        term.extend(sent_at, ttl);
+        term
+    }
+
+    /// The leadership lease.
+    pub fn lease(&self) -> i64 {
+        self.lease
+    }
+
+    /// The leader key's create revision: what every write of this term is conditional on.
+    pub fn revision(&self) -> i64 {
+        self.revision
+    }
+
+    /// Whether this instance surely still leads (see the module documentation).
+    pub fn in_force(&self) -> bool {
+        (boot_time().as_nanos() as u64) < self.deadline_ns.load(Ordering::Acquire)
+    }
+
+    /// Until when (boot time) the leadership surely holds.
+    pub fn deadline(&self) -> Duration {
+        Duration::from_nanos(self.deadline_ns.load(Ordering::Acquire))
+    }
+
+    fn extend(&self, sent_at: Duration, ttl: Duration) {
+        let until = (sent_at + ttl).saturating_sub(self.margin);
+        self.deadline_ns
+            .fetch_max(until.as_nanos() as u64, Ordering::AcqRel);
+    }
+}
+
+/// What a campaign came to.
+#[derive(Debug)]
+pub enum Campaign {
+    Won(Term),
+    /// Someone else leads (`None`: the key holds something lockd did not write).
+    Lost(Option<LeaderRecord>),
+}
+
+fn etcd_ttl_s(ttl: Duration) -> i64 {
+    (ttl.as_millis().div_ceil(1000) as i64).max(2)
+}
+
+fn first_kv(r: Option<&TxnOpResponse>) -> Option<&etcd_client::KeyValue> {
+    match r {
+        Some(TxnOpResponse::Get(g)) => g.kvs().first(),
+        _ => None,
+    }
+}
+
+impl Cluster {
+    /// Tries once to become the leader.
+    pub async fn campaign(&self, me: &Member) -> Result<Campaign, EtcdError> {
+        let ttl_s = etcd_ttl_s(self.leader_ttl);
+        let sent_at = boot_time();
+        let lease = self
+            .etcd
+            .call(
+                self.deadline(),
+                "granting the leadership lease",
+                |mut c| async move { c.lease_grant(ttl_s, None).await },
+            )
+            .await?;
+        let record = LeaderRecord {
+            id: me.id.clone(),
+            address: me.address.clone(),
+            since_unix_ms: SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as u64),
+        };
+        let key = self.keys.leader();
+        let value = serde_json::to_string(&record).expect("a leader record serialises");
+        let txn = Txn::new()
+            .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
+            .and_then([TxnOp::put(
+                key.clone(),
+                value,
+                Some(PutOptions::new().with_lease(lease.id())),
+            )])
+            .or_else([TxnOp::get(key.clone(), None)]);
+        let r = self.txn("campaigning for leadership", txn).await?;
+        let ttl = Duration::from_secs(lease.ttl().max(0) as u64);
+        if r.succeeded() {
+            let revision = r.header().map_or(0, |h| h.revision());
+            return Ok(Campaign::Won(Term::new(lease.id(), revision, ttl, sent_at)));
+        }
+        let responses = r.op_responses();
+        let current = first_kv(responses.first());
+        if let Some(kv) = current
+            && kv.lease() == lease.id()
+        {
+            // An earlier attempt of this very transaction committed; its answer was lost.
+            return Ok(Campaign::Won(Term::new(
+                lease.id(),
+                kv.create_revision(),
+                ttl,
+                sent_at,
+            )));
+        }
+        self.revoke(lease.id()).await;
+        Ok(Campaign::Lost(
+            current.and_then(|kv| serde_json::from_slice(kv.value()).ok()),
+        ))
+    }
+
+    /// Keeps `term`'s lease alive and returns why the term ended (it never ends otherwise).
+    pub async fn keep_leading(&self, term: &Term) -> String {
+        let every = term.ttl / 3;
+        let mut pause = every;
+        loop {
+            let deadline = term.deadline();
+            let wake = (boot_time() + pause).min(deadline);
+            tokio::time::sleep(wake.saturating_sub(boot_time())).await;
+            if !term.in_force() {
+                return format!(
+                    "the leadership lease could not be renewed in time (TTL {:?}, last keep-alive answered more than {:?} ago)",
+                    term.ttl,
+                    term.ttl - term.margin
+                );
+            }
+            let sent_at = boot_time();
+            let left = term.deadline().saturating_sub(sent_at);
+            match self.renew_term(term, left.min(every)).await {
+                Ok(Some(ttl)) => {
+                    term.extend(sent_at, ttl);
+                    pause = every;
+                }
+                Ok(None) => return "the leadership lease or the leader key is gone".to_string(),
+                Err(e) => {
+                    warn!(error = %e, "cannot renew the leadership lease; retrying");
+                    pause = RETRY_AFTER.min(every);
+                }
+            }
+        }
+    }
+
+    /// One keep-alive of the term's lease, then a check that the leader key is still the
+    /// term's. `Ok(None)`: the term is over.
+    async fn renew_term(
+        &self,
+        term: &Term,
+        within: Duration,
+    ) -> Result<Option<Duration>, EtcdError> {
+        let deadline = Instant::now() + within;
+        let id = term.lease;
+        // etcd-client reads the keep-alive's answer itself: an error if the lease is gone.
+        let alive = self
+            .etcd
+            .call(
+                deadline,
+                "keeping the leadership lease alive",
+                |mut c| async move {
+                    match c.lease_keep_alive(id).await {
+                        Ok(_) => Ok(true),
+                        Err(etcd_client::Error::LeaseKeepAliveError(_)) => Ok(false),
+                        Err(e) => Err(e),
+                    }
+                },
+            )
+            .await?;
+        if !alive {
+            return Ok(None);
+        }
+        let key = self.keys.leader();
+        let r = self
+            .etcd
+            .call(deadline, "reading the leader key", |mut c| {
+                let key = key.clone();
+                async move { c.get(key, None).await }
+            })
+            .await?;
+        match r.kvs().first() {
+            // A keep-alive gives the lease its granted TTL again.
+            Some(kv) if kv.create_revision() == term.revision => Ok(Some(term.ttl)),
+            _ => Ok(None),
+        }
+    }
+
+    /// Gives the term up at once (its key goes with the lease), so that another instance
+    /// need not wait for the TTL.
+    pub async fn resign(&self, term: &Term) {
+        self.revoke(term.lease).await;
+        info!(lease = term.lease, "resigned the leadership");
+    }
+
+    async fn revoke(&self, lease: i64) {
+        let mut c = self.etcd.any();
+        let _ = tokio::time::timeout(conn::ATTEMPT_TIMEOUT, c.lease_revoke(lease)).await;
+    }
+
+    /// What a follower reads: the leader (if any) and the stored token high-water, which it
+    /// also writes down (see [`highwater`](crate::highwater)).
+    pub async fn observe(&self) -> Result<(Option<LeaderRecord>, u64), EtcdError> {
+        let (leader, hw) = (self.keys.leader(), self.keys.high_water());
+        let txn = Txn::new().and_then([TxnOp::get(leader, None), TxnOp::get(hw.clone(), None)]);
+        let r = self.txn("reading the leader", txn).await?;
+        let ops = r.op_responses();
+        let leader = first_kv(ops.first()).and_then(|kv| serde_json::from_slice(kv.value()).ok());
+        let high_water = match first_kv(ops.get(1)) {
+            Some(kv) => decimal(&hw, kv.value())?,
+            None => 0,
+        };
+        self.highwater.saw(high_water);
+        Ok((leader, high_water))
+    }
+}
+
+/// The pause before a keep-alive is tried again after etcd did not answer.
+const RETRY_AFTER: Duration = Duration::from_millis(200);

@@ -1,0 +1,383 @@
+//! The leader's store: the core's batches as etcd transactions conditional on the leader key.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
+
+use etcd_client::{Compare, CompareOp, GetOptions, Txn, TxnOp};
+use fencing::{FencingToken, LeaseId, ResourceName};
+use lockd_core::{LeaseRecord, Op, Snapshot};
+use lockd_store::{Store, StoreError, View, check_batch};
+use tokio::runtime::Handle;
+use tracing::error;
+
+use crate::election::Term;
+use crate::highwater::MARGIN;
+use crate::keys::{LockRecord, RequestRecord};
+use crate::{Cluster, EtcdError, decimal};
+
+/// Keys read per page when the state is loaded.
+const LOAD_PAGE: i64 = 2_000;
+
+/// What the store holds, as far as the preconditions need it (the leader is the only writer,
+/// so this mirror is exact while the term lasts).
+#[derive(Default)]
+struct Mirror {
+    leases: HashMap<ResourceName, LeaseId>,
+    requests: HashSet<String>,
+    last_token: Option<FencingToken>,
+}
+
+impl View for Mirror {
+    fn lease(&self, resource: &ResourceName) -> Result<Option<LeaseId>, StoreError> {
+        Ok(self.leases.get(resource).copied())
+    }
+    fn has_request(&self, request_id: &str) -> Result<bool, StoreError> {
+        Ok(self.requests.contains(request_id))
+    }
+    fn last_token(&self) -> Result<Option<FencingToken>, StoreError> {
+        Ok(self.last_token)
+    }
+}
+
+impl Mirror {
+    fn apply(&mut self, op: &Op) {
+        match op {
+            Op::Grant(r) => {
+                self.last_token = Some(r.token);
+                self.leases.insert(r.resource.clone(), r.lease_id);
+                if let Some(id) = &r.request_id {
+                    self.requests.insert(id.clone());
+                }
+            }
+            Op::Remove { resource, .. } => {
+                self.leases.remove(resource);
+            }
+            Op::ForgetRequest { request_id } => {
+                self.requests.remove(request_id);
+            }
+        }
+    }
+}
+
+/// The state of one term in etcd. See the crate documentation.
+pub struct EtcdStore {
+    cluster: Arc<Cluster>,
+    term: Arc<Term>,
+    mirror: Mirror,
+    /// The runtime the etcd calls run on (`commit` is called from plain threads).
+    runtime: Handle,
+}
+
+fn store_error(e: EtcdError) -> StoreError {
+    match e {
+        EtcdError::Unavailable(m) => StoreError::Unavailable(m),
+        EtcdError::Corrupt(m) => StoreError::Corrupt(m),
+        EtcdError::Etcd(m) | EtcdError::Config(m) => StoreError::Io(m),
+    }
+}
+
+/// The value put under a key, or its deletion.
+enum Change {
+    Put(String),
+    Delete,
+}
+
+impl EtcdStore {
+    /// The store of `term`, whose etcd calls run on the current runtime.
+    pub fn new(cluster: Arc<Cluster>, term: Arc<Term>) -> EtcdStore {
+        EtcdStore {
+            cluster,
+            term,
+            mirror: Mirror::default(),
+            runtime: Handle::current(),
+        }
+    }
+
+    /// Reads the whole state at one revision, and applies the high-water rule (see
+    /// [`highwater`](crate::highwater)).
+    pub async fn load_async(&mut self) -> Result<Snapshot, StoreError> {
+        let keys = self.cluster.keys();
+        let hw_key = keys.high_water();
+        let first = self
+            .cluster
+            .get("reading the token high-water", hw_key.clone(), None)
+            .await
+            .map_err(store_error)?;
+        let revision = first.header().map_or(0, |h| h.revision());
+        let mut stored_hw = match first.kvs().first() {
+            Some(kv) => decimal(&hw_key, kv.value()).map_err(store_error)?,
+            None => 0,
+        };
+        let mut snapshot = Snapshot::default();
+        for (kv_key, value) in self.range(&keys.locks(), revision).await? {
+            let resource = &kv_key[keys.locks().len()..];
+            let r: LockRecord = parse(&kv_key, &value)?;
+            let record = lease_record(
+                &kv_key,
+                resource,
+                &r.lease_id,
+                r.token,
+                r.holder,
+                r.ttl_ms,
+                r.request_id,
+            )?;
+            stored_hw = stored_hw.max(r.token);
+            snapshot.leases.push(record);
+        }
+        for (kv_key, value) in self.range(&keys.requests(), revision).await? {
+            let request_id = &kv_key[keys.requests().len()..];
+            let r: RequestRecord = parse(&kv_key, &value)?;
+            stored_hw = stored_hw.max(r.token);
+            snapshot.requests.push(lease_record(
+                &kv_key,
+                &r.resource,
+                &r.lease_id,
+                r.token,
+                r.holder,
+                r.ttl_ms,
+                Some(request_id.to_string()),
+            )?);
+        }
+        let local = self.cluster.high_water().value();
+        let mut last = stored_hw;
+        if local > stored_hw {
+            last = local.saturating_add(MARGIN);
+            error!(
+                stored = stored_hw,
+                local,
+                continue_at = last,
+                "etcd's token high-water is behind tokens this lockd has seen (etcd lost data, or was restored from a backup); tokens continue above this instance's high-water plus a margin"
+            );
+            // Written down at once, so that other instances continue from here too.
+            self.put_high_water(last).await?;
+        }
+        snapshot.last_token = FencingToken::new(last);
+        self.mirror = Mirror {
+            leases: snapshot
+                .leases
+                .iter()
+                .map(|r| (r.resource.clone(), r.lease_id))
+                .collect(),
+            requests: snapshot
+                .requests
+                .iter()
+                .filter_map(|r| r.request_id.clone())
+                .collect(),
+            last_token: snapshot.last_token,
+        };
+        self.cluster.high_water().saw(last);
+        Ok(snapshot)
+    }
+
+    /// Every key under `prefix` at `revision`, page by page.
+    async fn range(
+        &self,
+        prefix: &str,
+        revision: i64,
+    ) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
+        let end = prefix_end(prefix);
+        let mut from = prefix.to_string();
+        let mut out = Vec::new();
+        loop {
+            let options = GetOptions::new()
+                .with_range(end.clone())
+                .with_limit(LOAD_PAGE)
+                .with_revision(revision);
+            let r = self
+                .cluster
+                .get("loading the state", from.clone(), Some(options))
+                .await
+                .map_err(store_error)?;
+            for kv in r.kvs() {
+                let key = kv.key_str().map_err(|_| {
+                    StoreError::Corrupt(format!("a key under {prefix} is not UTF-8"))
+                })?;
+                out.push((key.to_string(), kv.value().to_vec()));
+            }
+            match (r.more(), r.kvs().last()) {
+                (true, Some(last)) => {
+                    let mut next = last.key().to_vec();
+                    next.push(0);
+                    from = String::from_utf8(next).expect("a UTF-8 key plus NUL");
+                }
+                _ => return Ok(out),
+            }
+        }
+    }
+
+    async fn put_high_water(&self, value: u64) -> Result<(), StoreError> {
+        let mut changes = BTreeMap::new();
+        changes.insert(
+            self.cluster.keys().high_water(),
+            Change::Put(value.to_string()),
+        );
+        self.apply(changes).await
+    }
+
+    /// One transaction of `changes`, conditional on the term.
+    async fn apply(&self, changes: BTreeMap<String, Change>) -> Result<(), StoreError> {
+        let ops: Vec<TxnOp> = changes
+            .into_iter()
+            .map(|(k, c)| match c {
+                Change::Put(v) => TxnOp::put(k, v, None),
+                Change::Delete => TxnOp::delete(k, None),
+            })
+            .collect();
+        let txn = Txn::new()
+            .when([Compare::create_revision(
+                self.cluster.keys().leader(),
+                CompareOp::Equal,
+                self.term.revision(),
+            )])
+            .and_then(ops);
+        // A retry after an attempt that committed applies the same values again: harmless.
+        let r = self
+            .cluster
+            .txn("committing a batch", txn)
+            .await
+            .map_err(store_error)?;
+        if r.succeeded() {
+            Ok(())
+        } else {
+            Err(StoreError::Deposed(format!(
+                "{} is no longer this instance's key (revision {})",
+                self.cluster.keys().leader(),
+                self.term.revision()
+            )))
+        }
+    }
+
+    /// The key changes of `op`, merged into `changes` (a later change of a key replaces an
+    /// earlier one: etcd allows one operation per key in a transaction).
+    fn changes_of(&self, op: &Op, changes: &mut BTreeMap<String, Change>) {
+        let keys = self.cluster.keys();
+        match op {
+            Op::Grant(r) => {
+                let lock = LockRecord {
+                    lease_id: r.lease_id.to_string(),
+                    token: r.token.get(),
+                    holder: r.holder.clone(),
+                    ttl_ms: r.ttl_ms,
+                    request_id: r.request_id.clone(),
+                };
+                changes.insert(
+                    keys.lock(r.resource.as_str()),
+                    Change::Put(serde_json::to_string(&lock).expect("a lock record serialises")),
+                );
+                if let Some(id) = &r.request_id {
+                    let request = RequestRecord {
+                        resource: r.resource.as_str().to_string(),
+                        lease_id: r.lease_id.to_string(),
+                        token: r.token.get(),
+                        holder: r.holder.clone(),
+                        ttl_ms: r.ttl_ms,
+                    };
+                    changes.insert(
+                        keys.request(id),
+                        Change::Put(
+                            serde_json::to_string(&request).expect("a request record serialises"),
+                        ),
+                    );
+                }
+                changes.insert(keys.high_water(), Change::Put(r.token.get().to_string()));
+            }
+            Op::Remove { resource, .. } => {
+                changes.insert(keys.lock(resource.as_str()), Change::Delete);
+            }
+            Op::ForgetRequest { request_id } => {
+                changes.insert(keys.request(request_id), Change::Delete);
+            }
+        }
+    }
+
+    /// Commits `ops` as few transactions as etcd's limits allow, each a prefix-closed piece of
+    /// the batch (a grant's lock, request record and high-water always travel together).
+    async fn commit_async(&mut self, ops: &[Op]) -> Result<(), StoreError> {
+        // Refused before anything is sent: a refused batch changes nothing.
+        check_batch(&self.mirror, ops)?;
+        let max = self.cluster.max_txn_ops;
+        let mut start = 0;
+        while start < ops.len() {
+            let mut changes = BTreeMap::new();
+            let mut end = start;
+            while end < ops.len() {
+                let mut next = BTreeMap::new();
+                self.changes_of(&ops[end], &mut next);
+                let fresh = next.keys().filter(|k| !changes.contains_key(*k)).count();
+                if end > start && changes.len() + fresh > max {
+                    break;
+                }
+                changes.extend(next);
+                end += 1;
+            }
+            self.apply(changes).await?;
+            for op in &ops[start..end] {
+                self.mirror.apply(op);
+                if let Op::Grant(r) = op {
+                    self.cluster.high_water().saw(r.token.get());
+                }
+            }
+            start = end;
+        }
+        Ok(())
+    }
+}
+
+impl Store for EtcdStore {
+    fn load(&mut self) -> Result<Snapshot, StoreError> {
+        let runtime = self.runtime.clone();
+        runtime.block_on(self.load_async())
+    }
+
+    /// Every commit is durable (replicated to a majority) when it returns, `sync` or not.
+    fn commit(&mut self, ops: &[Op], _sync: bool) -> Result<(), StoreError> {
+        if ops.is_empty() {
+            return Ok(());
+        }
+        let runtime = self.runtime.clone();
+        runtime.block_on(self.commit_async(ops))
+    }
+}
+
+fn parse<T: serde::de::DeserializeOwned>(key: &str, value: &[u8]) -> Result<T, StoreError> {
+    serde_json::from_slice(value).map_err(|e| {
+        StoreError::Corrupt(format!(
+            "{key} does not hold what lockd writes ({e}): {:?}",
+            String::from_utf8_lossy(value)
+        ))
+    })
+}
+
+fn lease_record(
+    key: &str,
+    resource: &str,
+    lease_id: &str,
+    token: u64,
+    holder: String,
+    ttl_ms: u64,
+    request_id: Option<String>,
+) -> Result<LeaseRecord, StoreError> {
+    let corrupt = |what: String| StoreError::Corrupt(format!("{key}: {what}"));
+    Ok(LeaseRecord {
+        resource: ResourceName::new(resource).map_err(|e| corrupt(e.to_string()))?,
+        lease_id: lease_id
+            .parse()
+            .map_err(|e: fencing::ParseLeaseIdError| corrupt(e.to_string()))?,
+        token: FencingToken::new(token).ok_or_else(|| corrupt(format!("token {token}")))?,
+        holder,
+        ttl_ms,
+        request_id,
+    })
+}
+
+/// The end of the key range holding every key that starts with `prefix`.
+fn prefix_end(prefix: &str) -> Vec<u8> {
+    let mut end = prefix.as_bytes().to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return end;
+        }
+    }
+    vec![0]
+}
