@@ -55,9 +55,12 @@ impl Backend {
         let n = connections.max(1);
         Ok(match target {
             Target::Lockd => {
+                // Several lockd instances (comma-separated): the connections are spread over
+                // them, as clients of a lockd cluster would be.
+                let instances: Vec<&str> = endpoint.split(',').collect();
                 let mut v = Vec::new();
-                for _ in 0..n {
-                    let ch = Endpoint::from_shared(endpoint.to_string())?
+                for i in 0..n.max(instances.len()) {
+                    let ch = Endpoint::from_shared(instances[i % instances.len()].to_string())?
                         .tcp_nodelay(true)
                         .connect()
                         .await?;

@@ -43,7 +43,7 @@ struct TargetArgs {
     /// System under test.
     #[arg(long, value_enum, default_value = "lockd")]
     target: Target,
-    /// Its endpoint (lockd: http://127.0.0.1:7420, etcd: http://127.0.0.1:2379, redis: redis://127.0.0.1:6379).
+    /// Its endpoint (lockd: http://127.0.0.1:7420, etcd: http://127.0.0.1:2379, redis: redis://127.0.0.1:6379); lockd and etcd take several, comma-separated.
     #[arg(long)]
     endpoint: String,
     /// Connections to open (requests are spread over them).

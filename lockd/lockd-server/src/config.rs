@@ -146,6 +146,10 @@ pub struct Settings {
     #[arg(long, env = "LOCKD_ETCD_MAX_TXN_OPS", value_name = "N")]
     pub etcd_max_txn_ops: Option<usize>,
 
+    /// How often the leader compacts etcd's history, keeping one interval of it, in ms; 0 = never (etcd compacts itself) [default: 300000].
+    #[arg(long, env = "LOCKD_ETCD_COMPACT_EVERY_MS", value_name = "MS")]
+    pub etcd_compact_every_ms: Option<u64>,
+
     /// URL the other instances forward calls to while this one leads (backend etcd) [default: http:// plus the listen address].
     #[arg(long, env = "LOCKD_ADVERTISE", value_name = "URL")]
     pub advertise: Option<String>,
@@ -212,6 +216,7 @@ pub struct Config {
     pub etcd_request_timeout_ms: u64,
     pub etcd_leader_ttl_ms: u64,
     pub etcd_max_txn_ops: usize,
+    pub etcd_compact_every_ms: u64,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub advertise: Option<String>,
     pub limits: Limits,
@@ -235,6 +240,7 @@ impl Default for Config {
             etcd_request_timeout_ms: 3_000,
             etcd_leader_ttl_ms: 3_000,
             etcd_max_txn_ops: 128,
+            etcd_compact_every_ms: 300_000,
             advertise: None,
             limits: Limits::default(),
         }
@@ -288,7 +294,8 @@ impl Config {
             etcd_prefix,
             etcd_request_timeout_ms,
             etcd_leader_ttl_ms,
-            etcd_max_txn_ops
+            etcd_max_txn_ops,
+            etcd_compact_every_ms
         );
         if let Some(a) = &s.advertise {
             self.advertise = Some(a.clone());
@@ -353,6 +360,11 @@ impl Config {
                 bail!(
                     "etcd_max_txn_ops must be 8 ..= 100000 (etcd's default --max-txn-ops is 128)"
                 );
+            }
+            if self.etcd_compact_every_ms != 0
+                && !(1_000..=86_400_000).contains(&self.etcd_compact_every_ms)
+            {
+                bail!("etcd_compact_every_ms must be 0 (never) or 1000 ..= 86400000");
             }
             match &self.advertise {
                 Some(a) if !a.starts_with("http://") || a.len() <= "http://".len() => {
@@ -442,6 +454,10 @@ mod tests {
             (
                 "backend = \"etcd\"\netcd_max_txn_ops = 1",
                 "etcd_max_txn_ops must be",
+            ),
+            (
+                "backend = \"etcd\"\netcd_compact_every_ms = 10",
+                "etcd_compact_every_ms must be",
             ),
             (
                 "backend = \"etcd\"\nadvertise = \"10.0.0.5:7420\"",

@@ -7,6 +7,11 @@
 //! the leader (the client may talk to any instance) and keeps reading the leader key, so that
 //! it campaigns as soon as the key is gone.
 //!
+//! Every instance that does not lead keeps a warm copy of the stored state (a full read, then
+//! a watch of the prefix), so that a new leader starts from it once the copy has reached the
+//! term's own revision, instead of reading everything (which takes seconds with a million
+//! remembered request ids); it reads everything when the copy is not there in time.
+//!
 //! A term ends when its lease cannot be kept alive in time, when etcd refuses or fails a batch
 //! (the writer stops), or on shutdown. The driver is then deposed: queued waits and new calls
 //! are answered UNAVAILABLE `not_leader`, the lease is revoked (so another instance need not
@@ -17,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use lockd_core::{Core, Limits};
 use lockd_proto::v1::lock_service_client::LockServiceClient;
-use lockd_store_etcd::{Campaign, Cluster, EtcdStore, Member, Term, highwater};
+use lockd_store_etcd::{Campaign, Cluster, EtcdStore, Member, Term, Warm, highwater};
 use tokio::sync::watch;
 use tonic::Status;
 use tonic::transport::{Channel, Endpoint};
@@ -31,6 +36,10 @@ use crate::writer::Writer;
 
 /// How often a follower reads the leader key (and the stored high-water).
 const FOLLOW_EVERY: Duration = Duration::from_millis(200);
+
+/// How long a new leader waits for its warm copy to reach the term's revision before it
+/// reads the whole state instead.
+const WARM_CATCH_UP: Duration = Duration::from_millis(500);
 
 /// The pause before campaigning again after etcd failed.
 const CAMPAIGN_RETRY_AFTER: Duration = Duration::from_millis(200);
@@ -52,7 +61,7 @@ pub enum Role {
     Leader(Arc<Driver>),
     Follower {
         leader: String,
-        client: LockServiceClient<Channel>,
+        clients: Arc<Forwarders>,
     },
     Stopped,
 }
@@ -70,6 +79,8 @@ pub struct Ha {
     me: Member,
     limits: Limits,
     sync_interval: Duration,
+    /// How often the leader compacts etcd's history (`None`: never).
+    compact_every: Option<Duration>,
     role: watch::Sender<Role>,
     stop: watch::Sender<bool>,
     /// A forward failed: the follower looks at the leader key again at once.
@@ -77,12 +88,19 @@ pub struct Ha {
 }
 
 impl Ha {
-    pub fn new(cluster: Arc<Cluster>, me: Member, limits: Limits, sync_interval: Duration) -> Ha {
+    pub fn new(
+        cluster: Arc<Cluster>,
+        me: Member,
+        limits: Limits,
+        sync_interval: Duration,
+        compact_every: Option<Duration>,
+    ) -> Ha {
         Ha {
             cluster,
             me,
             limits,
             sync_interval,
+            compact_every,
             role: watch::channel(Role::Candidate).0,
             stop: watch::channel(false).0,
             look_again: tokio::sync::Notify::new(),
@@ -98,8 +116,8 @@ impl Ha {
             let role = rx.borrow_and_update().clone();
             match role {
                 Role::Leader(driver) => return Ok(Route::Local(driver)),
-                Role::Follower { client, leader } if !forwarded => {
-                    return Ok(Route::Forward(client, leader));
+                Role::Follower { clients, leader } if !forwarded => {
+                    return Ok(Route::Forward(clients.next(), leader));
                 }
                 Role::Follower { leader, .. } => {
                     return Err(not_leader(format!(
@@ -172,10 +190,15 @@ impl Ha {
         ));
         // Since when this instance has known of no leader (for the time it logs on taking over).
         let mut leader_gone = Instant::now();
+        // The warm copy of the state, kept while not leading.
+        let mut warm: Option<(Arc<Warm>, tokio::task::JoinHandle<()>)> = None;
         while !self.stopping() {
+            if warm.is_none() {
+                warm = Some(self.keep_warm());
+            }
             match self.cluster.campaign(&self.me).await {
                 Ok(Campaign::Won(term)) => {
-                    self.lead(term, leader_gone).await;
+                    self.lead(term, leader_gone, warm.take()).await;
                     leader_gone = Instant::now();
                 }
                 Ok(Campaign::Lost(leader)) => {
@@ -190,6 +213,9 @@ impl Ha {
             }
         }
         self.set(Role::Stopped);
+        if let Some((_, task)) = warm {
+            task.abort();
+        }
         let _ = flusher.await;
         etcd_leader.abort();
     }
@@ -206,12 +232,58 @@ impl Ha {
         let _ = tokio::time::timeout(d, stop.changed()).await;
     }
 
+    /// A task that keeps a copy of the stored state current (started again whenever the
+    /// watch fails).
+    fn keep_warm(&self) -> (Arc<Warm>, tokio::task::JoinHandle<()>) {
+        let warm = Arc::new(Warm::default());
+        let task = tokio::spawn({
+            let (cluster, warm) = (Arc::clone(&self.cluster), Arc::clone(&warm));
+            async move {
+                loop {
+                    if let Err(e) = cluster.keep_warm(&warm).await {
+                        warn!(error = %e, "the warm copy of the state stopped; reading it again");
+                    }
+                    tokio::time::sleep(CAMPAIGN_RETRY_AFTER).await;
+                }
+            }
+        });
+        (warm, task)
+    }
+
     /// One term as leader.
-    async fn lead(&self, term: Term, leader_gone: Instant) {
+    async fn lead(
+        &self,
+        term: Term,
+        leader_gone: Instant,
+        warm: Option<(Arc<Warm>, tokio::task::JoinHandle<()>)>,
+    ) {
         let term = Arc::new(term);
         let won = Instant::now();
+        // The lease is kept alive from the start: loading a large state takes a while.
+        let keep = self.cluster.keep_leading(&term);
+        tokio::pin!(keep);
         let mut store = EtcdStore::new(Arc::clone(&self.cluster), Arc::clone(&term));
-        let snapshot = match store.load_async().await {
+        let copy = match warm {
+            Some((warm, task)) => {
+                let copy = warm.take_at(term.revision(), WARM_CATCH_UP).await;
+                task.abort();
+                copy
+            }
+            None => None,
+        };
+        let from = if copy.is_some() { "warm copy" } else { "etcd" };
+        let load = async {
+            match &copy {
+                Some(stored) => store.load_from(stored).await,
+                None => store.load_async().await,
+            }
+        };
+        let loaded = tokio::select! {
+            loaded = load => loaded.map_err(|e| e.to_string()),
+            why = &mut keep => Err(why),
+        };
+        drop(copy);
+        let snapshot = match loaded {
             Ok(s) => s,
             Err(e) => {
                 error!(error = %e, "cannot load the state from etcd; giving the leadership up");
@@ -259,12 +331,16 @@ impl Ha {
             requests = stats.requests,
             last_token,
             load_ms = won.elapsed().as_millis() as u64,
+            loaded_from = from,
             without_leader_ms = leader_gone.elapsed().as_millis() as u64,
             "leading: every stored lease gets a full TTL from now"
         );
+        let compactor = self
+            .compact_every
+            .map(|every| tokio::spawn(compact(Arc::clone(&self.cluster), every)));
         let mut stop = self.stop.subscribe();
         let why = tokio::select! {
-            why = self.cluster.keep_leading(&term) => why,
+            why = &mut keep => why,
             why = failed.wait_for(Option::is_some) => {
                 let why = why.map(|w| w.clone().unwrap_or_default()).unwrap_or_default();
                 format!("etcd refused or failed a batch: {why}")
@@ -273,6 +349,9 @@ impl Ha {
         };
         // No call reaches the driver from now on; the ones inside it end.
         self.set(Role::Candidate);
+        if let Some(c) = compactor {
+            c.abort();
+        }
         driver.depose();
         let _ = timer.await;
         // Releases and expiries not yet committed are committed if the term still holds.
@@ -302,12 +381,12 @@ impl Ha {
                         warn!(leader = %l.id, address = %l.address, "the leader key names this address but another process; waiting for it to run out");
                         self.set(Role::Candidate);
                     } else {
-                        match forward_client(&l.address) {
-                            Ok(client) => {
+                        match Forwarders::new(&l.address) {
+                            Ok(clients) => {
                                 info!(leader = %l.id, address = %l.address, "following");
                                 self.set(Role::Follower {
                                     leader: l.address.clone(),
-                                    client,
+                                    clients: Arc::new(clients),
                                 });
                             }
                             Err(e) => {
@@ -345,18 +424,62 @@ impl Ha {
     }
 }
 
-/// A client to the leader at `address`, connected lazily.
-fn forward_client(address: &str) -> Result<LockServiceClient<Channel>, String> {
-    let endpoint = Endpoint::from_shared(address.to_string())
-        .map_err(|e| e.to_string())?
-        .tcp_nodelay(true)
-        .connect_timeout(Duration::from_secs(1))
-        .http2_keep_alive_interval(Duration::from_secs(5))
-        .keep_alive_timeout(Duration::from_secs(5));
-    Ok(
-        LockServiceClient::new(endpoint.connect_lazy())
-            .max_decoding_message_size(MAX_MESSAGE_BYTES),
-    )
+/// Connections to the leader, connected lazily, used in turn: the leader serves at most
+/// `MAX_STREAMS_PER_CONNECTION` calls per connection, and waiting Acquires hold theirs.
+pub struct Forwarders {
+    clients: Vec<LockServiceClient<Channel>>,
+    next: std::sync::atomic::AtomicUsize,
+}
+
+/// Connections a follower opens to the leader.
+pub const FORWARD_CONNECTIONS: usize = 8;
+
+impl Forwarders {
+    fn new(address: &str) -> Result<Forwarders, String> {
+        let endpoint = Endpoint::from_shared(address.to_string())
+            .map_err(|e| e.to_string())?
+            .tcp_nodelay(true)
+            .connect_timeout(Duration::from_secs(1))
+            .http2_keep_alive_interval(Duration::from_secs(5))
+            .keep_alive_timeout(Duration::from_secs(5));
+        let clients = (0..FORWARD_CONNECTIONS)
+            .map(|_| {
+                LockServiceClient::new(endpoint.connect_lazy())
+                    .max_decoding_message_size(MAX_MESSAGE_BYTES)
+            })
+            .collect();
+        Ok(Forwarders {
+            clients,
+            next: std::sync::atomic::AtomicUsize::new(0),
+        })
+    }
+
+    fn next(&self) -> LockServiceClient<Channel> {
+        let i = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.clients[i % self.clients.len()].clone()
+    }
+}
+
+/// While leading: every `every`, compacts etcd's history up to the revision of one interval
+/// before (so that one interval of history is always kept).
+async fn compact(cluster: Arc<Cluster>, every: Duration) {
+    let mut previous = None;
+    loop {
+        tokio::time::sleep(every).await;
+        let now = match cluster.revision().await {
+            Ok(r) => r,
+            Err(e) => {
+                warn!(error = %e, "cannot read etcd's revision to compact");
+                continue;
+            }
+        };
+        if let Some(revision) = previous.replace(now) {
+            match cluster.compact(revision).await {
+                Ok(()) => info!(revision, "compacted etcd's history"),
+                Err(e) => warn!(error = %e, revision, "cannot compact etcd's history"),
+            }
+        }
+    }
 }
 
 /// Writes the high-water file every [`highwater::FLUSH_EVERY`], and once more at the end.

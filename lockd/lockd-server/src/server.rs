@@ -156,6 +156,8 @@ async fn run_etcd(
         me,
         config.limits.clone(),
         Duration::from_millis(config.sync_interval_ms),
+        (config.etcd_compact_every_ms > 0)
+            .then(|| Duration::from_millis(config.etcd_compact_every_ms)),
     ));
     let elections = tokio::spawn(Arc::clone(&ha).run());
     let stop = {

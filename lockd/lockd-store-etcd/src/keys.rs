@@ -29,6 +29,11 @@ impl Keys {
         }
     }
 
+    /// The prefix, without a trailing `/`.
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
     pub fn leader(&self) -> String {
         format!("{}/leader", self.prefix)
     }

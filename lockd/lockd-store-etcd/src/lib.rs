@@ -10,6 +10,8 @@
 //!   transaction (cut into several when it exceeds etcd's limits), conditional on the leader
 //!   key being the leader's own: a leader that was deposed (paused past its lease, cut off
 //!   from the majority) has its next batch refused and stops deciding.
+//! - [`Warm`]: a follower's copy of the stored state, kept current from a watch, so that it
+//!   takes over without reading everything.
 //! - [`highwater`]: the token high-water each instance writes down, the guard against an etcd
 //!   cluster that lost data.
 //! - [`keys`]: the key layout.
@@ -21,6 +23,7 @@ mod conn;
 pub mod election;
 pub mod highwater;
 pub mod keys;
+mod state;
 mod store;
 
 use std::path::PathBuf;
@@ -30,6 +33,7 @@ use etcd_client::{GetOptions, GetResponse, Txn, TxnResponse};
 use tokio::time::Instant;
 
 pub use crate::election::{Campaign, Member, Term, boot_time};
+pub use crate::state::{Stored, Warm};
 pub use crate::store::EtcdStore;
 
 use crate::conn::Etcd;
@@ -166,4 +170,32 @@ fn decimal(key: &str, value: &[u8]) -> Result<u64, EtcdError> {
                 String::from_utf8_lossy(value)
             ))
         })
+}
+
+impl Cluster {
+    /// etcd's current revision.
+    pub async fn revision(&self) -> Result<i64, EtcdError> {
+        let r = self
+            .get("reading etcd's revision", self.keys.high_water(), None)
+            .await?;
+        Ok(r.header().map_or(0, |h| h.revision()))
+    }
+
+    /// Discards etcd's history before `revision` (the leader does this periodically: it
+    /// writes thousands of revisions a second, and an uncompacted etcd fills its quota and
+    /// then refuses every write). A revision compacted already is no error.
+    pub async fn compact(&self, revision: i64) -> Result<(), EtcdError> {
+        match self
+            .etcd
+            .call(
+                self.deadline(),
+                "compacting etcd's history",
+                |mut c| async move { c.compact(revision, None).await },
+            )
+            .await
+        {
+            Err(EtcdError::Etcd(m)) if m.contains("compacted") => Ok(()),
+            other => other.map(drop),
+        }
+    }
 }

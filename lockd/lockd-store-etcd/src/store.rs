@@ -3,9 +3,9 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
-use etcd_client::{Compare, CompareOp, GetOptions, Txn, TxnOp};
+use etcd_client::{Compare, CompareOp, Txn, TxnOp};
 use fencing::{FencingToken, LeaseId, ResourceName};
-use lockd_core::{LeaseRecord, Op, Snapshot};
+use lockd_core::{Op, Snapshot};
 use lockd_store::{Store, StoreError, View, check_batch};
 use tokio::runtime::Handle;
 use tracing::error;
@@ -13,10 +13,12 @@ use tracing::error;
 use crate::election::Term;
 use crate::highwater::MARGIN;
 use crate::keys::{LockRecord, RequestRecord};
-use crate::{Cluster, EtcdError, decimal};
+use crate::state::Stored;
+use crate::{Cluster, EtcdError};
 
-/// Keys read per page when the state is loaded.
-const LOAD_PAGE: i64 = 2_000;
+/// Most bytes of keys and values in one transaction: well under etcd's default
+/// `--max-request-bytes` (1.5 MiB), whatever the limits on names, holders and request ids.
+pub const MAX_TXN_BYTES: usize = 1 << 20;
 
 /// What the store holds, as far as the preconditions need it (the leader is the only writer,
 /// so this mirror is exact while the term lasts).
@@ -82,6 +84,15 @@ enum Change {
     Delete,
 }
 
+impl Change {
+    fn bytes(&self) -> usize {
+        match self {
+            Change::Put(v) => v.len(),
+            Change::Delete => 0,
+        }
+    }
+}
+
 impl EtcdStore {
     /// The store of `term`, whose etcd calls run on the current runtime.
     pub fn new(cluster: Arc<Cluster>, term: Arc<Term>) -> EtcdStore {
@@ -96,48 +107,14 @@ impl EtcdStore {
     /// Reads the whole state at one revision, and applies the high-water rule (see
     /// [`highwater`](crate::highwater)).
     pub async fn load_async(&mut self) -> Result<Snapshot, StoreError> {
-        let keys = self.cluster.keys();
-        let hw_key = keys.high_water();
-        let first = self
-            .cluster
-            .get("reading the token high-water", hw_key.clone(), None)
-            .await
-            .map_err(store_error)?;
-        let revision = first.header().map_or(0, |h| h.revision());
-        let mut stored_hw = match first.kvs().first() {
-            Some(kv) => decimal(&hw_key, kv.value()).map_err(store_error)?,
-            None => 0,
-        };
-        let mut snapshot = Snapshot::default();
-        for (kv_key, value) in self.range(&keys.locks(), revision).await? {
-            let resource = &kv_key[keys.locks().len()..];
-            let r: LockRecord = parse(&kv_key, &value)?;
-            let record = lease_record(
-                &kv_key,
-                resource,
-                &r.lease_id,
-                r.token,
-                r.holder,
-                r.ttl_ms,
-                r.request_id,
-            )?;
-            stored_hw = stored_hw.max(r.token);
-            snapshot.leases.push(record);
-        }
-        for (kv_key, value) in self.range(&keys.requests(), revision).await? {
-            let request_id = &kv_key[keys.requests().len()..];
-            let r: RequestRecord = parse(&kv_key, &value)?;
-            stored_hw = stored_hw.max(r.token);
-            snapshot.requests.push(lease_record(
-                &kv_key,
-                &r.resource,
-                &r.lease_id,
-                r.token,
-                r.holder,
-                r.ttl_ms,
-                Some(request_id.to_string()),
-            )?);
-        }
+        let (stored, _) = self.cluster.read_state().await?;
+        self.load_from(&stored).await
+    }
+
+    /// Starts from `stored` (a follower's warm copy, at or after the term's revision) instead
+    /// of reading it, and applies the high-water rule.
+    pub async fn load_from(&mut self, stored: &Stored) -> Result<Snapshot, StoreError> {
+        let (mut snapshot, stored_hw) = stored.snapshot();
         let local = self.cluster.high_water().value();
         let mut last = stored_hw;
         if local > stored_hw {
@@ -167,42 +144,6 @@ impl EtcdStore {
         };
         self.cluster.high_water().saw(last);
         Ok(snapshot)
-    }
-
-    /// Every key under `prefix` at `revision`, page by page.
-    async fn range(
-        &self,
-        prefix: &str,
-        revision: i64,
-    ) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
-        let end = prefix_end(prefix);
-        let mut from = prefix.to_string();
-        let mut out = Vec::new();
-        loop {
-            let options = GetOptions::new()
-                .with_range(end.clone())
-                .with_limit(LOAD_PAGE)
-                .with_revision(revision);
-            let r = self
-                .cluster
-                .get("loading the state", from.clone(), Some(options))
-                .await
-                .map_err(store_error)?;
-            for kv in r.kvs() {
-                let key = kv.key_str().map_err(|_| {
-                    StoreError::Corrupt(format!("a key under {prefix} is not UTF-8"))
-                })?;
-                out.push((key.to_string(), kv.value().to_vec()));
-            }
-            match (r.more(), r.kvs().last()) {
-                (true, Some(last)) => {
-                    let mut next = last.key().to_vec();
-                    next.push(0);
-                    from = String::from_utf8(next).expect("a UTF-8 key plus NUL");
-                }
-                _ => return Ok(out),
-            }
-        }
     }
 
     async fn put_high_water(&self, value: u64) -> Result<(), StoreError> {
@@ -290,7 +231,8 @@ impl EtcdStore {
         }
     }
 
-    /// Commits `ops` as few transactions as etcd's limits allow, each a prefix-closed piece of
+    /// Commits `ops` as few transactions as etcd's limits allow (`max_txn_ops` operations,
+    /// [`MAX_TXN_BYTES`]), each a prefix-closed piece of
     /// the batch (a grant's lock, request record and high-water always travel together).
     async fn commit_async(&mut self, ops: &[Op]) -> Result<(), StoreError> {
         // Refused before anything is sent: a refused batch changes nothing.
@@ -299,15 +241,17 @@ impl EtcdStore {
         let mut start = 0;
         while start < ops.len() {
             let mut changes = BTreeMap::new();
-            let mut end = start;
+            let (mut end, mut bytes) = (start, 0);
             while end < ops.len() {
                 let mut next = BTreeMap::new();
                 self.changes_of(&ops[end], &mut next);
                 let fresh = next.keys().filter(|k| !changes.contains_key(*k)).count();
-                if end > start && changes.len() + fresh > max {
+                let more: usize = next.iter().map(|(k, c)| k.len() + c.bytes()).sum();
+                if end > start && (changes.len() + fresh > max || bytes + more > MAX_TXN_BYTES) {
                     break;
                 }
                 changes.extend(next);
+                bytes += more;
                 end += 1;
             }
             self.apply(changes).await?;
@@ -337,47 +281,4 @@ impl Store for EtcdStore {
         let runtime = self.runtime.clone();
         runtime.block_on(self.commit_async(ops))
     }
-}
-
-fn parse<T: serde::de::DeserializeOwned>(key: &str, value: &[u8]) -> Result<T, StoreError> {
-    serde_json::from_slice(value).map_err(|e| {
-        StoreError::Corrupt(format!(
-            "{key} does not hold what lockd writes ({e}): {:?}",
-            String::from_utf8_lossy(value)
-        ))
-    })
-}
-
-fn lease_record(
-    key: &str,
-    resource: &str,
-    lease_id: &str,
-    token: u64,
-    holder: String,
-    ttl_ms: u64,
-    request_id: Option<String>,
-) -> Result<LeaseRecord, StoreError> {
-    let corrupt = |what: String| StoreError::Corrupt(format!("{key}: {what}"));
-    Ok(LeaseRecord {
-        resource: ResourceName::new(resource).map_err(|e| corrupt(e.to_string()))?,
-        lease_id: lease_id
-            .parse()
-            .map_err(|e: fencing::ParseLeaseIdError| corrupt(e.to_string()))?,
-        token: FencingToken::new(token).ok_or_else(|| corrupt(format!("token {token}")))?,
-        holder,
-        ttl_ms,
-        request_id,
-    })
-}
-
-/// The end of the key range holding every key that starts with `prefix`.
-fn prefix_end(prefix: &str) -> Vec<u8> {
-    let mut end = prefix.as_bytes().to_vec();
-    while let Some(last) = end.pop() {
-        if last < 0xff {
-            end.push(last + 1);
-            return end;
-        }
-    }
-    vec![0]
 }

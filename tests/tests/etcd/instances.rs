@@ -162,7 +162,8 @@ fn kill_9_of_the_lockd_leader_during_a_burst_keeps_its_locks() {
     );
     assert!(probe.token > kept.token);
     let next = three.leader(Some(leader));
-    three.lockds[next].wait_event(LEADING, |_| true);
+    // The new leader started from its warm copy of the state, not from a full read.
+    three.lockds[next].wait_event(LEADING, |e| e["loaded_from"] == "warm copy");
     load.recorder
         .wait_grants(40, "grants after the lockd leader was killed");
     // The lock granted before the kill is held still, by the same lease and token.
@@ -221,6 +222,14 @@ fn a_paused_lockd_leader_neither_grants_nor_renews_when_it_wakes() {
         opts(120, 0, None),
         "a free resource is granted",
     );
+    // Clients of the followers go on through the pause and the failover; their history is
+    // judged at the end.
+    let others = [
+        endpoints[follower].clone(),
+        endpoints[(leader + 2) % 3].clone(),
+    ];
+    let load = Load::start(&others, 4, 2);
+    load.recorder.wait_grants(10, "grants before the pause");
 
     three.lockds[leader].process.signal(libc::SIGSTOP);
     // A waiter through a follower: served by the next leader, once the renewal ran out.
@@ -325,6 +334,8 @@ fn a_paused_lockd_leader_neither_grants_nor_renews_when_it_wakes() {
         woken.is_empty(),
         "the woken leader renewed or granted: {woken:?}"
     );
+    load.recorder.wait_grants(10, "grants after the failover");
+    load.finish();
 }
 
 #[test]
@@ -368,4 +379,39 @@ fn tokens_stay_above_what_was_answered_when_etcd_loses_its_history() {
         g.token
     );
     lockd.wait_event("etcd's token high-water is behind tokens this lockd has seen (etcd lost data, or was restored from a backup); tokens continue above this instance's high-water plus a margin", |_| true);
+}
+
+#[test]
+fn the_leader_compacts_etcds_history() {
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = EtcdCluster::start(1);
+    let lockd = cluster.lockd(dir.path(), &["--etcd-compact-every-ms", "1000"]);
+    lockd.wait_event(LEADING, |_| true);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let _in = rt.enter();
+    let client = Client::connect(&lockd.endpoint).unwrap();
+    for i in 0..5 {
+        granted(
+            &rt,
+            &client,
+            &format!("c{i}"),
+            opts(30, 0, None),
+            "a free resource is granted",
+        );
+    }
+    // The first round only notes the revision; the second compacts up to it.
+    let e = lockd.wait_event("compacted etcd's history", |_| true);
+    let revision = e["revision"]
+        .as_i64()
+        .expect("the event names the revision");
+    assert!(revision > 5, "{e}");
+    let mut cmd = std::process::Command::new("etcdctl");
+    cmd.env("ETCDCTL_API", "3")
+        .arg(format!("--endpoints={}", cluster.endpoints()))
+        .args(["get", "/lockd/high-water", "--rev=1"]);
+    let (status, _, stderr) = e2e::output(cmd);
+    assert!(
+        !status.success() && stderr.contains("compacted"),
+        "revision 1 is still readable: {stderr}"
+    );
 }
