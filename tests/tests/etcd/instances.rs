@@ -53,6 +53,14 @@ impl Three {
         }
     }
 
+    /// Three instances, their endpoints, a runtime for clients, and which one leads.
+    fn with_runtime() -> (Three, Vec<String>, tokio::runtime::Runtime, usize) {
+        let three = Three::start();
+        let endpoints = three.endpoints();
+        let leader = three.leader(None);
+        (three, endpoints, tokio::runtime::Runtime::new().unwrap(), leader)
+    }
+
     fn endpoints(&self) -> Vec<String> {
         self.lockds.iter().map(|l| l.endpoint.clone()).collect()
     }
@@ -129,11 +137,8 @@ fn any_instance_serves_and_a_clean_stop_of_the_leader_hands_over() {
 
 #[test]
 fn kill_9_of_the_lockd_leader_during_a_burst_keeps_its_locks() {
-    let mut three = Three::start();
-    let endpoints = three.endpoints();
-    let rt = tokio::runtime::Runtime::new().unwrap();
+    let (mut three, endpoints, rt, leader) = Three::with_runtime();
     let _in = rt.enter();
-    let leader = three.leader(None);
     let follower = (leader + 1) % 3;
     let client = Client::connect(&endpoints[follower]).unwrap();
     let kept = granted(
@@ -193,11 +198,8 @@ fn rpc(
 
 #[test]
 fn a_paused_lockd_leader_neither_grants_nor_renews_when_it_wakes() {
-    let mut three = Three::start();
-    let endpoints = three.endpoints();
-    let rt = tokio::runtime::Runtime::new().unwrap();
+    let (mut three, endpoints, rt, leader) = Three::with_runtime();
     let _in = rt.enter();
-    let leader = three.leader(None);
     let follower = (leader + 1) % 3;
     let to_leader = Client::connect(&endpoints[leader]).unwrap();
     let held = granted(
