@@ -210,6 +210,11 @@ impl EtcdCluster {
     /// lockd over this cluster (leadership lease [`LEADER_TTL_MS`], then `extra`), returned
     /// once it leads or follows.
     pub fn lockd(&self, dir: &std::path::Path, extra: &[&str]) -> crate::Lockd {
+        self.lockd_at(dir, "127.0.0.1:0", extra)
+    }
+
+    /// Like [`EtcdCluster::lockd`], listening on `listen`.
+    pub fn lockd_at(&self, dir: &std::path::Path, listen: &str, extra: &[&str]) -> crate::Lockd {
         let endpoints = self.endpoints();
         let mut args = vec![
             "--backend",
@@ -220,7 +225,7 @@ impl EtcdCluster {
             LEADER_TTL_MS,
         ];
         args.extend_from_slice(extra);
-        let lockd = crate::Lockd::start(dir, &args);
+        let lockd = crate::Lockd::start_on(dir, listen, &args);
         lockd
             .process
             .stderr

@@ -22,6 +22,7 @@ use std::time::{Duration, Instant};
 
 use lockd_core::{Core, Limits};
 use lockd_proto::v1::lock_service_client::LockServiceClient;
+use lockd_store_etcd::keys::LeaderRecord;
 use lockd_store_etcd::{Campaign, Cluster, EtcdStore, Member, Term, Warm, highwater};
 use tokio::sync::watch;
 use tonic::Status;
@@ -41,11 +42,22 @@ const FOLLOW_EVERY: Duration = Duration::from_millis(200);
 /// reads the whole state instead.
 const WARM_CATCH_UP: Duration = Duration::from_millis(500);
 
+/// The pause before campaigning again after the state could not be loaded.
+const LOAD_RETRY_AFTER: Duration = Duration::from_secs(2);
+
 /// The pause before campaigning again after etcd failed.
 const CAMPAIGN_RETRY_AFTER: Duration = Duration::from_millis(200);
 
 /// Metadata on a forwarded call: an instance that does not lead does not forward it again.
 pub const FORWARDED_METADATA: &str = "lockd-forwarded-by";
+
+/// Metadata on a new leader's Describe to its own advertised address, and on the answer (the
+/// answering instance's id): the address must reach the leader itself.
+pub const PROBE_METADATA: &str = "lockd-probe";
+pub const INSTANCE_METADATA: &str = "lockd-instance";
+
+/// Attempts of the advertise check before the leader gives up.
+const PROBE_ATTEMPTS: u32 = 3;
 
 impl Authority for Term {
     fn in_force(&self) -> bool {
@@ -85,6 +97,9 @@ pub struct Ha {
     stop: watch::Sender<bool>,
     /// A forward failed: the follower looks at the leader key again at once.
     look_again: tokio::sync::Notify,
+    /// Cleared when the advertised address turned out not to reach this instance: it then
+    /// only follows.
+    may_lead: std::sync::atomic::AtomicBool,
 }
 
 impl Ha {
@@ -104,6 +119,7 @@ impl Ha {
             role: watch::channel(Role::Candidate).0,
             stop: watch::channel(false).0,
             look_again: tokio::sync::Notify::new(),
+            may_lead: std::sync::atomic::AtomicBool::new(true),
         }
     }
 
@@ -139,6 +155,63 @@ impl Ha {
                 )));
             }
         }
+    }
+
+    /// This process's instance id.
+    pub fn instance_id(&self) -> &str {
+        &self.me.id
+    }
+
+    /// The id of the instance that answers at `address` (a Describe with
+    /// [`PROBE_METADATA`], answered with the answering instance's id), tried a few times.
+    async fn instance_at(&self, address: &str) -> Result<String, String> {
+        let clients = Forwarders::new(address)?;
+        let mut last = String::new();
+        for attempt in 0..PROBE_ATTEMPTS {
+            if attempt > 0 {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+            let mut probe = tonic::Request::new(lockd_proto::v1::DescribeRequest::default());
+            probe.set_timeout(Duration::from_secs(1));
+            probe.metadata_mut().insert(
+                PROBE_METADATA,
+                tonic::metadata::MetadataValue::from_static("1"),
+            );
+            match clients.next().describe(probe).await {
+                Ok(answer) => {
+                    return Ok(answer
+                        .metadata()
+                        .get(INSTANCE_METADATA)
+                        .and_then(|v| v.to_str().ok())
+                        .unwrap_or("")
+                        .to_string());
+                }
+                Err(e) => last = format!("{address} cannot be reached: {e}"),
+            }
+        }
+        Err(last)
+    }
+
+    /// Whether the advertised address reaches this very instance; why not, if not.
+    async fn check_advertise(&self) -> Result<(), String> {
+        let id = self.instance_at(&self.me.address).await?;
+        if id == self.me.id {
+            Ok(())
+        } else {
+            Err(format!(
+                "{} is answered by another instance ({id:?}), not this one ({})",
+                self.me.address, self.me.id
+            ))
+        }
+    }
+
+    /// Resolves once this instance no longer follows the leader at `address` (the leader key
+    /// moved on, or is gone).
+    pub async fn moved_from(&self, address: &str) {
+        let mut rx = self.role.subscribe();
+        let _ = rx
+            .wait_for(|role| !matches!(role, Role::Follower { leader, .. } if leader == address))
+            .await;
     }
 
     /// A call forwarded to `failed` did not reach it (the leader died or stepped down): looks
@@ -196,13 +269,27 @@ impl Ha {
             if warm.is_none() {
                 warm = Some(self.keep_warm());
             }
+            if !self.may_lead.load(std::sync::atomic::Ordering::Acquire) {
+                match self.cluster.observe().await {
+                    Ok((Some((leader, lease)), _)) => self.follow(Some(leader), lease).await,
+                    Ok((None, _)) => {
+                        self.set(Role::Candidate);
+                        self.pause(FOLLOW_EVERY).await;
+                    }
+                    Err(e) => {
+                        warn!(error = %e, "cannot read the leader key");
+                        self.pause(FOLLOW_EVERY).await;
+                    }
+                }
+                continue;
+            }
             match self.cluster.campaign(&self.me).await {
                 Ok(Campaign::Won(term)) => {
                     self.lead(term, leader_gone, warm.take()).await;
                     leader_gone = Instant::now();
                 }
-                Ok(Campaign::Lost(leader)) => {
-                    self.follow(leader).await;
+                Ok(Campaign::Lost(leader, lease)) => {
+                    self.follow(leader, lease).await;
                     leader_gone = Instant::now();
                 }
                 Err(e) => {
@@ -288,7 +375,8 @@ impl Ha {
             Err(e) => {
                 error!(error = %e, "cannot load the state from etcd; giving the leadership up");
                 self.cluster.resign(&term).await;
-                self.pause(CAMPAIGN_RETRY_AFTER).await;
+                // Damaged data stays damaged: do not churn leases five times a second.
+                self.pause(LOAD_RETRY_AFTER).await;
                 return;
             }
         };
@@ -339,8 +427,19 @@ impl Ha {
             .compact_every
             .map(|every| tokio::spawn(compact(Arc::clone(&self.cluster), every)));
         let mut stop = self.stop.subscribe();
+        let misadvertised = async {
+            match self.check_advertise().await {
+                Ok(()) => std::future::pending().await,
+                Err(why) => why,
+            }
+        };
         let why = tokio::select! {
             why = &mut keep => why,
+            why = misadvertised => {
+                error!(advertise = %self.me.address, reason = %why, "the advertised address does not reach this instance: the others cannot forward to it, so it gives the leadership up and will only follow (fix advertise)");
+                self.may_lead.store(false, std::sync::atomic::Ordering::Release);
+                format!("advertise does not reach this instance: {why}")
+            }
             why = failed.wait_for(Option::is_some) => {
                 let why = why.map(|w| w.clone().unwrap_or_default()).unwrap_or_default();
                 format!("etcd refused or failed a batch: {why}")
@@ -367,18 +466,28 @@ impl Ha {
         }
     }
 
-    /// Follows `leader` until the leader key is gone (or this instance stops).
-    async fn follow(&self, leader: Option<lockd_store_etcd::keys::LeaderRecord>) {
+    /// Follows `leader` until the leader key is gone and its leadership lease with it (or
+    /// this instance stops).
+    async fn follow(&self, leader: Option<LeaderRecord>, lease: i64) {
         let mut current: Option<String> = None;
-        let mut leader = leader;
+        let mut leader = leader.map(|l| (l, lease));
+        // The lease of the last leader seen, and since when a leader names this address.
+        let mut last_lease = None;
+        let mut on_my_address: Option<Instant> = None;
         loop {
             match &leader {
-                Some(l) if current.as_deref() != Some(l.id.as_str()) => {
+                Some((l, lease)) if current.as_deref() != Some(l.id.as_str()) => {
                     current = Some(l.id.clone());
-                    if l.address == self.me.address {
-                        // A predecessor on this very address (killed, its lease not yet run
-                        // out): there is nobody to forward to until the key is gone.
+                    last_lease = Some(*lease);
+                    on_my_address = None;
+                    // The leader advertises this instance's address: a predecessor on it (killed,
+                    // its lease not yet run out), or one of the two advertise settings is wrong.
+                    let reaches_me = l.address == self.me.address
+                        && self.instance_at(&l.address).await.as_deref() == Ok(self.me.id.as_str());
+                    if reaches_me {
+                        // There is nobody to forward to until the key is gone.
                         warn!(leader = %l.id, address = %l.address, "the leader key names this address but another process; waiting for it to run out");
+                        on_my_address = Some(Instant::now());
                         self.set(Role::Candidate);
                     } else {
                         match Forwarders::new(&l.address) {
@@ -396,11 +505,35 @@ impl Ha {
                         }
                     }
                 }
-                Some(_) => {}
+                Some((l, _)) => {
+                    // A dead predecessor's lease runs out within its TTL; a live leader that
+                    // keeps naming this address has a wrong advertise setting.
+                    if let Some(since) = on_my_address
+                        && since.elapsed() > self.cluster.leader_ttl() * 2
+                    {
+                        error!(leader = %l.id, address = %l.address, "the leader advertises this instance's address (its advertise setting is wrong): nobody can forward to it; fix its advertise, or stop it");
+                        on_my_address = None;
+                    }
+                }
                 None if current.is_some() => {
-                    info!("the leader is gone; campaigning");
-                    self.set(Role::Candidate);
-                    return;
+                    // The key is gone. If its lease is not, the key was deleted by hand and
+                    // the old leader may still be answering until its keep-alive notices:
+                    // no new leader before that lease has ended.
+                    let alive = match last_lease {
+                        Some(lease) if lease != 0 => self.cluster.lease_alive(lease).await,
+                        _ => Ok(false),
+                    };
+                    match alive {
+                        Ok(false) => {
+                            info!("the leader is gone; campaigning");
+                            self.set(Role::Candidate);
+                            return;
+                        }
+                        Ok(true) => warn!(
+                            "the leader key is gone but its leadership lease is not (deleted by hand?); waiting for the lease to end"
+                        ),
+                        Err(e) => warn!(error = %e, "cannot read the old leader's lease"),
+                    }
                 }
                 None => {
                     // The key holds something lockd did not write: do not campaign in a loop.

@@ -17,7 +17,7 @@ use tonic::metadata::MetadataValue;
 use tonic::{Request, Response, Status};
 
 use crate::driver::{AcquireReply, Driver};
-use crate::ha::{FORWARDED_METADATA, Ha, Route};
+use crate::ha::{FORWARDED_METADATA, Ha, INSTANCE_METADATA, PROBE_METADATA, Route};
 use crate::status::invalid_argument;
 
 /// Where the service's calls go.
@@ -35,10 +35,10 @@ pub struct LockApi {
 
 type Leader = lockd_proto::v1::lock_service_client::LockServiceClient<tonic::transport::Channel>;
 
-/// Where one call goes.
-enum Target {
-    Local(Arc<Driver>),
-    Forward(Leader, String),
+/// How a call is served: here, or by the leader.
+enum Served<T, R> {
+    Local(Arc<Driver>, T),
+    Remote(Response<R>),
 }
 
 /// A status that no lockd sent (every lockd status carries its code): the forwarded call did
@@ -80,50 +80,51 @@ impl LockApi {
         LockApi { routes, limits }
     }
 
-    async fn target<T>(&self, request: &Request<T>) -> Result<Target, Status> {
-        match &self.routes {
-            Routes::Single(driver) => Ok(Target::Local(Arc::clone(driver))),
-            Routes::Cluster(ha) => {
-                let was_forwarded = request.metadata().contains_key(FORWARDED_METADATA);
-                Ok(match ha.route(was_forwarded).await? {
-                    Route::Local(driver) => Target::Local(driver),
-                    Route::Forward(client, address) => Target::Forward(client, address),
-                })
-            }
-        }
-    }
-
-    /// Forwards `request` to the leader at `address` with `call`. If it does not reach it (the
-    /// leader died or stepped down a moment ago), once more to whoever leads next: every call
-    /// is safe to repeat (a grant only under its request id, which a retry finds).
-    async fn forward<T, R, F, Fut>(
+    /// Where `request` is served: here (its message, with the driver), or by the leader (its
+    /// answer, passed back unchanged). A forwarded call that does not reach the leader, or
+    /// whose leader is replaced while it runs (it died, or was paused), goes once more to
+    /// whoever leads next, here included: every call is safe to repeat (a grant only under
+    /// its request id, which a retry finds).
+    async fn serve<T, R, F, Fut>(
         &self,
-        leader: Leader,
-        address: String,
         request: Request<T>,
         call: F,
-    ) -> Result<Response<R>, Status>
+    ) -> Result<Served<T, R>, Status>
     where
         T: Clone,
         F: Fn(Leader, Request<T>) -> Fut,
         Fut: std::future::Future<Output = Result<Response<R>, Status>>,
     {
+        let ha = match &self.routes {
+            Routes::Single(driver) => {
+                return Ok(Served::Local(Arc::clone(driver), request.into_inner()));
+            }
+            Routes::Cluster(ha) => ha,
+        };
+        let was_forwarded = request.metadata().contains_key(FORWARDED_METADATA);
         let timeout = grpc_timeout(&request);
         let message = request.into_inner();
-        match call(leader, forwarded(message.clone(), timeout)).await {
-            Err(s) if from_transport(&s) => {
-                let Routes::Cluster(ha) = &self.routes else {
-                    return Err(s);
-                };
-                match ha.reroute(&address).await? {
-                    Route::Forward(next, _) => call(next, forwarded(message, timeout)).await,
-                    Route::Local(_) => Err(crate::status::not_leader(
-                        "the leadership moved to this instance during the call; retry".to_string(),
-                    )),
-                }
+        let mut route = ha.route(was_forwarded).await?;
+        for attempt in 0..2 {
+            let (leader, address) = match route {
+                Route::Local(driver) => return Ok(Served::Local(driver, message)),
+                Route::Forward(leader, address) => (leader, address),
+            };
+            let answer = tokio::select! {
+                answer = call(leader, forwarded(message.clone(), timeout)) => Some(answer),
+                () = ha.moved_from(&address) => None,
+            };
+            match answer {
+                Some(Err(s)) if from_transport(&s) && attempt == 0 => {}
+                Some(answer) => return answer.map(Served::Remote),
+                None if attempt == 0 => {}
+                None => break,
             }
-            answered => answered,
+            route = ha.reroute(&address).await?;
         }
+        Err(crate::status::not_leader(
+            "the leadership moved twice during the call; retry".to_string(),
+        ))
     }
 
     fn not_granted(
@@ -163,17 +164,13 @@ impl LockService for LockApi {
         &self,
         request: Request<pb::AcquireRequest>,
     ) -> Result<Response<pb::AcquireResponse>, Status> {
-        let driver = match self.target(&request).await? {
-            Target::Local(driver) => driver,
-            Target::Forward(leader, address) => {
-                return self
-                    .forward(leader, address, request, |mut c, r| async move {
-                        c.acquire(r).await
-                    })
-                    .await;
-            }
+        let (driver, r) = match self
+            .serve(request, |mut c, r| async move { c.acquire(r).await })
+            .await?
+        {
+            Served::Local(driver, r) => (driver, r),
+            Served::Remote(answer) => return Ok(answer),
         };
-        let r = request.into_inner();
         let request_id = match r.request_id.as_str() {
             "" => None,
             id => Some(RequestId::new(id, &self.limits).map_err(|e| invalid_argument(&e))?),
@@ -216,17 +213,13 @@ impl LockService for LockApi {
         &self,
         request: Request<pb::RenewRequest>,
     ) -> Result<Response<pb::RenewResponse>, Status> {
-        let driver = match self.target(&request).await? {
-            Target::Local(driver) => driver,
-            Target::Forward(leader, address) => {
-                return self
-                    .forward(leader, address, request, |mut c, r| async move {
-                        c.renew(r).await
-                    })
-                    .await;
-            }
+        let (driver, r) = match self
+            .serve(request, |mut c, r| async move { c.renew(r).await })
+            .await?
+        {
+            Served::Local(driver, r) => (driver, r),
+            Served::Remote(answer) => return Ok(answer),
         };
-        let r = request.into_inner();
         let (resource, lease_id) = (resource(&r.resource)?, lease_id(&r.lease_id)?);
         let renewed = driver.renew(&resource, lease_id).await?;
         Ok(Response::new(pb::RenewResponse {
@@ -239,17 +232,13 @@ impl LockService for LockApi {
         &self,
         request: Request<pb::ReleaseRequest>,
     ) -> Result<Response<pb::ReleaseResponse>, Status> {
-        let driver = match self.target(&request).await? {
-            Target::Local(driver) => driver,
-            Target::Forward(leader, address) => {
-                return self
-                    .forward(leader, address, request, |mut c, r| async move {
-                        c.release(r).await
-                    })
-                    .await;
-            }
+        let (driver, r) = match self
+            .serve(request, |mut c, r| async move { c.release(r).await })
+            .await?
+        {
+            Served::Local(driver, r) => (driver, r),
+            Served::Remote(answer) => return Ok(answer),
         };
-        let r = request.into_inner();
         let (resource, lease_id) = (resource(&r.resource)?, lease_id(&r.lease_id)?);
         Ok(Response::new(
             match driver.release(&resource, lease_id).await? {
@@ -269,17 +258,25 @@ impl LockService for LockApi {
         &self,
         request: Request<pb::DescribeRequest>,
     ) -> Result<Response<pb::DescribeResponse>, Status> {
-        let driver = match self.target(&request).await? {
-            Target::Local(driver) => driver,
-            Target::Forward(leader, address) => {
-                return self
-                    .forward(leader, address, request, |mut c, r| async move {
-                        c.describe(r).await
-                    })
-                    .await;
+        // A leader checking that its advertised address reaches it: answered here, by name.
+        if let (Routes::Cluster(ha), true) = (
+            &self.routes,
+            request.metadata().contains_key(PROBE_METADATA),
+        ) {
+            let mut answer = Response::new(pb::DescribeResponse::default());
+            if let Ok(id) = MetadataValue::try_from(ha.instance_id()) {
+                answer.metadata_mut().insert(INSTANCE_METADATA, id);
             }
+            return Ok(answer);
+        }
+        let (driver, r) = match self
+            .serve(request, |mut c, r| async move { c.describe(r).await })
+            .await?
+        {
+            Served::Local(driver, r) => (driver, r),
+            Served::Remote(answer) => return Ok(answer),
         };
-        let resource = resource(&request.into_inner().resource)?;
+        let resource = resource(&r.resource)?;
         let d = driver.describe(&resource).await?;
         let waiters = u32::try_from(d.waiters).unwrap_or(u32::MAX);
         Ok(Response::new(match d.held {

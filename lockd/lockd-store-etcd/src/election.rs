@@ -114,8 +114,9 @@ impl Term {
 #[derive(Debug)]
 pub enum Campaign {
     Won(Term),
-    /// Someone else leads (`None`: the key holds something lockd did not write).
-    Lost(Option<LeaderRecord>),
+    /// Someone else leads: its record (`None`: the key holds something lockd did not
+    /// write) and its leadership lease.
+    Lost(Option<LeaderRecord>, i64),
 }
 
 fn etcd_ttl_s(ttl: Duration) -> i64 {
@@ -181,6 +182,7 @@ impl Cluster {
         self.revoke(lease.id()).await;
         Ok(Campaign::Lost(
             current.and_then(|kv| serde_json::from_slice(kv.value()).ok()),
+            current.map_or(0, etcd_client::KeyValue::lease),
         ))
     }
 
@@ -269,16 +271,39 @@ impl Cluster {
         let _ = tokio::time::timeout(conn::ATTEMPT_TIMEOUT, c.lease_revoke(lease)).await;
     }
 
-    /// What a follower reads: the leader (if any) and the stored token high-water, which it
-    /// also writes down (see [`highwater`](crate::highwater)).
-    pub async fn observe(&self) -> Result<(Option<LeaderRecord>, u64), EtcdError> {
+    /// Whether a leadership lease is still alive in etcd.
+    pub async fn lease_alive(&self, lease: i64) -> Result<bool, EtcdError> {
+        let r = self
+            .etcd
+            .call(
+                self.deadline(),
+                "reading a leadership lease",
+                |mut c| async move { c.lease_time_to_live(lease, None).await },
+            )
+            .await?;
+        Ok(r.ttl() > 0)
+    }
+
+    /// What a follower reads: the leader (if any) with its leadership lease, and the stored
+    /// token high-water, which it also writes down (see [`highwater`](crate::highwater)).
+    pub async fn observe(&self) -> Result<(Option<(LeaderRecord, i64)>, u64), EtcdError> {
         let (leader, hw) = (self.keys.leader(), self.keys.high_water());
         let txn = Txn::new().and_then([TxnOp::get(leader, None), TxnOp::get(hw.clone(), None)]);
         let r = self.txn("reading the leader", txn).await?;
         let ops = r.op_responses();
-        let leader = first_kv(ops.first()).and_then(|kv| serde_json::from_slice(kv.value()).ok());
-        let high_water = match first_kv(ops.get(1)) {
-            Some(kv) => decimal(&hw, kv.value())?,
+        let leader = first_kv(ops.first()).and_then(|kv| {
+            serde_json::from_slice(kv.value())
+                .ok()
+                .map(|l| (l, kv.lease()))
+        });
+        // A damaged high-water must not keep followers from seeing the leader go (the next
+        // leader refuses to load it, loudly).
+        let high_water = match first_kv(ops.get(1)).map(|kv| decimal(&hw, kv.value())) {
+            Some(Ok(v)) => v,
+            Some(Err(e)) => {
+                warn!(error = %e, "the stored token high-water is damaged");
+                0
+            }
             None => 0,
         };
         self.highwater.saw(high_water);

@@ -39,12 +39,21 @@ impl HighWater {
         std::fs::create_dir_all(dir)?;
         let path = dir.join(FILE);
         let value = match std::fs::read_to_string(&path) {
-            Ok(text) => text.trim().parse::<u64>().map_err(|e| {
-                std::io::Error::new(
-                    std::io::ErrorKind::InvalidData,
-                    format!("{} does not hold a token ({e}): {text:?}", path.display()),
-                )
-            })?,
+            Ok(text) => text
+                .trim()
+                .parse::<u64>()
+                .ok()
+                .filter(|&v| v <= fencing::FencingToken::MAX.get())
+                .ok_or_else(|| {
+                    std::io::Error::new(
+                        std::io::ErrorKind::InvalidData,
+                        format!(
+                            "{} does not hold a token (a decimal up to {}): {text:?}",
+                            path.display(),
+                            fencing::FencingToken::MAX
+                        ),
+                    )
+                })?,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => 0,
             Err(e) => return Err(e),
         };
@@ -66,7 +75,12 @@ impl HighWater {
         self.state().seen
     }
 
+    /// Notes a token seen (granted, or read from etcd); a value outside the token range is
+    /// not one and is ignored.
     pub fn saw(&self, token: u64) {
+        if token > fencing::FencingToken::MAX.get() {
+            return;
+        }
         let mut s = self.state();
         s.seen = s.seen.max(token);
     }

@@ -116,6 +116,10 @@ impl Cluster {
         &self.keys
     }
 
+    pub fn leader_ttl(&self) -> Duration {
+        self.leader_ttl
+    }
+
     pub fn request_timeout(&self) -> Duration {
         self.request_timeout
     }
@@ -159,14 +163,16 @@ impl Cluster {
     }
 }
 
-/// A decimal value as lockd writes it.
+/// A token high-water as lockd writes it: a decimal within the token range (0: none).
 fn decimal(key: &str, value: &[u8]) -> Result<u64, EtcdError> {
     std::str::from_utf8(value)
         .ok()
-        .and_then(|v| v.trim().parse().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .filter(|&v| v <= fencing::FencingToken::MAX.get())
         .ok_or_else(|| {
             EtcdError::Corrupt(format!(
-                "{key} does not hold a number: {:?}",
+                "{key} does not hold a token (a decimal up to {}): {:?}",
+                fencing::FencingToken::MAX,
                 String::from_utf8_lossy(value)
             ))
         })

@@ -118,7 +118,8 @@ impl EtcdStore {
         let local = self.cluster.high_water().value();
         let mut last = stored_hw;
         if local > stored_hw {
-            last = local.saturating_add(MARGIN);
+            // Within the token range: at its top the core answers tokens_exhausted.
+            last = local.saturating_add(MARGIN).min(FencingToken::MAX.get());
             error!(
                 stored = stored_hw,
                 local,

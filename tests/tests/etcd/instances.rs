@@ -58,7 +58,12 @@ impl Three {
         let three = Three::start();
         let endpoints = three.endpoints();
         let leader = three.leader(None);
-        (three, endpoints, tokio::runtime::Runtime::new().unwrap(), leader)
+        (
+            three,
+            endpoints,
+            tokio::runtime::Runtime::new().unwrap(),
+            leader,
+        )
     }
 
     fn endpoints(&self) -> Vec<String> {
@@ -415,5 +420,94 @@ fn the_leader_compacts_etcds_history() {
     assert!(
         !status.success() && stderr.contains("compacted"),
         "revision 1 is still readable: {stderr}"
+    );
+}
+
+#[test]
+fn a_leader_whose_advertised_address_is_not_its_own_gives_the_leadership_up() {
+    let cluster = EtcdCluster::start(1);
+    let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+    let addr_a = e2e::free_loopback_addr();
+    let mut a = cluster.lockd_at(dirs[0].path(), &addr_a, &[]);
+    a.wait_event(LEADING, |_| true);
+    // B advertises A's address (a copied config, say): harmless while it follows.
+    let b = cluster.lockd(dirs[1].path(), &["--advertise", &a.endpoint]);
+    a.process.signal(libc::SIGTERM);
+    assert!(a.process.wait().success());
+    b.wait_event(LEADING, |_| true);
+    // Another lockd now answers on A's address: nobody can forward to B.
+    let a2 = cluster.lockd_at(dirs[2].path(), &addr_a, &[]);
+    b.wait_event(
+        "the advertised address does not reach this instance: the others cannot forward to it, so it gives the leadership up and will only follow (fix advertise)",
+        |_| true,
+    );
+    a2.wait_event(LEADING, |_| true);
+    // B serves by forwarding to the new leader.
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let _in = rt.enter();
+    let through_b = Client::connect(&b.endpoint).unwrap();
+    let g = granted(
+        &rt,
+        &through_b,
+        "via-b",
+        opts(30, 0, None),
+        "a free resource is granted through B",
+    );
+    let d = rt
+        .block_on(Client::connect(&a2.endpoint).unwrap().describe("via-b"))
+        .unwrap();
+    assert_eq!(d.token, Some(g.token));
+}
+
+#[test]
+fn a_leader_key_deleted_by_hand_gives_no_second_holder() {
+    let cluster = EtcdCluster::start(1);
+    let dirs: Vec<_> = (0..2).map(|_| tempfile::tempdir().unwrap()).collect();
+    let a = cluster.lockd(dirs[0].path(), &[]);
+    a.wait_event(LEADING, |_| true);
+    let b = cluster.lockd(dirs[1].path(), &[]);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let _in = rt.enter();
+    let (to_a, to_b) = (
+        Client::connect(&a.endpoint).unwrap(),
+        Client::connect(&b.endpoint).unwrap(),
+    );
+    let held = granted(
+        &rt,
+        &to_a,
+        "d",
+        opts(1, 0, None),
+        "a free resource is granted",
+    );
+    let ttl = held.ttl;
+    // The holder renews through the leader, before and for a while after the key goes.
+    let mut last_ok = Instant::now();
+    let renew_for = |until: Instant, last_ok: &mut Instant| {
+        while Instant::now() < until {
+            let sent = Instant::now();
+            if rt.block_on(to_a.renew("d", &held.lease_id)).is_ok() {
+                *last_ok = sent;
+            }
+        }
+    };
+    renew_for(Instant::now() + Duration::from_millis(300), &mut last_ok);
+    let mut del = std::process::Command::new("etcdctl");
+    del.env("ETCDCTL_API", "3")
+        .arg(format!("--endpoints={}", cluster.endpoints()))
+        .args(["del", "/lockd/leader"]);
+    let (status, _, stderr) = e2e::output(del);
+    assert!(status.success(), "{stderr}");
+    renew_for(Instant::now() + Duration::from_millis(300), &mut last_ok);
+    // Someone else waits through the other instance: it may have the lock only once the
+    // holder's last answered renewal has run out.
+    let got = rt.block_on(to_b.acquire("d", opts(5, 30, Some("second"))));
+    let at = Instant::now();
+    let Acquired::Granted(_) = got.expect("the waiter is answered") else {
+        panic!("the waiter is granted once the lease ran out");
+    };
+    assert!(
+        at >= last_ok + ttl,
+        "\"d\" was granted again {:?} after its last answered renewal was sent, within its TTL {ttl:?}",
+        at - last_ok
     );
 }

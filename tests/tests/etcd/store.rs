@@ -71,7 +71,7 @@ impl OnEtcd {
             .unwrap()
         {
             Campaign::Won(t) => Arc::new(t),
-            Campaign::Lost(l) => panic!("the only candidate lost to {l:?}"),
+            Campaign::Lost(l, _) => panic!("the only candidate lost to {l:?}"),
         }
     }
 
@@ -320,4 +320,54 @@ fn the_warm_copy_follows_every_batch() {
     assert!(!want.0.leases.is_empty() && !want.0.requests.is_empty());
     assert_eq!(got, want, "the warm copy differs from a full read");
     watcher.abort();
+}
+
+#[test]
+fn a_high_water_at_the_top_of_the_token_range_stays_in_it() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join(lockd_store_etcd::highwater::FILE),
+        format!("{}\n", FencingToken::MAX.get() - 7),
+    )
+    .unwrap();
+    let etcd = EtcdCluster::start(1);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let cluster = Arc::new(
+        rt.block_on(Cluster::connect(&options(&etcd, dir.path(), 128)))
+            .unwrap(),
+    );
+    let campaign = || match rt
+        .block_on(cluster.campaign(&Member::new("http://test".to_string())))
+        .unwrap()
+    {
+        Campaign::Won(t) => Arc::new(t),
+        Campaign::Lost(..) => panic!("the only candidate leads"),
+    };
+    let term = campaign();
+    let mut s = {
+        let _in = rt.enter();
+        EtcdStore::new(Arc::clone(&cluster), Arc::clone(&term))
+    };
+    // The margin would pass the top: tokens stop there (the core answers tokens_exhausted).
+    let snap = s.load().unwrap();
+    assert_eq!(snap.last_token, Some(FencingToken::MAX));
+    rt.block_on(cluster.resign(&term));
+    // A high-water outside the token range, written by hand, is refused as damaged.
+    let endpoint = etcd.endpoints();
+    rt.block_on(async {
+        let mut c = etcd_client::Client::connect([endpoint.as_str()], None)
+            .await
+            .unwrap();
+        c.put("/lockd/high-water", "9223372036854775808", None)
+            .await
+            .unwrap();
+    });
+    let term = campaign();
+    let mut s = {
+        let _in = rt.enter();
+        EtcdStore::new(Arc::clone(&cluster), term)
+    };
+    let err = s.load().expect_err("an out-of-range high-water is refused");
+    assert!(matches!(err, StoreError::Corrupt(_)), "{err}");
+    assert!(err.to_string().contains("/lockd/high-water"), "{err}");
 }
