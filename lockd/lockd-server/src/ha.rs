@@ -525,7 +525,13 @@ impl Ha {
                     };
                     match alive {
                         Ok(false) => {
-                            info!("the leader is gone; campaigning");
+                            if self.may_lead.load(std::sync::atomic::Ordering::Acquire) {
+                                info!("the leader is gone; campaigning");
+                            } else {
+                                info!(
+                                    "the leader is gone; this instance only follows (its advertise is wrong)"
+                                );
+                            }
                             self.set(Role::Candidate);
                             return;
                         }

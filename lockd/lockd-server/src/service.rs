@@ -42,10 +42,13 @@ enum Served<T, R> {
 }
 
 /// A status that no lockd sent (every lockd status carries its code): the forwarded call did
-/// not reach the leader, or the connection broke.
+/// not reach the leader, or its connection broke (a leader killed mid-call resets its streams:
+/// `UNKNOWN`, or `INTERNAL` for a protocol error).
 fn from_transport(s: &Status) -> bool {
-    s.code() == tonic::Code::Unavailable
-        && !s.metadata().contains_key(lockd_proto::ERROR_CODE_METADATA)
+    matches!(
+        s.code(),
+        tonic::Code::Unavailable | tonic::Code::Unknown | tonic::Code::Internal
+    ) && !s.metadata().contains_key(lockd_proto::ERROR_CODE_METADATA)
 }
 
 /// The call's own deadline (`grpc-timeout`), if it has one.

@@ -511,3 +511,64 @@ fn a_leader_key_deleted_by_hand_gives_no_second_holder() {
         at - last_ok
     );
 }
+
+#[test]
+fn calls_in_flight_through_a_follower_when_the_leader_is_killed_end_in_lockds_answers() {
+    let cluster = EtcdCluster::start(1);
+    let dirs: Vec<_> = (0..2).map(|_| tempfile::tempdir().unwrap()).collect();
+    let mut a = cluster.lockd(dirs[0].path(), &[]);
+    a.wait_event(LEADING, |_| true);
+    let b = cluster.lockd(dirs[1].path(), &[]);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (grant_tx, grants) = std::sync::mpsc::channel::<()>();
+    // Raw clients (no SDK retries) acquire through the follower, each call with its own
+    // request id, until stopped; every answer that is not a grant is returned.
+    let tasks: Vec<_> = (0..8)
+        .map(|t| {
+            let (endpoint, stop, grant_tx) = (b.endpoint.clone(), stop.clone(), grant_tx.clone());
+            rt.spawn(async move {
+                let mut rpc = LockServiceClient::connect(endpoint).await.unwrap();
+                let mut refused = Vec::new();
+                let mut n = 0;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    n += 1;
+                    let mut r = tonic::Request::new(AcquireRequest {
+                        resource: format!("f{t}-{n}"),
+                        request_id: format!("f{t}-{n}"),
+                        ttl_ms: 30_000,
+                        wait_timeout_ms: 0,
+                        holder: "raw".to_string(),
+                    });
+                    r.set_timeout(Duration::from_secs(30));
+                    match rpc.acquire(r).await {
+                        Ok(_) => {
+                            let _ = grant_tx.send(());
+                        }
+                        Err(e) => refused.push(e),
+                    }
+                }
+                refused
+            })
+        })
+        .collect();
+    let wait_grants = |n: usize| {
+        for _ in 0..n {
+            grants
+                .recv_timeout(e2e::PATIENCE)
+                .expect("grants through the follower stopped");
+        }
+    };
+    wait_grants(50);
+    a.kill9();
+    wait_grants(50);
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for t in tasks {
+        for e in rt.block_on(t).unwrap() {
+            // Calls cut off with the leader go on to the next one; what a client may see is
+            // lockd's own UNAVAILABLE (with its code), never a bare transport error.
+            assert_eq!(e.code(), Code::Unavailable, "{e:?}");
+            assert!(e.metadata().contains_key("lockd-error"), "{e:?}");
+        }
+    }
+}
