@@ -31,7 +31,7 @@ use tracing::{error, info, warn};
 
 use crate::clock::Clock;
 use crate::driver::{Authority, Driver, OsLeaseIds};
-use crate::server::{EXIT_STORE_FAILED, MAX_MESSAGE_BYTES};
+use crate::server::MAX_MESSAGE_BYTES;
 use crate::status::{no_leader, not_leader};
 use crate::writer::Writer;
 
@@ -389,11 +389,12 @@ impl Ha {
         ) {
             Ok(core) => core,
             Err(e) => {
-                // What etcd holds breaks the invariants: no instance may serve it.
-                error!(error = %e, "the state in etcd is inconsistent; lockd stops");
-                eprintln!("lockd: the state in etcd is inconsistent, stopping: {e}");
+                // What etcd holds breaks the invariants: no instance may serve it until it is
+                // repaired (the others find the same), and none exits over it.
+                error!(error = %e, "the state in etcd is inconsistent; giving the leadership up");
                 self.cluster.resign(&term).await;
-                std::process::exit(EXIT_STORE_FAILED);
+                self.pause(LOAD_RETRY_AFTER).await;
+                return;
             }
         };
         let stats = core.stats();

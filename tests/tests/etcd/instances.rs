@@ -572,3 +572,49 @@ fn calls_in_flight_through_a_follower_when_the_leader_is_killed_end_in_lockds_an
         }
     }
 }
+
+#[test]
+fn an_inconsistent_state_written_by_hand_is_refused_without_an_exit_until_repaired() {
+    let cluster = EtcdCluster::start(1);
+    let dir = tempfile::tempdir().unwrap();
+    // Two locks with one token: no core may be rebuilt from that.
+    let record = |lease: &str| {
+        format!(
+            r#"{{"lease_id":"{}","token":7,"holder":"hand","ttl_ms":1000}}"#,
+            lease.repeat(32)
+        )
+    };
+    let etcdctl = |args: &[&str]| {
+        let mut cmd = std::process::Command::new("etcdctl");
+        cmd.env("ETCDCTL_API", "3")
+            .arg(format!("--endpoints={}", cluster.endpoints()))
+            .args(args);
+        let (status, _, stderr) = e2e::output(cmd);
+        assert!(status.success(), "etcdctl {args:?}: {stderr}");
+    };
+    etcdctl(&["put", "/lockd/locks/x", &record("a")]);
+    etcdctl(&["put", "/lockd/locks/y", &record("b")]);
+    let mut lockd = Lockd::start(
+        dir.path(),
+        &[
+            "--backend",
+            "etcd",
+            "--etcd-endpoints",
+            &cluster.endpoints(),
+            "--etcd-leader-ttl-ms",
+            e2e::etcd::LEADER_TTL_MS,
+        ],
+    );
+    lockd.wait_events(
+        "the state in etcd is inconsistent; giving the leadership up",
+        2,
+        |e| {
+            e["error"]
+                .as_str()
+                .is_some_and(|m| m.contains("two stored leases with token 7"))
+        },
+    );
+    assert!(lockd.process.running(), "lockd exited over damaged data");
+    etcdctl(&["del", "/lockd/locks/y"]);
+    lockd.wait_event(LEADING, |e| e["leases"] == 1);
+}
