@@ -163,9 +163,14 @@ impl Lines {
         true
     }
 
-    /// Everything so far, one line each.
+    /// Everything so far, one line each. (Also while unwinding from a failed wait, which
+    /// poisoned the lock: the lines are still whole.)
     pub fn text(&self) -> String {
-        self.state.lock().unwrap().0.join("\n")
+        self.state
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .0
+            .join("\n")
     }
 
     /// Waits for the first line (from the beginning) that `pred` accepts.

@@ -43,11 +43,14 @@ enum Served<T, R> {
 
 /// A status that no lockd sent (every lockd status carries its code): the forwarded call did
 /// not reach the leader, or its connection broke (a leader killed mid-call resets its streams:
-/// `UNKNOWN`, or `INTERNAL` for a protocol error).
+/// `UNKNOWN` or `CANCELLED`, or `INTERNAL` for a protocol error).
 fn from_transport(s: &Status) -> bool {
     matches!(
         s.code(),
-        tonic::Code::Unavailable | tonic::Code::Unknown | tonic::Code::Internal
+        tonic::Code::Unavailable
+            | tonic::Code::Unknown
+            | tonic::Code::Cancelled
+            | tonic::Code::Internal
     ) && !s.metadata().contains_key(lockd_proto::ERROR_CODE_METADATA)
 }
 
