@@ -92,12 +92,6 @@ pub enum DriverError {
     NotLeader,
 }
 
-impl From<WriterStopped> for DriverError {
-    fn from(_: WriterStopped) -> DriverError {
-        DriverError::StoreFailed
-    }
-}
-
 enum WaitEnd {
     Granted { grant: Grant, seq: Seq },
     TimedOut(Option<Busy>),

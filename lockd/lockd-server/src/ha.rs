@@ -165,7 +165,7 @@ impl Ha {
     /// The id of the instance that answers at `address` (a Describe with
     /// [`PROBE_METADATA`], answered with the answering instance's id), tried a few times.
     async fn instance_at(&self, address: &str) -> Result<String, String> {
-        let clients = Forwarders::new(address)?;
+        let client = lockd_client_to(address)?;
         let mut last = String::new();
         for attempt in 0..PROBE_ATTEMPTS {
             if attempt > 0 {
@@ -177,7 +177,7 @@ impl Ha {
                 PROBE_METADATA,
                 tonic::metadata::MetadataValue::from_static("1"),
             );
-            match clients.next().describe(probe).await {
+            match client.clone().describe(probe).await {
                 Ok(answer) => {
                     return Ok(answer
                         .metadata()
@@ -271,8 +271,8 @@ impl Ha {
             }
             if !self.may_lead.load(std::sync::atomic::Ordering::Acquire) {
                 match self.cluster.observe().await {
-                    Ok((Some((leader, lease)), _)) => self.follow(Some(leader), lease).await,
-                    Ok((None, _)) => {
+                    Ok(Some((leader, lease))) => self.follow(Some(leader), lease).await,
+                    Ok(None) => {
                         self.set(Role::Candidate);
                         self.pause(FOLLOW_EVERY).await;
                     }
@@ -458,7 +458,7 @@ impl Ha {
         let closing = Arc::clone(&driver);
         let _ = tokio::task::spawn_blocking(move || closing.close_store()).await;
         self.cluster.resign(&term).await;
-        if why == "shutting down" {
+        if self.stopping() {
             info!("stopped leading: shutting down");
         } else {
             warn!(reason = %why, "stopped leading");
@@ -557,7 +557,7 @@ impl Ha {
                 return;
             }
             match self.cluster.observe().await {
-                Ok((l, _)) => leader = l,
+                Ok(l) => leader = l,
                 Err(e) => warn!(error = %e, "cannot read the leader key"),
             }
         }
@@ -574,20 +574,25 @@ pub struct Forwarders {
 /// Connections a follower opens to the leader.
 pub const FORWARD_CONNECTIONS: usize = 8;
 
+/// A client of the lockd instance at `address`, on its own connection, made lazily.
+fn lockd_client_to(address: &str) -> Result<LockServiceClient<Channel>, String> {
+    let endpoint = Endpoint::from_shared(address.to_string())
+        .map_err(|e| e.to_string())?
+        .tcp_nodelay(true)
+        .connect_timeout(Duration::from_secs(1))
+        .http2_keep_alive_interval(Duration::from_secs(5))
+        .keep_alive_timeout(Duration::from_secs(5));
+    Ok(
+        LockServiceClient::new(endpoint.connect_lazy())
+            .max_decoding_message_size(MAX_MESSAGE_BYTES),
+    )
+}
+
 impl Forwarders {
     fn new(address: &str) -> Result<Forwarders, String> {
-        let endpoint = Endpoint::from_shared(address.to_string())
-            .map_err(|e| e.to_string())?
-            .tcp_nodelay(true)
-            .connect_timeout(Duration::from_secs(1))
-            .http2_keep_alive_interval(Duration::from_secs(5))
-            .keep_alive_timeout(Duration::from_secs(5));
         let clients = (0..FORWARD_CONNECTIONS)
-            .map(|_| {
-                LockServiceClient::new(endpoint.connect_lazy())
-                    .max_decoding_message_size(MAX_MESSAGE_BYTES)
-            })
-            .collect();
+            .map(|_| lockd_client_to(address))
+            .collect::<Result<_, _>>()?;
         Ok(Forwarders {
             clients,
             next: std::sync::atomic::AtomicUsize::new(0),

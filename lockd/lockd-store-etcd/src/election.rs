@@ -153,13 +153,13 @@ impl Cluster {
         let key = self.keys.leader();
         let value = serde_json::to_string(&record).expect("a leader record serialises");
         let txn = Txn::new()
-            .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
+            .when([Compare::create_revision(key, CompareOp::Equal, 0)])
             .and_then([TxnOp::put(
-                key.clone(),
+                key,
                 value,
                 Some(PutOptions::new().with_lease(lease.id())),
             )])
-            .or_else([TxnOp::get(key.clone(), None)]);
+            .or_else([TxnOp::get(key, None)]);
         let r = self.txn("campaigning for leadership", txn).await?;
         let ttl = Duration::from_secs(lease.ttl().max(0) as u64);
         if r.succeeded() {
@@ -204,11 +204,12 @@ impl Cluster {
             let sent_at = boot_time();
             let left = term.deadline().saturating_sub(sent_at);
             match self.renew_term(term, left.min(every)).await {
-                Ok(Some(ttl)) => {
-                    term.extend(sent_at, ttl);
+                // A keep-alive gives the lease its granted TTL again.
+                Ok(true) => {
+                    term.extend(sent_at, term.ttl);
                     pause = every;
                 }
-                Ok(None) => return "the leadership lease or the leader key is gone".to_string(),
+                Ok(false) => return "the leadership lease or the leader key is gone".to_string(),
                 Err(e) => {
                     warn!(error = %e, "cannot renew the leadership lease; retrying");
                     pause = RETRY_AFTER.min(every);
@@ -218,12 +219,8 @@ impl Cluster {
     }
 
     /// One keep-alive of the term's lease, then a check that the leader key is still the
-    /// term's. `Ok(None)`: the term is over.
-    async fn renew_term(
-        &self,
-        term: &Term,
-        within: Duration,
-    ) -> Result<Option<Duration>, EtcdError> {
+    /// term's. `Ok(false)`: the term is over.
+    async fn renew_term(&self, term: &Term, within: Duration) -> Result<bool, EtcdError> {
         let deadline = Instant::now() + within;
         let id = term.lease;
         // etcd-client reads the keep-alive's answer itself: an error if the lease is gone.
@@ -242,21 +239,18 @@ impl Cluster {
             )
             .await?;
         if !alive {
-            return Ok(None);
+            return Ok(false);
         }
         let key = self.keys.leader();
         let r = self
             .etcd
-            .call(deadline, "reading the leader key", |mut c| {
-                let key = key.clone();
-                async move { c.get(key, None).await }
+            .call(deadline, "reading the leader key", |mut c| async move {
+                c.get(key, None).await
             })
             .await?;
-        match r.kvs().first() {
-            // A keep-alive gives the lease its granted TTL again.
-            Some(kv) if kv.create_revision() == term.revision => Ok(Some(term.ttl)),
-            _ => Ok(None),
-        }
+        Ok(r.kvs()
+            .first()
+            .is_some_and(|kv| kv.create_revision() == term.revision))
     }
 
     /// Gives the term up at once (its key goes with the lease), so that another instance
@@ -284,11 +278,11 @@ impl Cluster {
         Ok(r.ttl() > 0)
     }
 
-    /// What a follower reads: the leader (if any) with its leadership lease, and the stored
-    /// token high-water, which it also writes down (see [`highwater`](crate::highwater)).
-    pub async fn observe(&self) -> Result<(Option<(LeaderRecord, i64)>, u64), EtcdError> {
+    /// What a follower reads: the leader (if any) with its leadership lease; and the stored
+    /// token high-water, which it writes down (see [`highwater`](crate::highwater)).
+    pub async fn observe(&self) -> Result<Option<(LeaderRecord, i64)>, EtcdError> {
         let (leader, hw) = (self.keys.leader(), self.keys.high_water());
-        let txn = Txn::new().and_then([TxnOp::get(leader, None), TxnOp::get(hw.clone(), None)]);
+        let txn = Txn::new().and_then([TxnOp::get(leader, None), TxnOp::get(hw, None)]);
         let r = self.txn("reading the leader", txn).await?;
         let ops = r.op_responses();
         let leader = first_kv(ops.first()).and_then(|kv| {
@@ -298,7 +292,7 @@ impl Cluster {
         });
         // A damaged high-water must not keep followers from seeing the leader go (the next
         // leader refuses to load it, loudly).
-        let high_water = match first_kv(ops.get(1)).map(|kv| decimal(&hw, kv.value())) {
+        let high_water = match first_kv(ops.get(1)).map(|kv| decimal(hw, kv.value())) {
             Some(Ok(v)) => v,
             Some(Err(e)) => {
                 warn!(error = %e, "the stored token high-water is damaged");
@@ -307,7 +301,7 @@ impl Cluster {
             None => 0,
         };
         self.highwater.saw(high_water);
-        Ok((leader, high_water))
+        Ok(leader)
     }
 }
 

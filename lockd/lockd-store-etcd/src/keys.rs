@@ -18,14 +18,25 @@
 
 use serde::{Deserialize, Serialize};
 
+/// The keys under one prefix, computed once (they are looked up for every watched change and
+/// every key of a full read).
 pub struct Keys {
     prefix: String,
+    leader: String,
+    high_water: String,
+    locks: String,
+    requests: String,
 }
 
 impl Keys {
     pub fn new(prefix: &str) -> Keys {
+        let prefix = prefix.trim_end_matches('/').to_string();
         Keys {
-            prefix: prefix.trim_end_matches('/').to_string(),
+            leader: format!("{prefix}/leader"),
+            high_water: format!("{prefix}/high-water"),
+            locks: format!("{prefix}/locks/"),
+            requests: format!("{prefix}/requests/"),
+            prefix,
         }
     }
 
@@ -34,30 +45,30 @@ impl Keys {
         &self.prefix
     }
 
-    pub fn leader(&self) -> String {
-        format!("{}/leader", self.prefix)
+    pub fn leader(&self) -> &str {
+        &self.leader
     }
 
-    pub fn high_water(&self) -> String {
-        format!("{}/high-water", self.prefix)
+    pub fn high_water(&self) -> &str {
+        &self.high_water
     }
 
     /// The prefix of every lock key.
-    pub fn locks(&self) -> String {
-        format!("{}/locks/", self.prefix)
+    pub fn locks(&self) -> &str {
+        &self.locks
     }
 
     pub fn lock(&self, resource: &str) -> String {
-        format!("{}{resource}", self.locks())
+        format!("{}{resource}", self.locks)
     }
 
     /// The prefix of every request record.
-    pub fn requests(&self) -> String {
-        format!("{}/requests/", self.prefix)
+    pub fn requests(&self) -> &str {
+        &self.requests
     }
 
     pub fn request(&self, request_id: &str) -> String {
-        format!("{}{request_id}", self.requests())
+        format!("{}{request_id}", self.requests)
     }
 }
 

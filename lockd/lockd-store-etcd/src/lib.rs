@@ -56,6 +56,18 @@ pub enum EtcdError {
     Config(String),
 }
 
+/// An etcd failure as the store reports it to the writer.
+impl From<EtcdError> for lockd_store::StoreError {
+    fn from(e: EtcdError) -> lockd_store::StoreError {
+        use lockd_store::StoreError;
+        match e {
+            EtcdError::Unavailable(m) => StoreError::Unavailable(m),
+            EtcdError::Corrupt(m) => StoreError::Corrupt(m),
+            EtcdError::Etcd(m) | EtcdError::Config(m) => StoreError::Io(m),
+        }
+    }
+}
+
 /// etcd's default `--max-txn-ops`: the most operations one transaction may carry.
 pub const MAX_TXN_OPS_DEFAULT: usize = 128;
 
@@ -182,7 +194,11 @@ impl Cluster {
     /// etcd's current revision.
     pub async fn revision(&self) -> Result<i64, EtcdError> {
         let r = self
-            .get("reading etcd's revision", self.keys.high_water(), None)
+            .get(
+                "reading etcd's revision",
+                self.keys.high_water().to_string(),
+                None,
+            )
             .await?;
         Ok(r.header().map_or(0, |h| h.revision()))
     }

@@ -14,7 +14,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::keys::{Keys, LockRecord, RequestRecord};
-use crate::{Cluster, EtcdError, decimal};
+use crate::{Cluster, decimal};
 
 /// Keys read per page when the state is read (about 3 MiB of records with the default
 /// limits, 30 MiB at most).
@@ -36,9 +36,8 @@ impl Stored {
     /// Takes in a key's value (keys lockd does not store records under are ignored).
     pub fn put(&mut self, keys: &Keys, key: &str, value: &[u8]) -> Result<(), StoreError> {
         if key == keys.high_water() {
-            self.high_water =
-                decimal(key, value).map_err(|e| StoreError::Corrupt(e.to_string()))?;
-        } else if let Some(resource) = key.strip_prefix(&keys.locks()) {
+            self.high_water = decimal(key, value)?;
+        } else if let Some(resource) = key.strip_prefix(keys.locks()) {
             let r: LockRecord = parse(key, value)?;
             let record = lease_record(
                 key,
@@ -50,7 +49,7 @@ impl Stored {
                 r.request_id,
             )?;
             self.locks.insert(key.to_string(), record);
-        } else if let Some(request_id) = key.strip_prefix(&keys.requests()) {
+        } else if let Some(request_id) = key.strip_prefix(keys.requests()) {
             let r: RequestRecord = parse(key, value)?;
             let record = lease_record(
                 key,
@@ -120,14 +119,6 @@ fn lease_record(
     })
 }
 
-fn store_error(e: EtcdError) -> StoreError {
-    match e {
-        EtcdError::Unavailable(m) => StoreError::Unavailable(m),
-        EtcdError::Corrupt(m) => StoreError::Corrupt(m),
-        EtcdError::Etcd(m) | EtcdError::Config(m) => StoreError::Io(m),
-    }
-}
-
 /// The end of the key range holding every key that starts with `prefix`.
 fn prefix_end(prefix: &str) -> Vec<u8> {
     let mut end = prefix.as_bytes().to_vec();
@@ -146,18 +137,16 @@ impl Cluster {
     pub async fn read_state(&self) -> Result<(Stored, i64), StoreError> {
         let hw_key = self.keys.high_water();
         let first = self
-            .get("reading the token high-water", hw_key.clone(), None)
-            .await
-            .map_err(store_error)?;
+            .get("reading the token high-water", hw_key.to_string(), None)
+            .await?;
         let revision = first.header().map_or(0, |h| h.revision());
         let mut stored = Stored::default();
         if let Some(kv) = first.kvs().first() {
-            stored.put(&self.keys, &hw_key, kv.value())?;
+            stored.put(&self.keys, hw_key, kv.value())?;
         }
-        let (locks, requests) = (self.keys.locks(), self.keys.requests());
         let (locks, requests) = tokio::try_join!(
-            self.range(&locks, revision),
-            self.range(&requests, revision)
+            self.range(self.keys.locks(), revision),
+            self.range(self.keys.requests(), revision)
         )?;
         for (key, value) in locks.iter().chain(requests.iter()) {
             stored.put(&self.keys, key, value)?;
@@ -188,8 +177,7 @@ impl Cluster {
                         kv.get(from, Some(options)).await
                     }
                 })
-                .await
-                .map_err(store_error)?;
+                .await?;
             for kv in r.kvs() {
                 let key = kv.key_str().map_err(|_| {
                     StoreError::Corrupt(format!("a key under {prefix} is not UTF-8"))

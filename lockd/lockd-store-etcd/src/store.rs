@@ -10,11 +10,11 @@ use lockd_store::{Store, StoreError, View, check_batch};
 use tokio::runtime::Handle;
 use tracing::error;
 
+use crate::Cluster;
 use crate::election::Term;
 use crate::highwater::MARGIN;
 use crate::keys::{LockRecord, RequestRecord};
 use crate::state::Stored;
-use crate::{Cluster, EtcdError};
 
 /// Most bytes of keys and values in one transaction: well under etcd's default
 /// `--max-request-bytes` (1.5 MiB), whatever the limits on names, holders and request ids.
@@ -68,14 +68,6 @@ pub struct EtcdStore {
     mirror: Mirror,
     /// The runtime the etcd calls run on (`commit` is called from plain threads).
     runtime: Handle,
-}
-
-fn store_error(e: EtcdError) -> StoreError {
-    match e {
-        EtcdError::Unavailable(m) => StoreError::Unavailable(m),
-        EtcdError::Corrupt(m) => StoreError::Corrupt(m),
-        EtcdError::Etcd(m) | EtcdError::Config(m) => StoreError::Io(m),
-    }
 }
 
 /// The value put under a key, or its deletion.
@@ -150,7 +142,7 @@ impl EtcdStore {
     async fn put_high_water(&self, value: u64) -> Result<(), StoreError> {
         let mut changes = BTreeMap::new();
         changes.insert(
-            self.cluster.keys().high_water(),
+            self.cluster.keys().high_water().to_string(),
             Change::Put(value.to_string()),
         );
         self.apply(changes).await
@@ -173,11 +165,7 @@ impl EtcdStore {
             )])
             .and_then(ops);
         // A retry after an attempt that committed applies the same values again: harmless.
-        let r = self
-            .cluster
-            .txn("committing a batch", txn)
-            .await
-            .map_err(store_error)?;
+        let r = self.cluster.txn("committing a batch", txn).await?;
         if r.succeeded() {
             Ok(())
         } else {
@@ -221,7 +209,10 @@ impl EtcdStore {
                         ),
                     );
                 }
-                changes.insert(keys.high_water(), Change::Put(r.token.get().to_string()));
+                changes.insert(
+                    keys.high_water().to_string(),
+                    Change::Put(r.token.get().to_string()),
+                );
             }
             Op::Remove { resource, .. } => {
                 changes.insert(keys.lock(resource.as_str()), Change::Delete);
@@ -258,9 +249,9 @@ impl EtcdStore {
             self.apply(changes).await?;
             for op in &ops[start..end] {
                 self.mirror.apply(op);
-                if let Op::Grant(r) = op {
-                    self.cluster.high_water().saw(r.token.get());
-                }
+            }
+            if let Some(last) = self.mirror.last_token {
+                self.cluster.high_water().saw(last.get());
             }
             start = end;
         }
