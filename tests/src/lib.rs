@@ -20,6 +20,7 @@ use serde_json::Value;
 pub mod api;
 pub mod client;
 pub mod etcd;
+pub mod keys;
 pub mod pg;
 pub mod raw;
 pub mod upstream;

@@ -12,5 +12,8 @@ pub const HTTP_HEADER_TOKEN: &str = "Fencing-Token";
 
 /// Environment variable `lockctl run` gives the command: the resource it holds.
 pub const ENV_RESOURCE: &str = "FENCING_RESOURCE";
-/// Environment variable `lockctl run` gives the command: the token of its grant.
+/// Environment variable `lockctl run` gives the command: the token of its grant, in the form
+/// to present to fence-proxy (signed, when lockd signs tokens).
 pub const ENV_TOKEN: &str = "FENCING_TOKEN";
+/// Environment variable `lockctl run` gives the command: the token's number alone.
+pub const ENV_TOKEN_NUMBER: &str = "FENCING_TOKEN_NUMBER";

@@ -84,9 +84,15 @@ impl LockGuard {
         }
     }
 
-    /// The fencing token: attach it to every write the lock protects.
+    /// The fencing token's number.
     pub fn token(&self) -> u64 {
         self.lease.token
+    }
+
+    /// The token to attach to every write the lock protects: the signed form when lockd signs
+    /// tokens, the number otherwise ([`Lease::fence_token`]).
+    pub fn fence_token(&self) -> String {
+        self.lease.fence_token()
     }
 
     /// The lease id (the capability to renew and release; keep it to yourself).

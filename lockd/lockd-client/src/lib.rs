@@ -221,10 +221,23 @@ pub struct Lease {
     pub resource: String,
     pub lease_id: String,
     pub token: u64,
+    /// The token signed by lockd (`TOKEN.KEY_ID.MAC`), when lockd signs tokens.
+    pub signed_token: Option<String>,
     pub ttl: Duration,
     pub expires_at_ms: u64,
     /// The grant answers a retry of an earlier request id.
     pub duplicate: bool,
+}
+
+impl Lease {
+    /// The token as fence-proxy wants it (`fencing.token`, `Fencing-Token`, `FENCING_TOKEN`):
+    /// the signed form when lockd signs tokens, the number otherwise.
+    pub fn fence_token(&self) -> String {
+        match &self.signed_token {
+            Some(signed) => signed.clone(),
+            None => self.token.to_string(),
+        }
+    }
 }
 
 /// What Describe reports.
@@ -306,6 +319,7 @@ impl Client {
                             resource: resource.to_string(),
                             lease_id: l.lease_id,
                             token: l.token,
+                            signed_token: (!l.signed_token.is_empty()).then_some(l.signed_token),
                             ttl: Duration::from_millis(l.ttl_ms),
                             expires_at_ms: l.expires_at_ms,
                             duplicate: l.duplicate,

@@ -154,6 +154,10 @@ pub struct Settings {
     #[arg(long, env = "LOCKD_ADVERTISE", value_name = "URL")]
     pub advertise: Option<String>,
 
+    /// Key file of the fencing-token signing keys (TOML, docs/security.md); lockd signs every grant's token with its active key [default: none, tokens unsigned].
+    #[arg(long, env = "LOCKD_FENCE_KEYS", value_name = "FILE")]
+    pub fence_keys: Option<PathBuf>,
+
     #[command(flatten)]
     #[serde(default)]
     pub limits: LimitSettings,
@@ -219,6 +223,8 @@ pub struct Config {
     pub etcd_compact_every_ms: u64,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub advertise: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fence_keys: Option<PathBuf>,
     pub limits: Limits,
 }
 
@@ -242,6 +248,7 @@ impl Default for Config {
             etcd_max_txn_ops: 128,
             etcd_compact_every_ms: 300_000,
             advertise: None,
+            fence_keys: None,
             limits: Limits::default(),
         }
     }
@@ -299,6 +306,9 @@ impl Config {
         );
         if let Some(a) = &s.advertise {
             self.advertise = Some(a.clone());
+        }
+        if let Some(k) = &s.fence_keys {
+            self.fence_keys = Some(k.clone());
         }
         take_limit!(
             ttl_min_ms,
@@ -381,7 +391,33 @@ impl Config {
         if let Err(e) = tracing_subscriber::EnvFilter::try_new(&self.log) {
             bail!("log filter {:?} is not valid: {e}", self.log);
         }
+        self.signing_keys()?;
         Ok(())
+    }
+
+    /// The signing keys `fence_keys` names (checked: one active key, secrets of 32 to 64
+    /// bytes, a file that others cannot read), or `None` when tokens are not signed.
+    pub fn signing_keys(&self) -> Result<Option<fencing::signed::Keyring>, ConfigError> {
+        let Some(path) = &self.fence_keys else {
+            return Ok(None);
+        };
+        let invalid =
+            |why: String| ConfigError::Invalid(format!("fence_keys {}: {why}", path.display()));
+        let meta = std::fs::metadata(path).map_err(|e| invalid(format!("cannot read it: {e}")))?;
+        use std::os::unix::fs::PermissionsExt;
+        if meta.permissions().mode() & 0o077 != 0 {
+            return Err(invalid(format!(
+                "the file holds secrets and must not be readable by group or others (mode {:o}; chmod 600 it)",
+                meta.permissions().mode() & 0o777
+            )));
+        }
+        let text =
+            std::fs::read_to_string(path).map_err(|e| invalid(format!("cannot read it: {e}")))?;
+        let file: fencing::signed::KeyFile =
+            toml::from_str(&text).map_err(|e| invalid(format!("not a key file: {e}")))?;
+        fencing::signed::Keyring::for_signing(&file)
+            .map(Some)
+            .map_err(|e| invalid(e.to_string()))
     }
 }
 

@@ -51,6 +51,8 @@ pub enum ServeError {
     LocalAddr(#[source] std::io::Error),
     #[error("serving gRPC: {0}")]
     Serve(#[from] tonic::transport::Error),
+    #[error("{0}")]
+    Keys(#[source] crate::config::ConfigError),
 }
 
 /// Runs lockd until `shutdown` completes. Returns when everything is flushed.
@@ -206,8 +208,13 @@ async fn serve(
     info!(%addr, backend = ?config.backend, "listening");
     let keepalive = (config.keepalive_interval_ms > 0)
         .then(|| Duration::from_millis(config.keepalive_interval_ms));
-    let service = LockServiceServer::new(LockApi::new(routes, config.limits.clone()))
-        .max_decoding_message_size(MAX_MESSAGE_BYTES);
+    let keys = config.signing_keys().map_err(ServeError::Keys)?;
+    match keys.as_ref().and_then(|k| k.active()) {
+        Some(key) => info!(key_id = key.id(), "signing fencing tokens"),
+        None => info!("fencing tokens are not signed (no fence_keys)"),
+    }
+    let api = LockApi::new(routes, config.limits.clone(), keys.map(Arc::new));
+    let service = LockServiceServer::new(api).max_decoding_message_size(MAX_MESSAGE_BYTES);
     Server::builder()
         .http2_keepalive_interval(keepalive)
         .http2_keepalive_timeout(

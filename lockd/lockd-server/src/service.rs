@@ -31,6 +31,8 @@ pub enum Routes {
 pub struct LockApi {
     routes: Routes,
     limits: Limits,
+    /// Signs each grant's token (`fence_keys`), if set.
+    keys: Option<Arc<fencing::signed::Keyring>>,
 }
 
 type Leader = lockd_proto::v1::lock_service_client::LockServiceClient<tonic::transport::Channel>;
@@ -82,8 +84,16 @@ fn forwarded<T>(message: T, timeout: Option<Duration>) -> Request<T> {
 }
 
 impl LockApi {
-    pub fn new(routes: Routes, limits: Limits) -> LockApi {
-        LockApi { routes, limits }
+    pub fn new(
+        routes: Routes,
+        limits: Limits,
+        keys: Option<Arc<fencing::signed::Keyring>>,
+    ) -> LockApi {
+        LockApi {
+            routes,
+            limits,
+            keys,
+        }
     }
 
     /// Where `request` is served: here (its message, with the driver), or by the leader (its
@@ -199,6 +209,11 @@ impl LockService for LockApi {
                 outcome: Some(pb::acquire_response::Outcome::Granted(pb::Lease {
                     lease_id: grant.lease_id.to_string(),
                     token: grant.token.get(),
+                    signed_token: self
+                        .keys
+                        .as_ref()
+                        .and_then(|k| k.sign(grant.resource.as_str(), grant.token))
+                        .unwrap_or_default(),
                     expires_at_ms: driver.wall_ms(grant.expires_at),
                     ttl_ms: grant.ttl_ms,
                     duplicate,

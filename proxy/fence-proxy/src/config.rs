@@ -14,6 +14,9 @@ use http_relay::{
 };
 use serde::{Deserialize, Serialize};
 
+pub use crate::signing::SigningConfig;
+use crate::signing::d_required;
+
 /// Command line of `fence-proxy`.
 #[derive(Parser, Debug)]
 #[command(
@@ -44,6 +47,8 @@ pub enum Mode {
     Http(HttpArgs),
     /// One PostgreSQL listener, configured by flags (or `pg print-schema`).
     Pg(PgArgs),
+    /// Show a resource's high-water mark, or lower or reset it by hand (audited).
+    Marks(crate::admin::MarksArgs),
 }
 
 /// Flags both subcommands take.
@@ -73,6 +78,29 @@ pub struct CommonArgs {
         value_name = "N"
     )]
     pub workers: usize,
+    /// Key file of the keys that verify signed fencing tokens (the one lockd signs with;
+    /// docs/security.md). With it, tokens of the --signed-prefix resources must be signed.
+    #[arg(long, env = "FENCE_PROXY_FENCE_KEYS", value_name = "FILE")]
+    pub fence_keys: Option<PathBuf>,
+    /// Resources whose name starts with this need signed tokens; repeat, or comma-separate
+    /// [default with --fence-keys: every resource].
+    #[arg(
+        long,
+        env = "FENCE_PROXY_SIGNED_PREFIXES",
+        value_name = "PREFIX",
+        value_delimiter = ',',
+        requires = "fence_keys"
+    )]
+    pub signed_prefix: Option<Vec<String>>,
+}
+
+impl CommonArgs {
+    fn signing(&self) -> Option<SigningConfig> {
+        self.fence_keys.as_ref().map(|keys| SigningConfig {
+            keys: keys.clone(),
+            required_prefixes: self.signed_prefix.clone().unwrap_or_else(d_required),
+        })
+    }
 }
 
 #[derive(Args, Debug)]
@@ -232,6 +260,9 @@ pub struct Config {
     pub workers: usize,
     #[serde(default)]
     pub fence: FenceConfig,
+    /// Signed tokens: the keys and the resources that need them (none: tokens are unsigned).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signing: Option<SigningConfig>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub http: Vec<HttpConfig>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -481,8 +512,12 @@ impl HttpConfig {
     }
 
     /// The relay settings (the upstream URL checked).
-    pub fn relay(&self) -> anyhow::Result<RelayConfig> {
+    pub fn relay(
+        &self,
+        signing: std::sync::Arc<fencing::signed::Policy>,
+    ) -> anyhow::Result<RelayConfig> {
         Ok(RelayConfig {
+            signing,
             upstream: parse_upstream(&self.upstream).map_err(anyhow::Error::msg)?,
             body_max_bytes: self.body_max_bytes,
             upstream_timeout: Duration::from_millis(self.upstream_timeout_ms),
@@ -540,6 +575,7 @@ impl Config {
                         postgres_url: a.postgres_url.clone(),
                         ..FenceConfig::default()
                     },
+                    signing: a.common.signing(),
                     http: vec![http],
                     pg: Vec::new(),
                 }
@@ -557,10 +593,12 @@ impl Config {
                     log_format: a.common.log_format,
                     workers: a.common.workers,
                     fence: FenceConfig::default(),
+                    signing: a.common.signing(),
                     http: Vec::new(),
                     pg: vec![pg],
                 }
             }
+            (None, Some(Mode::Marks(_))) => bail!("`fence-proxy marks` runs no listener"),
             (None, None) => bail!(
                 "nothing to run: give --config FILE, `fence-proxy pg --listen ADDR --upstream HOST:PORT` or `fence-proxy http --listen ADDR --upstream URL` (see --help)"
             ),
@@ -599,7 +637,7 @@ impl Config {
             if h.listen.port() != 0 && !seen.insert(h.listen) {
                 bail!("two listeners on {}", h.listen);
             }
-            h.relay()
+            h.relay(Default::default())
                 .with_context(|| format!("listener {}", h.listen))?;
             h.routes()?;
             if h.body_max_bytes == 0
@@ -637,7 +675,25 @@ impl Config {
         }
         tracing_subscriber::EnvFilter::try_new(&self.log)
             .with_context(|| format!("log filter {:?} is not valid", self.log))?;
+        if let Some(signing) = &self.signing {
+            signing.policy()?;
+            if let Some(p) = self.pg.iter().find(|p| p.schema_urls.is_empty()) {
+                bail!(
+                    "pg listener {}: [signing] needs schema_urls, so that the keys reach the check in PostgreSQL (which verifies the signatures)",
+                    p.listen
+                );
+            }
+        }
         Ok(())
+    }
+
+    /// The signed-token policy (the default, with no keys and nothing required, without
+    /// `[signing]`).
+    pub fn signing_policy(&self) -> anyhow::Result<fencing::signed::Policy> {
+        match &self.signing {
+            Some(s) => s.policy(),
+            None => Ok(fencing::signed::Policy::default()),
+        }
     }
 }
 

@@ -41,6 +41,19 @@ CREATE TABLE IF NOT EXISTS fence_proxy.marks (
     token bigint NOT NULL CHECK (token > 0)
 );";
 
+/// The records of marks changed by hand (`fence-proxy marks`, admin.rs).
+pub const CHANGES_SCHEMA: &str = "
+CREATE SCHEMA IF NOT EXISTS fence_proxy;
+CREATE TABLE IF NOT EXISTS fence_proxy.mark_changes (
+    at        timestamptz NOT NULL DEFAULT now(),
+    resource  text        NOT NULL,
+    action    text        NOT NULL,
+    old_token bigint,
+    new_token bigint,
+    actor     text        NOT NULL,
+    reason    text        NOT NULL
+);";
+
 /// See the module documentation.
 pub struct PgFence {
     pool: PgPool,

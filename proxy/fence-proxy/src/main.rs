@@ -1,8 +1,10 @@
 //! `fence-proxy`: see `fence-proxy --help` and docs/fence-proxy.md.
 
+mod admin;
 mod config;
 mod fence_pg;
 mod marks_redb;
+mod signing;
 
 use std::io::IsTerminal;
 use std::process::ExitCode;
@@ -36,6 +38,9 @@ fn main() -> ExitCode {
             }
         }
         return ExitCode::SUCCESS;
+    }
+    if let Some(config::Mode::Marks(m)) = &cli.mode {
+        return marks(&m.action);
     }
     let config = match Config::from_cli(&cli) {
         Ok(c) => c,
@@ -80,12 +85,23 @@ fn main() -> ExitCode {
 async fn run(config: Config) -> anyhow::Result<()> {
     let (stop_tx, stop_rx) = watch::channel(false);
     let workers = config.workers();
+    let signing = Arc::new(config.signing_policy()?);
+    match signing.keys() {
+        Some(keys) => tracing::info!(
+            keys = ?keys.keys().iter().map(|k| k.id()).collect::<Vec<_>>(),
+            required_prefixes = ?signing.required_prefixes(),
+            "verifying signed fencing tokens"
+        ),
+        None => tracing::info!("fencing tokens are not verified (no [signing] keys)"),
+    }
     let mut pg_threads = Vec::new();
     for p in &config.pg {
         let relay_config = p.relay(config.fence.resources_max);
         for url in &p.schema_urls {
             let wait = std::time::Duration::from_millis(p.schema_wait_ms);
-            pg_relay::schema::install_waiting(url, wait, relay_config.connect_timeout).await?;
+            let policy = config.signing.is_some().then_some(&*signing);
+            pg_relay::schema::install_waiting(url, wait, relay_config.connect_timeout, policy)
+                .await?;
             tracing::info!(url = %pg_relay::schema::redact(url), "installed the fence check");
         }
         if p.schema_urls.is_empty() {
@@ -119,7 +135,7 @@ async fn run(config: Config) -> anyhow::Result<()> {
     let mut threads = if config.http.is_empty() {
         Vec::new()
     } else {
-        start_http(&config, &stop_rx).await?
+        start_http(&config, &stop_rx, &signing).await?
     };
     threads.extend(pg_threads);
     shutdown_signal().await;
@@ -141,6 +157,7 @@ async fn run(config: Config) -> anyhow::Result<()> {
 async fn start_http(
     config: &Config,
     stop_rx: &watch::Receiver<bool>,
+    signing: &Arc<fencing::signed::Policy>,
 ) -> anyhow::Result<Vec<std::thread::JoinHandle<std::io::Result<()>>>> {
     let fence: Arc<dyn Fence> = match config.fence.store {
         MarksStore::Redb => {
@@ -191,8 +208,12 @@ async fn start_http(
         let mut limits = h.server();
         limits.connections_max = limits.connections_max.div_ceil(workers);
         for (i, shard) in shards.into_iter().enumerate() {
-            let (fence, routes, mut relay, limits) =
-                (Arc::clone(&fence), h.routes()?, h.relay()?, limits.clone());
+            let (fence, routes, mut relay, limits) = (
+                Arc::clone(&fence),
+                h.routes()?,
+                h.relay(Arc::clone(signing))?,
+                limits.clone(),
+            );
             // Like connections_max, the bound on idle upstream connections is the listener's.
             relay.pool_idle_per_host = relay.pool_idle_per_host.div_ceil(workers);
             let mut stop = stop_rx.clone();
@@ -233,6 +254,105 @@ where
             Ok(())
         })
     })
+}
+
+/// `fence-proxy marks ...` (admin.rs).
+fn marks(action: &admin::MarksAction) -> ExitCode {
+    use admin::MarksAction;
+    let usage = |e: String| {
+        eprintln!("fence-proxy marks: {e}");
+        ExitCode::from(2)
+    };
+    let (target, resource, what, change) = match action {
+        MarksAction::Show { target, resource } => {
+            (target, resource.as_deref(), admin::Action::Show, None)
+        }
+        MarksAction::Lower {
+            target,
+            resource,
+            to,
+            change,
+        } => match to.parse::<fencing::FencingToken>() {
+            Ok(t) => (
+                target,
+                Some(resource.as_str()),
+                admin::Action::Lower(t),
+                Some(change),
+            ),
+            Err(e) => return usage(format!("--to {to:?}: {e}")),
+        },
+        MarksAction::Reset {
+            target,
+            resource,
+            change,
+        } => (
+            target,
+            Some(resource.as_str()),
+            admin::Action::Reset,
+            Some(change),
+        ),
+    };
+    let resource = match resource.map(fencing::ResourceName::new).transpose() {
+        Ok(r) => r,
+        Err(e) => return usage(e.to_string()),
+    };
+    let change = match change {
+        None => None,
+        Some(c) if !c.force => {
+            return usage(
+                "lowering or resetting a mark lets writes with older tokens through again (a zombie's too): pass --force".into(),
+            );
+        }
+        Some(c) if c.reason.trim().is_empty() => return usage("--reason must say why".into()),
+        Some(c) => Some(admin::Change {
+            actor: c.by.clone().unwrap_or_else(login_name),
+            reason: c.reason.clone(),
+        }),
+    };
+    let target = match (&target.data_dir, &target.marks_url, &target.database_url) {
+        (Some(d), _, _) => admin::Target::Redb(d.clone()),
+        (_, Some(u), _) => admin::Target::HttpPostgres(u.clone()),
+        (_, _, Some(u)) => admin::Target::PgMode(u.clone()),
+        _ => return usage("give --data-dir, --marks-url or --database-url".into()),
+    };
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("fence-proxy: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(admin::run(
+        &target,
+        resource.as_ref(),
+        what,
+        change.as_ref(),
+    )) {
+        Ok(out) => {
+            print!("{out}");
+            if !out.ends_with('\n') {
+                println!();
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("fence-proxy marks: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Who runs this command, for the record: `$USER`, `$LOGNAME`, or the user id.
+fn login_name() -> String {
+    std::env::var("USER")
+        .or_else(|_| std::env::var("LOGNAME"))
+        .unwrap_or_else(|_| {
+            // SAFETY: getuid cannot fail.
+            format!("uid {}", unsafe { libc::getuid() })
+        })
 }
 
 /// glibc raises its mmap threshold after a large block is freed, after which the growing

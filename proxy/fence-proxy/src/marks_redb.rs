@@ -19,7 +19,7 @@ use redb::{
 };
 use tokio::sync::oneshot;
 
-const MARKS: TableDefinition<&str, u64> = TableDefinition::new("marks");
+pub(crate) const MARKS: TableDefinition<&str, u64> = TableDefinition::new("marks");
 
 /// The file's name inside the data directory.
 pub const MARKS_FILE: &str = "marks.redb";

@@ -18,6 +18,13 @@ pub enum Problem {
     MalformedToken { value: String, reason: String },
     /// The resource (header or path) is not a valid name.
     MalformedResource { value: String, reason: String },
+    /// The token is not signed by lockd for this resource (forged, another resource's, an
+    /// unknown or retired key), or is unsigned where a signature is required.
+    Signature {
+        resource: String,
+        value: String,
+        refusal: fencing::signed::Refusal,
+    },
     /// The fence refused the request.
     Refused(Refusal),
     /// The request body is larger than the limit.
@@ -54,6 +61,19 @@ impl Problem {
                 StatusCode::BAD_REQUEST,
                 "malformed-resource",
                 "Malformed fencing resource",
+            ),
+            Problem::Signature {
+                refusal: fencing::signed::Refusal::Unsigned,
+                ..
+            } => (
+                StatusCode::FORBIDDEN,
+                "unsigned-token",
+                "This resource needs a fencing token signed by lockd",
+            ),
+            Problem::Signature { .. } => (
+                StatusCode::FORBIDDEN,
+                "forged-token",
+                "Fencing token not signed by lockd for this resource",
             ),
             Problem::Refused(Refusal::Stale { .. }) => {
                 (StatusCode::CONFLICT, "stale-token", "Stale fencing token")
@@ -163,6 +183,21 @@ impl Problem {
             Problem::MalformedResource { value, reason } => {
                 body["resource"] = json!(value);
                 format!("resource {value:?}: {reason}")
+            }
+            Problem::Signature {
+                resource,
+                value,
+                refusal,
+            } => {
+                body["resource"] = json!(resource);
+                body["token"] = json!(value);
+                if let fencing::signed::Refusal::UnknownKey { key_id }
+                | fencing::signed::Refusal::RetiredKey { key_id }
+                | fencing::signed::Refusal::BadSignature { key_id } = refusal
+                {
+                    body["key_id"] = json!(key_id);
+                }
+                format!("Fencing-Token for {resource:?}: {refusal}")
             }
             Problem::Refused(r) => {
                 match r {

@@ -60,6 +60,8 @@ pub struct RelayConfig {
     pub pool_idle_per_host: usize,
     /// How long an idle upstream connection is kept.
     pub pool_idle_timeout: Duration,
+    /// Which tokens must be signed, and the keys that verify them.
+    pub signing: Arc<fencing::signed::Policy>,
 }
 
 /// Checks an upstream URL: plain HTTP, with a host, no query.
@@ -450,17 +452,27 @@ impl Conn<'_> {
                 reason: "more than one Fencing-Resource header".into(),
             });
         }
-        let token: FencingToken =
-            token_text
-                .parse()
-                .map_err(|e: fencing::ParseTokenError| Problem::MalformedToken {
-                    value: token_text.to_string(),
-                    reason: e.to_string(),
-                })?;
+        let presented =
+            fencing::signed::Presented::parse(token_text).map_err(|e| Problem::MalformedToken {
+                value: token_text.to_string(),
+                reason: e.to_string(),
+            })?;
         let resource =
             ResourceName::new(resource_text).map_err(|e| Problem::MalformedResource {
                 value: resource_text.to_string(),
                 reason: e.to_string(),
+            })?;
+        // Before the fence sees it: a token that is not lockd's for this resource neither
+        // passes nor raises a mark (invariant 10).
+        let token: FencingToken = self
+            .relay
+            .config
+            .signing
+            .admit(&resource, &presented)
+            .map_err(|refusal| Problem::Signature {
+                resource: resource.as_str().to_string(),
+                value: token_text.to_string(),
+                refusal,
             })?;
         Ok((resource, token))
     }

@@ -261,6 +261,7 @@ async fn proxy_until(
         connect_timeout: PATIENCE,
         pool_idle_per_host: 16,
         pool_idle_timeout: Duration::from_secs(600),
+        signing: Default::default(),
     };
     let mut limits = ServerLimits {
         header_read_timeout: Duration::from_secs(600),

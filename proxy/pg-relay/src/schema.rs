@@ -104,7 +104,8 @@ fencing.lock_key(pg_catalog.current_setting('fencing.resource', ",
 /// (a check with the same settings passed and no higher mark has been seen since): one read of
 /// the mark. When the token is the mark under READ COMMITTED it answers (resource, token) by
 /// itself, with no PL/pgSQL call; in every other case (stale, higher, missing, malformed, no
-/// token, another isolation level) it hands over to the general check
+/// token, another isolation level, a resource that needs signed tokens, whose signature only
+/// the general check may see) it hands over to the general check
 /// (`fencing.check_token($1)`), which decides, raises or refuses, unless `u` (above). Two plain
 /// statements cost PostgreSQL about a third of what one PL/pgSQL call does (BENCHMARKS.md).
 pub const CHECK_FAST: &[u8] = concat!(
@@ -113,7 +114,9 @@ CASE WHEN s.h THEN fencing.held_cursor() WHEN s.cur THEN s.t::pg_catalog.int8 \
 WHEN s.u THEN NULL::pg_catalog.int8 \
 ELSE fencing.check_token($1) END FROM (SELECT v.r, v.t, v.u, v.h, v.rc AND COALESCE(\
 (SELECT m.token FROM fencing.tokens m WHERE m.resource OPERATOR(pg_catalog.=) v.r)\
-::pg_catalog.text OPERATOR(pg_catalog.=) v.t, false) AS cur FROM ",
+::pg_catalog.text OPERATOR(pg_catalog.=) v.t, false) \
+AND NOT EXISTS (SELECT FROM fencing.signed_prefixes p \
+WHERE pg_catalog.left(v.r, pg_catalog.length(p.prefix)) OPERATOR(pg_catalog.=) p.prefix) AS cur FROM ",
     settings!("true"),
     ") v) s"
 )
@@ -198,11 +201,16 @@ impl InstallError {
 }
 
 /// Installs the check in the database `url` names (a `postgres://` URL of a role that may create
-/// the schema and end other sessions), in one transaction. Connecting may take up to
+/// the schema and end other sessions), in one transaction, with `signing`'s keys and prefixes
+/// when given (without, those the database has are kept). Connecting may take up to
 /// `connect_timeout` (an address that swallows packets would otherwise hold the caller for the
 /// system's TCP timeout); the installation itself is not bounded (it may wait its turn behind
 /// another proxy's).
-pub async fn install(url: &str, connect_timeout: std::time::Duration) -> Result<(), InstallError> {
+pub async fn install(
+    url: &str,
+    connect_timeout: std::time::Duration,
+    signing: Option<&fencing::signed::Policy>,
+) -> Result<(), InstallError> {
     use sqlx::Connection;
     let shown = redact(url);
     let mut conn =
@@ -214,6 +222,9 @@ pub async fn install(url: &str, connect_timeout: std::time::Duration) -> Result<
     let install = async {
         let mut tx = conn.begin().await?;
         sqlx::raw_sql(SQL).execute(&mut *tx).await?;
+        if let Some(policy) = signing {
+            install_signing(&mut tx, policy).await?;
+        }
         tx.commit().await
     };
     install.await.map_err(|cause| InstallError::Install {
@@ -221,6 +232,50 @@ pub async fn install(url: &str, connect_timeout: std::time::Duration) -> Result<
         cause,
     })?;
     let _ = conn.close().await;
+    Ok(())
+}
+
+/// Makes the database's keys and signed prefixes those of `policy`, in the installing
+/// transaction (whose advisory lock keeps two proxies from interleaving): keys not in the key
+/// file are deleted, so a key removed from it stops verifying; the prefixes are replaced.
+async fn install_signing(
+    tx: &mut sqlx::PgConnection,
+    policy: &fencing::signed::Policy,
+) -> Result<(), sqlx::Error> {
+    let keys = policy.keys().map(|k| k.keys()).unwrap_or_default();
+    let mut ids = Vec::new();
+    let mut ipads: Vec<Option<Vec<u8>>> = Vec::new();
+    let mut opads: Vec<Option<Vec<u8>>> = Vec::new();
+    let mut retired = Vec::new();
+    for key in keys {
+        ids.push(key.id().to_string());
+        let pads = key.pads();
+        ipads.push(pads.map(|(i, _)| i.to_vec()));
+        opads.push(pads.map(|(_, o)| o.to_vec()));
+        retired.push(pads.is_none());
+    }
+    sqlx::query("DELETE FROM fencing.keys WHERE key_id <> ALL($1::text[])")
+        .bind(&ids)
+        .execute(&mut *tx)
+        .await?;
+    sqlx::query(
+        "INSERT INTO fencing.keys (key_id, ipad, opad, retired) \
+         SELECT * FROM unnest($1::text[], $2::bytea[], $3::bytea[], $4::bool[]) \
+         ON CONFLICT (key_id) DO UPDATE SET ipad = EXCLUDED.ipad, opad = EXCLUDED.opad, retired = EXCLUDED.retired",
+    )
+    .bind(&ids)
+    .bind(&ipads)
+    .bind(&opads)
+    .bind(&retired)
+    .execute(&mut *tx)
+    .await?;
+    sqlx::query("DELETE FROM fencing.signed_prefixes")
+        .execute(&mut *tx)
+        .await?;
+    sqlx::query("INSERT INTO fencing.signed_prefixes SELECT DISTINCT unnest($1::text[])")
+        .bind(policy.required_prefixes())
+        .execute(&mut *tx)
+        .await?;
     Ok(())
 }
 
@@ -232,6 +287,7 @@ pub async fn install_waiting(
     url: &str,
     wait: std::time::Duration,
     connect_timeout: std::time::Duration,
+    signing: Option<&fencing::signed::Policy>,
 ) -> Result<(), InstallError> {
     use std::time::{Duration, Instant};
     let shown = redact(url);
@@ -239,7 +295,7 @@ pub async fn install_waiting(
     let deadline = started + wait;
     let mut pause = Duration::from_millis(100);
     loop {
-        let error = match install(url, connect_timeout).await {
+        let error = match install(url, connect_timeout, signing).await {
             Ok(()) => return Ok(()),
             Err(e) if e.transient() => e,
             Err(e) => return Err(e),

@@ -14,6 +14,36 @@ CREATE TABLE IF NOT EXISTS fencing.tokens (
     updated_at timestamptz NOT NULL DEFAULT now()
 );
 
+-- Signed tokens (docs/security.md). The keys that verify them: HMAC-SHA256 pads of each key
+-- (RFC 2104: the secret padded to 64 bytes, XOR 0x36 and 0x5c), so that the check computes
+-- the MAC with the built-in sha256 alone. fence-proxy writes these from its key file at
+-- start-up. Nobody but the owner of schema `fencing` may read them: a role that can read a
+-- key can sign any token (so the application's roles must not be superusers or that owner).
+CREATE TABLE IF NOT EXISTS fencing.keys (
+    key_id  text    PRIMARY KEY CHECK (key_id ~ '^[A-Za-z0-9_-]{1,32}$'),
+    ipad    bytea   CHECK (length(ipad) = 64),
+    opad    bytea   CHECK (length(opad) = 64),
+    retired boolean NOT NULL DEFAULT false,
+    CHECK (retired OR (ipad IS NOT NULL AND opad IS NOT NULL))
+);
+
+-- The resources that need signed tokens: those whose name starts with one of these ('' for
+-- every resource). Readable by all, so that the relay's fast read can see it.
+CREATE TABLE IF NOT EXISTS fencing.signed_prefixes (
+    prefix text PRIMARY KEY CHECK (prefix ~ '^[A-Za-z0-9._:/@-]*$' AND length(prefix) <= 256)
+);
+
+-- Records of marks changed by hand (`fence-proxy marks lower|reset`): who, why, from what.
+CREATE TABLE IF NOT EXISTS fencing.mark_changes (
+    at        timestamptz NOT NULL DEFAULT now(),
+    resource  text        NOT NULL,
+    action    text        NOT NULL CHECK (action IN ('lower', 'reset')),
+    old_token bigint,
+    new_token bigint,
+    actor     text        NOT NULL,
+    reason    text        NOT NULL
+);
+
 -- How transactions on one resource coordinate: through a transaction-scoped advisory lock on a
 -- 64-bit hash of the resource name (`fencing.lock_key`). A transaction with the current token
 -- holds it shared; a transaction that raises the mark holds it exclusively, so a raise waits for
@@ -94,6 +124,83 @@ BEGIN
 END;
 $fn$;
 
+-- FN007: the token is not lockd's for resource `r`.
+CREATE OR REPLACE FUNCTION fencing.refuse_signature(r text, t_text text, why text)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+BEGIN
+    RAISE EXCEPTION USING ERRCODE = 'FN007',
+        MESSAGE = format('fencing token %s for resource %s is refused: %s',
+                         quote_literal(left(t_text, 160)), quote_literal(r), why),
+        DETAIL = format('resource: %s, presented token: %s', r, left(t_text, 160)),
+        HINT = 'present the signed token lockd gave with the grant (TOKEN.KEY_ID.MAC), for this resource';
+END;
+$fn$;
+
+-- Whether resource `r` needs a signed token.
+CREATE OR REPLACE FUNCTION fencing.signature_required(r text)
+RETURNS boolean
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $fn$ SELECT EXISTS (SELECT 1 FROM fencing.signed_prefixes p WHERE left(r, length(p.prefix)) = p.prefix) $fn$;
+
+-- The token that the setting `t_text` stands for, for resource `r` (a valid name): a plain
+-- number (1 ..= 2^63-1), refused with FN007 where the resource needs a signed token; or the
+-- signed form TOKEN.KEY_ID.MAC, whose MAC must be HMAC-SHA256 under that key of
+-- 'fence-v1' LF resource LF token (canonical decimal), else FN007. Without any key here, a
+-- signed form's number is taken as a plain token's would be. Malformed: FN002.
+CREATE OR REPLACE FUNCTION fencing.token_of(r text, t_text text)
+RETURNS bigint
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+DECLARE
+    parts text[];
+    t bigint;
+    k record;
+    mac bytea;
+BEGIN
+    IF t_text ~ '^[0-9]{1,19}$' THEN
+        parts := ARRAY[t_text];
+    ELSE
+        parts := regexp_match(t_text, '^([0-9]{1,19})\.([A-Za-z0-9_-]{1,32})\.([0-9a-f]{64})$');
+    END IF;
+    IF parts IS NOT NULL AND parts[1]::numeric BETWEEN 1 AND 9223372036854775807 THEN
+        t := parts[1]::bigint;
+    END IF;
+    IF t IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'FN002',
+            MESSAGE = format('fencing.token %s is not a valid fencing token', quote_literal(left(t_text, 160))),
+            HINT = 'a whole number from 1 to 9223372036854775807, or the signed form TOKEN.KEY_ID.MAC lockd gives';
+    END IF;
+    IF array_length(parts, 1) = 1 THEN
+        IF fencing.signature_required(r) THEN
+            PERFORM fencing.refuse_signature(r, t_text, 'the resource needs a token signed by lockd');
+        END IF;
+        RETURN t;
+    END IF;
+    SELECT * INTO k FROM fencing.keys WHERE key_id = parts[2];
+    IF NOT FOUND THEN
+        IF NOT EXISTS (SELECT 1 FROM fencing.keys) AND NOT fencing.signature_required(r) THEN
+            RETURN t;
+        END IF;
+        PERFORM fencing.refuse_signature(r, t_text, format('key %s is not a key of this fence', quote_literal(parts[2])));
+    END IF;
+    IF k.retired THEN
+        PERFORM fencing.refuse_signature(r, t_text, format('key %s has been retired', quote_literal(parts[2])));
+    END IF;
+    mac := sha256(k.opad || sha256(k.ipad || convert_to('fence-v1' || chr(10) || r || chr(10) || t::text, 'UTF8')));
+    -- Compared through a hash, so that the time the comparison takes says nothing about the MAC.
+    IF sha256(mac) <> sha256(decode(parts[3], 'hex')) THEN
+        PERFORM fencing.refuse_signature(r, t_text,
+            'its signature is not lockd''s for this resource and token (forged, altered, or signed for another resource)');
+    END IF;
+    RETURN t;
+END;
+$fn$;
+
 -- FN001: token `t` for resource `r` is below the mark `cur`. The relay reads DETAIL back
 -- (sqlstate.rs) and words its own FN001 the same way.
 CREATE OR REPLACE FUNCTION fencing.refuse_stale(r text, t bigint, cur bigint)
@@ -156,16 +263,8 @@ BEGIN
             MESSAGE = format('fencing.resource %s is not a valid resource name', quote_literal(left(r, 300))),
             HINT = '1 to 256 characters of A-Z a-z 0-9 - _ . : / @';
     END IF;
-    IF t_text ~ '^[0-9]{1,19}$' THEN
-        IF t_text::numeric BETWEEN 1 AND 9223372036854775807 THEN
-            t := t_text::bigint;
-        END IF;
-    END IF;
-    IF t IS NULL THEN
-        RAISE EXCEPTION USING ERRCODE = 'FN002',
-            MESSAGE = format('fencing.token %s is not a valid fencing token', quote_literal(left(t_text, 40))),
-            HINT = 'a whole number from 1 to 9223372036854775807';
-    END IF;
+    -- The number, after its signature (FN007) where there is or must be one.
+    t := fencing.token_of(r, t_text);
     k := fencing.lock_key(r);
     read_committed := current_setting('transaction_isolation') = 'read committed';
     IF current_setting('transaction_read_only') = 'on' THEN
@@ -263,9 +362,10 @@ BEGIN
     r := current_setting('fencing.resource', true);
     t_text := current_setting('fencing.token', true);
     IF coalesce(r, '') = '' OR coalesce(t_text, '') = '' OR t_text !~ '^[1-9][0-9]{0,17}$'
-       OR current_setting('transaction_read_only') = 'on' THEN
+       OR current_setting('transaction_read_only') = 'on' OR fencing.signature_required(r) THEN
         -- No token, half of one, or one the proxy did not see, or a read-only transaction
-        -- (which may not read FOR SHARE): the general check says what.
+        -- (which may not read FOR SHARE), or a signed (or a needed) signature: the general
+        -- check says what.
         RETURN QUERY SELECT * FROM fencing.check(p_wait_ms);
         RETURN;
     END IF;
@@ -497,6 +597,14 @@ GRANT USAGE ON SCHEMA fencing TO PUBLIC;
 REVOKE ALL ON FUNCTION fencing.evict_older(text, bigint) FROM PUBLIC;
 REVOKE ALL ON FUNCTION fencing.advertise(bigint, bigint) FROM PUBLIC;
 REVOKE ALL ON FUNCTION fencing.refuse_stale(text, bigint, bigint) FROM PUBLIC;
+REVOKE ALL ON FUNCTION fencing.refuse_signature(text, text, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION fencing.token_of(text, text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION fencing.signature_required(text) TO PUBLIC;
+REVOKE ALL ON TABLE fencing.keys FROM PUBLIC;
+REVOKE ALL ON TABLE fencing.signed_prefixes FROM PUBLIC;
+GRANT SELECT ON TABLE fencing.signed_prefixes TO PUBLIC;
+REVOKE ALL ON TABLE fencing.mark_changes FROM PUBLIC;
+GRANT SELECT ON TABLE fencing.mark_changes TO PUBLIC;
 GRANT EXECUTE ON FUNCTION fencing.lock_key(text) TO PUBLIC;
 GRANT EXECUTE ON FUNCTION fencing.check(integer) TO PUBLIC;
 GRANT EXECUTE ON FUNCTION fencing.check(integer, boolean) TO PUBLIC;

@@ -56,7 +56,7 @@ const RULES: &[(&str, Option<&[&str]>)] = &[
     ("faults", None),
 ];
 
-/// Third-party crates a crate must not depend on: `fencing` is std and serde only; `pg-wire`
+/// Third-party crates a crate must not depend on: `fencing` is std, serde and the HMAC of signed tokens; `pg-wire`
 /// stays fuzzable (no I/O, no runtime).
 const FORBIDDEN: &[(&str, &[&str])] = &[
     ("pg-wire", &["tokio", "mio", "socket2", "async-std"]),

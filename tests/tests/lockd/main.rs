@@ -18,6 +18,7 @@ mod demo;
 mod faults;
 mod sdk;
 mod server;
+mod signed;
 
 use serde_json::Value;
 

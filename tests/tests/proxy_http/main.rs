@@ -15,6 +15,7 @@ mod bypass;
 mod durability;
 mod ordering;
 mod replicas;
+mod signed;
 mod streaming;
 
 use std::collections::HashMap;

@@ -22,6 +22,7 @@ mod fencing;
 mod input;
 mod protected;
 mod replicas;
+mod signed;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;

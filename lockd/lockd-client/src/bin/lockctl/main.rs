@@ -151,14 +151,19 @@ async fn dispatch(cli: Cli) -> Result<ExitCode, ClientError> {
                             "resource": lease.resource,
                             "lease_id": lease.lease_id,
                             "token": lease.token,
+                            "signed_token": lease.signed_token,
                             "expires_at_ms": lease.expires_at_ms,
                             "ttl_ms": lease.ttl.as_millis() as u64,
                             "duplicate": lease.duplicate,
                         })
                     );
                 } else {
+                    let signed = match &lease.signed_token {
+                        Some(s) => format!(" signed_token={s}"),
+                        None => String::new(),
+                    };
                     println!(
-                        "granted {} token={} lease_id={} ttl={} expires_at={}",
+                        "granted {} token={} lease_id={} ttl={} expires_at={}{signed}",
                         lease.resource,
                         lease.token,
                         lease.lease_id,

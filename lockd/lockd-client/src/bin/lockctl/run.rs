@@ -3,7 +3,7 @@
 use std::process::{ExitCode, ExitStatus};
 use std::time::Duration;
 
-use fencing::wire::{ENV_RESOURCE, ENV_TOKEN};
+use fencing::wire::{ENV_RESOURCE, ENV_TOKEN, ENV_TOKEN_NUMBER};
 use lockd_client::LockGuard;
 use tokio::signal::unix::{SignalKind, signal};
 
@@ -12,7 +12,8 @@ pub async fn run(guard: LockGuard, command: &[String], grace: Duration) -> ExitC
     let mut cmd = tokio::process::Command::new(&command[0]);
     cmd.args(&command[1..])
         .env(ENV_RESOURCE, guard.resource())
-        .env(ENV_TOKEN, guard.token().to_string())
+        .env(ENV_TOKEN, guard.fence_token())
+        .env(ENV_TOKEN_NUMBER, guard.token().to_string())
         // Its own process group, so that stopping it stops everything it started too.
         .process_group(0);
     let mut child = match cmd.spawn() {

@@ -1,0 +1,234 @@
+//! Signed tokens in the PostgreSQL mode (invariant 10): PostgreSQL's own check verifies the
+//! signature, so a token is refused (FN007) and the mark stays where it was, however the
+//! session declared it: SET, set_config in a statement the proxy cannot see into, or a direct
+//! connection to a protected table. And a poisoned mark lowered by hand, live.
+
+use e2e::keys::{SECRET_A, SECRET_B, sign, write_key_file};
+use e2e::pg::Postgres;
+use e2e::raw::{Answer, Raw};
+use fencing::signed::KeyState;
+
+use crate::{Setup, mark, setup_with};
+
+const R: &str = "inv:a";
+const UPDATE: &str = "UPDATE stock SET n = n - 1 WHERE sku = 'a'";
+
+/// A database with `stock` (n = 10) and a role `app` that is not a superuser, behind a proxy
+/// that verifies with key `k2` (active) and knows `k1` as retired; `required`: the TOML list
+/// of prefixes, or None for the default (every resource).
+fn prepared(required: Option<&str>) -> Setup {
+    let pg = Postgres::start();
+    let dir = tempfile::tempdir().unwrap();
+    let file = write_key_file(
+        dir.path(),
+        "fence-keys.toml",
+        &[
+            ("k2", KeyState::Active, Some(SECRET_B)),
+            ("k1", KeyState::Retired, None),
+        ],
+    );
+    let required = required.map_or(String::new(), |r| format!("required_prefixes = {r}\n"));
+    let extra = format!("[signing]\nkeys = \"{}\"\n{required}", file.display());
+    let proxy = crate::start_proxy(&dir, &pg, 1000, &extra);
+    let s = Setup { pg, proxy, dir };
+    s.pg.psql(
+        "CREATE TABLE stock (sku text PRIMARY KEY, n int); INSERT INTO stock VALUES ('a', 10);
+         CREATE ROLE app LOGIN; GRANT ALL ON stock TO app;
+         CREATE FUNCTION app_fence(t text) RETURNS void LANGUAGE sql AS
+           $$ SELECT set_config('fen' || 'cing.token', t, false) $$;
+         GRANT EXECUTE ON FUNCTION app_fence(text) TO app;",
+    );
+    s
+}
+
+fn stock(s: &Setup) -> String {
+    s.pg.psql("SELECT n FROM stock")
+}
+
+/// `UPDATE` as `app` through the proxy with `token` declared by SET.
+fn write(s: &Setup, resource: &str, token: &str) -> Answer {
+    let mut c = Raw::connect_as(s.addr(), "app", &[]);
+    let set = c.simple(&format!(
+        "SET fencing.resource = '{resource}'; SET fencing.token = '{token}'"
+    ));
+    assert!(set.errors.is_empty(), "{set:?}");
+    c.simple(UPDATE)
+}
+
+fn refused(a: &Answer, why: &str) {
+    assert_eq!(a.code(), "FN007", "{why}: {a:?}");
+}
+
+#[test]
+fn forged_tokens_are_refused_by_postgresql_and_the_mark_does_not_move() {
+    let s = prepared(None);
+    let good = sign("k2", SECRET_B, R, 42);
+    let a = write(&s, R, &good);
+    assert!(a.errors.is_empty(), "the signed token: {a:?}");
+    assert_eq!(mark(&s.pg, R), "42");
+
+    let zeros = "0".repeat(64);
+    let cases = [
+        (
+            format!("9223372036854775807.k2.{zeros}"),
+            "i64::MAX, made up",
+        ),
+        (good.replacen("42.", "43.", 1), "the MAC of another token"),
+        (sign("k2", SECRET_B, "inv:b", 100), "another resource's"),
+        (sign("k1", SECRET_A, R, 100), "a retired key"),
+        (sign("k9", SECRET_A, R, 100), "an unknown key"),
+        ("100".to_string(), "unsigned"),
+    ];
+    for (token, why) in &cases {
+        refused(&write(&s, R, token), why);
+    }
+    let retired = write(&s, R, &cases[3].0);
+    assert!(retired.errors[0].1.contains("retired"), "{retired:?}");
+    let unsigned = write(&s, R, "100");
+    assert!(
+        unsigned.errors[0]
+            .1
+            .contains("needs a token signed by lockd"),
+        "{unsigned:?}"
+    );
+    // set_config by hand, in plain sight and inside a function the proxy cannot see into,
+    // each in the statement before the write.
+    let forged = format!("9223372036854775807.k2.{zeros}");
+    for declare in [
+        format!(
+            "SELECT set_config('fencing.resource', '{R}', false), set_config('fencing.token', '{forged}', false)"
+        ),
+        format!("SELECT set_config('fencing.resource', '{R}', false), app_fence('{forged}')"),
+    ] {
+        let mut c = Raw::connect_as(s.addr(), "app", &[]);
+        refused(&c.simple(&format!("{declare}; {UPDATE}")), &declare);
+        let mut c = Raw::connect_as(s.addr(), "app", &[]);
+        let a = c.simple(&declare);
+        assert!(a.errors.is_empty(), "{a:?}");
+        refused(&c.simple(UPDATE), &declare);
+    }
+
+    assert_eq!(mark(&s.pg, R), "42", "a forged token moved the mark");
+    assert_eq!(stock(&s), "9", "a forged token wrote");
+    // The keys are the check's alone: the application's role cannot read them to sign.
+    let mut c = Raw::connect_as(s.addr(), "app", &[]);
+    assert_eq!(c.simple("SELECT * FROM fencing.keys").code(), "42501");
+    assert_eq!(
+        c.simple(&format!("SELECT fencing.token_of('{R}', '5')"))
+            .code(),
+        "42501"
+    );
+    // The holder still writes; a newer signed grant raises the mark.
+    assert!(write(&s, R, &good).errors.is_empty());
+    assert!(write(&s, R, &sign("k2", SECRET_B, R, 43)).errors.is_empty());
+    assert_eq!(mark(&s.pg, R), "43");
+    assert_eq!(write(&s, R, &good).code(), "FN001");
+}
+
+/// The relay's fast path: after a signed token passed, the session swaps in the plain mark
+/// where the proxy cannot see it. The proxy still believes the token current and uses its
+/// fast read, which must not take the plain number for the signed one.
+#[test]
+fn a_plain_mark_swapped_in_behind_the_relays_back_is_refused() {
+    let s = prepared(None);
+    let good = sign("k2", SECRET_B, R, 42);
+    let mut c = Raw::connect_as(s.addr(), "app", &[]);
+    c.simple(&format!(
+        "SET fencing.resource = '{R}'; SET fencing.token = '{good}'"
+    ));
+    for _ in 0..3 {
+        let a = c.simple(UPDATE);
+        assert!(a.errors.is_empty(), "{a:?}");
+    }
+    let a = c.simple("SELECT app_fence('42')");
+    assert!(a.errors.is_empty(), "{a:?}");
+    refused(
+        &c.simple(UPDATE),
+        "the plain mark, in an implicit transaction",
+    );
+    refused(
+        &c.simple(&format!("BEGIN; {UPDATE}; COMMIT")),
+        "the plain mark, in an explicit transaction",
+    );
+    assert_eq!(stock(&s), "7");
+}
+
+#[test]
+fn protected_tables_verify_signatures_on_direct_connections_too() {
+    let s = prepared(Some("[\"inv:\"]"));
+    s.pg.psql("SELECT fencing.protect('stock', 'inv:')");
+    let direct = format!("127.0.0.1:{}", s.pg.port);
+    let declare = |token: &str| {
+        let mut c = Raw::connect_as(&direct, "app", &[]);
+        c.simple(&format!(
+            "SET fencing.resource = '{R}'; SET fencing.token = '{token}'"
+        ));
+        c.simple(UPDATE)
+    };
+    refused(&declare("7"), "unsigned, direct");
+    refused(
+        &declare(&format!("7.k2.{}", "f".repeat(64))),
+        "forged, direct",
+    );
+    let a = declare(&sign("k2", SECRET_B, R, 7));
+    assert!(a.errors.is_empty(), "{a:?}");
+    assert_eq!(mark(&s.pg, R), "7");
+    // Outside the required prefixes, a plain token is still a token.
+    s.pg.psql("CREATE TABLE other (n int); GRANT ALL ON other TO app");
+    let mut c = Raw::connect_as(s.addr(), "app", &[]);
+    c.simple("SET fencing.resource = 'other:x'; SET fencing.token = '3'");
+    let a = c.simple("INSERT INTO other VALUES (1)");
+    assert!(a.errors.is_empty(), "{a:?}");
+}
+
+/// The runbook for the PostgreSQL mode: the mark of a resource was raised by a forged token
+/// (before signing was on); `fence-proxy marks lower` puts it back while the proxy runs, and
+/// the holder writes again at once; the change is recorded in fencing.mark_changes.
+#[test]
+fn a_poisoned_mark_is_lowered_live_and_the_holder_writes_again() {
+    let s = setup_with(Postgres::start(), 1000, "");
+    s.pg.psql(
+        "CREATE TABLE stock (sku text PRIMARY KEY, n int); INSERT INTO stock VALUES ('a', 10);
+         CREATE ROLE app LOGIN; GRANT ALL ON stock TO app;",
+    );
+    assert!(write(&s, R, "42").errors.is_empty());
+    assert!(write(&s, R, "9223372036854775807").errors.is_empty());
+    assert_eq!(write(&s, R, "42").code(), "FN001", "poisoned");
+    let url = s.pg.url();
+    let run = |args: &[&str]| {
+        let mut cmd = std::process::Command::new(e2e::bin("fence-proxy"));
+        cmd.args(["marks"])
+            .args(args)
+            .args(["--database-url", &url]);
+        e2e::output(cmd)
+    };
+    let (st, out, err) = run(&["show", R]);
+    assert!(st.success(), "{err}");
+    assert!(out.contains("mark=9223372036854775807"), "{out}");
+    let (st, out, err) = run(&[
+        "lower",
+        R,
+        "--to",
+        "42",
+        "--force",
+        "--by",
+        "ops-bob",
+        "--reason",
+        "poisoned by a forged token",
+    ]);
+    assert!(st.success(), "{err}");
+    assert!(out.contains("-> 42"), "{out}");
+    assert_eq!(mark(&s.pg, R), "42");
+    assert!(
+        write(&s, R, "42").errors.is_empty(),
+        "the holder writes again"
+    );
+    assert_eq!(write(&s, R, "41").code(), "FN001");
+    assert_eq!(
+        s.pg.psql("SELECT actor || '|' || reason || '|' || old_token || '|' || new_token FROM fencing.mark_changes"),
+        "ops-bob (as postgres)|poisoned by a forged token|9223372036854775807|42"
+    );
+    let (st, _, err) = run(&["reset", R, "--reason", "x"]);
+    assert_eq!(st.code(), Some(2), "reset without --force: {err}");
+    assert_eq!(mark(&s.pg, R), "42");
+}
