@@ -162,12 +162,17 @@ async fn main_loop(args: Args) -> anyhow::Result<()> {
 
         let write_id = format!("{name}.{round}");
         let token = lease.token;
+        // What the writes present: the token lockd signed for this resource.
+        let fence_token = lease.fence_token();
         event(
             "invoke",
             "write",
             json!({"token": token, "value": write_id}),
         );
-        match store.read_modify_write(&resource, token, &write_id).await {
+        match store
+            .read_modify_write(&resource, token, &fence_token, &write_id)
+            .await
+        {
             Outcome::Ok(index) => event(
                 "ok",
                 "write",
@@ -239,11 +244,19 @@ impl Store {
         }
     }
 
-    async fn read_modify_write(&mut self, resource: &str, token: u64, id: &str) -> Outcome {
+    /// `token`: the number (the history's, and the log row's); `fence`: what the write
+    /// presents (the signed form).
+    async fn read_modify_write(
+        &mut self,
+        resource: &str,
+        token: u64,
+        fence: &str,
+        id: &str,
+    ) -> Outcome {
         match self {
-            Store::Http { base, client } => http_rmw(client, base, resource, token, id).await,
+            Store::Http { base, client } => http_rmw(client, base, resource, fence, id).await,
             Store::Pg { conninfo, session } => {
-                let outcome = pg_rmw(conninfo, session, resource, token, id).await;
+                let outcome = pg_rmw(conninfo, session, resource, token, fence, id).await;
                 let broken = match &outcome {
                     Outcome::Ok(_) => false,
                     Outcome::Fail(why) => !why.starts_with("SQLSTATE"),
@@ -267,7 +280,7 @@ async fn http_rmw(
     client: &HttpClient<HttpConnector, Full<Bytes>>,
     base: &str,
     resource: &str,
-    token: u64,
+    fence: &str,
     id: &str,
 ) -> Outcome {
     let name = resource.strip_prefix("counter:").unwrap_or(resource);
@@ -287,7 +300,7 @@ async fn http_rmw(
     };
     let put = hyper::Request::put(&url)
         .header("Fencing-Resource", resource)
-        .header("Fencing-Token", token.to_string())
+        .header("Fencing-Token", fence)
         .header("X-Write-Id", id)
         .body(Full::new(Bytes::from((value + 1).to_string())))
         .expect("a valid request");
@@ -297,7 +310,7 @@ async fn http_rmw(
             Err(_) => Outcome::Info(format!("HTTP {status} with an unreadable body {body:?}")),
         },
         // fence-proxy's own refusals: nothing reached the store.
-        Ok(Some((status, body))) if [400, 409, 428].contains(&status.as_u16()) => {
+        Ok(Some((status, body))) if [400, 403, 409, 428].contains(&status.as_u16()) => {
             Outcome::Fail(format!("HTTP {status}: {}", body.trim()))
         }
         // 502, 504, anything else: the store may or may not have applied it.
@@ -366,6 +379,7 @@ async fn pg_rmw(
     session: &mut Option<tokio_postgres::Client>,
     resource: &str,
     token: u64,
+    fence: &str,
     id: &str,
 ) -> Outcome {
     let why = |e: tokio_postgres::Error| match e.as_db_error() {
@@ -376,7 +390,7 @@ async fn pg_rmw(
     let conninfo = match way {
         Declare::StartupOptions => {
             *session = None;
-            format!("{conninfo} options='-c fencing.resource={resource} -c fencing.token={token}'")
+            format!("{conninfo} options='-c fencing.resource={resource} -c fencing.token={fence}'")
         }
         _ => conninfo.to_string(),
     };
@@ -396,13 +410,14 @@ async fn pg_rmw(
         }
     }
     let db = session.as_ref().expect("connected just above");
-    let t = token.to_string();
+    let t = fence.to_string();
     let before_commit = async {
         match way {
-            // The resource and token are ours (digits and `counter:N`), safe to quote as literals.
+            // The resource and token are ours (`counter:N`, and digits, a key id and hex), safe
+            // to quote as literals.
             Declare::Set => {
                 db.batch_execute(&format!(
-                    "SET fencing.resource = '{resource}'; SET fencing.token = '{token}'; BEGIN"
+                    "SET fencing.resource = '{resource}'; SET fencing.token = '{fence}'; BEGIN"
                 ))
                 .await?
             }

@@ -140,8 +140,12 @@ enum Store {
     Pg(Postgres),
 }
 
-fn proxy_config(store: &Store, listen: &str, data_dir: &Path) -> String {
-    let head = format!("data_dir = \"{}\"\n", data_dir.display());
+fn proxy_config(store: &Store, listen: &str, data_dir: &Path, keys: &Path) -> String {
+    let head = format!(
+        "data_dir = \"{}\"\n[signing]\nkeys = \"{}\"\n",
+        data_dir.display(),
+        keys.display()
+    );
     match store {
         Store::Http(_, addr) => format!(
             "{head}[fence]\nbarrier_wait_ms = 2000\n[[http]]\nlisten = \"{listen}\"\nupstream = \"http://{addr}\"\n"
@@ -234,13 +238,26 @@ pub fn run(cli: &Cli) -> anyhow::Result<bool> {
             Store::Pg(pg)
         }
     };
+    // lockd signs every token and fence-proxy lets only signed ones through, with a key made
+    // for this run.
+    let keys = e2e::keys::write_key_file(
+        tmp.path(),
+        "fence-keys.toml",
+        &[(
+            "faults",
+            fencing::signed::KeyState::Active,
+            Some(&fencing::signed::secret_hex(&rand::random())),
+        )],
+    );
+    let keys_arg = keys.to_str().context("a UTF-8 temporary path")?.to_string();
+    let lockd_args = ["--fence-keys", keys_arg.as_str()];
     let lockd_dir = tmp.path().join("lockd");
     let lockd_addr = free_loopback_addr();
-    let mut lockd = Lockd::start_on(&lockd_dir, &lockd_addr, &[]);
+    let mut lockd = Lockd::start_on(&lockd_dir, &lockd_addr, &lockd_args);
     let proxy_dir = tmp.path().join("proxy");
     std::fs::create_dir_all(&proxy_dir)?;
     let proxy_listen = free_loopback_addr();
-    let config = proxy_config(&store, &proxy_listen, &tmp.path().join("marks"));
+    let config = proxy_config(&store, &proxy_listen, &tmp.path().join("marks"), &keys);
     let mut proxy = start_proxy(&proxy_dir, &config, cli.mode);
 
     // The clients' paths, through fault proxies.
@@ -293,7 +310,7 @@ pub fn run(cli: &Cli) -> anyhow::Result<bool> {
             }
             Fault::Lockd => {
                 lockd.kill9();
-                lockd = Lockd::start_on(&lockd_dir, &lockd_addr, &[]);
+                lockd = Lockd::start_on(&lockd_dir, &lockd_addr, &lockd_args);
                 "lockd: kill -9, restarted".to_string()
             }
             Fault::Proxy => {

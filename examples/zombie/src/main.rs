@@ -64,8 +64,22 @@ fn bin(name: &str) -> anyhow::Result<PathBuf> {
     Ok(path)
 }
 
-/// `lockctl acquire --json`: the granted token.
-fn acquire(endpoint: &str, holder: &str, ttl: &str, wait: &str) -> anyhow::Result<u64> {
+/// A grant as the demo uses it: the token's number (for the story and the history) and the
+/// token to present to fence-proxy (the signed form lockd gave).
+#[derive(Clone, Debug)]
+struct Grant {
+    number: u64,
+    fence: String,
+}
+
+impl std::fmt::Display for Grant {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.number)
+    }
+}
+
+/// `lockctl acquire --json`: the grant.
+fn acquire(endpoint: &str, holder: &str, ttl: &str, wait: &str) -> anyhow::Result<Grant> {
     let out = Command::new(bin("lockctl")?)
         .env("LOCKD_ENDPOINT", endpoint)
         .args([
@@ -80,7 +94,13 @@ fn acquire(endpoint: &str, holder: &str, ttl: &str, wait: &str) -> anyhow::Resul
         );
     }
     let v: Value = serde_json::from_slice(&out.stdout).context("lockctl's JSON")?;
-    v["token"].as_u64().context("lockctl's JSON has a token")
+    Ok(Grant {
+        number: v["token"].as_u64().context("lockctl's JSON has a token")?,
+        fence: v["signed_token"]
+            .as_str()
+            .context("lockd signs its tokens here: lockctl's JSON has a signed token")?
+            .to_string(),
+    })
 }
 
 /// One HTTP/1.1 request; returns the status and the body.
@@ -116,12 +136,12 @@ fn http(
 }
 
 /// A write through fence-proxy with `token`, named `id` for the history.
-fn write_stock(proxy: &str, token: u64, id: &str, count: u32) -> anyhow::Result<(u16, String)> {
+fn write_stock(proxy: &str, token: &Grant, id: &str, count: u32) -> anyhow::Result<(u16, String)> {
     http(
         proxy,
         "PUT",
         &[
-            ("Fencing-Token", token.to_string()),
+            ("Fencing-Token", token.fence.clone()),
             ("X-Write-Id", id.to_string()),
         ],
         &format!("count={count}"),
@@ -134,16 +154,18 @@ fn emit_event(e: Value) {
 }
 
 /// Client A's first step in both stories: the lock, with a short lease.
-fn a_takes_the_lock(endpoint: &str) -> anyhow::Result<u64> {
+fn a_takes_the_lock(endpoint: &str) -> anyhow::Result<Grant> {
     emit_event(event("invoke", "A", "acquire", json!({})));
     let token = acquire(endpoint, "A", A_TTL, "5s")?;
     emit_event(event(
         "ok",
         "A",
         "acquire",
-        json!({"token": token, "ttl_ms": A_TTL_MS}),
+        json!({"token": token.number, "ttl_ms": A_TTL_MS}),
     ));
     println!("A: I hold {RESOURCE} with token {token} (lease {A_TTL})");
+    let shown: String = token.fence.chars().take(24).collect();
+    println!("A: lockd signed it for {RESOURCE}: {shown}... (fence-proxy takes no other)");
     Ok(token)
 }
 
@@ -159,14 +181,14 @@ fn client(args: &[String]) -> anyhow::Result<()> {
         "invoke",
         "A",
         "write",
-        json!({"token": token, "value": "a1"}),
+        json!({"token": token.number, "value": "a1"}),
     ));
-    let (status, _) = write_stock(proxy, token, "a1", 7)?;
+    let (status, _) = write_stock(proxy, &token, "a1", 7)?;
     emit_event(event(
         if status == 200 { "ok" } else { "fail" },
         "A",
         "write",
-        json!({"token": token, "value": "a1"}),
+        json!({"token": token.number, "value": "a1"}),
     ));
     println!("A: wrote count=7 with token {token}: HTTP {status}");
     println!("A: READY for my next write");
@@ -178,15 +200,15 @@ fn client(args: &[String]) -> anyhow::Result<()> {
         "invoke",
         "A",
         "write",
-        json!({"token": token, "value": "a2"}),
+        json!({"token": token.number, "value": "a2"}),
     ));
-    let (status, body) = write_stock(proxy, token, "a2", 3)?;
+    let (status, body) = write_stock(proxy, &token, "a2", 3)?;
     let kind = if status == 200 { "ok" } else { "fail" };
     emit_event(event(
         kind,
         "A",
         "write",
-        json!({"token": token, "value": "a2", "note": format!("HTTP {status}")}),
+        json!({"token": token.number, "value": "a2", "note": format!("HTTP {status}")}),
     ));
     println!("A: HTTP {status}: {}", body.trim());
     Ok(())
@@ -328,10 +350,11 @@ enum Store {
     Postgres(e2e::pg::Postgres),
 }
 
-fn pg_conninfo(proxy: &str, token: u64) -> anyhow::Result<String> {
+fn pg_conninfo(proxy: &str, token: &Grant) -> anyhow::Result<String> {
     let (host, port) = proxy.rsplit_once(':').context("host:port")?;
     Ok(format!(
-        "host={host} port={port} user=postgres dbname=postgres options='-c fencing.resource={RESOURCE} -c fencing.token={token}'"
+        "host={host} port={port} user=postgres dbname=postgres options='-c fencing.resource={RESOURCE} -c fencing.token={}'",
+        token.fence
     ))
 }
 
@@ -346,17 +369,17 @@ fn client_pg(args: &[String]) -> anyhow::Result<()> {
         .enable_all()
         .build()?;
     rt.block_on(async {
-        let conninfo = pg_conninfo(proxy, token)?;
+        let conninfo = pg_conninfo(proxy, &token)?;
         let (db, connection) = tokio_postgres::connect(&conninfo, tokio_postgres::NoTls).await?;
         let connection = tokio::spawn(connection);
-        emit_event(event("invoke", "A", "write", json!({"token": token, "value": "a1"})));
+        emit_event(event("invoke", "A", "write", json!({"token": token.number, "value": "a1"})));
         db.batch_execute(
             "BEGIN; UPDATE stock SET count = 7 WHERE sku = 'sku-1'; INSERT INTO applied VALUES ('a1'); COMMIT",
         )
         .await?;
-        emit_event(event("ok", "A", "write", json!({"token": token, "value": "a1"})));
+        emit_event(event("ok", "A", "write", json!({"token": token.number, "value": "a1"})));
         println!("A: UPDATE stock SET count = 7 committed with token {token}");
-        emit_event(event("invoke", "A", "write", json!({"token": token, "value": "a2"})));
+        emit_event(event("invoke", "A", "write", json!({"token": token.number, "value": "a2"})));
         db.batch_execute(
             "BEGIN; UPDATE stock SET count = 3 WHERE sku = 'sku-1'; INSERT INTO applied VALUES ('a2')",
         )
@@ -368,7 +391,7 @@ fn client_pg(args: &[String]) -> anyhow::Result<()> {
         println!("A: (resumed, unaware) COMMIT");
         match db.batch_execute("COMMIT").await {
             Ok(()) => {
-                emit_event(event("ok", "A", "write", json!({"token": token, "value": "a2"})));
+                emit_event(event("ok", "A", "write", json!({"token": token.number, "value": "a2"})));
                 println!("A: COMMIT succeeded");
             }
             Err(e) => {
@@ -389,7 +412,7 @@ fn client_pg(args: &[String]) -> anyhow::Result<()> {
                     "fail",
                     "A",
                     "write",
-                    json!({"token": token, "value": "a2", "note": why}),
+                    json!({"token": token.number, "value": "a2", "note": why}),
                 ));
                 println!("A: COMMIT failed: {why}");
             }
@@ -399,7 +422,7 @@ fn client_pg(args: &[String]) -> anyhow::Result<()> {
 }
 
 /// B's write in the PostgreSQL story: one transaction through fence-proxy with `token`.
-fn pg_write(proxy: &str, token: u64) -> anyhow::Result<()> {
+fn pg_write(proxy: &str, token: &Grant) -> anyhow::Result<()> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
@@ -439,7 +462,20 @@ fn demo(out_dir: Option<PathBuf>, postgres: bool) -> anyhow::Result<()> {
         say("starting lockd, an inventory service, and fence-proxy in front of the service");
         Store::Http(inventory()?)
     };
+    // lockd signs its tokens and fence-proxy lets only those through: a key made for this run.
+    let mut secret = [0u8; 32];
+    getrandom::fill(&mut secret).context("drawing a key")?;
+    let keys = e2e::keys::write_key_file(
+        tmp.path(),
+        "fence-keys.toml",
+        &[(
+            "demo",
+            fencing::signed::KeyState::Active,
+            Some(&fencing::signed::secret_hex(&secret)),
+        )],
+    );
     let mut cmd = Command::new(bin("lockd")?);
+    cmd.arg("--fence-keys").arg(&keys);
     cmd.arg("--data-dir").arg(tmp.path().join("lockd")).args([
         "--listen",
         "127.0.0.1:0",
@@ -463,8 +499,9 @@ fn demo(out_dir: Option<PathBuf>, postgres: bool) -> anyhow::Result<()> {
     std::fs::write(
         &config,
         format!(
-            "data_dir = \"{}\"\nlog_format = \"json\"\n{listener}",
-            tmp.path().join("marks").display()
+            "data_dir = \"{}\"\nlog_format = \"json\"\n[signing]\nkeys = \"{}\"\n{listener}",
+            tmp.path().join("marks").display(),
+            keys.display()
         ),
     )?;
     let mut cmd = Command::new(bin("fence-proxy")?);
@@ -520,18 +557,18 @@ fn demo(out_dir: Option<PathBuf>, postgres: bool) -> anyhow::Result<()> {
         "ok",
         "B",
         "acquire",
-        json!({"token": b_token, "ttl_ms": 30_000}),
+        json!({"token": b_token.number, "ttl_ms": 30_000}),
     ));
     println!("   B: I hold {RESOURCE} with token {b_token}; A, paused, still believes it holds it");
     events.push(event(
         "invoke",
         "B",
         "write",
-        json!({"token": b_token, "value": "b1"}),
+        json!({"token": b_token.number, "value": "b1"}),
     ));
     let ok = match &store {
         Store::Http(_) => {
-            let (status, _) = write_stock(&proxy_addr, b_token, "b1", 5)?;
+            let (status, _) = write_stock(&proxy_addr, &b_token, "b1", 5)?;
             println!("   B: wrote count=5 with token {b_token}: HTTP {status}");
             status == 200
         }
@@ -539,7 +576,7 @@ fn demo(out_dir: Option<PathBuf>, postgres: bool) -> anyhow::Result<()> {
             println!(
                 "   B: UPDATE stock SET count = 5 with token {b_token} (it waits for A's open transaction, at most the fence wait)"
             );
-            let r = pg_write(&proxy_addr, b_token);
+            let r = pg_write(&proxy_addr, &b_token);
             match &r {
                 Ok(()) => println!("   B: committed; PostgreSQL ended A's transaction"),
                 Err(e) => println!("   B: failed: {e}"),
@@ -551,7 +588,7 @@ fn demo(out_dir: Option<PathBuf>, postgres: bool) -> anyhow::Result<()> {
         if ok { "ok" } else { "fail" },
         "B",
         "write",
-        json!({"token": b_token, "value": "b1"}),
+        json!({"token": b_token.number, "value": "b1"}),
     ));
 
     say(if postgres {

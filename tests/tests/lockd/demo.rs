@@ -34,6 +34,10 @@ fn the_zombie_demo_fences_the_paused_client_and_its_history_checks_out() {
         .expect("B's grant");
     let refused = stdout.find("A: HTTP 409").expect("A refused");
     assert!(pause < b && b < refused, "{stdout}");
+    assert!(
+        stdout.contains("lockd signed it for inventory:sku-1: 1.demo."),
+        "{stdout}"
+    );
     assert!(stdout.contains("verdict: no violation"), "{stdout}");
     // What it wrote is the history the checker judged, and the timeline shows the refusal.
     let history = std::fs::read_to_string(dir.path().join("history.jsonl")).unwrap();
@@ -55,6 +59,10 @@ fn the_zombie_demo_through_postgres_ends_the_zombies_transaction() {
     let (status, stdout, stderr) = output(cmd);
     assert!(status.success(), "{stdout}\n{stderr}");
     assert!(stdout.contains("inside its open transaction"), "{stdout}");
+    assert!(
+        stdout.contains("lockd signed it for inventory:sku-1: 1.demo."),
+        "{stdout}"
+    );
     assert!(
         stdout.contains("A: COMMIT failed: FN003: fenced"),
         "{stdout}"
