@@ -40,7 +40,18 @@ impl Raw {
         Raw::connect_as(addr, "postgres", params)
     }
 
+    /// As `user`, to database `postgres` unless `params` names another.
     pub fn connect_as(addr: &str, user: &str, params: &[(&str, &str)]) -> Raw {
+        let mut all: Vec<(&str, &str)> = vec![("user", user)];
+        if !params.iter().any(|(k, _)| *k == "database") {
+            all.push(("database", "postgres"));
+        }
+        all.extend_from_slice(params);
+        Raw::connect_startup(addr, &all)
+    }
+
+    /// With exactly these start-up keys.
+    pub fn connect_startup(addr: &str, params: &[(&str, &str)]) -> Raw {
         let stream =
             TcpStream::connect(addr).unwrap_or_else(|e| panic!("connecting to {addr}: {e}"));
         stream
@@ -51,9 +62,10 @@ impl Raw {
             stream,
             buf: Vec::new(),
         };
-        let mut all: Vec<(&[u8], &[u8])> =
-            vec![(b"user", user.as_bytes()), (b"database", b"postgres")];
-        all.extend(params.iter().map(|(k, v)| (k.as_bytes(), v.as_bytes())));
+        let all: Vec<(&[u8], &[u8])> = params
+            .iter()
+            .map(|(k, v)| (k.as_bytes(), v.as_bytes()))
+            .collect();
         let mut packet = Vec::new();
         msg::startup(&mut packet, &all);
         raw.send(&packet);

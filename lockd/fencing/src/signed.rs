@@ -38,6 +38,9 @@ pub const KEY_ID_LEN_MAX: usize = 32;
 /// most its block, so that the pads are the key itself padded.
 pub const SECRET_LEN_MIN: usize = 32;
 pub const SECRET_LEN_MAX: usize = 64;
+/// Most digits of a token as presented, leading zeros included (what the PostgreSQL check
+/// reads, so that both modes take the same texts).
+pub const TOKEN_DIGITS_MAX: usize = 19;
 /// Length of the MAC in the token, in hex digits.
 pub const MAC_HEX_LEN: usize = 64;
 /// Longest signed form: 19 digits, a key id, 64 hex digits and two dots.
@@ -228,7 +231,7 @@ impl Keyring {
                 (Some(hex), _) => {
                     let bytes = decode_hex(hex.trim()).ok_or_else(|| KeyFileError::Secret {
                         id: e.id.clone(),
-                        reason: "the secret is not hex (an even number of 0-9 a-f)".into(),
+                        reason: "the secret is not hex (an even number of 0-9, a-f or A-F)".into(),
                     })?;
                     if !(SECRET_LEN_MIN..=SECRET_LEN_MAX).contains(&bytes.len()) {
                         return Err(KeyFileError::Secret {
@@ -238,6 +241,12 @@ impl Keyring {
                                  (generate one with `openssl rand -hex 32`)",
                                 bytes.len()
                             ),
+                        });
+                    }
+                    if bytes.iter().all(|b| *b == bytes[0]) {
+                        return Err(KeyFileError::Secret {
+                            id: e.id.clone(),
+                            reason: "the secret is one byte repeated: not a random key (generate one with `openssl rand -hex 32`)".into(),
                         });
                     }
                     bytes
@@ -326,12 +335,18 @@ pub enum MalformedToken {
     Number(crate::ParseTokenError),
     /// A signed form with a bad key id or MAC, or the wrong number of parts.
     Form(&'static str),
+    /// More than 19 digits (leading zeros included): PostgreSQL's check reads no more.
+    TooManyDigits,
 }
 
 impl fmt::Display for MalformedToken {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             MalformedToken::Number(e) => e.fmt(f),
+            MalformedToken::TooManyDigits => write!(
+                f,
+                "the fencing token has more than {TOKEN_DIGITS_MAX} digits (leading zeros count)"
+            ),
             MalformedToken::Form(why) => write!(
                 f,
                 "the signed fencing token is malformed ({why}); the form is TOKEN.KEY_ID.MAC (64 lowercase hex digits)"
@@ -343,10 +358,14 @@ impl fmt::Display for MalformedToken {
 impl std::error::Error for MalformedToken {}
 
 impl<'a> Presented<'a> {
-    /// Parses a token as presented: digits only (a plain token, [`FencingToken`]'s rules), or
-    /// `TOKEN.KEY_ID.MAC` with a key id of 1 to 32 of `A-Z a-z 0-9 - _` and a MAC of 64
+    /// Parses a token as presented: digits only (a plain token, [`FencingToken`]'s rules, at
+    /// most 19 digits), or `TOKEN.KEY_ID.MAC` with a key id of 1 to 32 of `A-Z a-z 0-9 - _` and a MAC of 64
     /// lowercase hex digits. Anything else is malformed.
     pub fn parse(text: &'a str) -> Result<Presented<'a>, MalformedToken> {
+        let number = text.split_once('.').map_or(text, |(n, _)| n);
+        if number.len() > TOKEN_DIGITS_MAX {
+            return Err(MalformedToken::TooManyDigits);
+        }
         let Some((number, rest)) = text.split_once('.') else {
             return text
                 .parse()
@@ -628,10 +647,13 @@ mod tests {
             &format!(".k1.{mac}"),
             &format!("9223372036854775808.k1.{mac}"),
             &format!("1.{}.{mac}", "k".repeat(33)),
+            "00000000000000000042",
+            &format!("00000000000000000042.k1.{mac}"),
         ] {
             assert!(Presented::parse(bad).is_err(), "{bad:?} parsed");
         }
         assert!(Presented::parse(&format!("1.k-1_A.{mac}")).is_ok());
+        assert!(Presented::parse("0000000000000000042").is_ok(), "19 digits");
     }
 
     #[test]
@@ -664,7 +686,13 @@ mod tests {
         for (f, want) in bad {
             assert_eq!(Keyring::new(&f).unwrap_err(), want);
         }
-        for secret in [None, Some("xyz"), Some("abcd"), Some(&*"ab".repeat(65))] {
+        for secret in [
+            None,
+            Some("xyz"),
+            Some("abcd"),
+            Some(&*"ab".repeat(65)),
+            Some(&*"00".repeat(32)),
+        ] {
             assert!(matches!(
                 Keyring::new(&file(&[("a", KeyState::Active, secret)])),
                 Err(KeyFileError::Secret { .. })

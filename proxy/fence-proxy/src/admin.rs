@@ -18,7 +18,7 @@
 
 use std::path::{Path, PathBuf};
 
-use anyhow::{Context, bail};
+use anyhow::bail;
 use clap::{Args, Subcommand};
 use fencing::{FencingToken, ResourceName};
 use redb::{Database, DatabaseError, ReadableDatabase, ReadableTable, TableDefinition};
@@ -61,6 +61,10 @@ pub struct ChangeArgs {
     /// Who (recorded) [default: the login name].
     #[arg(long, value_name = "NAME")]
     pub by: Option<String>,
+    /// PostgreSQL stores: longest wait for the resource's lock (held by transactions in
+    /// progress), in ms.
+    #[arg(long, value_name = "MS", default_value_t = 10_000)]
+    pub wait_ms: u64,
 }
 
 #[derive(Subcommand, Debug)]
@@ -115,6 +119,8 @@ pub enum Target {
 pub struct Change {
     pub actor: String,
     pub reason: String,
+    /// Longest wait for the locks of transactions in progress.
+    pub wait: std::time::Duration,
 }
 
 /// One record of a change.
@@ -289,7 +295,12 @@ impl Tables {
         marks: "fencing.tokens",
         changes: "fencing.mark_changes",
         create: None,
-        lock: Some("SELECT pg_advisory_xact_lock(fencing.lock_key($1))"),
+        // It advertises the largest token first, so that a raise waiting meanwhile does not
+        // take it for an older transaction and end it (fencing.evict_older).
+        lock: Some(
+            "SELECT fencing.advertise(fencing.lock_key($1), 9223372036854775807), \
+             pg_advisory_xact_lock(fencing.lock_key($1))",
+        ),
     };
 }
 
@@ -304,9 +315,9 @@ async fn pg_run(
     let shown = pg_relay::schema::redact(url);
     let mut conn = sqlx::PgConnection::connect(url)
         .await
-        .with_context(|| format!("cannot connect to {shown}"))?;
+        .map_err(|e| anyhow::anyhow!("cannot connect to {shown}: {e}"))?;
     if let Some(create) = tables.create {
-        sqlx::raw_sql(create).execute(&mut conn).await?;
+        sqlx::raw_sql(create).execute(&mut conn).await.map_err(db)?;
     }
     let (marks, changes) = (tables.marks, tables.changes);
     if action == Action::Show {
@@ -327,7 +338,7 @@ async fn pg_run(
                 .await
             }
         }
-        .with_context(|| format!("reading {marks} in {shown}"))?;
+        .map_err(|e| anyhow::anyhow!("reading {marks} in {shown}: {e}"))?;
         let mut out = String::new();
         if rows.is_empty()
             && let Some(r) = resource
@@ -345,7 +356,7 @@ async fn pg_run(
         .bind(resource.map(|r| r.as_str()))
         .fetch_all(&mut conn)
         .await
-        .with_context(|| format!("reading {changes} in {shown}"))?;
+        .map_err(|e| anyhow::anyhow!("reading {changes} in {shown}: {e}"))?;
         for row in records {
             let record = Record {
                 at_unix_ms: row.try_get::<i64, _>(0)? as u64,
@@ -361,39 +372,62 @@ async fn pg_run(
         return Ok(out);
     }
     let (resource, change) = (resource.expect("checked"), change.expect("checked"));
-    let mut tx = conn.begin().await?;
-    if let Some(lock) = tables.lock {
-        sqlx::query(lock)
+    let mut tx = conn.begin().await.map_err(db)?;
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "SET LOCAL lock_timeout = '{}ms'",
+        change.wait.as_millis().max(1)
+    )))
+    .execute(&mut *tx)
+    .await
+    .map_err(db)?;
+    let locked = match tables.lock {
+        Some(lock) => sqlx::query(lock)
             .bind(resource.as_str())
             .execute(&mut *tx)
-            .await?;
+            .await
+            .map(|_| ()),
+        None => Ok(()),
+    };
+    if let Err(e) = locked {
+        if e.as_database_error().and_then(|d| d.code()).as_deref() == Some("55P03") {
+            bail!(
+                "{resource}: transactions in progress held its fence lock for longer than {} ms (see pg_locks); let them finish, end them, or raise --wait-ms",
+                change.wait.as_millis()
+            );
+        }
+        return Err(db(e));
     }
     let old: Option<i64> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
         "SELECT token FROM {marks} WHERE resource = $1 FOR UPDATE"
     )))
     .bind(resource.as_str())
     .fetch_optional(&mut *tx)
-    .await?;
+    .await
+    .map_err(|e| match e.as_database_error().and_then(|d| d.code()).as_deref() {
+        Some("55P03") => anyhow::anyhow!(
+            "{resource}: a transaction in progress held its mark for longer than {} ms; retry, or raise --wait-ms",
+            change.wait.as_millis()
+        ),
+        _ => db(e),
+    })?;
     let old = old.map(|t| t as u64);
     let new = next(old, action, resource.as_str())?;
     match new {
-        Some(t) => {
-            sqlx::query(sqlx::AssertSqlSafe(format!(
-                "UPDATE {marks} SET token = $2 WHERE resource = $1"
-            )))
-            .bind(resource.as_str())
-            .bind(t as i64)
-            .execute(&mut *tx)
-            .await?
-        }
-        None => {
-            sqlx::query(sqlx::AssertSqlSafe(format!(
-                "DELETE FROM {marks} WHERE resource = $1"
-            )))
-            .bind(resource.as_str())
-            .execute(&mut *tx)
-            .await?
-        }
+        Some(t) => sqlx::query(sqlx::AssertSqlSafe(format!(
+            "UPDATE {marks} SET token = $2 WHERE resource = $1"
+        )))
+        .bind(resource.as_str())
+        .bind(t as i64)
+        .execute(&mut *tx)
+        .await
+        .map_err(db)?,
+        None => sqlx::query(sqlx::AssertSqlSafe(format!(
+            "DELETE FROM {marks} WHERE resource = $1"
+        )))
+        .bind(resource.as_str())
+        .execute(&mut *tx)
+        .await
+        .map_err(db)?,
     };
     sqlx::query(sqlx::AssertSqlSafe(format!(
         "INSERT INTO {changes} (resource, action, old_token, new_token, actor, reason) \
@@ -406,7 +440,13 @@ async fn pg_run(
     .bind(&change.actor)
     .bind(&change.reason)
     .execute(&mut *tx)
-    .await?;
-    tx.commit().await?;
+    .await
+    .map_err(db)?;
+    tx.commit().await.map_err(db)?;
     Ok(describe_change(resource.as_str(), old, new, change))
+}
+
+/// A database error as one message (sqlx's own chain repeats its text).
+fn db(e: sqlx::Error) -> anyhow::Error {
+    anyhow::anyhow!("{e}")
 }

@@ -343,8 +343,16 @@ impl PgConfig {
     }
 
     /// The relay's settings.
-    pub fn relay(&self, marks_max: usize) -> pg_relay::PgRelayConfig {
+    /// The relay's settings; `signing`: signed tokens are on, so only the `schema_urls`
+    /// databases (which get the keys) may fence.
+    pub fn relay(&self, marks_max: usize, signing: bool) -> pg_relay::PgRelayConfig {
         pg_relay::PgRelayConfig {
+            verified_databases: signing.then(|| {
+                self.schema_urls
+                    .iter()
+                    .filter_map(|u| url_database(u))
+                    .collect()
+            }),
             upstream: self.upstream.clone(),
             fence_wait: Duration::from_millis(self.fence_wait_ms),
             message_max_bytes: usize::try_from(self.message_max_bytes).unwrap_or(usize::MAX),
@@ -388,9 +396,56 @@ impl PgConfig {
                     pg_relay::schema::redact(url)
                 );
             }
+            if url_database(url).is_none() {
+                bail!(
+                    "pg listener {l}: schema_urls entry {:?} names neither a database nor a user",
+                    pg_relay::schema::redact(url)
+                );
+            }
         }
         Ok(())
     }
+}
+
+/// The database a `postgres://` URL connects to: its path, else its `dbname` parameter, else
+/// (as libpq) its user's name.
+pub fn url_database(url: &str) -> Option<String> {
+    let rest = url.split_once("://")?.1;
+    let (rest, query) = match rest.split_once('?') {
+        Some((r, q)) => (r, Some(q)),
+        None => (rest, None),
+    };
+    let (authority, path) = match rest.find('/') {
+        Some(i) => (&rest[..i], &rest[i + 1..]),
+        None => (rest, ""),
+    };
+    let decode = |s: &str| -> Option<String> {
+        let bytes = s.as_bytes();
+        let mut out = Vec::with_capacity(bytes.len());
+        let mut i = 0;
+        while i < bytes.len() {
+            if bytes[i] == b'%' {
+                let hex = std::str::from_utf8(bytes.get(i + 1..i + 3)?).ok()?;
+                out.push(u8::from_str_radix(hex, 16).ok()?);
+                i += 3;
+            } else {
+                out.push(bytes[i]);
+                i += 1;
+            }
+        }
+        String::from_utf8(out).ok()
+    };
+    if let Some(q) = query
+        && let Some(db) = q.split('&').find_map(|kv| kv.strip_prefix("dbname="))
+    {
+        return decode(db).filter(|d| !d.is_empty());
+    }
+    if !path.is_empty() {
+        return decode(path);
+    }
+    let user = authority.rsplit_once('@')?.0;
+    let user = user.split_once(':').map_or(user, |(u, _)| u);
+    decode(user).filter(|u| !u.is_empty())
 }
 
 fn default_data_dir() -> PathBuf {
@@ -717,6 +772,23 @@ mod tests {
         std::fs::write(&path, text).unwrap();
         let p = path.to_str().unwrap().to_string();
         (dir, p)
+    }
+
+    #[test]
+    fn the_database_of_a_url_is_found_as_libpq_finds_it() {
+        for (url, db) in [
+            ("postgres://app@db:5432/inventory", Some("inventory")),
+            (
+                "postgresql://app:pw@db/inv%20tory?sslmode=disable",
+                Some("inv tory"),
+            ),
+            ("postgres://app@db:5432", Some("app")),
+            ("postgres://app:secret@db/", Some("app")),
+            ("postgres://db/x?dbname=other", Some("other")),
+            ("postgres://db:5432", None),
+        ] {
+            assert_eq!(url_database(url).as_deref(), db, "{url}");
+        }
     }
 
     #[test]

@@ -96,7 +96,7 @@ async fn run(config: Config) -> anyhow::Result<()> {
     }
     let mut pg_threads = Vec::new();
     for p in &config.pg {
-        let relay_config = p.relay(config.fence.resources_max);
+        let relay_config = p.relay(config.fence.resources_max, config.signing.is_some());
         for url in &p.schema_urls {
             let wait = std::time::Duration::from_millis(p.schema_wait_ms);
             let policy = config.signing.is_some().then_some(&*signing);
@@ -307,6 +307,7 @@ fn marks(action: &admin::MarksAction) -> ExitCode {
         Some(c) => Some(admin::Change {
             actor: c.by.clone().unwrap_or_else(login_name),
             reason: c.reason.clone(),
+            wait: std::time::Duration::from_millis(c.wait_ms),
         }),
     };
     let target = match (&target.data_dir, &target.marks_url, &target.database_url) {

@@ -29,6 +29,9 @@ impl SigningConfig {
         use std::os::unix::fs::PermissionsExt;
         let meta = std::fs::metadata(path)
             .with_context(|| format!("signing.keys: cannot read {}", path.display()))?;
+        if !meta.is_file() {
+            bail!("signing.keys {}: not a regular file", path.display());
+        }
         if meta.permissions().mode() & 0o077 != 0 {
             bail!(
                 "signing.keys {}: the file holds secrets and must not be readable by group or others (mode {:o}; chmod 600 it)",

@@ -51,6 +51,11 @@ pub struct PgRelayConfig {
     /// How long the fenced error of a session that was idle when PostgreSQL ended it waits for
     /// the client's next message (after which the connection is closed without it).
     pub fenced_hold: Duration,
+    /// With signed tokens on: the databases this proxy installed its keys in. PostgreSQL
+    /// verifies signatures only where it has the keys, so in any other database a session
+    /// may not present a token at all (its checks take the bare form: FN004). `None`: every
+    /// database is checked as installed.
+    pub verified_databases: Option<Vec<String>>,
 }
 
 impl Default for PgRelayConfig {
@@ -64,6 +69,7 @@ impl Default for PgRelayConfig {
             startup_timeout: Duration::from_secs(10),
             marks_max: 1_000_000,
             fenced_hold: Duration::from_secs(60),
+            verified_databases: None,
         }
     }
 }

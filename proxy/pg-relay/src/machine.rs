@@ -499,6 +499,13 @@ impl Machine {
         }
     }
 
+    /// For a database where nothing may be fenced (signed tokens are on, and this proxy did
+    /// not install its keys here): from the start, the bare check, which refuses any fencing
+    /// setting (FN004) and passes sessions without one.
+    pub(crate) fn refuse_tokens(&mut self) {
+        self.installed = Installed::No;
+    }
+
     /// Keeps `error` for the client's next message (see [`Verdict::Hold`]).
     pub(crate) fn hold(&mut self, error: Vec<u8>) {
         self.held = Some(error);

@@ -92,11 +92,14 @@ AS $fn$
     -- A holder is older if its token is: a share holder's is the mark it checked (below
     -- p_token) unless it also advertised one for this resource (it raised it since, or reads
     -- with a newer token), and then, as for a raiser, the bound of what it advertised is.
+    -- A holder that advertised nothing is ended too, whether it holds the lock shared or
+    -- exclusively: every raiser advertises before it takes the lock (and `fence-proxy marks`
+    -- advertises the largest token), so an exclusive holder without one is a session that
+    -- took the lock by hand, and would otherwise keep the resource from its new holder.
     SELECT count(*)::integer FROM (
         SELECT pg_terminate_backend(h.pid) FROM (SELECT DISTINCT pid FROM holders) h
         WHERE NOT EXISTS (SELECT 1 FROM fencing.tokens k WHERE k.resource = p_resource AND k.token >= p_token)
-          AND coalesce((SELECT a.token < p_token FROM advertised a WHERE a.pid = h.pid),
-                       EXISTS (SELECT 1 FROM holders s WHERE s.pid = h.pid AND s.mode = 'ShareLock'))
+          AND coalesce((SELECT a.token < p_token FROM advertised a WHERE a.pid = h.pid), true)
     ) ended;
 $fn$;
 

@@ -79,6 +79,8 @@ enum Opened {
     /// A CancelRequest (forwarded) or a client that left.
     Done,
     Bad(WireError),
+    /// A start-up packet the relay will not pass on (why).
+    Refused(&'static str),
 }
 
 /// Reads start-up packets until one opens a session (answering SSLRequest and GSSENCRequest
@@ -114,6 +116,15 @@ async fn read_startup(
                             .iter()
                             .any(|f| v.eq_ignore_ascii_case(f.as_bytes()))
                 });
+                // PostgreSQL takes the last of two keys of one name; what the relay reads
+                // (the database decides whether tokens are verified there) must be what
+                // PostgreSQL uses, so two are refused rather than guessed at.
+                let twice = |name: &[u8]| params.iter().filter(|(k, _)| *k == name).count() > 1;
+                if twice(b"database") || twice(b"user") {
+                    return Ok(Opened::Refused(
+                        "fence-proxy: the start-up packet names the database or the user twice",
+                    ));
+                }
                 let param = |name: &[u8]| {
                     params
                         .iter()
@@ -163,6 +174,9 @@ async fn session(
             )
             .await;
         }
+        Opened::Refused(why) => {
+            return fatal(client, sqlstate::PROTOCOL_VIOLATION, why.to_string()).await;
+        }
         Opened::Session { .. } if full => {
             let max = relay.config.connections_max;
             tracing::warn!(%peer, max, "refusing a connection: too many");
@@ -193,8 +207,15 @@ async fn session(
     upstream.write_all(&packet).await?;
     tracing::debug!(%peer, "session started");
 
+    let mut machine = Machine::new(relay.config.fence_wait.as_millis());
+    if let Some(verified) = &relay.config.verified_databases
+        && !verified.contains(&database)
+    {
+        tracing::debug!(%peer, %database, "signed tokens are on and this database has no keys of this proxy: tokens are refused here");
+        machine.refuse_tokens();
+    }
     let shared = Shared {
-        machine: Mutex::new(Machine::new(relay.config.fence_wait.as_millis())),
+        machine: Mutex::new(machine),
         progress: Notify::new(),
         client_spoke: Notify::new(),
         server_read: Notify::new(),

@@ -56,7 +56,7 @@ pub fn not_installed(out: &mut Vec<u8>, cause: &[u8]) {
             message: "fence-proxy: the session has a fencing token but the fence check is not installed in this database (schema fencing), or is of another fence-proxy version",
             detail: Some(&String::from_utf8_lossy(cause)),
             hint: Some(
-                "install it with `fence-proxy pg print-schema | psql ...`, or give fence-proxy a schema_urls entry for this database, then reconnect",
+                "install it with `fence-proxy pg print-schema | psql ...`, or give fence-proxy a schema_urls entry for this database, then reconnect (with [signing], only schema_urls databases get the keys that verify signed tokens, and only they accept tokens)",
             ),
         },
     );

@@ -232,3 +232,116 @@ fn a_poisoned_mark_is_lowered_live_and_the_holder_writes_again() {
     assert_eq!(st.code(), Some(2), "reset without --force: {err}");
     assert_eq!(mark(&s.pg, R), "42");
 }
+
+/// A signing proxy relays to databases it did not install its keys in (a DBA's schema, an
+/// older proxy's): PostgreSQL there could not verify a signature, so no token is taken there
+/// at all; sessions without one still work.
+#[test]
+fn a_database_without_the_proxys_keys_takes_no_token() {
+    let s = prepared(None);
+    s.pg.psql("CREATE DATABASE other");
+    let schema = std::process::Command::new(e2e::bin("fence-proxy"))
+        .args(["pg", "print-schema"])
+        .output()
+        .unwrap();
+    let other = format!("postgres://postgres@127.0.0.1:{}/other", s.pg.port);
+    let mut psql = std::process::Command::new("psql");
+    psql.args([&other, "-q", "-v", "ON_ERROR_STOP=1"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null());
+    let mut child = psql.spawn().unwrap();
+    use std::io::Write;
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(&schema.stdout)
+        .unwrap();
+    assert!(
+        child.wait().unwrap().success(),
+        "installing the schema by hand"
+    );
+    // Connect to `other` (a raw start-up packet: user and database only).
+    let mut c = raw_to(s.addr(), "other");
+    assert!(c.simple("CREATE TABLE t (n int)").errors.is_empty());
+    let zeros = "0".repeat(64);
+    for token in [format!("9223372036854775807.k2.{zeros}"), "5".to_string()] {
+        let a = c.simple(&format!(
+            "SET fencing.resource = '{R}'; SET fencing.token = '{token}'; INSERT INTO t VALUES (1)"
+        ));
+        assert_eq!(a.code(), "FN004", "{token}: {a:?}");
+        c.simple("RESET fencing.resource; RESET fencing.token");
+    }
+    let a = c.simple("INSERT INTO t VALUES (2)");
+    assert!(a.errors.is_empty(), "a session without a token: {a:?}");
+    let marks = std::process::Command::new("psql")
+        .args([&other, "-Atc", "SELECT count(*) FROM fencing.tokens"])
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&marks.stdout).trim(), "0");
+}
+
+/// A session without a token that takes a resource's fence lock by hand, exclusively, does not
+/// keep the new holder out (it is ended after the fence wait), and `marks lower` waits for it
+/// only as long as it is told.
+#[test]
+fn a_fence_lock_taken_by_hand_neither_blocks_the_holder_nor_hangs_the_admin_command() {
+    let s = prepared(None);
+    let direct = format!("127.0.0.1:{}", s.pg.port);
+    let mut blocker = Raw::connect_as(&direct, "app", &[]);
+    let a = blocker.simple(&format!(
+        "BEGIN; SELECT pg_advisory_xact_lock(fencing.lock_key('{R}'))"
+    ));
+    assert!(a.errors.is_empty(), "{a:?}");
+    let url = s.pg.url();
+    let mut cmd = std::process::Command::new(e2e::bin("fence-proxy"));
+    cmd.args([
+        "marks",
+        "reset",
+        R,
+        "--force",
+        "--reason",
+        "x",
+        "--wait-ms",
+        "200",
+    ])
+    .args(["--database-url", &url]);
+    let (st, _, err) = e2e::output(cmd);
+    assert_eq!(st.code(), Some(1), "{err}");
+    assert!(err.contains("held its fence lock"), "{err}");
+    // The holder's raise ends the blocker (fence_wait_ms = 1000) and writes.
+    let a = write(&s, R, &sign("k2", SECRET_B, R, 5));
+    assert!(a.errors.is_empty(), "the holder: {a:?}");
+    assert_eq!(mark(&s.pg, R), "5");
+}
+
+/// A raw session as `postgres` to `database`.
+fn raw_to(addr: &str, database: &str) -> Raw {
+    Raw::connect_startup(addr, &[("user", "postgres"), ("database", database)])
+}
+
+/// PostgreSQL takes the last of two `database` keys; the relay must not judge by the first.
+#[test]
+fn a_start_up_packet_with_two_databases_is_refused() {
+    let s = prepared(None);
+    let mut stream = std::net::TcpStream::connect(s.addr()).unwrap();
+    let mut packet = Vec::new();
+    pg_wire::msg::startup(
+        &mut packet,
+        &[
+            (b"user", b"postgres"),
+            (b"database", b"postgres"),
+            (b"database", b"other"),
+        ],
+    );
+    use std::io::Write;
+    stream.write_all(&packet).unwrap();
+    let got = crate::read_until(&mut stream, b'E');
+    let (severity, code, message) = crate::error_of(&got);
+    assert_eq!(
+        (severity.as_str(), code.as_str()),
+        ("FATAL", "08P01"),
+        "{message}"
+    );
+    assert!(message.contains("twice"), "{message}");
+}
