@@ -220,17 +220,14 @@ impl Driver {
             let outcome = st.core.acquire(self.clock.now(), req, &mut fx);
             let seq = self.apply(&mut st, fx);
             match outcome? {
-                AcquireOutcome::Granted(grant) => {
-                    debug!(%resource, token = %grant.token, "granted");
-                    Step::Reply(
-                        AcquireReply::Granted {
-                            grant,
-                            duplicate: false,
-                            held: true,
-                        },
-                        seq,
-                    )
-                }
+                AcquireOutcome::Granted(grant) => Step::Reply(
+                    AcquireReply::Granted {
+                        grant,
+                        duplicate: false,
+                        held: true,
+                    },
+                    seq,
+                ),
                 AcquireOutcome::Duplicate { grant, held } => {
                     debug!(%resource, token = %grant.token, held, "duplicate request");
                     Step::Reply(
@@ -269,7 +266,7 @@ impl Driver {
         match step {
             Step::Reply(reply, seq) => {
                 self.durable(seq).await?;
-                self.vouch(reply)
+                self.granted(&resource, self.vouch(reply)?)
             }
             Step::Wait {
                 waiter,
@@ -287,11 +284,12 @@ impl Driver {
                 match end {
                     Ok(WaitEnd::Granted { grant, seq }) => {
                         self.durable(seq).await?;
-                        self.vouch(AcquireReply::Granted {
+                        let reply = self.vouch(AcquireReply::Granted {
                             grant,
                             duplicate: false,
                             held: true,
-                        })
+                        })?;
+                        self.granted(&resource, reply)
                     }
                     Ok(WaitEnd::TimedOut(busy)) => {
                         self.durable(self.writer.submit(Vec::new())).await?;
@@ -316,12 +314,32 @@ impl Driver {
             let result = st.core.renew(self.clock.now(), resource, lease_id, &mut fx);
             (result, self.apply(&mut st, fx))
         };
-        match &result {
-            Ok(r) => debug!(%resource, expires_at = r.expires_at, "renewed"),
+        if result.is_err() {
             // The error names the current holder's token: show it only once it is durable.
-            Err(_) => self.durable(seq).await?,
+            self.durable(seq).await?;
         }
-        self.vouch(result?)
+        let renewed = self.vouch(result?)?;
+        // Logged once answered: a deposed leader's core may renew, but never says so.
+        debug!(%resource, expires_at = renewed.expires_at, "renewed");
+        Ok(renewed)
+    }
+
+    /// `reply`, answered: a fresh grant is logged (only now: a grant a deposed leader's core
+    /// decided never leaves, and its log must not say it was made).
+    fn granted(
+        &self,
+        resource: &ResourceName,
+        reply: AcquireReply,
+    ) -> Result<AcquireReply, DriverError> {
+        if let AcquireReply::Granted {
+            grant,
+            duplicate: false,
+            ..
+        } = &reply
+        {
+            debug!(%resource, token = %grant.token, "granted");
+        }
+        Ok(reply)
     }
 
     pub async fn release(
