@@ -1,6 +1,7 @@
 //! `fence-proxy`: see `fence-proxy --help` and docs/fence-proxy.md.
 
 mod admin;
+mod cli;
 mod config;
 mod fence_pg;
 mod marks_redb;
