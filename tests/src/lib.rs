@@ -18,6 +18,7 @@ use std::time::{Duration, Instant, SystemTime};
 use serde_json::Value;
 
 pub mod api;
+pub mod certs;
 pub mod client;
 pub mod etcd;
 pub mod keys;
@@ -357,10 +358,15 @@ impl Lockd {
         let addr = event(&listening)
             .and_then(|e| e["addr"].as_str().map(str::to_string))
             .expect("listening event has addr");
+        let scheme = if extra.contains(&"--tls-cert") {
+            "https"
+        } else {
+            "http"
+        };
         Lockd {
             process,
             data_dir: data_dir.to_path_buf(),
-            endpoint: format!("http://{addr}"),
+            endpoint: format!("{scheme}://{addr}"),
         }
     }
 

@@ -89,6 +89,68 @@ pub enum ClientError {
     /// lockd could not be reached (or did not answer) within the retry budget.
     #[error("lockd is unreachable: {0}")]
     Unavailable(String),
+    /// The TLS connection to lockd failed (a certificate the other side refused, no client
+    /// certificate where lockd wants one, bad TLS files): not retried, nothing will change.
+    #[error("TLS with lockd failed: {0}")]
+    Tls(String),
+}
+
+/// The causes of an error, each after a colon (tonic's statuses for transport failures say
+/// only "transport error" themselves).
+fn with_causes(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        let more = c.to_string();
+        if !text.contains(&more) {
+            text.push_str(": ");
+            text.push_str(&more);
+        }
+        cause = c.source();
+    }
+    text
+}
+
+/// A TLS failure somewhere in the causes of `s`: what it was.
+fn tls_failure(s: &Status) -> Option<String> {
+    let mut cause = std::error::Error::source(s);
+    while let Some(c) = cause {
+        let io_inner = c
+            .downcast_ref::<std::io::Error>()
+            .and_then(|io| io.get_ref())
+            .and_then(|i| i.downcast_ref::<tlsconf::rustls::Error>());
+        // tokio-rustls hands some rustls errors on as text only.
+        let text = c.to_string();
+        if text.contains("CertificateRequired") {
+            return Some("lockd requires a client certificate (--cert and --key)".to_string());
+        }
+        if let Some(rest) = text.split("received fatal alert: ").nth(1) {
+            return Some(format!(
+                "lockd refused the connection: TLS alert {rest} (a client certificate it does not trust?)"
+            ));
+        }
+        if text.contains("invalid peer certificate") {
+            return Some(format!("lockd's certificate was refused: {text}"));
+        }
+        if let Some(e) = c.downcast_ref::<tlsconf::rustls::Error>().or(io_inner) {
+            return Some(match e {
+                tlsconf::rustls::Error::AlertReceived(
+                    tlsconf::rustls::AlertDescription::CertificateRequired,
+                ) => "lockd requires a client certificate (--cert and --key)".to_string(),
+                tlsconf::rustls::Error::AlertReceived(a) => {
+                    format!(
+                        "lockd refused the connection: TLS alert {a:?} (a client certificate it does not trust?)"
+                    )
+                }
+                tlsconf::rustls::Error::InvalidCertificate(why) => {
+                    format!("lockd's certificate was refused: {why:?}")
+                }
+                other => other.to_string(),
+            });
+        }
+        cause = c.source();
+    }
+    None
 }
 
 impl ClientError {
@@ -98,11 +160,14 @@ impl ClientError {
             .get(lockd_proto::ERROR_CODE_METADATA)
             .and_then(|v| v.to_str().ok())
             .map(str::to_string);
+        if let Some(why) = tls_failure(&s) {
+            return ClientError::Tls(why);
+        }
         match s.code() {
             Code::InvalidArgument => ClientError::InvalidArgument(s.message().to_string()),
             Code::FailedPrecondition => ClientError::LeaseNotCurrent(s.message().to_string()),
             Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled | Code::Unknown => {
-                ClientError::Unavailable(format!("{:?}: {}", s.code(), s.message()))
+                ClientError::Unavailable(format!("{:?}: {}", s.code(), with_causes(&s)))
             }
             code => ClientError::Rejected {
                 code,
@@ -116,14 +181,15 @@ impl ClientError {
 /// Whether a status is worth retrying with the same request: the call may not have reached
 /// lockd, or lockd could not serve it right now.
 fn transient(s: &Status) -> bool {
-    matches!(
-        s.code(),
-        Code::Unavailable
-            | Code::DeadlineExceeded
-            | Code::Cancelled
-            | Code::Unknown
-            | Code::Aborted
-    )
+    tls_failure(s).is_none()
+        && matches!(
+            s.code(),
+            Code::Unavailable
+                | Code::DeadlineExceeded
+                | Code::Cancelled
+                | Code::Unknown
+                | Code::Aborted
+        )
 }
 
 /// Options of [`Client::acquire`].
@@ -215,6 +281,26 @@ impl fmt::Display for NotGranted {
     }
 }
 
+/// tonic's TLS settings from `files`, each file read and checked first, so that a bad one is
+/// named at once.
+fn tls_config(
+    files: &tlsconf::ClientFiles,
+) -> Result<tonic::transport::ClientTlsConfig, ClientError> {
+    use tonic::transport::{Certificate, ClientTlsConfig, Identity};
+    files.check().map_err(|e| ClientError::Tls(e.to_string()))?;
+    tlsconf::client_config(files, &[]).map_err(|e| ClientError::Tls(e.to_string()))?;
+    let read = |p: &std::path::Path| {
+        std::fs::read(p).map_err(|e| ClientError::Tls(format!("cannot read {}: {e}", p.display())))
+    };
+    let mut config = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(read(
+        files.ca.as_deref().expect("checked"),
+    )?));
+    if let (Some(cert), Some(key)) = (&files.cert, &files.key) {
+        config = config.identity(Identity::from_pem(read(cert)?, read(key)?));
+    }
+    Ok(config)
+}
+
 /// A lease as lockd granted it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Lease {
@@ -256,22 +342,49 @@ pub struct Description {
 #[derive(Clone, Debug)]
 pub struct Client {
     rpc: LockServiceClient<Channel>,
+    /// Added to "unreachable" errors: over TLS without a client certificate, a lockd that
+    /// requires one closes the connection, and the client may see only that.
+    hint: Option<&'static str>,
 }
 
 impl Client {
     /// A client for `endpoint` (e.g. `http://127.0.0.1:7420`). Connects lazily: a lockd that is
     /// down shows up as retried, then failed, calls. Must be called within a Tokio runtime.
     pub fn connect(endpoint: &str) -> Result<Client, ClientError> {
+        Client::connect_tls(endpoint, &tlsconf::ClientFiles::default())
+    }
+
+    /// A client for `endpoint` over TLS with `tls` when the endpoint is `https://`: the CA
+    /// that verifies lockd, and a client certificate for a lockd that wants one. Files that
+    /// cannot be read or do not go together are an error at once.
+    pub fn connect_tls(endpoint: &str, tls: &tlsconf::ClientFiles) -> Result<Client, ClientError> {
         let bad = |reason: String| ClientError::Endpoint {
             endpoint: endpoint.to_string(),
             reason,
         };
-        let ep = Endpoint::from_shared(endpoint.to_string()).map_err(|e| bad(e.to_string()))?;
+        let mut ep = Endpoint::from_shared(endpoint.to_string()).map_err(|e| bad(e.to_string()))?;
         if ep.uri().host().is_none() {
             return Err(bad(
                 "no host; expected e.g. http://127.0.0.1:7420".to_string()
             ));
         }
+        match ep.uri().scheme_str() {
+            Some("https") => {
+                ep = ep
+                    .tls_config(tls_config(tls)?)
+                    .map_err(|e| bad(e.to_string()))?
+            }
+            Some("http") if tls.any() => {
+                return Err(bad(
+                    "TLS files are given but the endpoint is http://; use https://".to_string(),
+                ));
+            }
+            Some("http") => {}
+            _ => return Err(bad("the scheme must be http:// or https://".to_string())),
+        }
+        let hint = (ep.uri().scheme_str() == Some("https") && tls.cert.is_none()).then_some(
+            "the TLS connection was closed: if lockd requires client certificates (tls_client_ca), give --cert and --key",
+        );
         let channel = ep
             .tcp_nodelay(true)
             .connect_timeout(Duration::from_secs(3))
@@ -280,7 +393,18 @@ impl Client {
             .connect_lazy();
         Ok(Client {
             rpc: LockServiceClient::new(channel),
+            hint,
         })
+    }
+
+    /// `s` as an error, with the hint for a closed TLS connection.
+    fn error(&self, s: Status) -> ClientError {
+        match (ClientError::from_status(s), self.hint) {
+            (ClientError::Unavailable(why), Some(hint)) => {
+                ClientError::Unavailable(format!("{why} ({hint})"))
+            }
+            (e, _) => e,
+        }
     }
 
     /// Acquires the lock of `resource`, waiting up to `opts.wait`. See the crate documentation
@@ -369,7 +493,7 @@ impl Client {
                     deadline + TRANSPORT_RETRY_FOR
                 };
                 if !retry || Instant::now() >= budget {
-                    return Err(ClientError::from_status(status));
+                    return Err(self.error(status));
                 }
                 tracing::debug!(code = ?status.code(), message = status.message(), "acquire failed; retrying with the same request id");
             }
@@ -389,7 +513,7 @@ impl Client {
             .clone()
             .renew(req)
             .await
-            .map_err(ClientError::from_status)?
+            .map_err(|s| self.error(s))?
             .into_inner();
         Ok(RenewReply {
             ttl: Duration::from_millis(r.ttl_ms),
@@ -408,7 +532,7 @@ impl Client {
             .clone()
             .release(req)
             .await
-            .map_err(ClientError::from_status)?
+            .map_err(|s| self.error(s))?
             .into_inner();
         Ok(r.released)
     }
@@ -423,7 +547,7 @@ impl Client {
             .clone()
             .describe(req)
             .await
-            .map_err(ClientError::from_status)?
+            .map_err(|s| self.error(s))?
             .into_inner();
         Ok(Description {
             resource: resource.to_string(),

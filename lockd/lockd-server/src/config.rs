@@ -154,6 +154,26 @@ pub struct Settings {
     #[arg(long, env = "LOCKD_ADVERTISE", value_name = "URL")]
     pub advertise: Option<String>,
 
+    /// TLS certificate chain (PEM) of the gRPC listener; with --tls-key, lockd serves only TLS [default: none, plaintext].
+    #[arg(long, env = "LOCKD_TLS_CERT", value_name = "FILE")]
+    pub tls_cert: Option<PathBuf>,
+
+    /// Private key (PEM) of --tls-cert.
+    #[arg(long, env = "LOCKD_TLS_KEY", value_name = "FILE")]
+    pub tls_key: Option<PathBuf>,
+
+    /// CA (PEM) that client certificates must chain to: mutual TLS, every client presents a certificate [default: none].
+    #[arg(long, env = "LOCKD_TLS_CLIENT_CA", value_name = "FILE")]
+    pub tls_client_ca: Option<PathBuf>,
+
+    /// CA (PEM) of the other instances' certificates, for forwarding to the leader over TLS (backend etcd) [default: tls_client_ca].
+    #[arg(long, env = "LOCKD_TLS_PEER_CA", value_name = "FILE")]
+    pub tls_peer_ca: Option<PathBuf>,
+
+    /// Allow plaintext gRPC on an address other than loopback (logged at every start) [default: false].
+    #[arg(long, env = "LOCKD_INSECURE", num_args = 0..=1, default_missing_value = "true", value_name = "BOOL")]
+    pub insecure: Option<bool>,
+
     /// Key file of the fencing-token signing keys (TOML, docs/security.md); lockd signs every grant's token with its active key [default: none, tokens unsigned].
     #[arg(long, env = "LOCKD_FENCE_KEYS", value_name = "FILE")]
     pub fence_keys: Option<PathBuf>,
@@ -225,6 +245,15 @@ pub struct Config {
     pub advertise: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub fence_keys: Option<PathBuf>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls_cert: Option<PathBuf>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls_key: Option<PathBuf>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls_client_ca: Option<PathBuf>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls_peer_ca: Option<PathBuf>,
+    pub insecure: bool,
     pub limits: Limits,
 }
 
@@ -249,6 +278,11 @@ impl Default for Config {
             etcd_compact_every_ms: 300_000,
             advertise: None,
             fence_keys: None,
+            tls_cert: None,
+            tls_key: None,
+            tls_client_ca: None,
+            tls_peer_ca: None,
+            insecure: false,
             limits: Limits::default(),
         }
     }
@@ -307,8 +341,14 @@ impl Config {
         if let Some(a) = &s.advertise {
             self.advertise = Some(a.clone());
         }
-        if let Some(k) = &s.fence_keys {
-            self.fence_keys = Some(k.clone());
+        macro_rules! take_some {
+            ($($field:ident),*) => {$(
+                if let Some(v) = &s.$field { self.$field = Some(v.clone()); }
+            )*};
+        }
+        take_some!(fence_keys, tls_cert, tls_key, tls_client_ca, tls_peer_ca);
+        if let Some(v) = s.insecure {
+            self.insecure = v;
         }
         take_limit!(
             ttl_min_ms,
@@ -377,8 +417,13 @@ impl Config {
                 bail!("etcd_compact_every_ms must be 0 (never) or 1000 ..= 86400000");
             }
             match &self.advertise {
-                Some(a) if !a.starts_with("http://") || a.len() <= "http://".len() => {
-                    bail!("advertise {a:?} must be an http:// URL, e.g. http://10.0.0.5:7420");
+                Some(a)
+                    if !(a.starts_with("http://") && a.len() > "http://".len()
+                        || a.starts_with("https://") && a.len() > "https://".len()) =>
+                {
+                    bail!(
+                        "advertise {a:?} must be an http:// or https:// URL, e.g. http://10.0.0.5:7420"
+                    );
                 }
                 None if self.listen.ip().is_unspecified() => bail!(
                     "listen {} does not say where the other instances reach this one: set advertise (e.g. http://10.0.0.5:{})",
@@ -392,7 +437,62 @@ impl Config {
             bail!("log filter {:?} is not valid: {e}", self.log);
         }
         self.signing_keys()?;
+        self.tls()?;
+        match (&self.tls_cert, &self.tls_key) {
+            (Some(_), Some(_)) => {}
+            (None, None) if self.tls_client_ca.is_some() || self.tls_peer_ca.is_some() => {
+                bail!("tls_client_ca and tls_peer_ca need tls_cert and tls_key")
+            }
+            (None, None) if !self.listen.ip().is_loopback() && !self.insecure => bail!(
+                "listen {} is not a loopback address, and without TLS anyone on the network can take any lock and read every lease id: set tls_cert and tls_key, or insecure = true (--insecure) to serve plaintext anyway",
+                self.listen
+            ),
+            (None, None) => {}
+            _ => bail!("tls_cert and tls_key go together: give both, or neither"),
+        }
+        if self.backend == Backend::Etcd && self.tls_cert.is_some() {
+            if self.tls_peer_ca.is_none() && self.tls_client_ca.is_none() {
+                bail!(
+                    "with TLS, backend etcd needs tls_peer_ca (the CA of the other instances' certificates), or tls_client_ca, so that followers can forward to the leader"
+                );
+            }
+            if let Some(a) = &self.advertise
+                && !a.starts_with("https://")
+            {
+                bail!("advertise {a:?} must be an https:// URL when lockd serves TLS");
+            }
+        }
         Ok(())
+    }
+
+    /// The TLS files of the listener (checked: they load and go together), or `None` for
+    /// plaintext.
+    pub fn tls(&self) -> Result<Option<tlsconf::ServerFiles>, ConfigError> {
+        let (Some(cert), Some(key)) = (&self.tls_cert, &self.tls_key) else {
+            return Ok(None);
+        };
+        let files = tlsconf::ServerFiles {
+            cert: cert.clone(),
+            key: key.clone(),
+            client_ca: self.tls_client_ca.clone(),
+        };
+        tlsconf::server_config(&files, &[])
+            .map_err(|e| ConfigError::Invalid(format!("TLS: {e}")))?;
+        Ok(Some(files))
+    }
+
+    /// What followers present and trust when they forward to a TLS leader: this instance's
+    /// own certificate, and the peers' CA.
+    pub fn peer_tls(&self) -> Option<tlsconf::ClientFiles> {
+        self.tls_cert.as_ref()?;
+        Some(tlsconf::ClientFiles {
+            ca: self
+                .tls_peer_ca
+                .clone()
+                .or_else(|| self.tls_client_ca.clone()),
+            cert: self.tls_cert.clone(),
+            key: self.tls_key.clone(),
+        })
     }
 
     /// The signing keys `fence_keys` names (checked: one active key, secrets of 32 to 64
@@ -405,6 +505,9 @@ impl Config {
             |why: String| ConfigError::Invalid(format!("fence_keys {}: {why}", path.display()));
         let meta = std::fs::metadata(path).map_err(|e| invalid(format!("cannot read it: {e}")))?;
         use std::os::unix::fs::PermissionsExt;
+        if !meta.is_file() {
+            return Err(invalid("not a regular file".into()));
+        }
         if meta.permissions().mode() & 0o077 != 0 {
             return Err(invalid(format!(
                 "the file holds secrets and must not be readable by group or others (mode {:o}; chmod 600 it)",
@@ -497,7 +600,7 @@ mod tests {
             ),
             (
                 "backend = \"etcd\"\nadvertise = \"10.0.0.5:7420\"",
-                "advertise \"10.0.0.5:7420\" must be an http:// URL",
+                "advertise \"10.0.0.5:7420\" must be an http:// or https:// URL",
             ),
             (
                 "backend = \"etcd\"\nlisten = \"0.0.0.0:7420\"",

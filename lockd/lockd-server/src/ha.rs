@@ -100,6 +100,9 @@ pub struct Ha {
     /// Cleared when the advertised address turned out not to reach this instance: it then
     /// only follows.
     may_lead: std::sync::atomic::AtomicBool,
+    /// How this instance reaches the others (the leader, and itself for the advertise check)
+    /// when they serve TLS: the peers' CA, and its own certificate as a client's.
+    peer_tls: Option<tonic::transport::ClientTlsConfig>,
 }
 
 impl Ha {
@@ -109,6 +112,7 @@ impl Ha {
         limits: Limits,
         sync_interval: Duration,
         compact_every: Option<Duration>,
+        peer_tls: Option<tonic::transport::ClientTlsConfig>,
     ) -> Ha {
         Ha {
             cluster,
@@ -120,6 +124,7 @@ impl Ha {
             stop: watch::channel(false).0,
             look_again: tokio::sync::Notify::new(),
             may_lead: std::sync::atomic::AtomicBool::new(true),
+            peer_tls,
         }
     }
 
@@ -165,7 +170,7 @@ impl Ha {
     /// The id of the instance that answers at `address` (a Describe with
     /// [`PROBE_METADATA`], answered with the answering instance's id), tried a few times.
     async fn instance_at(&self, address: &str) -> Result<String, String> {
-        let client = lockd_client_to(address)?;
+        let client = lockd_client_to(address, self.peer_tls.as_ref())?;
         let mut last = String::new();
         for attempt in 0..PROBE_ATTEMPTS {
             if attempt > 0 {
@@ -491,7 +496,7 @@ impl Ha {
                         on_my_address = Some(Instant::now());
                         self.set(Role::Candidate);
                     } else {
-                        match Forwarders::new(&l.address) {
+                        match Forwarders::new(&l.address, self.peer_tls.as_ref()) {
                             Ok(clients) => {
                                 info!(leader = %l.id, address = %l.address, "following");
                                 self.set(Role::Follower {
@@ -574,10 +579,19 @@ pub struct Forwarders {
 /// Connections a follower opens to the leader.
 pub const FORWARD_CONNECTIONS: usize = 8;
 
-/// A client of the lockd instance at `address`, on its own connection, made lazily.
-fn lockd_client_to(address: &str) -> Result<LockServiceClient<Channel>, String> {
-    let endpoint = Endpoint::from_shared(address.to_string())
-        .map_err(|e| e.to_string())?
+/// A client of the lockd instance at `address`, on its own connection, made lazily (over TLS
+/// with `tls`).
+fn lockd_client_to(
+    address: &str,
+    tls: Option<&tonic::transport::ClientTlsConfig>,
+) -> Result<LockServiceClient<Channel>, String> {
+    let mut endpoint = Endpoint::from_shared(address.to_string()).map_err(|e| e.to_string())?;
+    if let Some(tls) = tls {
+        endpoint = endpoint
+            .tls_config(tls.clone())
+            .map_err(|e| format!("TLS to {address}: {e}"))?;
+    }
+    let endpoint = endpoint
         .tcp_nodelay(true)
         .connect_timeout(Duration::from_secs(1))
         .http2_keep_alive_interval(Duration::from_secs(5))
@@ -589,9 +603,12 @@ fn lockd_client_to(address: &str) -> Result<LockServiceClient<Channel>, String> 
 }
 
 impl Forwarders {
-    fn new(address: &str) -> Result<Forwarders, String> {
+    fn new(
+        address: &str,
+        tls: Option<&tonic::transport::ClientTlsConfig>,
+    ) -> Result<Forwarders, String> {
         let clients = (0..FORWARD_CONNECTIONS)
-            .map(|_| lockd_client_to(address))
+            .map(|_| lockd_client_to(address, tls))
             .collect::<Result<_, _>>()?;
         Ok(Forwarders {
             clients,

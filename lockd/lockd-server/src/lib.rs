@@ -7,6 +7,7 @@
 //! - `driver`: the core under a mutex, effects, waiters' reply channels, expiry timer;
 //! - `writer`: group commit (the first waiter commits for everyone queued) and the store's
 //!   background work;
+//! - `tls`: the TLS listener (handshakes bounded in number and time, SIGHUP reloads);
 //! - `status`: the one mapping from domain errors to gRPC statuses;
 //! - `clock`: monotonic time for decisions, wall time for display.
 
@@ -17,4 +18,5 @@ pub mod ha;
 pub mod server;
 pub mod service;
 pub mod status;
+pub mod tls;
 pub mod writer;

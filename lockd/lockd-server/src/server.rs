@@ -53,6 +53,8 @@ pub enum ServeError {
     Serve(#[from] tonic::transport::Error),
     #[error("{0}")]
     Keys(#[source] crate::config::ConfigError),
+    #[error("TLS: {0}")]
+    Tls(#[source] tlsconf::TlsError),
 }
 
 /// Runs lockd until `shutdown` completes. Returns when everything is flushed.
@@ -140,10 +142,14 @@ async fn run_etcd(
     };
     let cluster = Arc::new(Cluster::connect(&options).await.map_err(ServeError::Etcd)?);
     let (incoming, addr) = bind(&config)?;
-    let advertise = config
-        .advertise
-        .clone()
-        .unwrap_or_else(|| format!("http://{addr}"));
+    let advertise = config.advertise.clone().unwrap_or_else(|| {
+        let scheme = if config.tls_cert.is_some() {
+            "https"
+        } else {
+            "http"
+        };
+        format!("{scheme}://{addr}")
+    });
     let me = Member::new(advertise.clone());
     info!(
         endpoints = ?config.etcd_endpoints,
@@ -160,6 +166,7 @@ async fn run_etcd(
         Duration::from_millis(config.sync_interval_ms),
         (config.etcd_compact_every_ms > 0)
             .then(|| Duration::from_millis(config.etcd_compact_every_ms)),
+        peer_tls(&config)?,
     ));
     let elections = tokio::spawn(Arc::clone(&ha).run());
     let stop = {
@@ -185,27 +192,76 @@ async fn run_etcd(
     Ok(())
 }
 
-/// Binds the gRPC listener.
-fn bind(config: &Config) -> Result<(TcpIncoming, std::net::SocketAddr), ServeError> {
-    let incoming = TcpIncoming::bind(config.listen)
-        .map_err(|source| ServeError::Listen {
-            addr: config.listen,
-            source,
-        })?
-        .with_nodelay(Some(true));
-    let addr = incoming.local_addr().map_err(ServeError::LocalAddr)?;
-    Ok((incoming, addr))
+/// What this instance presents and trusts when it calls another one (TLS only).
+fn peer_tls(config: &Config) -> Result<Option<tonic::transport::ClientTlsConfig>, ServeError> {
+    let Some(files) = config.peer_tls() else {
+        return Ok(None);
+    };
+    let read = |p: &std::path::Path| {
+        std::fs::read(p).map_err(|source| {
+            ServeError::Tls(tlsconf::TlsError::Read {
+                what: "file",
+                path: p.to_path_buf(),
+                source,
+            })
+        })
+    };
+    let mut tls = tonic::transport::ClientTlsConfig::new();
+    if let Some(ca) = &files.ca {
+        tls = tls.ca_certificate(tonic::transport::Certificate::from_pem(read(ca)?));
+    }
+    if let (Some(cert), Some(key)) = (&files.cert, &files.key) {
+        tls = tls.identity(tonic::transport::Identity::from_pem(
+            read(cert)?,
+            read(key)?,
+        ));
+    }
+    Ok(Some(tls))
 }
 
-/// Serves the gRPC API on `incoming` until `stop` completes.
+/// The gRPC listener, bound: plaintext, or TLS with its certificates.
+enum Listener {
+    Plain(TcpIncoming),
+    Tls(tokio::net::TcpListener, Arc<tlsconf::Reloadable>),
+}
+
+/// Binds the gRPC listener (with TLS when configured).
+fn bind(config: &Config) -> Result<(Listener, std::net::SocketAddr), ServeError> {
+    let listen_error = |source| ServeError::Listen {
+        addr: config.listen,
+        source,
+    };
+    let Some(files) = config.tls().map_err(ServeError::Keys)? else {
+        let incoming = TcpIncoming::bind(config.listen)
+            .map_err(listen_error)?
+            .with_nodelay(Some(true));
+        let addr = incoming.local_addr().map_err(ServeError::LocalAddr)?;
+        return Ok((Listener::Plain(incoming), addr));
+    };
+    let tls = tlsconf::Reloadable::new(files, &[b"h2"]).map_err(ServeError::Tls)?;
+    let socket = std::net::TcpListener::bind(config.listen).map_err(listen_error)?;
+    socket.set_nonblocking(true).map_err(listen_error)?;
+    let listener = tokio::net::TcpListener::from_std(socket).map_err(listen_error)?;
+    let addr = listener.local_addr().map_err(ServeError::LocalAddr)?;
+    Ok((Listener::Tls(listener, Arc::new(tls)), addr))
+}
+
+/// Serves the gRPC API on `listener` until `stop` completes.
 async fn serve(
     config: &Config,
-    incoming: TcpIncoming,
+    listener: Listener,
     addr: std::net::SocketAddr,
     routes: Routes,
     stop: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServeError> {
-    info!(%addr, backend = ?config.backend, "listening");
+    let (tls, mtls) = match &listener {
+        Listener::Plain(_) => (false, false),
+        Listener::Tls(_, t) => (true, t.files().client_ca.is_some()),
+    };
+    info!(%addr, backend = ?config.backend, tls, mtls, "listening");
+    if !tls && !addr.ip().is_loopback() {
+        tracing::warn!(%addr, "serving plaintext gRPC on an address other than loopback (insecure = true): anyone who can reach it can take any lock and read lease ids in transit");
+    }
     let keepalive = (config.keepalive_interval_ms > 0)
         .then(|| Duration::from_millis(config.keepalive_interval_ms));
     let keys = config.signing_keys().map_err(ServeError::Keys)?;
@@ -215,14 +271,24 @@ async fn serve(
     }
     let api = LockApi::new(routes, config.limits.clone(), keys.map(Arc::new));
     let service = LockServiceServer::new(api).max_decoding_message_size(MAX_MESSAGE_BYTES);
-    Server::builder()
+    let router = Server::builder()
         .http2_keepalive_interval(keepalive)
         .http2_keepalive_timeout(
             keepalive.map(|_| Duration::from_millis(config.keepalive_timeout_ms)),
         )
         .max_concurrent_streams(MAX_STREAMS_PER_CONNECTION)
-        .add_service(service)
-        .serve_with_incoming_shutdown(incoming, stop)
-        .await?;
+        .add_service(service);
+    match listener {
+        Listener::Plain(incoming) => {
+            crate::tls::reload_on_sighup(None);
+            router.serve_with_incoming_shutdown(incoming, stop).await?;
+        }
+        Listener::Tls(socket, tls) => {
+            crate::tls::reload_on_sighup(Some(Arc::clone(&tls)));
+            router
+                .serve_with_incoming_shutdown(crate::tls::incoming(socket, tls), stop)
+                .await?;
+        }
+    }
     Ok(())
 }

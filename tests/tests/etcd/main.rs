@@ -20,6 +20,7 @@ mod api;
 mod faults;
 mod instances;
 mod store;
+mod tls;
 
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -30,11 +30,12 @@ const RULES: &[(&str, Option<&[&str]>)] = &[
             "lockd-store-etcd",
             "lockd-proto",
             "cli-docs",
+            "tlsconf",
         ]),
     ),
     (
         "lockd-client",
-        Some(&["fencing", "lockd-proto", "cli-docs"]),
+        Some(&["fencing", "lockd-proto", "cli-docs", "tlsconf"]),
     ),
     (
         "lockbench",
@@ -50,6 +51,7 @@ const RULES: &[(&str, Option<&[&str]>)] = &[
     ),
     ("verifier", Some(&["fencing", "cli-docs"])),
     ("cli-docs", Some(&[])),
+    ("tlsconf", Some(&[])),
     ("e2e", None),
     ("cron-dedup", None),
     ("zombie", None),

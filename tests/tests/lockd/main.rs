@@ -19,6 +19,7 @@ mod faults;
 mod sdk;
 mod server;
 mod signed;
+mod tls;
 
 use serde_json::Value;
 

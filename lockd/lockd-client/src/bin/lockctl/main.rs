@@ -39,6 +39,18 @@ struct Cli {
     #[arg(long, global = true)]
     json: bool,
 
+    /// CA (PEM) that lockd's certificate must chain to, for an https:// endpoint.
+    #[arg(long, global = true, env = "LOCKD_CA", value_name = "FILE")]
+    ca: Option<std::path::PathBuf>,
+
+    /// Client certificate (PEM), for a lockd that requires one (mutual TLS).
+    #[arg(long, global = true, env = "LOCKD_CERT", value_name = "FILE")]
+    cert: Option<std::path::PathBuf>,
+
+    /// Private key (PEM) of --cert.
+    #[arg(long, global = true, env = "LOCKD_KEY", value_name = "FILE")]
+    key: Option<std::path::PathBuf>,
+
     #[command(subcommand)]
     command: Command,
 }
@@ -135,7 +147,12 @@ fn main() -> ExitCode {
 }
 
 async fn dispatch(cli: Cli) -> Result<ExitCode, ClientError> {
-    let client = Client::connect(&cli.endpoint)?;
+    let tls = tlsconf::ClientFiles {
+        ca: cli.ca.clone(),
+        cert: cli.cert.clone(),
+        key: cli.key.clone(),
+    };
+    let client = Client::connect_tls(&cli.endpoint, &tls)?;
     match cli.command {
         Command::Acquire {
             resource,

@@ -1,0 +1,96 @@
+//! lockd's TLS listener: TCP connections accepted here, handshaken in tasks of their own
+//! (bounded in number and time), and handed to tonic once they are TLS streams.
+//!
+//! The certificates come from a [`tlsconf::Reloadable`]; SIGHUP reads the files again
+//! ([`reload_on_sighup`]), for connections accepted from then on. Connections already open
+//! keep theirs. A failed handshake (a plaintext client, no or a refused client certificate) is
+//! one log line and a closed connection: nothing else notices.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{Semaphore, mpsc};
+use tokio_stream::wrappers::ReceiverStream;
+use tracing::{info, warn};
+
+/// A TLS stream, as tonic serves it.
+pub type Stream = tlsconf::tokio_rustls::server::TlsStream<TcpStream>;
+
+/// Longest a client may take to finish its handshake.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Handshakes in progress at once; further connections wait to be accepted.
+const HANDSHAKES_MAX: usize = 1024;
+
+/// The streams of the connections accepted on `listener` whose handshake succeeded.
+pub fn incoming(
+    listener: TcpListener,
+    tls: Arc<tlsconf::Reloadable>,
+) -> ReceiverStream<Result<Stream, std::io::Error>> {
+    let (tx, rx) = mpsc::channel(64);
+    let slots = Arc::new(Semaphore::new(HANDSHAKES_MAX));
+    tokio::spawn(async move {
+        loop {
+            let Ok(slot) = Arc::clone(&slots).acquire_owned().await else {
+                return;
+            };
+            let (socket, peer) = match listener.accept().await {
+                Ok(accepted) => accepted,
+                Err(e) => {
+                    // Out of file descriptors, most likely: the next accept may succeed.
+                    warn!(error = %e, "accepting a connection failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            };
+            if tx.is_closed() {
+                return;
+            }
+            let _ = socket.set_nodelay(true);
+            let acceptor = tls.acceptor();
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                let _slot = slot;
+                match tokio::time::timeout(HANDSHAKE_TIMEOUT, tlsconf::accept(&acceptor, socket))
+                    .await
+                {
+                    Ok(Ok(stream)) => {
+                        let _ = tx.send(Ok(stream)).await;
+                    }
+                    Ok(Err(e)) => {
+                        info!(%peer, reason = %tlsconf::handshake_error(&e), "TLS handshake failed; connection closed");
+                    }
+                    Err(_) => {
+                        info!(%peer, timeout_ms = HANDSHAKE_TIMEOUT.as_millis() as u64, "TLS handshake not finished in time; connection closed");
+                    }
+                }
+            });
+        }
+    });
+    ReceiverStream::new(rx)
+}
+
+/// Reads the certificates again on every SIGHUP, for as long as the process runs.
+pub fn reload_on_sighup(tls: Option<Arc<tlsconf::Reloadable>>) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let Ok(mut hup) = signal(SignalKind::hangup()) else {
+        warn!("cannot install the SIGHUP handler: certificates will not be reloaded");
+        return;
+    };
+    tokio::spawn(async move {
+        while hup.recv().await.is_some() {
+            match &tls {
+                None => info!("SIGHUP: no TLS certificates to reload"),
+                Some(t) => match t.reload() {
+                    Ok(()) => info!(
+                        cert = %t.files().cert.display(),
+                        "reloaded the TLS certificates; new connections use them"
+                    ),
+                    Err(e) => {
+                        warn!(error = %e, "reloading the TLS certificates failed; keeping the ones in use")
+                    }
+                },
+            }
+        }
+    });
+}

@@ -1,0 +1,315 @@
+//! TLS for the project's listeners and clients, with rustls (and its `ring` provider).
+//!
+//! - [`ServerFiles`] → [`Reloadable`]: a server configuration from PEM files (a certificate
+//!   chain, its key, and optionally the CA that client certificates must chain to, which
+//!   turns on mutual TLS). [`Reloadable::reload`] reads the files again (on SIGHUP) and
+//!   swaps the configuration in for new connections only. Connections already open keep the
+//!   one they were accepted with, and a reload that fails keeps the old one.
+//! - [`ClientFiles`] → [`client_config`]: the CA that verifies the server, and optionally a
+//!   client certificate and key.
+//! - [`handshake_error`]: what a failed handshake means, in words an operator can act on
+//!   (a plaintext client on a TLS port, no client certificate, an unknown CA...).
+//!
+//! Every error names the file and what is wrong with it: a missing file, no PEM block, a key
+//! that does not belong to the certificate.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
+
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::{ClientConfig, RootCertStore, ServerConfig};
+
+pub use rustls;
+pub use tokio_rustls;
+
+/// Why TLS could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    #[error("cannot read the {what} {}: {source}", path.display())]
+    Read {
+        what: &'static str,
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("the {what} {} holds no PEM {kind} (a block starting with -----BEGIN)", path.display())]
+    Empty {
+        what: &'static str,
+        kind: &'static str,
+        path: PathBuf,
+    },
+    #[error("the {what} {} is not valid PEM: {reason}", path.display())]
+    Pem {
+        what: &'static str,
+        path: PathBuf,
+        reason: String,
+    },
+    #[error("the CA file {}: {reason}", path.display())]
+    Ca { path: PathBuf, reason: String },
+    #[error("the certificate {} and the key {} do not go together: {reason}", cert.display(), key.display())]
+    Pair {
+        cert: PathBuf,
+        key: PathBuf,
+        reason: String,
+    },
+    #[error("{0}")]
+    Config(String),
+}
+
+fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+fn read(what: &'static str, path: &Path) -> Result<Vec<u8>, TlsError> {
+    std::fs::read(path).map_err(|source| TlsError::Read {
+        what,
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+/// The certificates of a PEM file, in order (a chain: the leaf first).
+pub fn load_certs(
+    what: &'static str,
+    path: &Path,
+) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+    let bytes = read(what, path)?;
+    let certs = CertificateDer::pem_slice_iter(&bytes)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| TlsError::Pem {
+            what,
+            path: path.to_path_buf(),
+            reason: e.to_string(),
+        })?;
+    if certs.is_empty() {
+        return Err(TlsError::Empty {
+            what,
+            kind: "certificate",
+            path: path.to_path_buf(),
+        });
+    }
+    Ok(certs)
+}
+
+/// The private key of a PEM file (PKCS#8, PKCS#1 or SEC1).
+pub fn load_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
+    let bytes = read("key", path)?;
+    PrivateKeyDer::from_pem_slice(&bytes).map_err(|e| match e {
+        rustls::pki_types::pem::Error::NoItemsFound => TlsError::Empty {
+            what: "key",
+            kind: "private key",
+            path: path.to_path_buf(),
+        },
+        other => TlsError::Pem {
+            what: "key",
+            path: path.to_path_buf(),
+            reason: other.to_string(),
+        },
+    })
+}
+
+fn roots(path: &Path) -> Result<RootCertStore, TlsError> {
+    let mut roots = RootCertStore::empty();
+    for cert in load_certs("CA file", path)? {
+        roots.add(cert).map_err(|e| TlsError::Ca {
+            path: path.to_path_buf(),
+            reason: e.to_string(),
+        })?;
+    }
+    Ok(roots)
+}
+
+/// The files of a TLS listener.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ServerFiles {
+    /// The certificate chain (PEM), the server's own certificate first.
+    pub cert: PathBuf,
+    /// Its private key (PEM).
+    pub key: PathBuf,
+    /// Client certificates must chain to a CA in this file (PEM); without it, clients present
+    /// none.
+    pub client_ca: Option<PathBuf>,
+}
+
+/// A server configuration from `files`, offering `alpn` (e.g. `h2` for gRPC).
+pub fn server_config(files: &ServerFiles, alpn: &[&[u8]]) -> Result<Arc<ServerConfig>, TlsError> {
+    let certs = load_certs("certificate", &files.cert)?;
+    let key = load_key(&files.key)?;
+    let builder = ServerConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| TlsError::Config(e.to_string()))?;
+    let builder = match &files.client_ca {
+        Some(ca) => {
+            let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+                Arc::new(roots(ca)?),
+                provider(),
+            )
+            .build()
+            .map_err(|e| TlsError::Ca {
+                path: ca.clone(),
+                reason: e.to_string(),
+            })?;
+            builder.with_client_cert_verifier(verifier)
+        }
+        None => builder.with_no_client_auth(),
+    };
+    let mut config = builder
+        .with_single_cert(certs, key)
+        .map_err(|e| TlsError::Pair {
+            cert: files.cert.clone(),
+            key: files.key.clone(),
+            reason: e.to_string(),
+        })?;
+    config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+    Ok(Arc::new(config))
+}
+
+/// A server configuration that can be read again from its files.
+pub struct Reloadable {
+    files: ServerFiles,
+    alpn: Vec<Vec<u8>>,
+    current: RwLock<Arc<ServerConfig>>,
+}
+
+impl Reloadable {
+    pub fn new(files: ServerFiles, alpn: &[&[u8]]) -> Result<Reloadable, TlsError> {
+        let current = RwLock::new(server_config(&files, alpn)?);
+        Ok(Reloadable {
+            files,
+            alpn: alpn.iter().map(|p| p.to_vec()).collect(),
+            current,
+        })
+    }
+
+    pub fn files(&self) -> &ServerFiles {
+        &self.files
+    }
+
+    /// An acceptor with the configuration in force now.
+    pub fn acceptor(&self) -> tokio_rustls::TlsAcceptor {
+        let config = self.current.read().unwrap_or_else(|e| e.into_inner());
+        tokio_rustls::TlsAcceptor::from(Arc::clone(&config))
+    }
+
+    /// Reads the files again. On success new connections use them; on failure nothing changes
+    /// and the error says why.
+    pub fn reload(&self) -> Result<(), TlsError> {
+        let alpn: Vec<&[u8]> = self.alpn.iter().map(Vec::as_slice).collect();
+        let fresh = server_config(&self.files, &alpn)?;
+        *self.current.write().unwrap_or_else(|e| e.into_inner()) = fresh;
+        Ok(())
+    }
+}
+
+/// The files of a TLS client.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ClientFiles {
+    /// The CA that the server's certificate must chain to (PEM).
+    pub ca: Option<PathBuf>,
+    /// A client certificate chain (PEM), for servers that ask for one (mutual TLS).
+    pub cert: Option<PathBuf>,
+    /// Its private key (PEM).
+    pub key: Option<PathBuf>,
+}
+
+impl ClientFiles {
+    /// Whether any file is given.
+    pub fn any(&self) -> bool {
+        self.ca.is_some() || self.cert.is_some() || self.key.is_some()
+    }
+
+    /// Checks that the files go together: a CA, and a certificate with its key or neither.
+    pub fn check(&self) -> Result<(), TlsError> {
+        match (&self.ca, &self.cert, &self.key) {
+            (None, _, _) => Err(TlsError::Config(
+                "TLS needs the CA file that verifies the server (--ca)".into(),
+            )),
+            (_, Some(_), None) | (_, None, Some(_)) => Err(TlsError::Config(
+                "a client certificate needs its key, and a key its certificate (--cert and --key)"
+                    .into(),
+            )),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// A client configuration from `files` ([`ClientFiles::check`] first), offering `alpn`.
+pub fn client_config(files: &ClientFiles, alpn: &[&[u8]]) -> Result<Arc<ClientConfig>, TlsError> {
+    files.check()?;
+    let ca = files.ca.as_ref().expect("checked");
+    let builder = ClientConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| TlsError::Config(e.to_string()))?
+        .with_root_certificates(roots(ca)?);
+    let mut config = match (&files.cert, &files.key) {
+        (Some(cert), Some(key)) => builder
+            .with_client_auth_cert(load_certs("certificate", cert)?, load_key(key)?)
+            .map_err(|e| TlsError::Pair {
+                cert: cert.clone(),
+                key: key.clone(),
+                reason: e.to_string(),
+            })?,
+        _ => builder.with_no_client_auth(),
+    };
+    config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+    Ok(Arc::new(config))
+}
+
+/// Whether a listener on `addr` is reachable only from this host (127.0.0.0/8, ::1).
+pub fn is_loopback(addr: SocketAddr) -> bool {
+    addr.ip().is_loopback()
+}
+
+/// How long, and how much of what a client sent, is read after a failed handshake before
+/// the connection is closed.
+const LINGER: std::time::Duration = std::time::Duration::from_secs(1);
+const LINGER_BYTES: u64 = 64 << 10;
+
+/// The server side of a handshake on `io`. When it fails, the alert that says why has been
+/// written, and what the client sent meanwhile is read and dropped for a moment before the
+/// connection closes: closing with unread data would send a reset, and a client that had
+/// already sent its first request (TLS 1.3 clients do, before the server has judged their
+/// certificate) would see "connection reset" instead of the alert.
+pub async fn accept<IO>(
+    acceptor: &tokio_rustls::TlsAcceptor,
+    io: IO,
+) -> Result<tokio_rustls::server::TlsStream<IO>, std::io::Error>
+where
+    IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    use tokio::io::AsyncReadExt;
+    match acceptor.accept(io).into_fallible().await {
+        Ok(stream) => Ok(stream),
+        Err((e, mut io)) => {
+            let mut sink = tokio::io::sink();
+            let mut limited = (&mut io).take(LINGER_BYTES);
+            let _ = tokio::time::timeout(LINGER, tokio::io::copy(&mut limited, &mut sink)).await;
+            Err(e)
+        }
+    }
+}
+
+/// What a failed TLS handshake means, for the one log line it gets.
+pub fn handshake_error(e: &std::io::Error) -> String {
+    let inner = e.get_ref().and_then(|i| i.downcast_ref::<rustls::Error>());
+    match inner {
+        Some(rustls::Error::InvalidMessage(rustls::InvalidMessage::InvalidContentType)) => {
+            "the client did not speak TLS (plaintext on a TLS port?)".to_string()
+        }
+        Some(rustls::Error::NoCertificatesPresented) => {
+            "the client presented no certificate, and this listener requires one".to_string()
+        }
+        Some(rustls::Error::InvalidCertificate(why)) => {
+            format!("the client's certificate was refused: {why:?}")
+        }
+        Some(rustls::Error::AlertReceived(alert)) => format!(
+            "the client refused this server's certificate (TLS alert {alert:?}): expired, for another name, or of a CA the client does not trust?"
+        ),
+        Some(other) => other.to_string(),
+        None => e.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests;
