@@ -22,6 +22,16 @@ pub struct EtcdCluster {
     pub members: Vec<Member>,
     dir: tempfile::TempDir,
     initial_cluster: String,
+    tls: Option<EtcdTls>,
+}
+
+/// TLS for the members' client URLs: their certificate (for 127.0.0.1) and key, and the CA
+/// their clients' certificates must chain to (`--client-cert-auth`).
+#[derive(Clone, Debug)]
+pub struct EtcdTls {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    pub client_ca: PathBuf,
 }
 
 fn etcd_bin() -> PathBuf {
@@ -41,13 +51,19 @@ fn etcd_bin() -> PathBuf {
 impl EtcdCluster {
     /// Starts `n` members and waits until every one serves clients.
     pub fn start(n: usize) -> EtcdCluster {
+        EtcdCluster::start_with(n, None)
+    }
+
+    /// [`EtcdCluster::start`], the client URLs over TLS with `tls`.
+    pub fn start_with(n: usize, tls: Option<EtcdTls>) -> EtcdCluster {
+        let scheme = if tls.is_some() { "https" } else { "http" };
         let bin = etcd_bin();
         let dir = tempfile::tempdir().expect("temporary directory");
         let mut members = Vec::new();
         for i in 1..=n {
             members.push(Member {
                 name: format!("m{i}"),
-                client_url: format!("http://{}", free_loopback_addr()),
+                client_url: format!("{scheme}://{}", free_loopback_addr()),
                 peer_url: format!("http://{}", free_loopback_addr()),
                 process: None,
             });
@@ -61,6 +77,7 @@ impl EtcdCluster {
             members,
             dir,
             initial_cluster,
+            tls,
         };
         // All at once: a member waits for a quorum before it serves.
         for i in 0..n {
@@ -97,6 +114,15 @@ impl EtcdCluster {
                 "--log-outputs",
                 "stderr",
             ]);
+        if let Some(t) = &self.tls {
+            cmd.arg("--cert-file")
+                .arg(&t.cert)
+                .arg("--key-file")
+                .arg(&t.key)
+                .arg("--trusted-ca-file")
+                .arg(&t.client_ca)
+                .arg("--client-cert-auth");
+        }
         m.process = Some(Spawned::spawn(cmd));
     }
 

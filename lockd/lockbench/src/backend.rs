@@ -51,6 +51,7 @@ impl Backend {
         target: Target,
         endpoint: &str,
         connections: usize,
+        ca: Option<&std::path::Path>,
     ) -> anyhow::Result<Backend> {
         let n = connections.max(1);
         Ok(match target {
@@ -60,10 +61,16 @@ impl Backend {
                 let instances: Vec<&str> = endpoint.split(',').collect();
                 let mut v = Vec::new();
                 for i in 0..n.max(instances.len()) {
-                    let ch = Endpoint::from_shared(instances[i % instances.len()].to_string())?
-                        .tcp_nodelay(true)
-                        .connect()
-                        .await?;
+                    let mut ep = Endpoint::from_shared(instances[i % instances.len()].to_string())?;
+                    if let Some(ca) = ca {
+                        let pem = std::fs::read(ca)
+                            .map_err(|e| anyhow::anyhow!("reading --ca {}: {e}", ca.display()))?;
+                        ep = ep.tls_config(
+                            tonic::transport::ClientTlsConfig::new()
+                                .ca_certificate(tonic::transport::Certificate::from_pem(pem)),
+                        )?;
+                    }
+                    let ch = ep.tcp_nodelay(true).connect().await?;
                     v.push(LockServiceClient::new(ch));
                 }
                 Backend::Lockd(v)

@@ -49,6 +49,9 @@ struct TargetArgs {
     /// Connections to open (requests are spread over them).
     #[arg(long, default_value_t = 4)]
     connections: usize,
+    /// lockd over TLS (an https:// endpoint): the CA that signed its certificate.
+    #[arg(long, value_name = "FILE")]
+    ca: Option<std::path::PathBuf>,
     /// Lease length asked for.
     #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
     ttl: Duration,
@@ -185,7 +188,8 @@ async fn closed(
     duration: Duration,
     warmup: Duration,
 ) -> anyhow::Result<Value> {
-    let backend = Arc::new(Backend::connect(t.target, &t.endpoint, t.connections).await?);
+    let backend =
+        Arc::new(Backend::connect(t.target, &t.endpoint, t.connections, t.ca.as_deref()).await?);
     let ttl_ms = t.ttl.as_millis() as u64;
     let run = run_id();
     let start = Instant::now();
@@ -259,7 +263,8 @@ async fn open(
     held: usize,
     duration: Duration,
 ) -> anyhow::Result<Value> {
-    let backend = Arc::new(Backend::connect(t.target, &t.endpoint, t.connections).await?);
+    let backend =
+        Arc::new(Backend::connect(t.target, &t.endpoint, t.connections, t.ca.as_deref()).await?);
     let ttl_ms = t.ttl.as_millis() as u64;
     let run = run_id();
     let pool: Pool = Arc::default();
@@ -509,7 +514,8 @@ fn rss_kib(pid: u32) -> anyhow::Result<(u64, u64)> {
 }
 
 async fn fill(t: TargetArgs, count: u64, concurrency: u64, pid: u32) -> anyhow::Result<Value> {
-    let backend = Arc::new(Backend::connect(t.target, &t.endpoint, t.connections).await?);
+    let backend =
+        Arc::new(Backend::connect(t.target, &t.endpoint, t.connections, t.ca.as_deref()).await?);
     let ttl_ms = t.ttl.as_millis() as u64;
     let (rss_before, _) = rss_kib(pid)?;
     let run = run_id();

@@ -382,9 +382,15 @@ impl Client {
             Some("http") => {}
             _ => return Err(bad("the scheme must be http:// or https://".to_string())),
         }
-        let hint = (ep.uri().scheme_str() == Some("https") && tls.cert.is_none()).then_some(
-            "the TLS connection was closed: if lockd requires client certificates (tls_client_ca), give --cert and --key",
-        );
+        let hint = match (ep.uri().scheme_str(), &tls.cert) {
+            (Some("https"), None) => Some(
+                "if the TLS connection was closed: when lockd requires client certificates (tls_client_ca), give --cert and --key",
+            ),
+            (Some("https"), Some(_)) => Some(
+                "if the TLS connection was closed: lockd may not trust this client certificate (its tls_client_ca)",
+            ),
+            _ => None,
+        };
         let channel = ep
             .tcp_nodelay(true)
             .connect_timeout(Duration::from_secs(3))

@@ -150,6 +150,18 @@ pub struct Settings {
     #[arg(long, env = "LOCKD_ETCD_COMPACT_EVERY_MS", value_name = "MS")]
     pub etcd_compact_every_ms: Option<u64>,
 
+    /// CA (PEM) of the etcd members' certificates, for https:// etcd endpoints.
+    #[arg(long, env = "LOCKD_ETCD_CA", value_name = "FILE")]
+    pub etcd_ca: Option<PathBuf>,
+
+    /// Client certificate (PEM) lockd presents to etcd members that require one (--client-cert-auth).
+    #[arg(long, env = "LOCKD_ETCD_CERT", value_name = "FILE")]
+    pub etcd_cert: Option<PathBuf>,
+
+    /// Private key (PEM) of --etcd-cert.
+    #[arg(long, env = "LOCKD_ETCD_KEY", value_name = "FILE")]
+    pub etcd_key: Option<PathBuf>,
+
     /// URL the other instances forward calls to while this one leads (backend etcd) [default: http:// plus the listen address].
     #[arg(long, env = "LOCKD_ADVERTISE", value_name = "URL")]
     pub advertise: Option<String>,
@@ -242,6 +254,12 @@ pub struct Config {
     pub etcd_max_txn_ops: usize,
     pub etcd_compact_every_ms: u64,
     #[serde(skip_serializing_if = "Option::is_none")]
+    pub etcd_ca: Option<PathBuf>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub etcd_cert: Option<PathBuf>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub etcd_key: Option<PathBuf>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub advertise: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub fence_keys: Option<PathBuf>,
@@ -276,6 +294,9 @@ impl Default for Config {
             etcd_leader_ttl_ms: 3_000,
             etcd_max_txn_ops: 128,
             etcd_compact_every_ms: 300_000,
+            etcd_ca: None,
+            etcd_cert: None,
+            etcd_key: None,
             advertise: None,
             fence_keys: None,
             tls_cert: None,
@@ -346,7 +367,16 @@ impl Config {
                 if let Some(v) = &s.$field { self.$field = Some(v.clone()); }
             )*};
         }
-        take_some!(fence_keys, tls_cert, tls_key, tls_client_ca, tls_peer_ca);
+        take_some!(
+            fence_keys,
+            tls_cert,
+            tls_key,
+            tls_client_ca,
+            tls_peer_ca,
+            etcd_ca,
+            etcd_cert,
+            etcd_key
+        );
         if let Some(v) = s.insecure {
             self.insecure = v;
         }
@@ -388,8 +418,44 @@ impl Config {
                 bail!("etcd_endpoints must name at least one etcd member");
             }
             for e in &self.etcd_endpoints {
-                if !e.starts_with("http://") || e.len() <= "http://".len() {
-                    bail!("etcd endpoint {e:?} must be an http:// URL, e.g. http://127.0.0.1:2379");
+                let https = e.starts_with("https://") && e.len() > "https://".len();
+                if !https && (!e.starts_with("http://") || e.len() <= "http://".len()) {
+                    bail!(
+                        "etcd endpoint {e:?} must be an http:// or https:// URL, e.g. http://127.0.0.1:2379"
+                    );
+                }
+                if https != self.etcd_endpoints[0].starts_with("https://") {
+                    bail!("etcd endpoints must all be http:// or all https://");
+                }
+            }
+            let https = self.etcd_endpoints[0].starts_with("https://");
+            match (https, &self.etcd_ca, &self.etcd_cert, &self.etcd_key) {
+                (true, None, _, _) => bail!(
+                    "https:// etcd endpoints need etcd_ca, the CA of the members' certificates"
+                ),
+                (false, Some(_), _, _) | (false, _, Some(_), _) | (false, _, _, Some(_)) => bail!(
+                    "etcd_ca, etcd_cert and etcd_key are for https:// etcd endpoints; these are http://"
+                ),
+                (_, _, Some(_), None) | (_, _, None, Some(_)) => {
+                    bail!("etcd_cert and etcd_key go together: give both, or neither")
+                }
+                _ => {}
+            }
+            if https {
+                let files = tlsconf::ClientFiles {
+                    ca: self.etcd_ca.clone(),
+                    cert: self.etcd_cert.clone(),
+                    key: self.etcd_key.clone(),
+                };
+                tlsconf::client_config(&files, &[])
+                    .map_err(|e| ConfigError::Invalid(format!("etcd TLS: {e}")))?;
+            }
+            if !https && !self.insecure {
+                let remote = self.etcd_endpoints.iter().find(|e| !loopback_url(e));
+                if let Some(e) = remote {
+                    bail!(
+                        "etcd endpoint {e:?} is not on loopback, and without TLS the locks travel in plaintext: use https:// endpoints with etcd_ca (and etcd_cert and etcd_key for members that require client certificates), or insecure = true"
+                    );
                 }
             }
             if !self.etcd_prefix.starts_with('/') || self.etcd_prefix.contains('#') {
@@ -481,6 +547,18 @@ impl Config {
         Ok(Some(files))
     }
 
+    /// TLS to the etcd members, for https:// endpoints (files checked by `validate`).
+    pub fn etcd_tls(&self) -> Option<tlsconf::ClientFiles> {
+        self.etcd_endpoints
+            .first()
+            .is_some_and(|e| e.starts_with("https://"))
+            .then(|| tlsconf::ClientFiles {
+                ca: self.etcd_ca.clone(),
+                cert: self.etcd_cert.clone(),
+                key: self.etcd_key.clone(),
+            })
+    }
+
     /// What followers present and trust when they forward to a TLS leader: this instance's
     /// own certificate, and the peers' CA.
     pub fn peer_tls(&self) -> Option<tlsconf::ClientFiles> {
@@ -522,6 +600,20 @@ impl Config {
             .map(Some)
             .map_err(|e| invalid(e.to_string()))
     }
+}
+
+/// Whether an `http(s)://host[:port]` URL names this host (localhost, 127.0.0.0/8, ::1).
+fn loopback_url(url: &str) -> bool {
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    let authority = rest.split('/').next().unwrap_or("");
+    let host = match authority.strip_prefix('[') {
+        Some(v6) => v6.split(']').next().unwrap_or(""),
+        None => authority.split(':').next().unwrap_or(""),
+    };
+    host.eq_ignore_ascii_case("localhost")
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
 }
 
 fn read_file(path: &Path) -> Result<Settings, ConfigError> {
@@ -584,7 +676,7 @@ mod tests {
             ),
             (
                 "backend = \"etcd\"\netcd_endpoints = [\"h1:2379\"]",
-                "must be an http:// URL",
+                "must be an http:// or https:// URL",
             ),
             (
                 "backend = \"etcd\"\netcd_leader_ttl_ms = 500",
@@ -620,12 +712,29 @@ mod tests {
     }
 
     #[test]
+    fn loopback_urls_are_told_from_the_others() {
+        for (url, loopback) in [
+            ("http://127.0.0.1:2379", true),
+            ("http://127.8.9.1:2379", true),
+            ("http://localhost:2379", true),
+            ("http://[::1]:2379", true),
+            ("http://[fe80::1]:2379", false),
+            ("http://10.0.0.1:2379", false),
+            ("http://etcd-1:2379", false),
+            ("http://127.0.0.1.example.com:2379", false),
+        ] {
+            assert_eq!(super::loopback_url(url), loopback, "{url}");
+        }
+    }
+
+    #[test]
     fn etcd_endpoints_come_comma_separated() {
         let c = Config::from_cli(&cli(&[
             "--backend",
             "etcd",
             "--etcd-endpoints",
             "http://h1:2379,http://h2:2379,http://h3:2379",
+            "--insecure",
         ]))
         .unwrap();
         assert_eq!(c.backend, Backend::Etcd);

@@ -139,6 +139,7 @@ async fn run_etcd(
         leader_ttl: Duration::from_millis(config.etcd_leader_ttl_ms),
         data_dir: config.data_dir.clone(),
         max_txn_ops: config.etcd_max_txn_ops,
+        tls: config.etcd_tls().map(|f| tonic_tls(&f)).transpose()?,
     };
     let cluster = Arc::new(Cluster::connect(&options).await.map_err(ServeError::Etcd)?);
     let (incoming, addr) = bind(&config)?;
@@ -194,9 +195,13 @@ async fn run_etcd(
 
 /// What this instance presents and trusts when it calls another one (TLS only).
 fn peer_tls(config: &Config) -> Result<Option<tonic::transport::ClientTlsConfig>, ServeError> {
-    let Some(files) = config.peer_tls() else {
-        return Ok(None);
-    };
+    config.peer_tls().map(|f| tonic_tls(&f)).transpose()
+}
+
+/// tonic's client TLS settings from `files`.
+fn tonic_tls(
+    files: &tlsconf::ClientFiles,
+) -> Result<tonic::transport::ClientTlsConfig, ServeError> {
     let read = |p: &std::path::Path| {
         std::fs::read(p).map_err(|source| {
             ServeError::Tls(tlsconf::TlsError::Read {
@@ -216,7 +221,7 @@ fn peer_tls(config: &Config) -> Result<Option<tonic::transport::ClientTlsConfig>
             read(key)?,
         ));
     }
-    Ok(Some(tls))
+    Ok(tls)
 }
 
 /// The gRPC listener, bound: plaintext, or TLS with its certificates.

@@ -28,19 +28,28 @@ const MAX_ROUND_PAUSE: Duration = Duration::from_millis(500);
 pub struct Etcd {
     members: Vec<(String, Client)>,
     preferred: AtomicUsize,
+    /// The members are reached over TLS: a connection they close may be a refused
+    /// certificate, which the error then says it may be.
+    tls: bool,
 }
 
 impl Etcd {
     /// Clients for each endpoint (connections are made lazily: a member that is down now is
     /// simply skipped by calls until it is back).
-    pub async fn connect(endpoints: &[String]) -> Result<Etcd, EtcdError> {
+    pub async fn connect(
+        endpoints: &[String],
+        tls: Option<&etcd_client::TlsOptions>,
+    ) -> Result<Etcd, EtcdError> {
         let mut members = Vec::new();
         for e in endpoints {
-            let options = ConnectOptions::new()
+            let mut options = ConnectOptions::new()
                 .with_connect_timeout(ATTEMPT_TIMEOUT)
                 .with_keep_alive(Duration::from_secs(2), ATTEMPT_TIMEOUT)
                 // A member without a leader refuses at once instead of queueing the request.
                 .with_require_leader(true);
+            if let Some(tls) = tls {
+                options = options.with_tls(tls.clone());
+            }
             let client = Client::connect([e.as_str()], Some(options))
                 .await
                 .map_err(|err| EtcdError::Config(format!("etcd endpoint {e:?}: {err}")))?;
@@ -52,6 +61,7 @@ impl Etcd {
         Ok(Etcd {
             members,
             preferred: AtomicUsize::new(0),
+            tls: tls.is_some(),
         })
     }
 
@@ -142,9 +152,20 @@ impl Etcd {
                     return Ok(v);
                 }
                 Ok(Err(e)) if !retryable(&e) => {
-                    return Err(EtcdError::Etcd(format!("{what}: {e}")));
+                    return Err(EtcdError::Etcd(format!("{what}: {}", causes(&e))));
                 }
-                Ok(Err(e)) => last = format!("{name}: {e}"),
+                Ok(Err(e)) => {
+                    last = format!("{name}: {}", causes(&e));
+                    if self.tls
+                        && matches!(
+                            e,
+                            etcd_client::Error::GRpcStatus(_)
+                                | etcd_client::Error::TransportError(_)
+                        )
+                    {
+                        last.push_str(" (over TLS: a closed connection may be a certificate refused; does etcd_ca verify the member, and does the member accept etcd_cert?)");
+                    }
+                }
                 Err(_) => last = format!("{name}: no answer within {budget:?}"),
             }
             if attempt == 0 {
@@ -163,6 +184,23 @@ impl Etcd {
             "etcd did not complete {what} in time (no quorum, or unreachable); last failure: {last}"
         )))
     }
+}
+
+/// An error and its causes, each after a colon: a transport error says only "transport
+/// error" itself, and its cause is what an operator needs (a refused TLS certificate, a
+/// refused connection).
+fn causes(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        let more = c.to_string();
+        if !text.contains(&more) {
+            text.push_str(": ");
+            text.push_str(&more);
+        }
+        cause = c.source();
+    }
+    text
 }
 
 /// Whether another member, or a later attempt, may succeed where this one failed.
@@ -196,7 +234,9 @@ mod tests {
     /// are given, they only count attempts (attempt k goes to member (first + k) % 3).
     async fn three() -> Etcd {
         let endpoints: Vec<String> = (1..=3).map(|p| format!("http://127.0.0.1:{p}")).collect();
-        Etcd::connect(&endpoints).await.expect("connecting is lazy")
+        Etcd::connect(&endpoints, None)
+            .await
+            .expect("connecting is lazy")
     }
 
     fn refused() -> etcd_client::Error {

@@ -85,6 +85,9 @@ pub struct EtcdOptions {
     pub data_dir: PathBuf,
     /// The most operations per transaction (etcd's `--max-txn-ops`).
     pub max_txn_ops: usize,
+    /// TLS to the members (`https://` endpoints): their CA, and a client certificate for
+    /// members that require one.
+    pub tls: Option<etcd_client::TlsOptions>,
 }
 
 /// The connection to one lockd cluster's keys in etcd, shared by the election and the store.
@@ -101,7 +104,7 @@ impl Cluster {
     /// Connects (lazily: members that are down are skipped until they are back) and reads the
     /// high-water file.
     pub async fn connect(options: &EtcdOptions) -> Result<Cluster, EtcdError> {
-        let etcd = Etcd::connect(&options.endpoints).await?;
+        let etcd = Etcd::connect(&options.endpoints, options.tls.as_ref()).await?;
         let highwater = HighWater::open(&options.data_dir).map_err(|e| {
             EtcdError::Config(format!(
                 "token high-water in {}: {e}",

@@ -30,6 +30,7 @@ fn options(etcd: &EtcdCluster, dir: &std::path::Path, max_txn_ops: usize) -> Etc
         leader_ttl: Duration::from_secs(2),
         data_dir: dir.to_path_buf(),
         max_txn_ops,
+        tls: None,
     }
 }
 
