@@ -282,6 +282,9 @@ struct Tables {
     create: Option<&'static str>,
     /// The statement that waits for the resource's fence lock (the PostgreSQL mode).
     lock: Option<&'static str>,
+    /// More columns a lowered mark clears (the PostgreSQL mode's hash of the signed token
+    /// that raised it).
+    clear: &'static str,
 }
 
 impl Tables {
@@ -290,6 +293,7 @@ impl Tables {
         changes: "fence_proxy.mark_changes",
         create: Some(crate::fence_pg::CHANGES_SCHEMA),
         lock: None,
+        clear: "",
     };
     const PG_MODE: Tables = Tables {
         marks: "fencing.tokens",
@@ -301,6 +305,7 @@ impl Tables {
             "SELECT fencing.advertise(fencing.lock_key($1), 9223372036854775807), \
              pg_advisory_xact_lock(fencing.lock_key($1))",
         ),
+        clear: ", signed_hash = NULL",
     };
 }
 
@@ -414,7 +419,8 @@ async fn pg_run(
     let new = next(old, action, resource.as_str())?;
     match new {
         Some(t) => sqlx::query(sqlx::AssertSqlSafe(format!(
-            "UPDATE {marks} SET token = $2 WHERE resource = $1"
+            "UPDATE {marks} SET token = $2{} WHERE resource = $1",
+            tables.clear
         )))
         .bind(resource.as_str())
         .bind(t as i64)

@@ -104,21 +104,24 @@ fencing.lock_key(pg_catalog.current_setting('fencing.resource', ",
 /// (a check with the same settings passed and no higher mark has been seen since): one read of
 /// the mark. When the token is the mark under READ COMMITTED it answers (resource, token) by
 /// itself, with no PL/pgSQL call; in every other case (stale, higher, missing, malformed, no
-/// token, another isolation level, a resource that needs signed tokens, whose signature only
-/// the general check may see) it hands over to the general check
+/// token, another isolation level, a plain token for a resource that needs signed ones) it
+/// hands over to the general check. A signed token is the mark when it hashes to the
+/// `signed_hash` its raise stored: the signature was verified then, by the general check
 /// (`fencing.check_token($1)`), which decides, raises or refuses, unless `u` (above). Two plain
 /// statements cost PostgreSQL about a third of what one PL/pgSQL call does (BENCHMARKS.md).
 pub const CHECK_FAST: &[u8] = concat!(
     "SELECT CASE WHEN s.u AND NOT s.cur THEN NULL ELSE s.r END, \
-CASE WHEN s.h THEN fencing.held_cursor() WHEN s.cur THEN s.t::pg_catalog.int8 \
+CASE WHEN s.h THEN fencing.held_cursor() WHEN s.cur THEN s.mark \
 WHEN s.u THEN NULL::pg_catalog.int8 \
-ELSE fencing.check_token($1) END FROM (SELECT v.r, v.t, v.u, v.h, v.rc AND COALESCE(\
-(SELECT m.token FROM fencing.tokens m WHERE m.resource OPERATOR(pg_catalog.=) v.r)\
-::pg_catalog.text OPERATOR(pg_catalog.=) v.t, false) \
+ELSE fencing.check_token($1) END FROM (SELECT v.r, v.u, v.h, m.token AS mark, v.rc AND COALESCE(\
+m.token::pg_catalog.text OPERATOR(pg_catalog.=) v.t \
 AND NOT EXISTS (SELECT FROM fencing.signed_prefixes p \
-WHERE pg_catalog.left(v.r, pg_catalog.length(p.prefix)) OPERATOR(pg_catalog.=) p.prefix) AS cur FROM ",
+WHERE pg_catalog.left(v.r, pg_catalog.length(p.prefix)) OPERATOR(pg_catalog.=) p.prefix) \
+OR m.signed_hash OPERATOR(pg_catalog.=) \
+pg_catalog.sha256(pg_catalog.convert_to(v.t, 'UTF8')), false) AS cur FROM ",
     settings!("true"),
-    ") v) s"
+    ") v LEFT JOIN LATERAL (SELECT m.token, m.signed_hash FROM fencing.tokens m \
+WHERE m.resource OPERATOR(pg_catalog.=) v.r) m ON true) s"
 )
 .as_bytes();
 
@@ -269,6 +272,10 @@ async fn install_signing(
     .bind(&retired)
     .execute(&mut *tx)
     .await?;
+    // A key retired or removed now must not go on passing through the fast read.
+    sqlx::query("UPDATE fencing.tokens SET signed_hash = NULL WHERE signed_hash IS NOT NULL")
+        .execute(&mut *tx)
+        .await?;
     sqlx::query("DELETE FROM fencing.signed_prefixes")
         .execute(&mut *tx)
         .await?;

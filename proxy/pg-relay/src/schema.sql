@@ -14,6 +14,11 @@ CREATE TABLE IF NOT EXISTS fencing.tokens (
     updated_at timestamptz NOT NULL DEFAULT now()
 );
 
+-- The signed form that raised the mark, hashed (NULL: a plain token, or changed since): the
+-- relay's fast read lets a session whose token hashes to it pass without the full check, and
+-- a hash tells a reader nothing it could present (the preimage is the signed token).
+ALTER TABLE fencing.tokens ADD COLUMN IF NOT EXISTS signed_hash bytea;
+
 -- Signed tokens (docs/security.md). The keys that verify them: HMAC-SHA256 pads of each key
 -- (RFC 2104: the secret padded to 64 bytes, XOR 0x36 and 0x5c), so that the check computes
 -- the MAC with the built-in sha256 alone. fence-proxy writes these from its key file at
@@ -246,6 +251,7 @@ DECLARE
     read_committed boolean;
     old_timeout text;
     found_row boolean;
+    sh bytea;
 BEGIN
     IF coalesce(r, '') = '' AND coalesce(t_text, '') = '' THEN
         RETURN;  -- no token: nothing to check
@@ -268,6 +274,9 @@ BEGIN
     END IF;
     -- The number, after its signature (FN007) where there is or must be one.
     t := fencing.token_of(r, t_text);
+    IF position('.' in t_text) > 0 THEN
+        sh := sha256(convert_to(t_text, 'UTF8'));
+    END IF;
     k := fencing.lock_key(r);
     read_committed := current_setting('transaction_isolation') = 'read committed';
     IF current_setting('transaction_read_only') = 'on' THEN
@@ -324,10 +333,10 @@ BEGIN
             CONTINUE;
         END;
         IF found_row THEN
-            UPDATE fencing.tokens m SET token = t, updated_at = now()
+            UPDATE fencing.tokens m SET token = t, updated_at = now(), signed_hash = sh
              WHERE m.resource = r AND m.token < t;
         ELSE
-            INSERT INTO fencing.tokens AS m (resource, token) VALUES (r, t)
+            INSERT INTO fencing.tokens AS m (resource, token, signed_hash) VALUES (r, t, sh)
                 ON CONFLICT (resource) DO NOTHING;
         END IF;
         IF FOUND THEN

@@ -345,3 +345,46 @@ fn a_start_up_packet_with_two_databases_is_refused() {
     );
     assert!(message.contains("twice"), "{message}");
 }
+
+/// The relay's fast read takes a signed token as the mark when it hashes to the signed form
+/// that raised it. A key retired by another proxy in front of the same database (its start-up
+/// installs the keys) must stop that at once, for sessions of this proxy too.
+#[test]
+fn a_key_retired_by_another_proxy_stops_the_fast_read_at_once() {
+    let s = prepared(None);
+    let good = sign("k2", SECRET_B, R, 42);
+    let mut c = Raw::connect_as(s.addr(), "app", &[]);
+    c.simple(&format!(
+        "SET fencing.resource = '{R}'; SET fencing.token = '{good}'"
+    ));
+    for _ in 0..3 {
+        let a = c.simple(UPDATE);
+        assert!(a.errors.is_empty(), "{a:?}");
+    }
+    assert_eq!(
+        s.pg.psql(&format!(
+            "SELECT signed_hash IS NOT NULL FROM fencing.tokens WHERE resource = '{R}'"
+        )),
+        "t",
+        "the raise stored the hash the fast read compares with"
+    );
+    // A second proxy, with k2 retired and k3 active.
+    let dir = tempfile::tempdir().unwrap();
+    let file = write_key_file(
+        dir.path(),
+        "fence-keys.toml",
+        &[
+            ("k3", KeyState::Active, Some(SECRET_A)),
+            ("k2", KeyState::Retired, None),
+        ],
+    );
+    let _other = crate::start_proxy(
+        &dir,
+        &s.pg,
+        1000,
+        &format!("[signing]\nkeys = \"{}\"\n", file.display()),
+    );
+    let a = c.simple(UPDATE);
+    assert_eq!(a.code(), "FN007", "the retired key's token, through the first proxy: {a:?}");
+    assert!(a.errors[0].1.contains("retired"), "{a:?}");
+}
