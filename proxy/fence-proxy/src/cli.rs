@@ -71,6 +71,10 @@ pub struct CommonArgs {
         value_name = "N"
     )]
     pub workers: usize,
+    /// Listen on an address other than loopback although fence-proxy serves no TLS yet
+    /// (logged at start).
+    #[arg(long, env = "FENCE_PROXY_INSECURE")]
+    pub insecure: bool,
     /// Key file of the keys that verify signed fencing tokens (the one lockd signs with;
     /// docs/security.md). With it, tokens of the --signed-prefix resources must be signed.
     #[arg(long, env = "FENCE_PROXY_FENCE_KEYS", value_name = "FILE")]

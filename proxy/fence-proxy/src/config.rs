@@ -31,6 +31,9 @@ pub struct Config {
     /// Threads serving each listener (0 = one per CPU).
     #[serde(default)]
     pub workers: usize,
+    /// Listen on addresses other than loopback although fence-proxy serves no TLS yet.
+    #[serde(default)]
+    pub insecure: bool,
     #[serde(default)]
     pub fence: FenceConfig,
     /// Signed tokens: the keys and the resources that need them (none: tokens are unsigned).
@@ -397,6 +400,7 @@ impl Config {
                     log: a.common.log.clone(),
                     log_format: a.common.log_format,
                     workers: a.common.workers,
+                    insecure: a.common.insecure,
                     fence: FenceConfig {
                         barrier_wait_ms: a.barrier_wait_ms,
                         store: a.marks_store,
@@ -420,6 +424,7 @@ impl Config {
                     log: a.common.log.clone(),
                     log_format: a.common.log_format,
                     workers: a.common.workers,
+                    insecure: a.common.insecure,
                     fence: FenceConfig::default(),
                     signing: a.common.signing(),
                     http: Vec::new(),
@@ -503,6 +508,18 @@ impl Config {
         }
         tracing_subscriber::EnvFilter::try_new(&self.log)
             .with_context(|| format!("log filter {:?} is not valid", self.log))?;
+        let listens = self
+            .pg
+            .iter()
+            .map(|p| p.listen)
+            .chain(self.http.iter().map(|h| h.listen));
+        for addr in listens {
+            if !addr.ip().is_loopback() && !self.insecure {
+                bail!(
+                    "listener {addr} is not on loopback, and fence-proxy does not serve TLS yet: anyone on the network could read the tokens and the data in transit; listen on loopback (a sidecar), or set insecure = true (--insecure) to listen anyway"
+                );
+            }
+        }
         if let Some(signing) = &self.signing {
             signing.policy()?;
             if let Some(p) = self.pg.iter().find(|p| p.schema_urls.is_empty()) {

@@ -253,3 +253,36 @@ fn bodies_above_the_limit_are_refused() {
     ));
     assert_eq!((fits.status, fits.text()), (200, "1000".to_string()));
 }
+
+/// fence-proxy serves no TLS yet: a listener off loopback is refused unless the config says
+/// `insecure = true`, and then it is logged.
+#[test]
+fn a_listener_off_loopback_needs_insecure() {
+    let dir = tempfile::tempdir().unwrap();
+    let upstream = Upstream::start();
+    for listen in ["0.0.0.0:0", "[::]:0"] {
+        let config = format!(
+            "data_dir = \"{}\"\n[[http]]\nlisten = \"{listen}\"\nupstream = \"{}\"\n",
+            dir.path().join("data").display(),
+            upstream.url()
+        );
+        let mut p = e2e::FenceProxy::spawn(dir.path(), &config);
+        assert_eq!(p.wait().code(), Some(2), "{listen}");
+        assert!(
+            p.stderr.text().contains("is not on loopback"),
+            "{}",
+            p.stderr.text()
+        );
+    }
+    let config = format!(
+        "data_dir = \"{}\"\ninsecure = true\n[[http]]\nlisten = \"0.0.0.0:0\"\nupstream = \"{}\"\n",
+        dir.path().join("data").display(),
+        upstream.url()
+    );
+    let px = e2e::FenceProxy::start(dir.path(), &config, 1);
+    px.process.wait_events(
+        "listening in plaintext on an address other than loopback (insecure = true): tokens and data travel unencrypted",
+        1,
+        |_| true,
+    );
+}

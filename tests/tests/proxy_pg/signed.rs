@@ -385,6 +385,10 @@ fn a_key_retired_by_another_proxy_stops_the_fast_read_at_once() {
         &format!("[signing]\nkeys = \"{}\"\n", file.display()),
     );
     let a = c.simple(UPDATE);
-    assert_eq!(a.code(), "FN007", "the retired key's token, through the first proxy: {a:?}");
+    assert_eq!(
+        a.code(),
+        "FN007",
+        "the retired key's token, through the first proxy: {a:?}"
+    );
     assert!(a.errors[0].1.contains("retired"), "{a:?}");
 }
