@@ -112,3 +112,50 @@ fn with_clients_on_both_replicas_the_upstream_never_sees_a_token_go_backwards() 
     let accepted = check_order(&upstream.seen(), &answers);
     assert_eq!(accepted, 8 * 10, "every round ends with an accepted write");
 }
+
+/// The runbook for the replicated store: a poisoned mark in `fence_proxy.marks` is lowered with
+/// `fence-proxy marks --marks-url`, recorded in `fence_proxy.mark_changes`, and once the
+/// replicas restart (each caches the marks it saw) the holder writes again.
+#[test]
+fn a_poisoned_mark_in_the_shared_store_is_lowered_by_hand() {
+    let dir = tempfile::tempdir().unwrap();
+    let pg = Postgres::start();
+    let upstream = Upstream::start();
+    let rt = runtime();
+    let c = client();
+    let put = |px: &FenceProxy, token: &str| {
+        rt.block_on(send(
+            &c,
+            "PUT",
+            &format!("{}/w", px.urls[0]),
+            &[("fencing-resource", "acct:7"), ("fencing-token", token)],
+            body(""),
+        ))
+        .status
+    };
+    let mut a = replica(dir.path(), "a", &pg, &upstream);
+    assert_eq!(put(&a, "10"), 200);
+    assert_eq!(put(&a, "9223372036854775807"), 200);
+    assert_eq!(put(&a, "10"), 409, "poisoned");
+    let url = pg.url();
+    let mut cmd = std::process::Command::new(e2e::bin("fence-proxy"));
+    cmd.args([
+        "marks", "lower", "acct:7", "--to", "10", "--force", "--by", "ops",
+    ])
+    .args(["--reason", "forged token", "--marks-url", &url]);
+    let (st, out, err) = e2e::output(cmd);
+    assert!(st.success(), "{err}");
+    assert!(out.contains("9223372036854775807 -> 10"), "{out}");
+    assert_eq!(
+        pg.psql("SELECT token FROM fence_proxy.marks WHERE resource = 'acct:7'"),
+        "10"
+    );
+    assert_eq!(
+        pg.psql("SELECT actor || '|' || reason FROM fence_proxy.mark_changes"),
+        "ops (as postgres)|forged token"
+    );
+    a.kill9();
+    let a = replica(dir.path(), "a2", &pg, &upstream);
+    assert_eq!(put(&a, "10"), 200, "the holder writes again");
+    assert_eq!(put(&a, "9"), 409);
+}
