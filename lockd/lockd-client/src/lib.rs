@@ -389,7 +389,7 @@ impl Client {
             (Some("https"), Some(_)) => Some(
                 "if the TLS connection was closed: lockd may not trust this client certificate (its tls_client_ca)",
             ),
-            _ => None,
+            _ => Some("if lockd serves TLS: use an https:// endpoint, with --ca"),
         };
         let channel = ep
             .tcp_nodelay(true)

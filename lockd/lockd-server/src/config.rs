@@ -418,6 +418,11 @@ impl Config {
                 bail!("etcd_endpoints must name at least one etcd member");
             }
             for e in &self.etcd_endpoints {
+                // user:password@ would make the host the client connects to differ from the
+                // one the checks below read (and etcd takes credentials otherwise).
+                if e.contains('@') {
+                    bail!("etcd endpoint {e:?} must not contain user information (@)");
+                }
                 let https = e.starts_with("https://") && e.len() > "https://".len();
                 if !https && (!e.starts_with("http://") || e.len() <= "http://".len()) {
                     bail!(
@@ -677,6 +682,10 @@ mod tests {
             (
                 "backend = \"etcd\"\netcd_endpoints = [\"h1:2379\"]",
                 "must be an http:// or https:// URL",
+            ),
+            (
+                "backend = \"etcd\"\netcd_endpoints = [\"http://localhost:x@192.0.2.2:2379\"]",
+                "must not contain user information",
             ),
             (
                 "backend = \"etcd\"\netcd_leader_ttl_ms = 500",

@@ -18,9 +18,51 @@ use tracing::{info, warn};
 pub type Stream = tlsconf::tokio_rustls::server::TlsStream<TcpStream>;
 
 /// Longest a client may take to finish its handshake.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
 /// Handshakes in progress at once; further connections wait to be accepted.
 const HANDSHAKES_MAX: usize = 1024;
+/// Handshakes in progress at once from one address: one client that opens connections and
+/// sends nothing cannot take every slot.
+const HANDSHAKES_PER_PEER_MAX: usize = 64;
+/// Longest a SIGHUP reload may take (reading files on a slow or hung mount).
+const RELOAD_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Handshakes in progress per peer address.
+#[derive(Default)]
+struct PerPeer(std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>);
+
+/// One handshake counted against its peer; uncounted when dropped.
+struct PeerSlot {
+    table: Arc<PerPeer>,
+    ip: std::net::IpAddr,
+}
+
+impl PerPeer {
+    fn take(table: &Arc<PerPeer>, ip: std::net::IpAddr) -> Option<PeerSlot> {
+        let mut t = table.0.lock().unwrap_or_else(|e| e.into_inner());
+        let n = t.entry(ip).or_insert(0);
+        if *n >= HANDSHAKES_PER_PEER_MAX {
+            return None;
+        }
+        *n += 1;
+        Some(PeerSlot {
+            table: Arc::clone(table),
+            ip,
+        })
+    }
+}
+
+impl Drop for PeerSlot {
+    fn drop(&mut self) {
+        let mut t = self.table.0.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = t.get_mut(&self.ip) {
+            *n -= 1;
+            if *n == 0 {
+                t.remove(&self.ip);
+            }
+        }
+    }
+}
 
 /// The streams of the connections accepted on `listener` whose handshake succeeded.
 pub fn incoming(
@@ -29,6 +71,7 @@ pub fn incoming(
 ) -> ReceiverStream<Result<Stream, std::io::Error>> {
     let (tx, rx) = mpsc::channel(64);
     let slots = Arc::new(Semaphore::new(HANDSHAKES_MAX));
+    let per_peer = Arc::new(PerPeer::default());
     tokio::spawn(async move {
         loop {
             let Ok(slot) = Arc::clone(&slots).acquire_owned().await else {
@@ -46,11 +89,15 @@ pub fn incoming(
             if tx.is_closed() {
                 return;
             }
+            let Some(peer_slot) = PerPeer::take(&per_peer, peer.ip()) else {
+                tracing::debug!(%peer, max = HANDSHAKES_PER_PEER_MAX, "too many handshakes in progress from this address; connection closed");
+                continue;
+            };
             let _ = socket.set_nodelay(true);
             let acceptor = tls.acceptor();
             let tx = tx.clone();
             tokio::spawn(async move {
-                let _slot = slot;
+                let _slots = (slot, peer_slot);
                 match tokio::time::timeout(HANDSHAKE_TIMEOUT, tlsconf::accept(&acceptor, socket))
                     .await
                 {
@@ -70,6 +117,23 @@ pub fn incoming(
     ReceiverStream::new(rx)
 }
 
+/// One reload, off the runtime's threads (files are read), bounded in time.
+async fn reload(tls: &Arc<tlsconf::Reloadable>) -> Result<(), String> {
+    let tls = Arc::clone(tls);
+    match tokio::time::timeout(
+        RELOAD_TIMEOUT,
+        tokio::task::spawn_blocking(move || tls.reload()),
+    )
+    .await
+    {
+        Ok(Ok(result)) => result.map_err(|e| e.to_string()),
+        Ok(Err(e)) => Err(format!("the reload failed: {e}")),
+        Err(_) => Err(format!(
+            "reading the files took more than {RELOAD_TIMEOUT:?}"
+        )),
+    }
+}
+
 /// Reads the certificates again on every SIGHUP, for as long as the process runs.
 pub fn reload_on_sighup(tls: Option<Arc<tlsconf::Reloadable>>) {
     use tokio::signal::unix::{SignalKind, signal};
@@ -81,7 +145,7 @@ pub fn reload_on_sighup(tls: Option<Arc<tlsconf::Reloadable>>) {
         while hup.recv().await.is_some() {
             match &tls {
                 None => info!("SIGHUP: no TLS certificates to reload"),
-                Some(t) => match t.reload() {
+                Some(t) => match reload(t).await {
                     Ok(()) => info!(
                         cert = %t.files().cert.display(),
                         "reloaded the TLS certificates; new connections use them"

@@ -130,6 +130,10 @@ fn bad_tls_files_and_plaintext_off_loopback_are_refused_at_start_up() {
     let other = ca.issue(d, "other", &["127.0.0.1"], false);
     let garbage = d.join("garbage.pem");
     std::fs::write(&garbage, "garbage").unwrap();
+    let fifo = d.join("fifo.pem");
+    let c_path = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c_path.as_ptr(), 0o600) }, 0);
     let s = |p: &Path| p.display().to_string();
     let cases: Vec<(Vec<String>, &str)> = vec![
         (
@@ -181,6 +185,15 @@ fn bad_tls_files_and_plaintext_off_loopback_are_refused_at_start_up() {
         (
             vec!["--tls-client-ca".into(), s(&ca.pem)],
             "need tls_cert and tls_key",
+        ),
+        (
+            vec![
+                "--tls-cert".into(),
+                s(&fifo),
+                "--tls-key".into(),
+                s(&pair.key),
+            ],
+            "not a regular file",
         ),
     ];
     for (args, want) in cases {
@@ -254,4 +267,45 @@ fn sighup_reloads_the_certificates_for_new_connections_and_keeps_open_ones() {
             .all(|e| e["level"] != "ERROR"),
         "nothing went wrong beyond the reload"
     );
+}
+
+/// Connections that never finish their handshake, from one address, take at most a few of
+/// lockd's handshake slots: a client elsewhere is still served. (The flood comes from
+/// 127.0.0.2, the client from 127.0.0.1.)
+#[test]
+fn a_flood_of_silent_connections_from_one_address_does_not_keep_others_out() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let ca = Ca::new(d, "server");
+    let server = ca.issue(d, "lockd", &["127.0.0.1"], false);
+    let lockd = tls_lockd(d, &server, None);
+    let addr: std::net::SocketAddr = lockd.endpoint["https://".len()..].parse().unwrap();
+    let flood: Vec<std::net::TcpStream> = (0..1100)
+        .map(|_| {
+            let socket =
+                socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+            socket
+                .bind(
+                    &"127.0.0.2:0"
+                        .parse::<std::net::SocketAddr>()
+                        .unwrap()
+                        .into(),
+                )
+                .unwrap();
+            socket.connect(&addr.into()).unwrap();
+            socket.into()
+        })
+        .collect();
+    let refused = lockd.wait_event(
+        "too many handshakes in progress from this address; connection closed",
+        |e| {
+            e["peer"]
+                .as_str()
+                .is_some_and(|p| p.starts_with("127.0.0.2:"))
+        },
+    );
+    assert_eq!(refused["max"], 64, "{refused}");
+    let (code, out) = describe(&lockd.endpoint, &[&ca.pem]);
+    assert_eq!(code, Some(0), "{out}");
+    drop(flood);
 }

@@ -61,12 +61,34 @@ fn provider() -> Arc<rustls::crypto::CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
 
+/// Largest certificate, key or CA file read: far above any real chain or CA bundle.
+const FILE_MAX: u64 = 1 << 20;
+
+/// A regular file of at most [`FILE_MAX`] bytes: a FIFO or a device would block or never end
+/// (at start-up, or inside a running daemon on SIGHUP).
 fn read(what: &'static str, path: &Path) -> Result<Vec<u8>, TlsError> {
-    std::fs::read(path).map_err(|source| TlsError::Read {
+    let err = |source| TlsError::Read {
         what,
         path: path.to_path_buf(),
         source,
-    })
+    };
+    let meta = std::fs::metadata(path).map_err(err)?;
+    if !meta.is_file() {
+        return Err(err(std::io::Error::other("not a regular file")));
+    }
+    if meta.len() > FILE_MAX {
+        return Err(err(std::io::Error::other(format!(
+            "{} bytes, more than the {FILE_MAX} a certificate or key file may have",
+            meta.len()
+        ))));
+    }
+    let bytes = std::fs::read(path).map_err(err)?;
+    if bytes.len() as u64 > FILE_MAX {
+        return Err(err(std::io::Error::other(
+            "grew past the size limit while read",
+        )));
+    }
+    Ok(bytes)
 }
 
 /// The certificates of a PEM file, in order (a chain: the leaf first).
@@ -95,6 +117,16 @@ pub fn load_certs(
 /// The private key of a PEM file (PKCS#8, PKCS#1 or SEC1).
 pub fn load_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
     let bytes = read("key", path)?;
+    if bytes
+        .windows(b"ENCRYPTED PRIVATE KEY".len())
+        .any(|w| w == b"ENCRYPTED PRIVATE KEY")
+    {
+        return Err(TlsError::Pem {
+            what: "key",
+            path: path.to_path_buf(),
+            reason: "it is encrypted; give the key unencrypted (openssl pkey -in KEY -out KEY.plain), readable by the daemon only".into(),
+        });
+    }
     PrivateKeyDer::from_pem_slice(&bytes).map_err(|e| match e {
         rustls::pki_types::pem::Error::NoItemsFound => TlsError::Empty {
             what: "key",
