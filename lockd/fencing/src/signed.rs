@@ -82,6 +82,9 @@ pub struct FenceKey {
     id: String,
     state: KeyState,
     secret: Vec<u8>,
+    /// The HMAC keyed once (its padded key hashed), cloned for each MAC: a verifier computes
+    /// one per request.
+    keyed: Hmac<Sha256>,
 }
 
 impl fmt::Debug for FenceKey {
@@ -119,8 +122,7 @@ impl FenceKey {
     }
 
     fn mac(&self, resource: &str, token: FencingToken) -> Hmac<Sha256> {
-        let mut mac =
-            <Hmac<Sha256> as KeyInit>::new_from_slice(&self.secret).expect("any key length");
+        let mut mac = self.keyed.clone();
         mac.update(message(resource, token).as_bytes());
         mac
     }
@@ -252,10 +254,12 @@ impl Keyring {
                     bytes
                 }
             };
+            let keyed = <Hmac<Sha256> as KeyInit>::new_from_slice(&secret).expect("any key length");
             keys.push(FenceKey {
                 id: e.id.clone(),
                 state: e.state,
                 secret,
+                keyed,
             });
         }
         Ok(Keyring { keys })
@@ -362,11 +366,14 @@ impl<'a> Presented<'a> {
     /// most 19 digits), or `TOKEN.KEY_ID.MAC` with a key id of 1 to 32 of `A-Z a-z 0-9 - _` and a MAC of 64
     /// lowercase hex digits. Anything else is malformed.
     pub fn parse(text: &'a str) -> Result<Presented<'a>, MalformedToken> {
-        let number = text.split_once('.').map_or(text, |(n, _)| n);
+        let (number, rest) = match text.split_once('.') {
+            Some((number, rest)) => (number, Some(rest)),
+            None => (text, None),
+        };
         if number.len() > TOKEN_DIGITS_MAX {
             return Err(MalformedToken::TooManyDigits);
         }
-        let Some((number, rest)) = text.split_once('.') else {
+        let Some(rest) = rest else {
             return text
                 .parse()
                 .map(Presented::Plain)

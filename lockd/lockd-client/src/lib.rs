@@ -115,11 +115,8 @@ fn with_causes(e: &(dyn std::error::Error + 'static)) -> String {
 fn tls_failure(s: &Status) -> Option<String> {
     let mut cause = std::error::Error::source(s);
     while let Some(c) = cause {
-        let io_inner = c
-            .downcast_ref::<std::io::Error>()
-            .and_then(|io| io.get_ref())
-            .and_then(|i| i.downcast_ref::<tlsconf::rustls::Error>());
-        // tokio-rustls hands some rustls errors on as text only.
+        // By its text: tokio-rustls hands some rustls errors on as text only (and a typed
+        // one says the same in its Display).
         let text = c.to_string();
         if text.contains("CertificateRequired") {
             return Some("lockd requires a client certificate (--cert and --key)".to_string());
@@ -132,21 +129,12 @@ fn tls_failure(s: &Status) -> Option<String> {
         if text.contains("invalid peer certificate") {
             return Some(format!("lockd's certificate was refused: {text}"));
         }
-        if let Some(e) = c.downcast_ref::<tlsconf::rustls::Error>().or(io_inner) {
-            return Some(match e {
-                tlsconf::rustls::Error::AlertReceived(
-                    tlsconf::rustls::AlertDescription::CertificateRequired,
-                ) => "lockd requires a client certificate (--cert and --key)".to_string(),
-                tlsconf::rustls::Error::AlertReceived(a) => {
-                    format!(
-                        "lockd refused the connection: TLS alert {a:?} (a client certificate it does not trust?)"
-                    )
-                }
-                tlsconf::rustls::Error::InvalidCertificate(why) => {
-                    format!("lockd's certificate was refused: {why:?}")
-                }
-                other => other.to_string(),
-            });
+        let typed = c.downcast_ref::<tlsconf::rustls::Error>().is_some()
+            || c.downcast_ref::<std::io::Error>()
+                .and_then(|io| io.get_ref())
+                .is_some_and(|i| i.is::<tlsconf::rustls::Error>());
+        if typed {
+            return Some(text);
         }
         cause = c.source();
     }
@@ -287,16 +275,10 @@ fn tls_config(
     files: &tlsconf::ClientFiles,
 ) -> Result<tonic::transport::ClientTlsConfig, ClientError> {
     use tonic::transport::{Certificate, ClientTlsConfig, Identity};
-    files.check().map_err(|e| ClientError::Tls(e.to_string()))?;
-    tlsconf::client_config(files, &[]).map_err(|e| ClientError::Tls(e.to_string()))?;
-    let read = |p: &std::path::Path| {
-        std::fs::read(p).map_err(|e| ClientError::Tls(format!("cannot read {}: {e}", p.display())))
-    };
-    let mut config = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(read(
-        files.ca.as_deref().expect("checked"),
-    )?));
-    if let (Some(cert), Some(key)) = (&files.cert, &files.key) {
-        config = config.identity(Identity::from_pem(read(cert)?, read(key)?));
+    let pems = files.pems().map_err(|e| ClientError::Tls(e.to_string()))?;
+    let mut config = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(pems.ca));
+    if let Some((cert, key)) = pems.identity {
+        config = config.identity(Identity::from_pem(cert, key));
     }
     Ok(config)
 }

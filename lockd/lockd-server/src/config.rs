@@ -586,19 +586,7 @@ impl Config {
         };
         let invalid =
             |why: String| ConfigError::Invalid(format!("fence_keys {}: {why}", path.display()));
-        let meta = std::fs::metadata(path).map_err(|e| invalid(format!("cannot read it: {e}")))?;
-        use std::os::unix::fs::PermissionsExt;
-        if !meta.is_file() {
-            return Err(invalid("not a regular file".into()));
-        }
-        if meta.permissions().mode() & 0o077 != 0 {
-            return Err(invalid(format!(
-                "the file holds secrets and must not be readable by group or others (mode {:o}; chmod 600 it)",
-                meta.permissions().mode() & 0o777
-            )));
-        }
-        let text =
-            std::fs::read_to_string(path).map_err(|e| invalid(format!("cannot read it: {e}")))?;
+        let text = tlsconf::read_secret(path).map_err(invalid)?;
         let file: fencing::signed::KeyFile =
             toml::from_str(&text).map_err(|e| invalid(format!("not a key file: {e}")))?;
         fencing::signed::Keyring::for_signing(&file)

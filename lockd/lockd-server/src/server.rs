@@ -202,24 +202,11 @@ fn peer_tls(config: &Config) -> Result<Option<tonic::transport::ClientTlsConfig>
 fn tonic_tls(
     files: &tlsconf::ClientFiles,
 ) -> Result<tonic::transport::ClientTlsConfig, ServeError> {
-    let read = |p: &std::path::Path| {
-        std::fs::read(p).map_err(|source| {
-            ServeError::Tls(tlsconf::TlsError::Read {
-                what: "file",
-                path: p.to_path_buf(),
-                source,
-            })
-        })
-    };
-    let mut tls = tonic::transport::ClientTlsConfig::new();
-    if let Some(ca) = &files.ca {
-        tls = tls.ca_certificate(tonic::transport::Certificate::from_pem(read(ca)?));
-    }
-    if let (Some(cert), Some(key)) = (&files.cert, &files.key) {
-        tls = tls.identity(tonic::transport::Identity::from_pem(
-            read(cert)?,
-            read(key)?,
-        ));
+    use tonic::transport::{Certificate, ClientTlsConfig, Identity};
+    let pems = files.pems().map_err(ServeError::Tls)?;
+    let mut tls = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(pems.ca));
+    if let Some((cert, key)) = pems.identity {
+        tls = tls.identity(Identity::from_pem(cert, key));
     }
     Ok(tls)
 }

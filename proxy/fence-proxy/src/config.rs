@@ -508,12 +508,7 @@ impl Config {
         }
         tracing_subscriber::EnvFilter::try_new(&self.log)
             .with_context(|| format!("log filter {:?} is not valid", self.log))?;
-        let listens = self
-            .pg
-            .iter()
-            .map(|p| p.listen)
-            .chain(self.http.iter().map(|h| h.listen));
-        for addr in listens {
+        for addr in self.listen_addrs() {
             if !addr.ip().is_loopback() && !self.insecure {
                 bail!(
                     "listener {addr} is not on loopback, and fence-proxy does not serve TLS yet: anyone on the network could read the tokens and the data in transit; listen on loopback (a sidecar), or set insecure = true (--insecure) to listen anyway"
@@ -530,6 +525,14 @@ impl Config {
             }
         }
         Ok(())
+    }
+
+    /// Every listener's address, the PostgreSQL ones first.
+    pub fn listen_addrs(&self) -> impl Iterator<Item = SocketAddr> + '_ {
+        self.pg
+            .iter()
+            .map(|p| p.listen)
+            .chain(self.http.iter().map(|h| h.listen))
     }
 
     /// The signed-token policy (the default, with no keys and nothing required, without

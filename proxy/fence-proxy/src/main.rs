@@ -86,13 +86,7 @@ fn main() -> ExitCode {
 async fn run(config: Config) -> anyhow::Result<()> {
     let (stop_tx, stop_rx) = watch::channel(false);
     let workers = config.workers();
-    for addr in config
-        .pg
-        .iter()
-        .map(|p| p.listen)
-        .chain(config.http.iter().map(|h| h.listen))
-        .filter(|a| !a.ip().is_loopback())
-    {
+    for addr in config.listen_addrs().filter(|a| !a.ip().is_loopback()) {
         tracing::warn!(%addr, "listening in plaintext on an address other than loopback (insecure = true): tokens and data travel unencrypted");
     }
     let signing = Arc::new(config.signing_policy()?);

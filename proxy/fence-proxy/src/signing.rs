@@ -26,21 +26,8 @@ impl SigningConfig {
     /// size, or a file others may read is an error), and the prefixes.
     pub fn policy(&self) -> anyhow::Result<fencing::signed::Policy> {
         let path = &self.keys;
-        use std::os::unix::fs::PermissionsExt;
-        let meta = std::fs::metadata(path)
-            .with_context(|| format!("signing.keys: cannot read {}", path.display()))?;
-        if !meta.is_file() {
-            bail!("signing.keys {}: not a regular file", path.display());
-        }
-        if meta.permissions().mode() & 0o077 != 0 {
-            bail!(
-                "signing.keys {}: the file holds secrets and must not be readable by group or others (mode {:o}; chmod 600 it)",
-                path.display(),
-                meta.permissions().mode() & 0o777
-            );
-        }
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("signing.keys: cannot read {}", path.display()))?;
+        let text = tlsconf::read_secret(path)
+            .map_err(|why| anyhow::anyhow!("signing.keys {}: {why}", path.display()))?;
         let file: fencing::signed::KeyFile = toml::from_str(&text)
             .with_context(|| format!("signing.keys {} is not a key file", path.display()))?;
         let ring = fencing::signed::Keyring::new(&file)

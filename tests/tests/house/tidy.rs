@@ -47,7 +47,14 @@ const RULES: &[(&str, Option<&[&str]>)] = &[
     ("pg-relay", Some(&["fencing", "pg-wire", "shards"])),
     (
         "fence-proxy",
-        Some(&["fencing", "shards", "http-relay", "pg-relay", "cli-docs"]),
+        Some(&[
+            "fencing",
+            "shards",
+            "http-relay",
+            "pg-relay",
+            "cli-docs",
+            "tlsconf",
+        ]),
     ),
     ("verifier", Some(&["fencing", "cli-docs"])),
     ("cli-docs", Some(&[])),

@@ -304,3 +304,50 @@ fn a_poisoned_mark_is_lowered_by_hand_and_the_holder_writes_again() {
     assert_eq!(code, Some(0), "{err}");
     assert!(out.contains("42 -> none"), "{out}");
 }
+
+/// On a route whose resource comes from the path, the signature is checked against the name
+/// the normalised path gives, however the path is spelled: a token for one SKU does not pass
+/// for another.
+#[test]
+fn a_routes_resource_is_the_one_the_signature_must_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let upstream = Upstream::start();
+    let file = write_key_file(
+        dir.path(),
+        "fence-keys.toml",
+        &[("k1", KeyState::Active, Some(SECRET_A))],
+    );
+    let px = proxy(
+        dir.path(),
+        &upstream,
+        &format!("\n[signing]\nkeys = \"{}\"\n", file.display()),
+        "[[http.routes]]\npath = \"/inventory/{sku}\"\nresource = \"inventory:{sku}\"\n",
+    );
+    let token = sign("k1", SECRET_A, "inventory:sku-1", 7);
+    let put_path = |path: &str| {
+        runtime()
+            .block_on(send(
+                &client(),
+                "PUT",
+                &format!("{}{path}", px.urls[0]),
+                &[("fencing-token", token.as_str())],
+                body("n=1"),
+            ))
+            .status
+    };
+    for spelling in [
+        "/inventory/sku-1",
+        "/inventory/%73ku-1",
+        "/inventory/x/../sku-1",
+        "//inventory/sku-1",
+    ] {
+        assert_eq!(put_path(spelling), 200, "{spelling}");
+    }
+    for other in [
+        "/inventory/sku-2",
+        "/inventory/%73ku-2",
+        "/inventory/sku-1/../sku-2",
+    ] {
+        assert_eq!(put_path(other), 403, "{other}");
+    }
+}

@@ -392,3 +392,72 @@ fn a_key_retired_by_another_proxy_stops_the_fast_read_at_once() {
     );
     assert!(a.errors[0].1.contains("retired"), "{a:?}");
 }
+
+/// Every way of declaring a token reaches the same verification inside PostgreSQL: a forged
+/// signed token declared at start-up (options, or a start-up key of its own), with a bound
+/// `set_config`, or as role and database defaults, is refused and moves nothing.
+#[test]
+fn a_forged_token_is_refused_however_it_is_declared() {
+    let s = prepared(None);
+    assert!(write(&s, R, &sign("k2", SECRET_B, R, 42)).errors.is_empty());
+    let forged = format!("9223372036854775807.k2.{}", "0".repeat(64));
+    let options = format!("-c fencing.resource={R} -c fencing.token={forged}");
+    type Way<'a> = (&'static str, Box<dyn Fn() -> Answer + 'a>);
+    let ways: Vec<Way> = vec![
+        (
+            "options",
+            Box::new(|| Raw::connect_as(s.addr(), "app", &[("options", &options)]).simple(UPDATE)),
+        ),
+        (
+            "start-up keys",
+            Box::new(|| {
+                Raw::connect_as(
+                    s.addr(),
+                    "app",
+                    &[("fencing.resource", R), ("fencing.token", &forged)],
+                )
+                .simple(UPDATE)
+            }),
+        ),
+        (
+            "bound set_config",
+            Box::new(|| {
+                let mut c = Raw::connect_as(s.addr(), "app", &[]);
+                c.batch(&[
+                    (
+                        "SELECT set_config('fencing.resource', $1, false), set_config('fencing.token', $2, false)",
+                        &[R, forged.as_str()],
+                    ),
+                    (UPDATE, &[]),
+                ])
+            }),
+        ),
+        (
+            "role defaults",
+            Box::new(|| {
+                s.pg.psql(&format!(
+                    "ALTER ROLE app SET fencing.resource = '{R}'; ALTER ROLE app SET fencing.token = '{forged}'"
+                ));
+                let a = Raw::connect_as(s.addr(), "app", &[]).simple(UPDATE);
+                s.pg.psql("ALTER ROLE app RESET ALL");
+                a
+            }),
+        ),
+        (
+            "database defaults",
+            Box::new(|| {
+                s.pg.psql(&format!(
+                    "ALTER DATABASE postgres SET fencing.resource = '{R}'; ALTER DATABASE postgres SET fencing.token = '{forged}'"
+                ));
+                let a = Raw::connect_as(s.addr(), "app", &[]).simple(UPDATE);
+                s.pg.psql("ALTER DATABASE postgres RESET ALL");
+                a
+            }),
+        ),
+    ];
+    for (way, write) in &ways {
+        refused(&write(), way);
+        assert_eq!(mark(&s.pg, R), "42", "{way}: the mark moved");
+    }
+    assert_eq!(stock(&s), "9", "a forged token wrote");
+}

@@ -11,9 +11,9 @@
 //!   (a plaintext client on a TLS port, no client certificate, an unknown CA...).
 //!
 //! Every error names the file and what is wrong with it: a missing file, no PEM block, a key
-//! that does not belong to the certificate.
+//! that does not belong to the certificate. [`read_secret`] reads other files of secrets
+//! (the key files of signed tokens) with the same care.
 
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 
@@ -91,13 +91,42 @@ fn read(what: &'static str, path: &Path) -> Result<Vec<u8>, TlsError> {
     Ok(bytes)
 }
 
+/// A file of secrets (a key file of signed tokens), as text: a regular file of at most 1 MiB
+/// that neither group nor others may read. The error says which of these it is not.
+pub fn read_secret(path: &Path) -> Result<String, String> {
+    use std::os::unix::fs::PermissionsExt;
+    let meta = std::fs::metadata(path).map_err(|e| format!("cannot read it: {e}"))?;
+    if !meta.is_file() {
+        return Err("not a regular file".into());
+    }
+    let mode = meta.permissions().mode();
+    if mode & 0o077 != 0 {
+        return Err(format!(
+            "the file holds secrets and must not be readable by group or others (mode {:o}; chmod 600 it)",
+            mode & 0o777
+        ));
+    }
+    if meta.len() > FILE_MAX {
+        return Err(format!(
+            "{} bytes, more than the {FILE_MAX} it may have",
+            meta.len()
+        ));
+    }
+    std::fs::read_to_string(path).map_err(|e| format!("cannot read it: {e}"))
+}
+
 /// The certificates of a PEM file, in order (a chain: the leaf first).
-pub fn load_certs(
+fn load_certs(what: &'static str, path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+    parse_certs(what, path, &read(what, path)?)
+}
+
+/// The certificates in `bytes`, read from `path`.
+fn parse_certs(
     what: &'static str,
     path: &Path,
+    bytes: &[u8],
 ) -> Result<Vec<CertificateDer<'static>>, TlsError> {
-    let bytes = read(what, path)?;
-    let certs = CertificateDer::pem_slice_iter(&bytes)
+    let certs = CertificateDer::pem_slice_iter(bytes)
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| TlsError::Pem {
             what,
@@ -115,8 +144,12 @@ pub fn load_certs(
 }
 
 /// The private key of a PEM file (PKCS#8, PKCS#1 or SEC1).
-pub fn load_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
-    let bytes = read("key", path)?;
+fn load_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
+    parse_key(path, &read("key", path)?)
+}
+
+/// The private key in `bytes`, read from `path`.
+fn parse_key(path: &Path, bytes: &[u8]) -> Result<PrivateKeyDer<'static>, TlsError> {
     if bytes
         .windows(b"ENCRYPTED PRIVATE KEY".len())
         .any(|w| w == b"ENCRYPTED PRIVATE KEY")
@@ -127,7 +160,7 @@ pub fn load_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
             reason: "it is encrypted; give the key unencrypted (openssl pkey -in KEY -out KEY.plain), readable by the daemon only".into(),
         });
     }
-    PrivateKeyDer::from_pem_slice(&bytes).map_err(|e| match e {
+    PrivateKeyDer::from_pem_slice(bytes).map_err(|e| match e {
         rustls::pki_types::pem::Error::NoItemsFound => TlsError::Empty {
             what: "key",
             kind: "private key",
@@ -142,8 +175,12 @@ pub fn load_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
 }
 
 fn roots(path: &Path) -> Result<RootCertStore, TlsError> {
+    roots_in(path, &read("CA file", path)?)
+}
+
+fn roots_in(path: &Path, bytes: &[u8]) -> Result<RootCertStore, TlsError> {
     let mut roots = RootCertStore::empty();
-    for cert in load_certs("CA file", path)? {
+    for cert in parse_certs("CA file", path, bytes)? {
         roots.add(cert).map_err(|e| TlsError::Ca {
             path: path.to_path_buf(),
             reason: e.to_string(),
@@ -266,17 +303,53 @@ impl ClientFiles {
     }
 }
 
+/// The contents of a client's files, read once and checked (they parse, and the certificate
+/// and key go together), for TLS stacks that take PEM (tonic's).
+#[derive(Clone, Debug)]
+pub struct ClientPems {
+    pub ca: Vec<u8>,
+    /// The client certificate chain and its key.
+    pub identity: Option<(Vec<u8>, Vec<u8>)>,
+}
+
+impl ClientFiles {
+    /// Reads the files ([`ClientFiles::check`] first) and checks what they hold.
+    pub fn pems(&self) -> Result<ClientPems, TlsError> {
+        self.check()?;
+        let ca = read("CA file", self.ca.as_deref().expect("checked"))?;
+        let identity = match (&self.cert, &self.key) {
+            (Some(cert), Some(key)) => Some((read("certificate", cert)?, read("key", key)?)),
+            _ => None,
+        };
+        let pems = ClientPems { ca, identity };
+        build_client(self, &pems, &[])?;
+        Ok(pems)
+    }
+}
+
 /// A client configuration from `files` ([`ClientFiles::check`] first), offering `alpn`.
 pub fn client_config(files: &ClientFiles, alpn: &[&[u8]]) -> Result<Arc<ClientConfig>, TlsError> {
-    files.check()?;
-    let ca = files.ca.as_ref().expect("checked");
+    let pems = files.pems()?;
+    build_client(files, &pems, alpn)
+}
+
+/// The configuration from what `files` held (`pems`).
+fn build_client(
+    files: &ClientFiles,
+    pems: &ClientPems,
+    alpn: &[&[u8]],
+) -> Result<Arc<ClientConfig>, TlsError> {
+    let ca = files.ca.as_deref().expect("checked");
     let builder = ClientConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()
         .map_err(|e| TlsError::Config(e.to_string()))?
-        .with_root_certificates(roots(ca)?);
-    let mut config = match (&files.cert, &files.key) {
-        (Some(cert), Some(key)) => builder
-            .with_client_auth_cert(load_certs("certificate", cert)?, load_key(key)?)
+        .with_root_certificates(roots_in(ca, &pems.ca)?);
+    let mut config = match (&files.cert, &files.key, &pems.identity) {
+        (Some(cert), Some(key), Some((cert_pem, key_pem))) => builder
+            .with_client_auth_cert(
+                parse_certs("certificate", cert, cert_pem)?,
+                parse_key(key, key_pem)?,
+            )
             .map_err(|e| TlsError::Pair {
                 cert: cert.clone(),
                 key: key.clone(),
@@ -286,11 +359,6 @@ pub fn client_config(files: &ClientFiles, alpn: &[&[u8]]) -> Result<Arc<ClientCo
     };
     config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
     Ok(Arc::new(config))
-}
-
-/// Whether a listener on `addr` is reachable only from this host (127.0.0.0/8, ::1).
-pub fn is_loopback(addr: SocketAddr) -> bool {
-    addr.ip().is_loopback()
 }
 
 /// How long, and how much of what a client sent, is read after a failed handshake before
