@@ -265,6 +265,22 @@ impl Spawned {
         }
     }
 
+    /// Sends `sig` and waits up to `within` for the exit, without panicking (for `Drop`):
+    /// whether it exited.
+    pub fn stop_quietly(&mut self, sig: libc::c_int, within: std::time::Duration) -> bool {
+        if self.status.is_some() {
+            return true;
+        }
+        self.signal(sig);
+        match self.exit.recv_timeout(within) {
+            Ok(s) => {
+                self.status = Some(s);
+                true
+            }
+            Err(_) => false,
+        }
+    }
+
     /// Whether it is still running (without waiting).
     pub fn running(&mut self) -> bool {
         if self.status.is_none()

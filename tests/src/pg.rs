@@ -213,6 +213,10 @@ fn launch(dir: &Path, port: u16) -> Spawned {
 
 impl Drop for Postgres {
     fn drop(&mut self) {
-        self.process.signal(libc::SIGKILL);
+        // SIGQUIT (immediate shutdown), not SIGKILL: a killed postmaster leaves its System V
+        // shared memory segment behind, and after a few thousand of them (kernel.shmmni)
+        // no PostgreSQL on the machine can start. The process's own drop kills what is left.
+        self.process
+            .stop_quietly(libc::SIGQUIT, std::time::Duration::from_secs(10));
     }
 }
