@@ -514,10 +514,12 @@ impl Config {
             (None, None) if self.tls_client_ca.is_some() || self.tls_peer_ca.is_some() => {
                 bail!("tls_client_ca and tls_peer_ca need tls_cert and tls_key")
             }
-            (None, None) if !self.listen.ip().is_loopback() && !self.insecure => bail!(
-                "listen {} is not a loopback address, and without TLS anyone on the network can take any lock and read every lease id: set tls_cert and tls_key, or insecure = true (--insecure) to serve plaintext anyway",
-                self.listen
-            ),
+            (None, None) if !self.listen.ip().to_canonical().is_loopback() && !self.insecure => {
+                bail!(
+                    "listen {} is not a loopback address, and without TLS anyone on the network can take any lock and read every lease id: set tls_cert and tls_key, or insecure = true (--insecure) to serve plaintext anyway",
+                    self.listen
+                )
+            }
             (None, None) => {}
             _ => bail!("tls_cert and tls_key go together: give both, or neither"),
         }
@@ -603,10 +605,7 @@ fn loopback_url(url: &str) -> bool {
         Some(v6) => v6.split(']').next().unwrap_or(""),
         None => authority.split(':').next().unwrap_or(""),
     };
-    host.eq_ignore_ascii_case("localhost")
-        || host
-            .parse::<std::net::IpAddr>()
-            .is_ok_and(|ip| ip.is_loopback())
+    tlsconf::loopback_host(host)
 }
 
 fn read_file(path: &Path) -> Result<Settings, ConfigError> {

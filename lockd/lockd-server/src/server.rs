@@ -251,7 +251,7 @@ async fn serve(
         Listener::Tls(_, t) => (true, t.files().client_ca.is_some()),
     };
     info!(%addr, backend = ?config.backend, tls, mtls, "listening");
-    if !tls && !addr.ip().is_loopback() {
+    if !tls && !addr.ip().to_canonical().is_loopback() {
         tracing::warn!(%addr, "serving plaintext gRPC on an address other than loopback (insecure = true): anyone who can reach it can take any lock and read lease ids in transit");
     }
     let keepalive = (config.keepalive_interval_ms > 0)
@@ -272,11 +272,11 @@ async fn serve(
         .add_service(service);
     match listener {
         Listener::Plain(incoming) => {
-            crate::tls::reload_on_sighup(None);
+            tlsconf::reload_on_sighup(Vec::new());
             router.serve_with_incoming_shutdown(incoming, stop).await?;
         }
         Listener::Tls(socket, tls) => {
-            crate::tls::reload_on_sighup(Some(Arc::clone(&tls)));
+            tlsconf::reload_on_sighup(vec![Arc::clone(&tls) as Arc<dyn tlsconf::Reload>]);
             router
                 .serve_with_incoming_shutdown(crate::tls::incoming(socket, tls), stop)
                 .await?;

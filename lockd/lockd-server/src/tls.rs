@@ -2,7 +2,7 @@
 //! (bounded in number and time), and handed to tonic once they are TLS streams.
 //!
 //! The certificates come from a [`tlsconf::Reloadable`]; SIGHUP reads the files again
-//! ([`reload_on_sighup`]), for connections accepted from then on. Connections already open
+//! ([`tlsconf::reload_on_sighup`]), for connections accepted from then on. Connections already open
 //! keep theirs. A failed handshake (a plaintext client, no or a refused client certificate) is
 //! one log line and a closed connection: nothing else notices.
 
@@ -24,8 +24,6 @@ const HANDSHAKES_MAX: usize = 1024;
 /// Handshakes in progress at once from one address: one client that opens connections and
 /// sends nothing cannot take every slot.
 const HANDSHAKES_PER_PEER_MAX: usize = 64;
-/// Longest a SIGHUP reload may take (reading files on a slow or hung mount).
-const RELOAD_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Handshakes in progress per peer address.
 #[derive(Default)]
@@ -115,46 +113,4 @@ pub fn incoming(
         }
     });
     ReceiverStream::new(rx)
-}
-
-/// One reload, off the runtime's threads (files are read), bounded in time.
-async fn reload(tls: &Arc<tlsconf::Reloadable>) -> Result<(), String> {
-    let tls = Arc::clone(tls);
-    match tokio::time::timeout(
-        RELOAD_TIMEOUT,
-        tokio::task::spawn_blocking(move || tls.reload()),
-    )
-    .await
-    {
-        Ok(Ok(result)) => result.map_err(|e| e.to_string()),
-        Ok(Err(e)) => Err(format!("the reload failed: {e}")),
-        Err(_) => Err(format!(
-            "reading the files took more than {RELOAD_TIMEOUT:?}"
-        )),
-    }
-}
-
-/// Reads the certificates again on every SIGHUP, for as long as the process runs.
-pub fn reload_on_sighup(tls: Option<Arc<tlsconf::Reloadable>>) {
-    use tokio::signal::unix::{SignalKind, signal};
-    let Ok(mut hup) = signal(SignalKind::hangup()) else {
-        warn!("cannot install the SIGHUP handler: certificates will not be reloaded");
-        return;
-    };
-    tokio::spawn(async move {
-        while hup.recv().await.is_some() {
-            match &tls {
-                None => info!("SIGHUP: no TLS certificates to reload"),
-                Some(t) => match reload(t).await {
-                    Ok(()) => info!(
-                        cert = %t.files().cert.display(),
-                        "reloaded the TLS certificates; new connections use them"
-                    ),
-                    Err(e) => {
-                        warn!(error = %e, "reloading the TLS certificates failed; keeping the ones in use")
-                    }
-                },
-            }
-        }
-    });
 }

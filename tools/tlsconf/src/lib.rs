@@ -7,8 +7,12 @@
 //!   one they were accepted with, and a reload that fails keeps the old one.
 //! - [`ClientFiles`] → [`client_config`]: the CA that verifies the server, and optionally a
 //!   client certificate and key.
+//! - [`ClientTls`]: a client configuration that can be read again, verifying the server
+//!   ([`Verify::Full`]) or only encrypting ([`Verify::EncryptOnly`], libpq's `sslmode=require`).
 //! - [`handshake_error`]: what a failed handshake means, in words an operator can act on
 //!   (a plaintext client on a TLS port, no client certificate, an unknown CA...).
+//! - [`Stream`]: plaintext or TLS, either side, as one connection type.
+//! - [`reload_on_sighup`]: reads every [`Reload`] again on SIGHUP, bounded in time, logged.
 //!
 //! Every error names the file and what is wrong with it: a missing file, no PEM block, a key
 //! that does not belong to the certificate. [`read_secret`] reads other files of secrets
@@ -23,6 +27,11 @@ use rustls::{ClientConfig, RootCertStore, ServerConfig};
 
 pub use rustls;
 pub use tokio_rustls;
+
+mod reload;
+mod stream;
+pub use reload::{Reload, reload_on_sighup};
+pub use stream::Stream;
 
 /// Why TLS could not be set up.
 #[derive(Debug, thiserror::Error)]
@@ -203,7 +212,16 @@ pub struct ServerFiles {
 
 /// A server configuration from `files`, offering `alpn` (e.g. `h2` for gRPC).
 pub fn server_config(files: &ServerFiles, alpn: &[&[u8]]) -> Result<Arc<ServerConfig>, TlsError> {
+    server_parts(files, alpn).map(|(config, _)| config)
+}
+
+/// The configuration, and the leaf certificate it presents.
+fn server_parts(
+    files: &ServerFiles,
+    alpn: &[&[u8]],
+) -> Result<(Arc<ServerConfig>, CertificateDer<'static>), TlsError> {
     let certs = load_certs("certificate", &files.cert)?;
+    let leaf = certs[0].clone();
     let key = load_key(&files.key)?;
     let builder = ServerConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()
@@ -231,19 +249,20 @@ pub fn server_config(files: &ServerFiles, alpn: &[&[u8]]) -> Result<Arc<ServerCo
             reason: e.to_string(),
         })?;
     config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
-    Ok(Arc::new(config))
+    Ok((Arc::new(config), leaf))
 }
 
 /// A server configuration that can be read again from its files.
 pub struct Reloadable {
     files: ServerFiles,
     alpn: Vec<Vec<u8>>,
-    current: RwLock<Arc<ServerConfig>>,
+    /// The configuration, and the leaf certificate it presents.
+    current: RwLock<(Arc<ServerConfig>, CertificateDer<'static>)>,
 }
 
 impl Reloadable {
     pub fn new(files: ServerFiles, alpn: &[&[u8]]) -> Result<Reloadable, TlsError> {
-        let current = RwLock::new(server_config(&files, alpn)?);
+        let current = RwLock::new(server_parts(&files, alpn)?);
         Ok(Reloadable {
             files,
             alpn: alpn.iter().map(|p| p.to_vec()).collect(),
@@ -257,17 +276,41 @@ impl Reloadable {
 
     /// An acceptor with the configuration in force now.
     pub fn acceptor(&self) -> tokio_rustls::TlsAcceptor {
-        let config = self.current.read().unwrap_or_else(|e| e.into_inner());
-        tokio_rustls::TlsAcceptor::from(Arc::clone(&config))
+        let current = self.current.read().unwrap_or_else(|e| e.into_inner());
+        tokio_rustls::TlsAcceptor::from(Arc::clone(&current.0))
     }
 
+    /// An acceptor with the configuration in force now, and the certificate it presents
+    /// (the leaf): what a client's channel binding is computed over.
+    pub fn acceptor_and_leaf(&self) -> (tokio_rustls::TlsAcceptor, CertificateDer<'static>) {
+        let current = self.current.read().unwrap_or_else(|e| e.into_inner());
+        (
+            tokio_rustls::TlsAcceptor::from(Arc::clone(&current.0)),
+            current.1.clone(),
+        )
+    }
+}
+
+impl Reload for Reloadable {
     /// Reads the files again. On success new connections use them; on failure nothing changes
     /// and the error says why.
-    pub fn reload(&self) -> Result<(), TlsError> {
+    fn reload(&self) -> Result<(), TlsError> {
         let alpn: Vec<&[u8]> = self.alpn.iter().map(Vec::as_slice).collect();
-        let fresh = server_config(&self.files, &alpn)?;
+        let fresh = server_parts(&self.files, &alpn)?;
         *self.current.write().unwrap_or_else(|e| e.into_inner()) = fresh;
         Ok(())
+    }
+
+    fn what(&self) -> String {
+        format!("certificate {}", self.files.cert.display())
+    }
+}
+
+impl std::fmt::Debug for Reloadable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Reloadable")
+            .field("files", &self.files)
+            .finish_non_exhaustive()
     }
 }
 
@@ -361,6 +404,167 @@ fn build_client(
     Ok(Arc::new(config))
 }
 
+/// How a client checks the server's certificate.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verify {
+    /// It chains to the CA file, and names the server (libpq's `verify-full`).
+    Full,
+    /// Not at all: the connection is encrypted, and anyone who can reach the path between the
+    /// two could be the server (libpq's `require`). The handshake's signatures are still
+    /// checked against the certificate presented.
+    EncryptOnly,
+}
+
+/// A client configuration that can be read again from its files (SIGHUP): a rotated client
+/// certificate, or a new CA, is used from the next connection on.
+pub struct ClientTls {
+    files: ClientFiles,
+    verify: Verify,
+    alpn: Vec<Vec<u8>>,
+    current: RwLock<Arc<ClientConfig>>,
+}
+
+impl std::fmt::Debug for ClientTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClientTls")
+            .field("files", &self.files)
+            .field("verify", &self.verify)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ClientTls {
+    /// `files.ca` is required with [`Verify::Full`], and refused with [`Verify::EncryptOnly`]
+    /// (a CA that nothing checks would only mislead).
+    pub fn new(files: ClientFiles, verify: Verify, alpn: &[&[u8]]) -> Result<ClientTls, TlsError> {
+        let alpn: Vec<Vec<u8>> = alpn.iter().map(|p| p.to_vec()).collect();
+        let current = RwLock::new(client_config_for(&files, verify, &alpn)?);
+        Ok(ClientTls {
+            files,
+            verify,
+            alpn,
+            current,
+        })
+    }
+
+    pub fn verify(&self) -> Verify {
+        self.verify
+    }
+
+    /// A connector with the configuration in force now.
+    pub fn connector(&self) -> tokio_rustls::TlsConnector {
+        let config = self.current.read().unwrap_or_else(|e| e.into_inner());
+        tokio_rustls::TlsConnector::from(Arc::clone(&config))
+    }
+}
+
+impl Reload for ClientTls {
+    fn reload(&self) -> Result<(), TlsError> {
+        let fresh = client_config_for(&self.files, self.verify, &self.alpn)?;
+        *self.current.write().unwrap_or_else(|e| e.into_inner()) = fresh;
+        Ok(())
+    }
+
+    fn what(&self) -> String {
+        match (&self.files.cert, &self.files.ca) {
+            (Some(cert), _) => format!("client certificate {}", cert.display()),
+            (None, Some(ca)) => format!("CA file {}", ca.display()),
+            (None, None) => "client TLS settings".into(),
+        }
+    }
+}
+
+fn client_config_for(
+    files: &ClientFiles,
+    verify: Verify,
+    alpn: &[Vec<u8>],
+) -> Result<Arc<ClientConfig>, TlsError> {
+    let alpn: Vec<&[u8]> = alpn.iter().map(Vec::as_slice).collect();
+    match verify {
+        Verify::Full => client_config(files, &alpn),
+        Verify::EncryptOnly => {
+            if files.ca.is_some() {
+                return Err(TlsError::Config(
+                    "a CA file is given but the server is not verified: verify the server (verify-full), or drop the CA file".into(),
+                ));
+            }
+            let verifier = Arc::new(AnyServer(provider()));
+            let builder = ClientConfig::builder_with_provider(provider())
+                .with_safe_default_protocol_versions()
+                .map_err(|e| TlsError::Config(e.to_string()))?
+                .dangerous()
+                .with_custom_certificate_verifier(verifier);
+            let mut config = match (&files.cert, &files.key) {
+                (Some(cert), Some(key)) => builder
+                    .with_client_auth_cert(load_certs("certificate", cert)?, load_key(key)?)
+                    .map_err(|e| TlsError::Pair {
+                        cert: cert.clone(),
+                        key: key.clone(),
+                        reason: e.to_string(),
+                    })?,
+                (None, None) => builder.with_no_client_auth(),
+                _ => {
+                    return Err(TlsError::Config(
+                        "a client certificate needs its key, and a key its certificate".into(),
+                    ));
+                }
+            };
+            config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+            Ok(Arc::new(config))
+        }
+    }
+}
+
+/// Takes any certificate as the server's ([`Verify::EncryptOnly`]); the handshake's
+/// signatures are still checked, so the other end does hold that certificate's key.
+#[derive(Debug)]
+struct AnyServer(Arc<rustls::crypto::CryptoProvider>);
+
+impl rustls::client::danger::ServerCertVerifier for AnyServer {
+    fn verify_server_cert(
+        &self,
+        _end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _server_name: &rustls::pki_types::ServerName<'_>,
+        _ocsp_response: &[u8],
+        _now: rustls::pki_types::UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        Ok(rustls::client::danger::ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
+    }
+}
+
 /// How long, and how much of what a client sent, is read after a failed handshake before
 /// the connection is closed.
 const LINGER: std::time::Duration = std::time::Duration::from_secs(1);
@@ -387,6 +591,36 @@ where
             let _ = tokio::time::timeout(LINGER, tokio::io::copy(&mut limited, &mut sink)).await;
             Err(e)
         }
+    }
+}
+
+/// Whether `host` (a name or an address, without brackets or port) is this machine:
+/// `localhost`, 127.0.0.0/8, `::1`, or an IPv4-mapped loopback address (`::ffff:127.0.0.1`).
+/// What is not may be anywhere on the network, so plaintext to or from it needs `insecure`.
+pub fn loopback_host(host: &str) -> bool {
+    host.eq_ignore_ascii_case("localhost")
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.to_canonical().is_loopback())
+}
+
+/// What a failed handshake (or a first read) on a client connection means: most often the
+/// server's certificate, or the server refusing ours (which TLS 1.3 says after the handshake,
+/// on the first read).
+pub fn client_handshake_error(e: &std::io::Error) -> String {
+    let inner = e.get_ref().and_then(|i| i.downcast_ref::<rustls::Error>());
+    match inner {
+        Some(rustls::Error::InvalidCertificate(why)) => format!(
+            "the server's certificate was refused ({why:?}): is the CA file the one that signed it, and does the certificate carry the name connected to?"
+        ),
+        Some(rustls::Error::AlertReceived(alert)) => format!(
+            "the server refused the handshake (TLS alert {alert:?}): does it require a client certificate, of a CA it trusts?"
+        ),
+        Some(rustls::Error::InvalidMessage(rustls::InvalidMessage::InvalidContentType)) => {
+            "the server did not answer in TLS (plaintext on that port?)".to_string()
+        }
+        Some(other) => other.to_string(),
+        None => e.to_string(),
     }
 }
 

@@ -184,3 +184,28 @@ fn bad_files_are_named_with_what_is_wrong() {
     };
     assert!(half.check().unwrap_err().to_string().contains("--key"));
 }
+
+#[test]
+fn loopback_hosts_are_told_from_the_others() {
+    for h in [
+        "localhost",
+        "LocalHost",
+        "127.0.0.1",
+        "127.9.9.9",
+        "::1",
+        "::ffff:127.0.0.1",
+    ] {
+        assert!(loopback_host(h), "{h}");
+    }
+    for h in [
+        "10.0.0.1",
+        "db",
+        "::ffff:10.0.0.1",
+        "0.0.0.0",
+        "::",
+        "",
+        "localhost.evil.com",
+    ] {
+        assert!(!loopback_host(h), "{h}");
+    }
+}
