@@ -53,6 +53,10 @@ impl Ca {
         };
         std::fs::write(&pair.cert, cert.pem()).expect("writing a certificate");
         std::fs::write(&pair.key, key.serialize_pem()).expect("writing a key");
+        // Readable by its owner only, as libpq demands of a client key.
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&pair.key, std::fs::Permissions::from_mode(0o600))
+            .expect("the key's mode");
         pair
     }
 }

@@ -59,6 +59,45 @@ fn as_postgres(program: &Path) -> Command {
     c
 }
 
+/// TLS for a throwaway PostgreSQL.
+pub struct PgTls<'a> {
+    /// Its certificate and key.
+    pub server: &'a crate::certs::Pair,
+    /// Client certificates are verified against this CA (for `clientcert=verify-full` and
+    /// `cert` rules).
+    pub client_ca: Option<&'a Path>,
+}
+
+impl PgTls<'_> {
+    /// Copies the files into the data directory (the key readable by its owner only, as
+    /// PostgreSQL demands) and turns `ssl` on.
+    fn install(&self, data: &Path) {
+        let copy = |from: &Path, name: &str, mode: u32| {
+            use std::os::unix::fs::PermissionsExt;
+            let to = data.join(name);
+            std::fs::copy(from, &to).expect("copying a TLS file for PostgreSQL");
+            std::fs::set_permissions(&to, std::fs::Permissions::from_mode(mode))
+                .expect("setting its mode");
+            if is_root() {
+                let (uid, gid) = postgres_ids();
+                std::os::unix::fs::chown(&to, Some(uid), Some(gid)).expect("handing it over");
+            }
+        };
+        copy(&self.server.cert, "server.crt", 0o644);
+        copy(&self.server.key, "server.key", 0o600);
+        let mut conf =
+            String::from("\nssl = on\nssl_cert_file = 'server.crt'\nssl_key_file = 'server.key'\n");
+        if let Some(ca) = self.client_ca {
+            copy(ca, "root.crt", 0o644);
+            conf.push_str("ssl_ca_file = 'root.crt'\n");
+        }
+        let path = data.join("postgresql.conf");
+        let mut text = std::fs::read_to_string(&path).expect("reading postgresql.conf");
+        text.push_str(&conf);
+        std::fs::write(&path, text).expect("writing postgresql.conf");
+    }
+}
+
 impl Postgres {
     pub fn start() -> Postgres {
         Postgres::start_with_hba(&[])
@@ -67,6 +106,16 @@ impl Postgres {
     /// Starts PostgreSQL with `rules` placed before the trust rules of pg_hba.conf (for
     /// password authentication of particular roles).
     pub fn start_with_hba(rules: &[&str]) -> Postgres {
+        Postgres::start_configured(rules, None)
+    }
+
+    /// Starts PostgreSQL with `ssl = on` and `tls`'s files, and `rules` before the trust rules
+    /// (`hostnossl all all 0.0.0.0/0 reject` makes it take TLS connections only).
+    pub fn start_tls(tls: &PgTls<'_>, rules: &[&str]) -> Postgres {
+        Postgres::start_configured(rules, Some(tls))
+    }
+
+    fn start_configured(rules: &[&str], tls: Option<&PgTls<'_>>) -> Postgres {
         let bin = bin_dir();
         let dir = tempfile::tempdir().expect("temporary directory");
         if is_root() {
@@ -88,6 +137,9 @@ impl Postgres {
         ]);
         let (status, _, stderr) = output(initdb);
         assert!(status.success(), "initdb failed: {stderr}");
+        if let Some(tls) = tls {
+            tls.install(&data);
+        }
         if !rules.is_empty() {
             let hba = data.join("pg_hba.conf");
             let old = std::fs::read_to_string(&hba).expect("reading pg_hba.conf");

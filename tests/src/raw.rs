@@ -1,8 +1,9 @@
 //! A PostgreSQL client that sends exactly what a test says, for what no driver at hand does:
 //! start-up keys of any name (as asyncpg's `server_settings` and pgx's `RuntimeParams` send
 //! them), the extended protocol with several Executes before one Sync (as JDBC batches do),
-//! bound values for any statement. Blocking, trust authentication only, one message exchange
-//! at a time.
+//! bound values for any statement; TLS after an SSLRequest or straight away (libpq 17's
+//! `sslnegotiation=direct`). Blocking, trust authentication only, one message exchange at a
+//! time.
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -28,9 +29,32 @@ impl Answer {
     }
 }
 
+/// A byte stream Raw speaks over: TCP, or TLS over it.
+trait Wire: Read + Write + Send {}
+impl<T: Read + Write + Send> Wire for T {}
+
 pub struct Raw {
-    stream: TcpStream,
+    stream: Box<dyn Wire>,
     buf: Vec<u8>,
+}
+
+/// How [`Raw::connect_tls`] opens TLS.
+pub struct Tls {
+    pub config: std::sync::Arc<tlsconf::rustls::ClientConfig>,
+    /// The name the server's certificate must carry.
+    pub name: String,
+    /// A TLS handshake straight away, without an SSLRequest.
+    pub direct: bool,
+}
+
+/// A TCP connection with the harness's timeouts.
+fn tcp(addr: &str) -> TcpStream {
+    let stream = TcpStream::connect(addr).unwrap_or_else(|e| panic!("connecting to {addr}: {e}"));
+    stream
+        .set_read_timeout(Some(crate::PATIENCE))
+        .expect("a read timeout");
+    let _ = stream.set_write_timeout(Some(Duration::from_secs(10)));
+    stream
 }
 
 impl Raw {
@@ -52,57 +76,113 @@ impl Raw {
 
     /// With exactly these start-up keys.
     pub fn connect_startup(addr: &str, params: &[(&str, &str)]) -> Raw {
-        let stream =
-            TcpStream::connect(addr).unwrap_or_else(|e| panic!("connecting to {addr}: {e}"));
-        stream
-            .set_read_timeout(Some(crate::PATIENCE))
-            .expect("a read timeout");
-        let _ = stream.set_write_timeout(Some(Duration::from_secs(10)));
+        let stream = tcp(addr);
         let mut raw = Raw {
-            stream,
+            stream: Box::new(stream),
             buf: Vec::new(),
         };
+        raw.start(addr, params);
+        raw
+    }
+
+    /// As `postgres` to database `postgres`, in TLS; the error says what failed (the answer
+    /// to the SSLRequest, the handshake, or the start-up).
+    pub fn connect_tls(addr: &str, tls: &Tls) -> Result<Raw, String> {
+        let mut stream = tcp(addr);
+        if !tls.direct {
+            let mut request = Vec::new();
+            msg::ssl_request(&mut request);
+            stream.write_all(&request).map_err(|e| e.to_string())?;
+            let mut answer = [0u8; 1];
+            stream
+                .read_exact(&mut answer)
+                .map_err(|e| format!("reading the answer to SSLRequest: {e}"))?;
+            if answer[0] != b'S' {
+                return Err(format!("SSLRequest answered {:?}", char::from(answer[0])));
+            }
+        }
+        let name = tlsconf::rustls::pki_types::ServerName::try_from(tls.name.clone())
+            .map_err(|e| e.to_string())?;
+        let conn = tlsconf::rustls::ClientConnection::new(std::sync::Arc::clone(&tls.config), name)
+            .map_err(|e| e.to_string())?;
+        let mut stream = tlsconf::rustls::StreamOwned::new(conn, stream);
+        while stream.conn.is_handshaking() {
+            stream
+                .conn
+                .complete_io(&mut stream.sock)
+                .map_err(|e| format!("TLS handshake: {e}"))?;
+        }
+        let mut raw = Raw {
+            stream: Box::new(stream),
+            buf: Vec::new(),
+        };
+        let mut packet = Vec::new();
+        msg::startup(
+            &mut packet,
+            &[(b"user", b"postgres"), (b"database", b"postgres")],
+        );
+        raw.stream
+            .write_all(&packet)
+            .map_err(|e| format!("sending the start-up packet: {e}"))?;
+        let answer = raw.try_answer()?;
+        match answer.errors.first() {
+            None => Ok(raw),
+            Some(e) => Err(format!("start-up: {} {}", e.0, e.1)),
+        }
+    }
+
+    fn start(&mut self, addr: &str, params: &[(&str, &str)]) {
         let all: Vec<(&[u8], &[u8])> = params
             .iter()
             .map(|(k, v)| (k.as_bytes(), v.as_bytes()))
             .collect();
         let mut packet = Vec::new();
         msg::startup(&mut packet, &all);
-        raw.send(&packet);
-        let answer = raw.answer();
+        self.send(&packet);
+        let answer = self.answer();
         assert!(
             answer.errors.is_empty(),
             "start-up through {addr}: {answer:?}"
         );
-        raw
     }
 
     fn send(&mut self, bytes: &[u8]) {
         self.stream.write_all(bytes).expect("writing to the proxy");
     }
 
-    fn message(&mut self) -> Vec<u8> {
+    fn message(&mut self) -> Result<Vec<u8>, String> {
         loop {
             if let Ok(Some(h)) = pg_wire::header(&self.buf, usize::MAX)
                 && self.buf.len() >= h.total
             {
-                return self.buf.drain(..h.total).collect();
+                return Ok(self.buf.drain(..h.total).collect());
             }
             let mut chunk = [0u8; 16 << 10];
             let n = self
                 .stream
                 .read(&mut chunk)
-                .expect("reading from the proxy");
-            assert!(n > 0, "the proxy closed the connection");
+                .map_err(|e| format!("reading from the proxy: {e}"))?;
+            if n == 0 {
+                return Err("the proxy closed the connection".into());
+            }
             self.buf.extend_from_slice(&chunk[..n]);
         }
     }
 
     /// Reads up to and including the next ReadyForQuery.
     fn answer(&mut self) -> Answer {
+        self.try_answer().unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    fn try_answer(&mut self) -> Result<Answer, String> {
         let mut a = Answer::default();
         loop {
-            let m = self.message();
+            // A FATAL error is the last thing said: no ReadyForQuery follows it.
+            let m = match self.message() {
+                Ok(m) => m,
+                Err(_) if !a.errors.is_empty() => return Ok(a),
+                Err(e) => return Err(e),
+            };
             match Backend::decode(&m).expect("a server message") {
                 Backend::DataRow { message } => a.rows.push(
                     msg::data_row(message)
@@ -117,11 +197,23 @@ impl Raw {
                 )),
                 Backend::ReadyForQuery { status } => {
                     a.status = status as char;
-                    return a;
+                    return Ok(a);
                 }
                 _ => {}
             }
         }
+    }
+
+    /// Sends a simple Query without reading the answer ([`Raw::read_answer`] reads it).
+    pub fn send_simple(&mut self, sql: &str) {
+        let mut q = Vec::new();
+        msg::query(&mut q, sql.as_bytes());
+        self.send(&q);
+    }
+
+    /// Reads the answer to what was sent, up to its ReadyForQuery (or a FATAL error).
+    pub fn read_answer(&mut self) -> Answer {
+        self.answer()
     }
 
     /// A simple Query.

@@ -60,6 +60,16 @@ type Body = BoxBody<Bytes, Infallible>;
 
 impl Upstream {
     pub fn start() -> Upstream {
+        Upstream::start_with(None)
+    }
+
+    /// The service in HTTPS with `tls`'s certificate (and its client CA, if any): a failed
+    /// handshake closes that connection only.
+    pub fn start_tls(tls: std::sync::Arc<tlsconf::Reloadable>) -> Upstream {
+        Upstream::start_with(Some(tls))
+    }
+
+    fn start_with(tls: Option<std::sync::Arc<tlsconf::Reloadable>>) -> Upstream {
         let state = Arc::new(State::default());
         let (addr_tx, addr_rx) = std::sync::mpsc::channel();
         let (stop, mut stopped) = tokio::sync::oneshot::channel::<()>();
@@ -79,11 +89,24 @@ impl Upstream {
                         a = listener.accept() => a.unwrap(),
                     };
                     let s = Arc::clone(&s);
+                    let acceptor = tls.as_ref().map(|t| t.acceptor());
                     tokio::spawn(async move {
                         let service = service_fn(move |req| handle(Arc::clone(&s), req));
-                        let _ = http1::Builder::new()
-                            .serve_connection(TokioIo::new(stream), service)
-                            .await;
+                        let _ = match acceptor {
+                            None => {
+                                http1::Builder::new()
+                                    .serve_connection(TokioIo::new(stream), service)
+                                    .await
+                            }
+                            Some(a) => match tlsconf::accept(&a, stream).await {
+                                Ok(tls) => {
+                                    http1::Builder::new()
+                                        .serve_connection(TokioIo::new(tls), service)
+                                        .await
+                                }
+                                Err(_) => return,
+                            },
+                        };
                     });
                 }
             });

@@ -71,10 +71,53 @@ pub struct CommonArgs {
         value_name = "N"
     )]
     pub workers: usize,
-    /// Listen on an address other than loopback although fence-proxy serves no TLS yet
-    /// (logged at start).
+    /// Take plaintext off loopback: listen there without TLS, or reach an upstream there
+    /// without it (logged at start).
     #[arg(long, env = "FENCE_PROXY_INSECURE")]
     pub insecure: bool,
+    /// TLS towards clients: the certificate chain (PEM). Reloaded on SIGHUP.
+    #[arg(
+        long,
+        env = "FENCE_PROXY_TLS_CERT",
+        value_name = "FILE",
+        requires = "tls_key"
+    )]
+    pub tls_cert: Option<PathBuf>,
+    /// The key of --tls-cert (PEM).
+    #[arg(
+        long,
+        env = "FENCE_PROXY_TLS_KEY",
+        value_name = "FILE",
+        requires = "tls_cert"
+    )]
+    pub tls_key: Option<PathBuf>,
+    /// Clients must present a certificate of this CA (PEM): mutual TLS.
+    #[arg(
+        long,
+        env = "FENCE_PROXY_TLS_CLIENT_CA",
+        value_name = "FILE",
+        requires = "tls_cert"
+    )]
+    pub tls_client_ca: Option<PathBuf>,
+    /// The CA the upstream's certificate must chain to (PEM).
+    #[arg(long, env = "FENCE_PROXY_UPSTREAM_CA", value_name = "FILE")]
+    pub upstream_ca: Option<PathBuf>,
+    /// A client certificate for the upstream (PEM).
+    #[arg(
+        long,
+        env = "FENCE_PROXY_UPSTREAM_CERT",
+        value_name = "FILE",
+        requires = "upstream_key"
+    )]
+    pub upstream_cert: Option<PathBuf>,
+    /// The key of --upstream-cert (PEM).
+    #[arg(
+        long,
+        env = "FENCE_PROXY_UPSTREAM_KEY",
+        value_name = "FILE",
+        requires = "upstream_cert"
+    )]
+    pub upstream_key: Option<PathBuf>,
     /// Key file of the keys that verify signed fencing tokens (the one lockd signs with;
     /// docs/security.md). With it, tokens of the --signed-prefix resources must be signed.
     #[arg(long, env = "FENCE_PROXY_FENCE_KEYS", value_name = "FILE")]
@@ -159,6 +202,21 @@ pub struct PgArgs {
     /// Largest message a client may send, in bytes (COPY data excepted).
     #[arg(long, env = "FENCE_PROXY_PG_MESSAGE_MAX_BYTES", default_value_t = 64 << 20, value_name = "BYTES")]
     pub message_max_bytes: u64,
+    /// With --tls-cert: refuse sessions that stay in plaintext (false: take both).
+    #[arg(long, env = "FENCE_PROXY_PG_TLS_REQUIRED", default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
+    pub tls_required: bool,
+    /// TLS towards PostgreSQL: disable, require (encrypted, the server not checked) or
+    /// verify-full (--upstream-ca).
+    #[arg(
+        long,
+        env = "FENCE_PROXY_PG_UPSTREAM_TLS",
+        default_value = "disable",
+        value_name = "MODE"
+    )]
+    pub upstream_tls: crate::tls::UpstreamTlsMode,
+    /// The name PostgreSQL's certificate must carry [default: the --upstream host].
+    #[arg(long, env = "FENCE_PROXY_PG_UPSTREAM_SERVER_NAME", value_name = "NAME")]
+    pub upstream_server_name: Option<String>,
     #[command(flatten)]
     pub common: CommonArgs,
 }

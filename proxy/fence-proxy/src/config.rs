@@ -16,6 +16,7 @@ use serde::{Deserialize, Serialize};
 
 pub use crate::cli::{Cli, LogFormat, Mode, PgAction, PgArgs};
 pub use crate::signing::SigningConfig;
+use crate::tls::UpstreamTlsMode;
 
 /// The whole configuration (the TOML file's schema).
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
@@ -31,7 +32,7 @@ pub struct Config {
     /// Threads serving each listener (0 = one per CPU).
     #[serde(default)]
     pub workers: usize,
-    /// Listen on addresses other than loopback although fence-proxy serves no TLS yet.
+    /// Take plaintext off loopback: listeners without TLS, and upstreams reached without it.
     #[serde(default)]
     pub insecure: bool,
     #[serde(default)]
@@ -71,6 +72,36 @@ pub struct PgConfig {
     /// How long a fenced session's error waits for the client's next message.
     #[serde(default = "d_fenced_hold")]
     pub fenced_hold_ms: u64,
+    /// TLS towards clients: the certificate chain and its key (PEM). An SSLRequest is then
+    /// answered `S`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls_cert: Option<PathBuf>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls_key: Option<PathBuf>,
+    /// Clients must present a certificate of this CA (PEM).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls_client_ca: Option<PathBuf>,
+    /// With `tls_cert`: refuse sessions that stay in plaintext.
+    #[serde(default = "d_true")]
+    pub tls_required: bool,
+    /// TLS towards PostgreSQL: `disable`, `require` or `verify-full`.
+    #[serde(default)]
+    pub upstream_tls: UpstreamTlsMode,
+    /// The CA that PostgreSQL's certificate must chain to (`verify-full`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upstream_ca: Option<PathBuf>,
+    /// A client certificate and key for PostgreSQL (`hostssl ... cert`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upstream_cert: Option<PathBuf>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upstream_key: Option<PathBuf>,
+    /// The name PostgreSQL's certificate must carry, if not the upstream's host.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upstream_server_name: Option<String>,
+}
+
+fn d_true() -> bool {
+    true
 }
 
 fn d_schema_wait() -> u64 {
@@ -115,6 +146,15 @@ impl PgConfig {
             connect_timeout_ms: d_pg_connect_timeout(),
             startup_timeout_ms: d_startup_timeout(),
             fenced_hold_ms: d_fenced_hold(),
+            tls_cert: None,
+            tls_key: None,
+            tls_client_ca: None,
+            tls_required: true,
+            upstream_tls: UpstreamTlsMode::Disable,
+            upstream_ca: None,
+            upstream_cert: None,
+            upstream_key: None,
+            upstream_server_name: None,
         }
     }
 
@@ -137,6 +177,9 @@ impl PgConfig {
             startup_timeout: Duration::from_millis(self.startup_timeout_ms),
             marks_max,
             fenced_hold: Duration::from_millis(self.fenced_hold_ms),
+            // From `tls()`, which reads files.
+            tls: None,
+            upstream_tls: None,
         }
     }
 
@@ -165,6 +208,10 @@ impl PgConfig {
         {
             bail!("pg listener {l}: connections_max and the timeouts must be at least 1");
         }
+        if !self.tls_required && self.tls_cert.is_none() {
+            bail!("pg listener {l}: tls_required = false means something only with tls_cert");
+        }
+        self.tls()?;
         for url in &self.schema_urls {
             if !url.starts_with("postgres://") && !url.starts_with("postgresql://") {
                 bail!(
@@ -301,6 +348,22 @@ pub struct HttpConfig {
     pub pool_idle_per_host: usize,
     #[serde(default = "d_pool_idle_timeout")]
     pub pool_idle_timeout_ms: u64,
+    /// HTTPS towards clients: the certificate chain and its key (PEM).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls_cert: Option<PathBuf>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls_key: Option<PathBuf>,
+    /// Clients must present a certificate of this CA (PEM).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls_client_ca: Option<PathBuf>,
+    /// The CA an `https://` upstream's certificate must chain to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upstream_ca: Option<PathBuf>,
+    /// A client certificate and key for the upstream.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upstream_cert: Option<PathBuf>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upstream_key: Option<PathBuf>,
 }
 
 fn d_body_max() -> u64 {
@@ -339,16 +402,25 @@ impl HttpConfig {
             header_read_timeout_ms: d_header_timeout(),
             pool_idle_per_host: d_pool_idle(),
             pool_idle_timeout_ms: d_pool_idle_timeout(),
+            tls_cert: None,
+            tls_key: None,
+            tls_client_ca: None,
+            upstream_ca: None,
+            upstream_cert: None,
+            upstream_key: None,
         }
     }
 
-    /// The relay settings (the upstream URL checked).
+    /// The relay settings (the upstream URL checked); `upstream_tls` from
+    /// [`HttpConfig::upstream_tls`].
     pub fn relay(
         &self,
         signing: std::sync::Arc<fencing::signed::Policy>,
+        upstream_tls: Option<std::sync::Arc<tlsconf::ClientTls>>,
     ) -> anyhow::Result<RelayConfig> {
         Ok(RelayConfig {
             signing,
+            upstream_tls,
             upstream: parse_upstream(&self.upstream).map_err(anyhow::Error::msg)?,
             body_max_bytes: self.body_max_bytes,
             upstream_timeout: Duration::from_millis(self.upstream_timeout_ms),
@@ -395,6 +467,12 @@ impl Config {
                 let mut http = HttpConfig::new(a.listen, a.upstream.clone());
                 http.body_max_bytes = a.body_max_bytes;
                 http.upstream_timeout_ms = a.upstream_timeout_ms;
+                http.tls_cert = a.common.tls_cert.clone();
+                http.tls_key = a.common.tls_key.clone();
+                http.tls_client_ca = a.common.tls_client_ca.clone();
+                http.upstream_ca = a.common.upstream_ca.clone();
+                http.upstream_cert = a.common.upstream_cert.clone();
+                http.upstream_key = a.common.upstream_key.clone();
                 Config {
                     data_dir: a.data_dir.clone(),
                     log: a.common.log.clone(),
@@ -419,6 +497,15 @@ impl Config {
                 pg.fence_wait_ms = a.fence_wait_ms;
                 pg.connections_max = a.connections_max;
                 pg.message_max_bytes = a.message_max_bytes;
+                pg.tls_cert = a.common.tls_cert.clone();
+                pg.tls_key = a.common.tls_key.clone();
+                pg.tls_client_ca = a.common.tls_client_ca.clone();
+                pg.tls_required = a.tls_required;
+                pg.upstream_tls = a.upstream_tls;
+                pg.upstream_ca = a.common.upstream_ca.clone();
+                pg.upstream_cert = a.common.upstream_cert.clone();
+                pg.upstream_key = a.common.upstream_key.clone();
+                pg.upstream_server_name = a.upstream_server_name.clone();
                 Config {
                     data_dir: default_data_dir(),
                     log: a.common.log.clone(),
@@ -470,9 +557,11 @@ impl Config {
             if h.listen.port() != 0 && !seen.insert(h.listen) {
                 bail!("two listeners on {}", h.listen);
             }
-            h.relay(Default::default())
+            h.relay(Default::default(), None)
                 .with_context(|| format!("listener {}", h.listen))?;
             h.routes()?;
+            h.listener_tls()?;
+            h.upstream_tls()?;
             if h.body_max_bytes == 0
                 || h.connections_max == 0
                 || h.upstream_timeout_ms == 0
@@ -508,12 +597,12 @@ impl Config {
         }
         tracing_subscriber::EnvFilter::try_new(&self.log)
             .with_context(|| format!("log filter {:?} is not valid", self.log))?;
-        for addr in self.listen_addrs() {
-            if !addr.ip().is_loopback() && !self.insecure {
-                bail!(
-                    "listener {addr} is not on loopback, and fence-proxy does not serve TLS yet: anyone on the network could read the tokens and the data in transit; listen on loopback (a sidecar), or set insecure = true (--insecure) to listen anyway"
-                );
-            }
+        if !self.insecure
+            && let Some(first) = self.plaintext().first()
+        {
+            bail!(
+                "{first}: anyone on the network could read the tokens, passwords and data in transit; use TLS, keep it on loopback (a sidecar), or set insecure = true (--insecure) to go on anyway"
+            );
         }
         if let Some(signing) = &self.signing {
             signing.policy()?;
@@ -527,12 +616,14 @@ impl Config {
         Ok(())
     }
 
-    /// Every listener's address, the PostgreSQL ones first.
-    pub fn listen_addrs(&self) -> impl Iterator<Item = SocketAddr> + '_ {
+    /// What the listeners let cross the network in plaintext, in words: refused unless
+    /// `insecure`, and then logged at start.
+    pub fn plaintext(&self) -> Vec<String> {
         self.pg
             .iter()
-            .map(|p| p.listen)
-            .chain(self.http.iter().map(|h| h.listen))
+            .flat_map(PgConfig::plaintext)
+            .chain(self.http.iter().flat_map(HttpConfig::plaintext))
+            .collect()
     }
 
     /// The signed-token policy (the default, with no keys and nothing required, without
@@ -598,6 +689,8 @@ mod tests {
             "pg",
             "--upstream",
             "db:5433",
+            "--upstream-tls",
+            "require",
             "--schema-url",
             "postgres://a@db/x,postgres://a@db/y",
             "--workers",
@@ -683,7 +776,11 @@ mod tests {
         for (text, needle) in [
             (
                 "[[http]]\nlisten = \"127.0.0.1:1\"\nupstream = \"https://x\"",
-                "TLS",
+                "needs upstream_ca",
+            ),
+            (
+                "[[http]]\nlisten = \"127.0.0.1:1\"\nupstream = \"ftp://x\"",
+                "http:// or https://",
             ),
             (
                 "[[http]]\nlisten = \"127.0.0.1:1\"\nupstream = \"http://x\"\n[[http.routes]]\npath = \"/a/{b}\"\nresource = \"r:{c}\"",

@@ -6,6 +6,7 @@ mod config;
 mod fence_pg;
 mod marks_redb;
 mod signing;
+mod tls;
 
 use std::io::IsTerminal;
 use std::process::ExitCode;
@@ -86,9 +87,11 @@ fn main() -> ExitCode {
 async fn run(config: Config) -> anyhow::Result<()> {
     let (stop_tx, stop_rx) = watch::channel(false);
     let workers = config.workers();
-    for addr in config.listen_addrs().filter(|a| !a.ip().is_loopback()) {
-        tracing::warn!(%addr, "listening in plaintext on an address other than loopback (insecure = true): tokens and data travel unencrypted");
+    for what in config.plaintext() {
+        tracing::warn!(%what, "plaintext off loopback (insecure = true): tokens and data travel unencrypted");
     }
+    // What SIGHUP reads again: every listener's certificate and every upstream's TLS files.
+    let mut reloads: Vec<Arc<dyn tlsconf::Reload>> = Vec::new();
     let signing = Arc::new(config.signing_policy()?);
     match signing.keys() {
         Some(keys) => tracing::info!(
@@ -100,7 +103,14 @@ async fn run(config: Config) -> anyhow::Result<()> {
     }
     let mut pg_threads = Vec::new();
     for p in &config.pg {
-        let relay_config = p.relay(config.fence.resources_max, config.signing.is_some());
+        let mut relay_config = p.relay(config.fence.resources_max, config.signing.is_some());
+        (relay_config.tls, relay_config.upstream_tls) = p.tls()?;
+        if let Some(t) = &relay_config.tls {
+            reloads.push(Arc::clone(&t.server) as Arc<dyn tlsconf::Reload>);
+        }
+        if let Some(t) = &relay_config.upstream_tls {
+            reloads.push(Arc::clone(&t.client) as Arc<dyn tlsconf::Reload>);
+        }
         for url in &p.schema_urls {
             let wait = std::time::Duration::from_millis(p.schema_wait_ms);
             let policy = config.signing.is_some().then_some(&*signing);
@@ -116,7 +126,7 @@ async fn run(config: Config) -> anyhow::Result<()> {
         let shards = shards::bind(p.listen, workers)
             .with_context(|| format!("cannot listen on {}", p.listen))?;
         let addr = shards[0].local_addr()?;
-        tracing::info!(%addr, upstream = %p.upstream, fence_wait_ms = p.fence_wait_ms, workers, "listening (pg)");
+        tracing::info!(%addr, upstream = %p.upstream, tls = p.tls_cert.is_some(), upstream_tls = ?p.upstream_tls, fence_wait_ms = p.fence_wait_ms, workers, "listening (pg)");
         // One relay (limits, map of marks, cancel keys) for all the listener's threads; each
         // thread runs its own event loop, and a session stays on the thread that accepted it
         // (the thread with the fewest sessions accepts the next).
@@ -139,9 +149,10 @@ async fn run(config: Config) -> anyhow::Result<()> {
     let mut threads = if config.http.is_empty() {
         Vec::new()
     } else {
-        start_http(&config, &stop_rx, &signing).await?
+        start_http(&config, &stop_rx, &signing, &mut reloads).await?
     };
     threads.extend(pg_threads);
+    tlsconf::reload_on_sighup(reloads);
     shutdown_signal().await;
     tracing::info!("shutting down: finishing requests in progress");
     let _ = stop_tx.send(true);
@@ -162,6 +173,7 @@ async fn start_http(
     config: &Config,
     stop_rx: &watch::Receiver<bool>,
     signing: &Arc<fencing::signed::Policy>,
+    reloads: &mut Vec<Arc<dyn tlsconf::Reload>>,
 ) -> anyhow::Result<Vec<std::thread::JoinHandle<std::io::Result<()>>>> {
     let fence: Arc<dyn Fence> = match config.fence.store {
         MarksStore::Redb => {
@@ -208,15 +220,26 @@ async fn start_http(
         let shards = shards::bind(h.listen, workers)
             .with_context(|| format!("cannot listen on {}", h.listen))?;
         let addr = shards[0].local_addr()?;
-        tracing::info!(%addr, upstream = %h.upstream, routes = h.routes.len(), workers, "listening (http)");
+        let (tls, upstream_tls) = (h.listener_tls()?, h.upstream_tls()?);
+        reloads.extend(
+            tls.iter()
+                .map(|t| Arc::clone(t) as Arc<dyn tlsconf::Reload>),
+        );
+        reloads.extend(
+            upstream_tls
+                .iter()
+                .map(|t| Arc::clone(t) as Arc<dyn tlsconf::Reload>),
+        );
+        tracing::info!(%addr, upstream = %h.upstream, tls = tls.is_some(), routes = h.routes.len(), workers, "listening (http)");
         let mut limits = h.server();
         limits.connections_max = limits.connections_max.div_ceil(workers);
         for (i, shard) in shards.into_iter().enumerate() {
-            let (fence, routes, mut relay, limits) = (
+            let (fence, routes, mut relay, limits, tls) = (
                 Arc::clone(&fence),
                 h.routes()?,
-                h.relay(Arc::clone(signing))?,
+                h.relay(Arc::clone(signing), upstream_tls.clone())?,
                 limits.clone(),
+                tls.clone(),
             );
             // Like connections_max, the bound on idle upstream connections is the listener's.
             relay.pool_idle_per_host = relay.pool_idle_per_host.div_ceil(workers);
@@ -226,7 +249,7 @@ async fn start_http(
                 shard,
                 move |listener| async move {
                     let relay = Arc::new(Relay::new(routes, fence, relay));
-                    http_relay::serve(listener, relay, limits, async move {
+                    http_relay::serve(listener, relay, limits, tls, async move {
                         let _ = stop.changed().await;
                     })
                     .await

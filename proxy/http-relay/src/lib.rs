@@ -10,11 +10,14 @@
 //!   out, forwarding headers in), chunked bodies decoded and encoded again;
 //! - `relay`: one task per client connection relaying its requests, streaming, to the upstream
 //!   connection it keeps (limits, timeouts, the fence's permit);
+//! - `upstream`: upstream connections, in plain HTTP or TLS (`https://`), and whether an idle
+//!   one is still usable;
 //! - `problem`: the proxy's own answers, `application/problem+json`, in one table;
-//! - `server`: accepting client connections, bounded in number, graceful shutdown.
+//! - `server`: accepting client connections (HTTPS when a certificate is given), bounded in
+//!   number, graceful shutdown.
 //!
-//! It depends on `fencing` only among the project's crates; the stores of marks live in the
-//! `fence-proxy` binary.
+//! Among the project's crates it depends on `fencing`, `shards` and `tlsconf`; the stores of
+//! marks live in the `fence-proxy` binary.
 //!
 //! # What the fence guarantees, and what it cannot
 //!
@@ -36,6 +39,7 @@ mod problem;
 mod relay;
 mod routes;
 mod server;
+mod upstream;
 
 pub use fence::{
     BoxFuture, Fence, FenceLimits, LocalFence, MarkStore, MemoryMarks, Permit, Refusal,

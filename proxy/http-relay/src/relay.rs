@@ -23,8 +23,8 @@ use std::time::Duration;
 use bytes::{Buf, BytesMut};
 use fencing::{FencingToken, ResourceName};
 use http::{Method, Uri};
+use tlsconf::Stream;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tokio::net::TcpStream;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
@@ -32,9 +32,10 @@ use crate::fence::{Fence, Permit};
 use crate::h1::{self, Decoded, Framing};
 use crate::problem::Problem;
 use crate::routes::{Classification, Routes};
+use crate::upstream::{self, Upstream, alive, kept_readable};
 
 /// Bytes read from a socket at a time.
-const READ_CHUNK: usize = 16 * 1024;
+pub(crate) const READ_CHUNK: usize = 16 * 1024;
 /// Relayed body bytes gathered before they are written.
 const WRITE_CHUNK: usize = 64 * 1024;
 /// After refusing a request whose body was not read, how long and how much of it is read and
@@ -46,8 +47,11 @@ const LINGER_BYTES: usize = 4 << 20;
 /// Settings of a relay.
 #[derive(Clone, Debug)]
 pub struct RelayConfig {
-    /// Where requests go: `http://host:port`, optionally with a path prefix.
+    /// Where requests go: `http://host:port` or `https://host:port`, optionally with a path
+    /// prefix.
     pub upstream: Uri,
+    /// TLS to an `https://` upstream: the CA that verifies it, perhaps a client certificate.
+    pub upstream_tls: Option<Arc<tlsconf::ClientTls>>,
     /// Largest request body relayed, in bytes.
     pub body_max_bytes: u64,
     /// Longest wait for the upstream's response headers (from the connection on, with the
@@ -64,14 +68,14 @@ pub struct RelayConfig {
     pub signing: Arc<fencing::signed::Policy>,
 }
 
-/// Checks an upstream URL: plain HTTP, with a host, no query.
+/// Checks an upstream URL: HTTP or HTTPS, with a host, no query.
 pub fn parse_upstream(url: &str) -> Result<Uri, String> {
     let uri: Uri = url
         .parse()
         .map_err(|e| format!("{url:?} is not a URL: {e}"))?;
-    if uri.scheme_str() != Some("http") {
+    if !matches!(uri.scheme_str(), Some("http" | "https")) {
         return Err(format!(
-            "{url:?}: the upstream must be an http:// URL (TLS to the upstream is not supported)"
+            "{url:?}: the upstream must be an http:// or https:// URL"
         ));
     }
     if uri.authority().is_none() {
@@ -87,11 +91,13 @@ pub fn parse_upstream(url: &str) -> Result<Uri, String> {
 pub struct Relay {
     routes: Routes,
     fence: Arc<dyn Fence>,
-    config: RelayConfig,
+    pub(crate) config: RelayConfig,
     /// The upstream URL's path, without a trailing `/`.
     prefix: String,
     /// `host:port` to connect to.
-    address: String,
+    pub(crate) address: String,
+    /// The name an `https://` upstream's certificate must carry (its URL's host).
+    pub(crate) server_name: Option<tlsconf::rustls::pki_types::ServerName<'static>>,
     /// `Host` for requests that came without one.
     host: String,
     /// Upstream connections kept idle right now.
@@ -100,11 +106,19 @@ pub struct Relay {
 
 impl Relay {
     pub fn new(routes: Routes, fence: Arc<dyn Fence>, config: RelayConfig) -> Relay {
+        let https = config.upstream.scheme_str() == Some("https");
+        let host = config.upstream.host().unwrap_or_default();
         let address = format!(
-            "{}:{}",
-            config.upstream.host().unwrap_or_default(),
-            config.upstream.port_u16().unwrap_or(80)
+            "{host}:{}",
+            config
+                .upstream
+                .port_u16()
+                .unwrap_or(if https { 443 } else { 80 })
         );
+        let bare = host.trim_start_matches('[').trim_end_matches(']');
+        let server_name = https
+            .then(|| tlsconf::rustls::pki_types::ServerName::try_from(bare.to_string()).ok())
+            .flatten();
         let prefix = config.upstream.path().trim_end_matches('/').to_string();
         let host = config
             .upstream
@@ -116,6 +130,7 @@ impl Relay {
             config,
             prefix,
             address,
+            server_name,
             host,
             idle: AtomicUsize::new(0),
         }
@@ -126,7 +141,7 @@ impl Relay {
     /// so also for an idle kept-alive connection), or `stop` changes (between requests).
     pub async fn serve_connection(
         &self,
-        client: TcpStream,
+        client: Stream,
         peer: SocketAddr,
         header_read_timeout: Duration,
         stop: watch::Receiver<bool>,
@@ -147,39 +162,12 @@ impl Relay {
             }
         }
     }
-
-    async fn connect(&self) -> Result<Upstream, String> {
-        let stream = tokio::time::timeout(
-            self.config.connect_timeout,
-            TcpStream::connect(&self.address),
-        )
-        .await
-        .map_err(|_| {
-            format!(
-                "connecting to {} timed out after {} ms",
-                self.address,
-                self.config.connect_timeout.as_millis()
-            )
-        })?
-        .map_err(|e| format!("cannot connect to {}: {e}", self.address))?;
-        let _ = stream.set_nodelay(true);
-        Ok(Upstream {
-            stream,
-            input: BytesMut::with_capacity(READ_CHUNK),
-        })
-    }
-}
-
-/// A connection to the upstream and the bytes read from it not yet relayed.
-struct Upstream {
-    stream: TcpStream,
-    input: BytesMut,
 }
 
 /// One client connection.
 struct Conn<'r> {
     relay: &'r Relay,
-    client: TcpStream,
+    client: Stream,
     peer: SocketAddr,
     /// `peer` as the forwarding headers name it.
     forwarded_for: h1::Peer,
@@ -284,7 +272,7 @@ impl Conn<'_> {
                 },
                 () = kept_readable(&self.kept) => {
                     // The upstream closed its idle connection (or sent what it must not).
-                    if self.kept.as_ref().is_some_and(|(up, _)| !alive(&up.stream)) {
+                    if self.kept.as_ref().is_some_and(|(up, _)| !alive(up.stream.tcp())) {
                         self.release_kept();
                     }
                 }
@@ -549,7 +537,9 @@ impl Conn<'_> {
         let (mut up, reused) = match self.take_kept() {
             Some(up) => (up, true),
             None => (
-                self.relay.connect().await.map_err(SendError::Unreachable)?,
+                upstream::connect(self.relay)
+                    .await
+                    .map_err(SendError::Unreachable)?,
                 false,
             ),
         };
@@ -557,7 +547,9 @@ impl Conn<'_> {
             Ok(response) => Ok((up, response)),
             Err(SendError::Closed(reason)) if reused && replayable && idempotent(&req.method) => {
                 tracing::debug!(%reason, "the upstream closed a kept connection; sending the request again");
-                let mut up = self.relay.connect().await.map_err(SendError::Unreachable)?;
+                let mut up = upstream::connect(self.relay)
+                    .await
+                    .map_err(SendError::Unreachable)?;
                 let response = self.send_on(&mut up, req, body).await?;
                 Ok((up, response))
             }
@@ -591,8 +583,8 @@ impl Conn<'_> {
             };
             let mut early_out = Vec::new();
             let early = {
-                let (mut client_read, mut client_write) = self.client.split();
-                let (mut up_read, mut up_write) = up.stream.split();
+                let (mut client_read, mut client_write) = tokio::io::split(&mut self.client);
+                let (mut up_read, mut up_write) = tokio::io::split(&mut up.stream);
                 let copy = copy_body(
                     &mut client_read,
                     &mut self.input,
@@ -634,11 +626,10 @@ impl Conn<'_> {
             }
         }
         // The body is all sent (what a dropped head future had read is in `up.input`).
-        let (_, mut client_write) = self.client.split();
         read_head(
             &mut up.stream,
             &mut up.input,
-            &mut client_write,
+            &mut self.client,
             to,
             &self.stop,
             &mut self.out,
@@ -740,7 +731,7 @@ impl Conn<'_> {
     /// Takes the kept upstream connection if it is still usable.
     fn take_kept(&mut self) -> Option<Upstream> {
         let (up, since) = self.release_kept()?;
-        if since.elapsed() >= self.relay.config.pool_idle_timeout || !alive(&up.stream) {
+        if since.elapsed() >= self.relay.config.pool_idle_timeout || !alive(up.stream.tcp()) {
             return None;
         }
         Some(up)
@@ -932,23 +923,6 @@ where
     }
 }
 
-/// Resolves when the kept upstream connection, if any, has something to read (a close, most
-/// likely); never without one.
-async fn kept_readable(kept: &Option<(Upstream, Instant)>) {
-    match kept {
-        Some((up, _)) => {
-            let _ = up.stream.readable().await;
-        }
-        None => std::future::pending().await,
-    }
-}
-
-/// An idle connection is usable when there is nothing to read on it (no close, no stray bytes).
-fn alive(stream: &TcpStream) -> bool {
-    let mut probe = [0u8; 1];
-    matches!(stream.try_read(&mut probe), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
-}
-
 /// RFC 9110 §9.2.2: methods a client may repeat automatically.
 fn idempotent(method: &Method) -> bool {
     matches!(
@@ -976,7 +950,12 @@ mod url_tests {
     fn upstream_urls_are_checked() {
         assert!(parse_upstream("http://127.0.0.1:8080").is_ok());
         assert!(parse_upstream("http://svc:8080/api").is_ok());
-        assert!(parse_upstream("https://svc").unwrap_err().contains("TLS"));
+        assert!(parse_upstream("https://svc").is_ok());
+        assert!(
+            parse_upstream("ftp://svc")
+                .unwrap_err()
+                .contains("https://")
+        );
         assert!(parse_upstream("svc:8080").is_err());
         assert!(
             parse_upstream("http://svc/?x=1")

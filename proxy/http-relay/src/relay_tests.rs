@@ -262,6 +262,7 @@ async fn proxy_until(
         pool_idle_per_host: 16,
         pool_idle_timeout: Duration::from_secs(600),
         signing: Default::default(),
+        upstream_tls: None,
     };
     let mut limits = ServerLimits {
         header_read_timeout: Duration::from_secs(600),
@@ -281,6 +282,7 @@ async fn proxy_until(
         shards::Listener::single(listener),
         relay,
         limits,
+        None,
         shutdown,
     ));
     (addr, serving)

@@ -13,6 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use shards::Listener;
+use tlsconf::Stream;
 use tokio::sync::{Semaphore, watch};
 
 use crate::relay::Relay;
@@ -41,11 +42,13 @@ impl Default for ServerLimits {
 }
 
 /// Serves `relay` on `listener` until `shutdown` completes, then lets requests in progress
-/// finish (up to the grace period).
+/// finish (up to the grace period). With `tls`, every connection is HTTPS: its handshake must
+/// finish within `header_read_timeout`, and a failed one is a log line and a closed connection.
 pub async fn serve(
     listener: Listener,
     relay: Arc<Relay>,
     limits: ServerLimits,
+    tls: Option<Arc<tlsconf::Reloadable>>,
     shutdown: impl Future<Output = ()>,
 ) {
     let slots = Arc::new(Semaphore::new(limits.connections_max));
@@ -71,8 +74,30 @@ pub async fn serve(
         let relay = Arc::clone(&relay);
         let stop = stop_rx.clone();
         let header_read_timeout = limits.header_read_timeout;
+        let acceptor = tls.as_ref().map(|t| t.acceptor());
         tokio::spawn(async move {
             let _counted = (permit, load);
+            let stream = match acceptor {
+                None => Stream::Plain(stream),
+                Some(acceptor) => {
+                    let shaken = tokio::time::timeout(
+                        header_read_timeout,
+                        tlsconf::accept(&acceptor, stream),
+                    )
+                    .await;
+                    match shaken {
+                        Ok(Ok(s)) => Stream::Server(Box::new(s)),
+                        Ok(Err(e)) => {
+                            tracing::info!(%peer, reason = %tlsconf::handshake_error(&e), "TLS handshake failed; connection closed");
+                            return;
+                        }
+                        Err(_) => {
+                            tracing::info!(%peer, "TLS handshake not finished within the header read timeout; connection closed");
+                            return;
+                        }
+                    }
+                }
+            };
             relay
                 .serve_connection(stream, peer, header_read_timeout, stop)
                 .await;

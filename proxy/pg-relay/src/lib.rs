@@ -8,7 +8,9 @@
 //!   print-schema` prints, and the statements the relay prepares.
 //! - `machine`: the session machine, without I/O: where the check goes, which replies are the
 //!   relay's own (hidden) and what they said, the errors it answers itself.
-//! - `session`: one client connection's I/O: start-up, the two directions of the relay.
+//! - `session`: one client connection's I/O: start-up (TLS included), the two directions of
+//!   the relay.
+//! - [`upstream`]: the connection to PostgreSQL, in plaintext or TLS.
 //! - [`sqlstate`]: the one table of the errors this mode reports.
 //! - [`Relay`]: what the sessions of one listener share: settings, the in-memory map of highest
 //!   tokens seen (a cache that rejects an obviously stale token without a round trip; the table
@@ -20,6 +22,7 @@ mod machine;
 pub mod schema;
 mod session;
 pub mod sqlstate;
+pub mod upstream;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -29,7 +32,18 @@ use std::time::Duration;
 use compact_str::CompactString;
 use dashmap::DashMap;
 use tokio::io::AsyncWriteExt;
-use tokio::net::TcpStream;
+
+pub use upstream::UpstreamTls;
+
+/// TLS towards clients.
+#[derive(Clone, Debug)]
+pub struct ListenerTls {
+    /// The certificate offered to an SSLRequest (and to a direct TLS handshake).
+    pub server: Arc<tlsconf::Reloadable>,
+    /// Refuse sessions that stay in plaintext (28000). Cancel requests are taken either way,
+    /// as PostgreSQL takes them.
+    pub required: bool,
+}
 
 /// Settings of one PostgreSQL listener.
 #[derive(Debug, Clone)]
@@ -56,6 +70,10 @@ pub struct PgRelayConfig {
     /// may not present a token at all (its checks take the bare form: FN004). `None`: every
     /// database is checked as installed.
     pub verified_databases: Option<Vec<String>>,
+    /// TLS towards clients (`None`: SSLRequest is answered `N`).
+    pub tls: Option<ListenerTls>,
+    /// TLS towards PostgreSQL (`None`: plaintext).
+    pub upstream_tls: Option<UpstreamTls>,
 }
 
 impl Default for PgRelayConfig {
@@ -70,6 +88,8 @@ impl Default for PgRelayConfig {
             marks_max: 1_000_000,
             fenced_hold: Duration::from_secs(60),
             verified_databases: None,
+            tls: None,
+            upstream_tls: None,
         }
     }
 }
@@ -173,8 +193,15 @@ impl Relay {
         };
         let mut packet = Vec::new();
         pg_wire::msg::cancel_request(&mut packet, upstream_pid, &upstream_key);
+        // Over TLS when sessions are: the key must not cross the network in clear.
+        let mut s = match upstream::connect(&self.config).await {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(error = %e, "could not forward a cancel request");
+                return;
+            }
+        };
         let sent = tokio::time::timeout(self.config.connect_timeout, async {
-            let mut s = TcpStream::connect(&self.config.upstream).await?;
             s.write_all(&packet).await?;
             s.shutdown().await
         })
@@ -182,7 +209,7 @@ impl Relay {
         match sent {
             Ok(Ok(())) => tracing::debug!(pid, upstream_pid, "forwarded a cancel request"),
             Ok(Err(e)) => tracing::warn!(error = %e, "could not forward a cancel request"),
-            Err(_) => tracing::warn!("could not forward a cancel request: connect timed out"),
+            Err(_) => tracing::warn!("could not forward a cancel request: writing it timed out"),
         }
     }
 }

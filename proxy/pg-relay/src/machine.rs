@@ -461,6 +461,11 @@ pub(crate) struct Machine {
     /// Notifications, notices and parameter reports that came after the held completion: they
     /// go after it, as PostgreSQL sends them after the commit.
     held_after: Vec<u8>,
+    /// SCRAM channel binding cannot pass this relay (TLS on both sides, with different
+    /// certificates): a client that chooses SCRAM-SHA-256-PLUS is told so.
+    no_channel_binding: bool,
+    /// PostgreSQL asked for SASL: the client's next authentication message names the mechanism.
+    sasl_asked: bool,
 }
 
 impl Machine {
@@ -496,7 +501,16 @@ impl Machine {
             aborted: false,
             held_complete: None,
             held_after: Vec::new(),
+            no_channel_binding: false,
+            sasl_asked: false,
         }
+    }
+
+    /// The client's TLS ends here and PostgreSQL's is another certificate's: a client's
+    /// channel binding (tls-server-end-point: a hash of the certificate the client saw) can
+    /// only fail at PostgreSQL.
+    pub(crate) fn refuse_channel_binding(&mut self) {
+        self.no_channel_binding = true;
     }
 
     /// For a database where nothing may be fenced (signed tokens are on, and this proxy did
@@ -611,6 +625,22 @@ impl Machine {
             }
             out.extend_from_slice(message);
             return Ok(Step::Done);
+        }
+        if m == Frontend::Authentication
+            && std::mem::take(&mut self.sasl_asked)
+            && self.no_channel_binding
+            && message
+                .get(5..)
+                .is_some_and(|b| b.starts_with(b"SCRAM-SHA-256-PLUS\0"))
+        {
+            let mut fatal = Vec::new();
+            sqlstate::fatal(
+                &mut fatal,
+                sqlstate::INVALID_AUTHORIZATION,
+                "fence-proxy: SCRAM channel binding cannot pass this proxy: TLS ends here, and PostgreSQL's certificate is another one; connect with channel_binding=disable (the password is still checked by PostgreSQL), or give fence-proxy PostgreSQL's own certificate and key",
+            );
+            self.local.push_back(Local::Fatal(fatal));
+            return Ok(Step::Terminate);
         }
         let fresh = self.batch_len == 0;
         if fresh && self.idle() {
@@ -1304,6 +1334,11 @@ impl Machine {
                 Verdict::Forward
             }
             Backend::BackendKeyData { .. } => Verdict::Forward,
+            Backend::Authentication if self.phase == Phase::Auth => {
+                // AuthenticationSASL is code 10.
+                self.sasl_asked = message.get(5..9) == Some(&10i32.to_be_bytes()[..]);
+                Verdict::Forward
+            }
             Backend::ParameterStatus { name, value } => {
                 if name == b"standard_conforming_strings" {
                     self.lexing.standard_strings = value == b"on";

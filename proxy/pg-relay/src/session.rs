@@ -3,11 +3,19 @@
 //! [`Machine`]'s; this module frames bytes into messages, feeds them to it and writes what it
 //! says.
 //!
-//! - Start-up: SSLRequest and GSSENCRequest are answered `N` (the client may go on in clear
-//!   text); a CancelRequest is forwarded; a StartupMessage opens the session, unless the
-//!   listener is full (53300, sent after the SSLRequest was answered, so that a libpq client
-//!   with `sslmode=prefer` reads it) or the client asks for a replication connection (0A000:
-//!   a walsender takes no extended-protocol checks).
+//! - Start-up: with a certificate configured, an SSLRequest is answered `S` and the session
+//!   goes on in TLS (bytes sent after the SSLRequest and before the handshake are refused: a
+//!   man in the middle could have put them there), and a connection that opens with a TLS
+//!   handshake (libpq's `sslnegotiation=direct`, ALPN `postgresql`) is taken too. Without
+//!   one, SSLRequest is answered `N`; GSSENCRequest always is. A CancelRequest is forwarded.
+//!   A StartupMessage opens the session, unless the listener requires TLS and the session is
+//!   in plaintext (28000), the listener is full (53300, sent after the SSLRequest was
+//!   answered, so that a libpq client with `sslmode=prefer` reads it) or the client asks for a
+//!   replication connection (0A000: a walsender takes no extended-protocol checks).
+//! - TLS on both sides with different certificates breaks SCRAM channel binding (the client
+//!   binds to our certificate, PostgreSQL to its own): a client that chooses
+//!   SCRAM-SHA-256-PLUS is told so (28000), instead of PostgreSQL's bare "channel binding
+//!   check failed".
 //! - Relaying: what the client direction answers by itself (a refusal from memory, a FATAL
 //!   over a bad message) is queued in the machine and written by the other direction, in
 //!   order; what the server direction wants sent to the server (the start-up probe) is written
@@ -24,13 +32,14 @@ use bytes::{Buf, BytesMut};
 use pg_wire::backend::Backend;
 use pg_wire::frontend::tag;
 use pg_wire::{Header, Startup, WireError};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tlsconf::Stream;
+use tlsconf::rustls::pki_types::CertificateDer;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::sync::Notify;
 
 use crate::machine::{Local, Machine, Step, Verdict};
-use crate::{Marks, Relay, sqlstate};
+use crate::{ListenerTls, Marks, Relay, sqlstate, upstream};
 
 /// Messages larger than this are streamed rather than held whole, where they may be (CopyData
 /// from either side, DataRow from the server).
@@ -41,13 +50,18 @@ const DRAIN: std::time::Duration = std::time::Duration::from_secs(2);
 const SERVER_MESSAGE_MAX: usize = 64 << 20;
 /// Largest start-up packet (PostgreSQL's own limit is 10000 bytes).
 const STARTUP_MAX: usize = 64 << 10;
+/// The first byte of a TLS handshake record, where a start-up packet's length would begin (a
+/// length that no start-up packet may have).
+const TLS_HANDSHAKE: u8 = 0x16;
+/// The ALPN protocol of PostgreSQL (a direct TLS handshake must offer it).
+pub(crate) const ALPN: &[u8] = b"postgresql";
 
-pub(crate) async fn run(relay: Arc<Relay>, mut client: TcpStream, peer: SocketAddr) {
+pub(crate) async fn run(relay: Arc<Relay>, client: TcpStream, peer: SocketAddr) {
     let _ = client.set_nodelay(true);
     let open = relay.connections.fetch_add(1, Ordering::AcqRel) + 1;
     let _count = Decrement(&relay);
     let full = open > relay.config.connections_max;
-    match session(&relay, &mut client, peer, full).await {
+    match session(&relay, client, peer, full).await {
         Ok(()) => tracing::debug!(%peer, "session ended"),
         Err(e) => tracing::debug!(%peer, error = %e, "session ended"),
     }
@@ -61,7 +75,7 @@ impl Drop for Decrement<'_> {
 }
 
 /// Writes a FATAL error to the client (best effort) and returns the error to end the session.
-async fn fatal(client: &mut TcpStream, code: &str, message: String) -> std::io::Result<()> {
+async fn fatal(client: &mut Stream, code: &str, message: String) -> std::io::Result<()> {
     let mut out = Vec::new();
     sqlstate::fatal(&mut out, code, &message);
     let _ = client.write_all(&out).await;
@@ -81,13 +95,80 @@ enum Opened {
     Bad(WireError),
     /// A start-up packet the relay will not pass on (why).
     Refused(&'static str),
+    /// An SSLRequest was answered `S`: the TLS handshake comes next.
+    Tls,
 }
 
-/// Reads start-up packets until one opens a session (answering SSLRequest and GSSENCRequest
-/// with `N`, forwarding a CancelRequest).
+/// The start-up exchange, TLS handshakes included: the connection as the session goes on, how
+/// the exchange ended, and the certificate we presented if the connection is in TLS.
+async fn open(
+    relay: &Relay,
+    tcp: TcpStream,
+    buf: &mut BytesMut,
+    peer: SocketAddr,
+) -> std::io::Result<(Stream, Opened, Option<CertificateDer<'static>>)> {
+    let mut client = Stream::Plain(tcp);
+    let mut leaf = None;
+    if let Some(tls) = &relay.config.tls {
+        let mut first = [0u8; 1];
+        if client.tcp().peek(&mut first).await? == 1 && first[0] == TLS_HANDSHAKE {
+            let (stream, ours) = handshake(tls, plain(client)?, peer, true).await?;
+            (client, leaf) = (stream, Some(ours));
+        }
+    }
+    loop {
+        match read_startup(relay, &mut client, buf).await? {
+            Opened::Tls => {
+                let tls = relay
+                    .config
+                    .tls
+                    .as_ref()
+                    .expect("S is answered only with TLS");
+                let (stream, ours) = handshake(tls, plain(client)?, peer, false).await?;
+                (client, leaf) = (stream, Some(ours));
+            }
+            opened => return Ok((client, opened, leaf)),
+        }
+    }
+}
+
+/// The TCP connection of a plaintext stream.
+fn plain(client: Stream) -> std::io::Result<TcpStream> {
+    match client {
+        Stream::Plain(tcp) => Ok(tcp),
+        _ => Err(std::io::Error::other(
+            "a second TLS handshake on a TLS connection",
+        )),
+    }
+}
+
+/// The server side of a client's TLS handshake; `direct`: the connection opened with it (no
+/// SSLRequest), which PostgreSQL takes only with ALPN `postgresql`. A failure is one log line.
+async fn handshake(
+    tls: &ListenerTls,
+    tcp: TcpStream,
+    peer: SocketAddr,
+    direct: bool,
+) -> std::io::Result<(Stream, CertificateDer<'static>)> {
+    let (acceptor, leaf) = tls.server.acceptor_and_leaf();
+    match tlsconf::accept(&acceptor, tcp).await {
+        Ok(s) if direct && s.get_ref().1.alpn_protocol() != Some(ALPN) => {
+            tracing::info!(%peer, "a direct TLS handshake without ALPN \"postgresql\"; connection closed");
+            Err(std::io::Error::other("direct TLS without ALPN postgresql"))
+        }
+        Ok(s) => Ok((Stream::Server(Box::new(s)), leaf)),
+        Err(e) => {
+            tracing::info!(%peer, reason = %tlsconf::handshake_error(&e), "TLS handshake failed; connection closed");
+            Err(e)
+        }
+    }
+}
+
+/// Reads start-up packets until one opens a session or asks for TLS (answering GSSENCRequest,
+/// and SSLRequest without TLS, with `N`; forwarding a CancelRequest).
 async fn read_startup(
     relay: &Relay,
-    client: &mut TcpStream,
+    client: &mut Stream,
     buf: &mut BytesMut,
 ) -> std::io::Result<Opened> {
     loop {
@@ -104,6 +185,22 @@ async fn read_startup(
         };
         let packet = buf.split_to(len);
         match pg_wire::parse_startup(&packet) {
+            Ok(Startup::Ssl | Startup::GssEnc) if client.is_tls() => {
+                return Ok(Opened::Refused(
+                    "fence-proxy: an encryption request on a connection already in TLS",
+                ));
+            }
+            Ok(Startup::Ssl) if relay.config.tls.is_some() => {
+                if !buf.is_empty() {
+                    // Sent in clear before the handshake, so anyone on the path could have
+                    // written them (CVE-2021-23214 in PostgreSQL).
+                    return Ok(Opened::Refused(
+                        "fence-proxy: received unencrypted data after SSLRequest",
+                    ));
+                }
+                client.write_all(b"S").await?;
+                return Ok(Opened::Tls);
+            }
             Ok(Startup::Ssl | Startup::GssEnc) => client.write_all(b"N").await?,
             Ok(Startup::Cancel { pid, key }) => {
                 relay.cancel(pid, key).await;
@@ -149,17 +246,18 @@ async fn read_startup(
 
 async fn session(
     relay: &Relay,
-    client: &mut TcpStream,
+    tcp: TcpStream,
     peer: SocketAddr,
     full: bool,
 ) -> std::io::Result<()> {
     let mut buf = BytesMut::with_capacity(8 << 10);
-    let opened = tokio::time::timeout(
+    let (mut client, opened, leaf) = tokio::time::timeout(
         relay.config.startup_timeout,
-        read_startup(relay, client, &mut buf),
+        open(relay, tcp, &mut buf, peer),
     )
     .await
     .map_err(|_| std::io::Error::other("no start-up packet in time"))??;
+    let client = &mut client;
     let (packet, database) = match opened {
         Opened::Done => return Ok(()),
         Opened::Bad(e) => {
@@ -176,6 +274,18 @@ async fn session(
         }
         Opened::Refused(why) => {
             return fatal(client, sqlstate::PROTOCOL_VIOLATION, why.to_string()).await;
+        }
+        Opened::Tls => unreachable!("open() goes on in TLS"),
+        Opened::Session { .. }
+            if !client.is_tls() && relay.config.tls.as_ref().is_some_and(|t| t.required) =>
+        {
+            tracing::info!(%peer, "refusing a plaintext session: this listener requires TLS");
+            return fatal(
+                client,
+                sqlstate::INVALID_AUTHORIZATION,
+                "fence-proxy: this listener accepts TLS sessions only: connect with sslmode=require or stronger".into(),
+            )
+            .await;
         }
         Opened::Session { .. } if full => {
             let max = relay.config.connections_max;
@@ -203,11 +313,28 @@ async fn session(
         } => (packet, database),
     };
     let marks = relay.marks_of(&database);
-    let mut upstream = connect(relay, client).await?;
+    let mut upstream = match upstream::connect(&relay.config).await {
+        Ok(s) => s,
+        Err(m) => {
+            tracing::warn!(%peer, error = %m, "cannot open a session with PostgreSQL");
+            return fatal(
+                client,
+                sqlstate::CANNOT_CONNECT,
+                format!("fence-proxy: {m}"),
+            )
+            .await;
+        }
+    };
     upstream.write_all(&packet).await?;
-    tracing::debug!(%peer, "session started");
+    tracing::debug!(%peer, tls = client.is_tls(), upstream_tls = upstream.is_tls(), "session started");
 
     let mut machine = Machine::new(relay.config.fence_wait.as_millis());
+    if let Some(ours) = &leaf
+        && upstream.is_tls()
+        && upstream.peer_certificates().and_then(|c| c.first()) != Some(ours)
+    {
+        machine.refuse_channel_binding();
+    }
     if let Some(verified) = &relay.config.verified_databases
         && !verified.contains(&database)
     {
@@ -220,8 +347,8 @@ async fn session(
         client_spoke: Notify::new(),
         server_read: Notify::new(),
     };
-    let (mut client_r, mut client_w) = client.split();
-    let (upstream_r, upstream_w) = upstream.into_split();
+    let (mut client_r, mut client_w) = tokio::io::split(client);
+    let (upstream_r, upstream_w) = Half::pair(upstream);
     let c2s = to_server(relay, &marks, &shared, &mut client_r, upstream_w, buf);
     let s2c = to_client(relay, &marks, &shared, upstream_r, &mut client_w);
     tokio::pin!(c2s, s2c);
@@ -248,26 +375,52 @@ async fn session(
     }
 }
 
-async fn connect(relay: &Relay, client: &mut TcpStream) -> std::io::Result<TcpStream> {
-    let up = &relay.config.upstream;
-    match tokio::time::timeout(relay.config.connect_timeout, TcpStream::connect(up)).await {
-        Ok(Ok(s)) => {
-            let _ = s.set_nodelay(true);
-            Ok(s)
-        }
-        Ok(Err(e)) => {
-            tracing::warn!(upstream = %up, error = %e, "cannot reach PostgreSQL");
-            let m = format!("fence-proxy: cannot connect to PostgreSQL at {up}: {e}");
-            Err(fatal(client, sqlstate::CANNOT_CONNECT, m)
-                .await
-                .unwrap_err())
-        }
-        Err(_) => {
-            let m = format!("fence-proxy: connecting to PostgreSQL at {up} timed out");
-            Err(fatal(client, sqlstate::CANNOT_CONNECT, m)
-                .await
-                .unwrap_err())
-        }
+/// The connection to PostgreSQL, shared by the two directions of a session (which run in one
+/// task, never at once: the lock is never contended), each holding one.
+struct Half(Arc<Mutex<Stream>>);
+
+impl Half {
+    fn pair(stream: Stream) -> (Half, Half) {
+        let shared = Arc::new(Mutex::new(stream));
+        (Half(Arc::clone(&shared)), Half(shared))
+    }
+
+    fn stream(&self) -> std::sync::MutexGuard<'_, Stream> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl AsyncRead for Half {
+    fn poll_read(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut *self.stream()).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for Half {
+    fn poll_write(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut *self.stream()).poll_write(cx, buf)
+    }
+
+    fn poll_flush(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut *self.stream()).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut *self.stream()).poll_shutdown(cx)
     }
 }
 
@@ -381,8 +534,8 @@ async fn to_server(
     relay: &Relay,
     marks: &Marks,
     shared: &Shared,
-    client: &mut tokio::net::tcp::ReadHalf<'_>,
-    mut server: OwnedWriteHalf,
+    client: &mut (impl AsyncRead + Unpin),
+    mut server: Half,
     mut buf: BytesMut,
 ) -> std::io::Result<()> {
     let mut out = Vec::with_capacity(16 << 10);
@@ -390,7 +543,7 @@ async fn to_server(
     let mut deferred: Option<BytesMut> = None;
     loop {
         let may_hold = !buf.is_empty() && shared.machine().may_hold();
-        if may_hold && upstream_pending(server.as_ref()).await {
+        if may_hold && upstream_pending(&server).await {
             // PostgreSQL said something before it could have seen these bytes (perhaps the end
             // of the session, said as FN003 only while nothing is in flight): the other
             // direction reads it first.
@@ -456,12 +609,17 @@ async fn to_server(
 /// Whether bytes from PostgreSQL wait unread in the socket (without taking them). Polled with
 /// the session task's own waker: a peek that finds nothing registers it for the socket's next
 /// bytes, in the slot the other direction's read uses (the same task).
-async fn upstream_pending(server: &TcpStream) -> bool {
+///
+/// In TLS these are records, not yet messages: the other direction's read may find no message
+/// in them (a session ticket), and then says so by `server_read` all the same. A message
+/// already decrypted and left in the TLS buffer is not seen here; the other direction reads
+/// it in the same wake-up (reads take all there is).
+async fn upstream_pending(server: &Half) -> bool {
     std::future::poll_fn(|cx| {
         let mut byte = [0u8; 1];
         let mut probe = tokio::io::ReadBuf::new(&mut byte);
         std::task::Poll::Ready(matches!(
-            server.poll_peek(cx, &mut probe),
+            server.stream().tcp().poll_peek(cx, &mut probe),
             std::task::Poll::Ready(Ok(n)) if n > 0
         ))
     })
@@ -527,8 +685,8 @@ async fn to_client(
     relay: &Relay,
     marks: &Marks,
     shared: &Shared,
-    mut server: OwnedReadHalf,
-    client: &mut tokio::net::tcp::WriteHalf<'_>,
+    mut server: Half,
+    client: &mut (impl AsyncWrite + Unpin),
 ) -> std::io::Result<()> {
     let mut buf = BytesMut::with_capacity(32 << 10);
     let mut out = Vec::with_capacity(32 << 10);
@@ -541,14 +699,31 @@ async fn to_client(
             if let Some(l) = shared.machine().take_local() {
                 return std::task::Poll::Ready(Ok(Event::Local(l)));
             }
-            std::pin::pin!(server.read_buf(&mut buf))
-                .poll(cx)
-                .map(|r| r.map(Event::Read))
+            let read = std::pin::pin!(server.read_buf(&mut buf)).poll(cx);
+            if read.is_pending() {
+                // Nothing to relay, and nothing unread in the socket either (TLS may have taken
+                // records that held no message): the other direction need not wait for us.
+                shared.server_read.notify_one();
+            }
+            read.map(|r| r.map(Event::Read))
         })
         .await;
         let event = match event {
             Ok(e) => e,
             Err(e) => {
+                // A reset, or PostgreSQL's TLS refusing us (a client certificate it does not
+                // take is said after the handshake): the client learns why.
+                let why = upstream::describe(&e);
+                tracing::warn!(error = %why, "the connection to PostgreSQL failed");
+                if !framer.mid_message() {
+                    let mut out = Vec::new();
+                    sqlstate::fatal(
+                        &mut out,
+                        sqlstate::CONNECTION_FAILURE,
+                        &format!("fence-proxy: the connection to PostgreSQL failed: {why}"),
+                    );
+                    let _ = client.write_all(&out).await;
+                }
                 let _ = client.shutdown().await;
                 return Err(e);
             }

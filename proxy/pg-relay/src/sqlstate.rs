@@ -22,6 +22,9 @@ pub const PROTECTED: &str = "FN005";
 pub const UNCHECKABLE: &str = "FN006";
 pub const PROTOCOL_VIOLATION: &str = "08P01";
 pub const CANNOT_CONNECT: &str = "08001";
+pub const CONNECTION_FAILURE: &str = "08006";
+/// A session in plaintext where TLS is required, or SCRAM channel binding that cannot pass.
+pub const INVALID_AUTHORIZATION: &str = "28000";
 pub const TOO_MANY_CONNECTIONS: &str = "53300";
 pub const FEATURE_NOT_SUPPORTED: &str = "0A000";
 

@@ -261,6 +261,12 @@ pub fn terminate(out: &mut Vec<u8>) {
     finish(out, at);
 }
 
+/// An SSLRequest: asks the server to go on in TLS (it answers one byte, `S` or `N`).
+pub fn ssl_request(out: &mut Vec<u8>) {
+    out.extend_from_slice(&8u32.to_be_bytes());
+    out.extend_from_slice(&crate::SSL_REQUEST.to_be_bytes());
+}
+
 pub fn cancel_request(out: &mut Vec<u8>, pid: i32, key: &[u8]) {
     let len = 12 + key.len() as u32;
     out.extend_from_slice(&len.to_be_bytes());

@@ -42,9 +42,12 @@ const RULES: &[(&str, Option<&[&str]>)] = &[
         Some(&["fencing", "lockd-proto", "lockd-client"]),
     ),
     ("shards", Some(&[])),
-    ("http-relay", Some(&["fencing", "shards"])),
+    ("http-relay", Some(&["fencing", "shards", "tlsconf"])),
     ("pg-wire", Some(&[])),
-    ("pg-relay", Some(&["fencing", "pg-wire", "shards"])),
+    (
+        "pg-relay",
+        Some(&["fencing", "pg-wire", "shards", "tlsconf"]),
+    ),
     (
         "fence-proxy",
         Some(&[

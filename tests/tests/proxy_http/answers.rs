@@ -254,8 +254,8 @@ fn bodies_above_the_limit_are_refused() {
     assert_eq!((fits.status, fits.text()), (200, "1000".to_string()));
 }
 
-/// fence-proxy serves no TLS yet: a listener off loopback is refused unless the config says
-/// `insecure = true`, and then it is logged.
+/// A plaintext listener off loopback is refused unless the config says `insecure = true`, and
+/// then it is logged (with TLS it needs nothing: `tls::plaintext_off_loopback_...`).
 #[test]
 fn a_listener_off_loopback_needs_insecure() {
     let dir = tempfile::tempdir().unwrap();
@@ -281,8 +281,12 @@ fn a_listener_off_loopback_needs_insecure() {
     );
     let px = e2e::FenceProxy::start(dir.path(), &config, 1);
     px.process.wait_events(
-        "listening in plaintext on an address other than loopback (insecure = true): tokens and data travel unencrypted",
+        "plaintext off loopback (insecure = true): tokens and data travel unencrypted",
         1,
-        |_| true,
+        |e| {
+            e["what"]
+                .as_str()
+                .is_some_and(|w| w.contains("serves plain HTTP"))
+        },
     );
 }

@@ -6,7 +6,8 @@
 //! - `ordering`: many clients with increasing tokens, and the barrier;
 //! - `durability`: `kill -9` and restart;
 //! - `replicas`: two proxies with their marks in a real PostgreSQL;
-//! - `streaming`: large bodies both ways without holding them.
+//! - `streaming`: large bodies both ways without holding them;
+//! - `tls`: HTTPS on both sides with curl, every failure, mutual TLS, SIGHUP.
 //!
 //! Needs the binaries: `cargo build --bins` first.
 
@@ -17,6 +18,7 @@ mod ordering;
 mod replicas;
 mod signed;
 mod streaming;
+mod tls;
 
 use std::collections::HashMap;
 use std::path::Path;

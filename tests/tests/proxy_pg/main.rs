@@ -9,7 +9,8 @@
 //!   transaction, and which transactions a raise may end;
 //! - `replicas`: two proxies in front of one database, and a restart;
 //! - `input`: malformed and oversized messages, an upstream down, the connection limit;
-//! - `combined`: one process with a PostgreSQL and an HTTP listener.
+//! - `combined`: one process with a PostgreSQL and an HTTP listener;
+//! - `tls`: TLS on both hops with psql, every failure, channel binding, SIGHUP.
 //!
 //! Needs the binaries: `cargo build --bins` first; PostgreSQL 15 in /usr/lib/postgresql/15/bin.
 
@@ -23,6 +24,7 @@ mod input;
 mod protected;
 mod replicas;
 mod signed;
+mod tls;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
