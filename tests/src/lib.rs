@@ -24,6 +24,7 @@ pub mod etcd;
 pub mod keys;
 pub mod pg;
 pub mod raw;
+pub mod tap;
 pub mod upstream;
 
 /// How long any wait may take before the test fails. Generous: it only bounds a hang.

@@ -122,13 +122,20 @@ fn psql_verify_full_through_the_proxy_to_a_postgresql_that_takes_tls_only() {
         w.pg.port,
         w.pg_ca.pem.display()
     );
-    let proxy = w.proxy(
-        "p",
+    // The proxy reaches PostgreSQL through a tap that notes how each connection begins.
+    let tap = e2e::tap::Tap::start(&format!("127.0.0.1:{}", w.pg.port));
+    let proxy_dir = d.join("p");
+    std::fs::create_dir_all(&proxy_dir).unwrap();
+    let proxy = FenceProxy::start_with(
+        &proxy_dir,
         &format!(
-            "{}{}schema_urls = [\"{schema_url}\"]\n",
+            "[[pg]]\nlisten = \"127.0.0.1:0\"\nupstream = \"{}\"\n{}{}schema_urls = [\"{schema_url}\"]\n",
+            tap.addr,
             listener_tls(&pair),
             w.upstream_verified()
         ),
+        0,
+        1,
     );
     let addr = &proxy.pg[0];
     let tls = verify_full(&proxy_ca.pem);
@@ -179,6 +186,13 @@ fn psql_verify_full_through_the_proxy_to_a_postgresql_that_takes_tls_only() {
         said.contains("canceling statement due to user request"),
         "cancelled through the proxy: {said}"
     );
+    // Every connection of the proxy to PostgreSQL (sessions and the cancel) began with an
+    // SSLRequest: nothing, not even a cancel key, went in clear.
+    let mut ssl_request = Vec::new();
+    pg_wire::msg::ssl_request(&mut ssl_request);
+    let firsts = tap.firsts();
+    assert!(firsts.len() >= 4, "three sessions and a cancel: {firsts:?}");
+    assert!(firsts.iter().all(|f| *f == ssl_request), "{firsts:?}");
 }
 
 #[test]
@@ -647,4 +661,58 @@ fn a_zombie_idle_in_tls_is_told_fn003_as_in_plaintext() {
     let answer = a.read_answer();
     assert_eq!(answer.code(), "FN003", "{answer:?}");
     assert_eq!(w.pg.psql("SELECT owner FROM acct"), "B");
+}
+
+#[test]
+fn plaintext_off_loopback_in_the_pg_mode_needs_insecure_and_tls_does_not() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let ca = Ca::new(d, "proxy");
+    let pair = ca.issue(d, "proxy-server", &["127.0.0.1"], false);
+    let refused = |listener: &str, want: &str| {
+        let mut p = FenceProxy::spawn(d, &format!("[[pg]]\n{listener}\n"));
+        assert_eq!(p.wait().code(), Some(2), "{listener}");
+        let text = p.stderr.text();
+        assert!(text.contains(want), "{listener}: wanted {want:?} in {text}");
+    };
+    let tls = listener_tls(&pair);
+    refused(
+        "listen = \"0.0.0.0:0\"\nupstream = \"127.0.0.1:5432\"",
+        "is not on loopback and takes plaintext sessions",
+    );
+    refused(
+        &format!(
+            "listen = \"0.0.0.0:0\"\nupstream = \"127.0.0.1:5432\"\n{tls}tls_required = false"
+        ),
+        "is not on loopback and takes plaintext sessions",
+    );
+    for upstream in [
+        "10.1.2.3:5432",
+        "db.internal:5432",
+        "[::ffff:10.1.2.3]:5432",
+        "localhost.evil:5432",
+    ] {
+        refused(
+            &format!("listen = \"127.0.0.1:0\"\nupstream = \"{upstream}\""),
+            "not on loopback, in plaintext",
+        );
+    }
+    refused(
+        "listen = \"127.0.0.1:0\"\nupstream = \"127.0.0.1:5432\"\nupstream_tls = \"verify-full\"",
+        "needs upstream_ca",
+    );
+    refused(
+        "listen = \"127.0.0.1:0\"\nupstream = \"127.0.0.1:5432\"\nupstream_tls = \"maybe\"",
+        "upstream_tls",
+    );
+    // TLS towards clients and towards PostgreSQL: nothing more is needed off loopback.
+    let p = FenceProxy::start_with(
+        d,
+        &format!(
+            "[[pg]]\nlisten = \"0.0.0.0:0\"\nupstream = \"10.1.2.3:5432\"\n{tls}upstream_tls = \"require\"\n"
+        ),
+        0,
+        1,
+    );
+    assert!(p.pg[0].starts_with("0.0.0.0:"), "{:?}", p.pg);
 }
