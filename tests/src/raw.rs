@@ -88,30 +88,7 @@ impl Raw {
     /// As `postgres` to database `postgres`, in TLS; the error says what failed (the answer
     /// to the SSLRequest, the handshake, or the start-up).
     pub fn connect_tls(addr: &str, tls: &Tls) -> Result<Raw, String> {
-        let mut stream = tcp(addr);
-        if !tls.direct {
-            let mut request = Vec::new();
-            msg::ssl_request(&mut request);
-            stream.write_all(&request).map_err(|e| e.to_string())?;
-            let mut answer = [0u8; 1];
-            stream
-                .read_exact(&mut answer)
-                .map_err(|e| format!("reading the answer to SSLRequest: {e}"))?;
-            if answer[0] != b'S' {
-                return Err(format!("SSLRequest answered {:?}", char::from(answer[0])));
-            }
-        }
-        let name = tlsconf::rustls::pki_types::ServerName::try_from(tls.name.clone())
-            .map_err(|e| e.to_string())?;
-        let conn = tlsconf::rustls::ClientConnection::new(std::sync::Arc::clone(&tls.config), name)
-            .map_err(|e| e.to_string())?;
-        let mut stream = tlsconf::rustls::StreamOwned::new(conn, stream);
-        while stream.conn.is_handshaking() {
-            stream
-                .conn
-                .complete_io(&mut stream.sock)
-                .map_err(|e| format!("TLS handshake: {e}"))?;
-        }
+        let stream = tls_stream(addr, tls)?;
         let mut raw = Raw {
             stream: Box::new(stream),
             buf: Vec::new(),
@@ -129,6 +106,18 @@ impl Raw {
             None => Ok(raw),
             Some(e) => Err(format!("start-up: {} {}", e.0, e.1)),
         }
+    }
+
+    /// Sends `bytes` in TLS (a cancel request, say) and reads until the server closes; an end
+    /// without TLS's close_notify is an error, as libpq reports it.
+    pub fn tls_exchange(addr: &str, tls: &Tls, bytes: &[u8]) -> Result<Vec<u8>, String> {
+        let mut stream = tls_stream(addr, tls)?;
+        stream.write_all(bytes).map_err(|e| e.to_string())?;
+        let mut got = Vec::new();
+        stream
+            .read_to_end(&mut got)
+            .map_err(|e| format!("reading to the end: {e}"))?;
+        Ok(got)
     }
 
     fn start(&mut self, addr: &str, params: &[(&str, &str)]) {
@@ -262,4 +251,36 @@ impl Raw {
     pub fn extended(&mut self, sql: &str, params: &[&str]) -> Answer {
         self.batch(&[(sql, params)])
     }
+}
+
+/// A TLS connection to `addr` as [`Tls`] says, its handshake done.
+fn tls_stream(
+    addr: &str,
+    tls: &Tls,
+) -> Result<tlsconf::rustls::StreamOwned<tlsconf::rustls::ClientConnection, TcpStream>, String> {
+    let mut stream = tcp(addr);
+    if !tls.direct {
+        let mut request = Vec::new();
+        msg::ssl_request(&mut request);
+        stream.write_all(&request).map_err(|e| e.to_string())?;
+        let mut answer = [0u8; 1];
+        stream
+            .read_exact(&mut answer)
+            .map_err(|e| format!("reading the answer to SSLRequest: {e}"))?;
+        if answer[0] != b'S' {
+            return Err(format!("SSLRequest answered {:?}", char::from(answer[0])));
+        }
+    }
+    let name = tlsconf::rustls::pki_types::ServerName::try_from(tls.name.clone())
+        .map_err(|e| e.to_string())?;
+    let conn = tlsconf::rustls::ClientConnection::new(std::sync::Arc::clone(&tls.config), name)
+        .map_err(|e| e.to_string())?;
+    let mut stream = tlsconf::rustls::StreamOwned::new(conn, stream);
+    while stream.conn.is_handshaking() {
+        stream
+            .conn
+            .complete_io(&mut stream.sock)
+            .map_err(|e| format!("TLS handshake: {e}"))?;
+    }
+    Ok(stream)
 }

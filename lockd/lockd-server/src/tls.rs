@@ -25,43 +25,6 @@ const HANDSHAKES_MAX: usize = 1024;
 /// sends nothing cannot take every slot.
 const HANDSHAKES_PER_PEER_MAX: usize = 64;
 
-/// Handshakes in progress per peer address.
-#[derive(Default)]
-struct PerPeer(std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>);
-
-/// One handshake counted against its peer; uncounted when dropped.
-struct PeerSlot {
-    table: Arc<PerPeer>,
-    ip: std::net::IpAddr,
-}
-
-impl PerPeer {
-    fn take(table: &Arc<PerPeer>, ip: std::net::IpAddr) -> Option<PeerSlot> {
-        let mut t = table.0.lock().unwrap_or_else(|e| e.into_inner());
-        let n = t.entry(ip).or_insert(0);
-        if *n >= HANDSHAKES_PER_PEER_MAX {
-            return None;
-        }
-        *n += 1;
-        Some(PeerSlot {
-            table: Arc::clone(table),
-            ip,
-        })
-    }
-}
-
-impl Drop for PeerSlot {
-    fn drop(&mut self) {
-        let mut t = self.table.0.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(n) = t.get_mut(&self.ip) {
-            *n -= 1;
-            if *n == 0 {
-                t.remove(&self.ip);
-            }
-        }
-    }
-}
-
 /// The streams of the connections accepted on `listener` whose handshake succeeded.
 pub fn incoming(
     listener: TcpListener,
@@ -69,7 +32,7 @@ pub fn incoming(
 ) -> ReceiverStream<Result<Stream, std::io::Error>> {
     let (tx, rx) = mpsc::channel(64);
     let slots = Arc::new(Semaphore::new(HANDSHAKES_MAX));
-    let per_peer = Arc::new(PerPeer::default());
+    let per_peer = tlsconf::PerPeer::new(HANDSHAKES_PER_PEER_MAX);
     tokio::spawn(async move {
         loop {
             let Ok(slot) = Arc::clone(&slots).acquire_owned().await else {
@@ -87,7 +50,7 @@ pub fn incoming(
             if tx.is_closed() {
                 return;
             }
-            let Some(peer_slot) = PerPeer::take(&per_peer, peer.ip()) else {
+            let Some(peer_slot) = per_peer.take(peer.ip()) else {
                 tracing::debug!(%peer, max = HANDSHAKES_PER_PEER_MAX, "too many handshakes in progress from this address; connection closed");
                 continue;
             };

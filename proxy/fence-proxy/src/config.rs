@@ -65,6 +65,9 @@ pub struct PgConfig {
     pub message_max_bytes: u64,
     #[serde(default = "d_pg_connections")]
     pub connections_max: usize,
+    /// Connections in start-up at once from one address.
+    #[serde(default = "d_startups_per_peer")]
+    pub startups_per_peer_max: usize,
     #[serde(default = "d_pg_connect_timeout")]
     pub connect_timeout_ms: u64,
     #[serde(default = "d_startup_timeout")]
@@ -123,6 +126,9 @@ fn d_pg_message_max() -> u64 {
 fn d_pg_connections() -> usize {
     pg_defaults().connections_max
 }
+fn d_startups_per_peer() -> usize {
+    pg_defaults().startups_per_peer_max
+}
 fn d_pg_connect_timeout() -> u64 {
     ms(pg_defaults().connect_timeout)
 }
@@ -143,6 +149,7 @@ impl PgConfig {
             fence_wait_ms: d_fence_wait(),
             message_max_bytes: d_pg_message_max(),
             connections_max: d_pg_connections(),
+            startups_per_peer_max: d_startups_per_peer(),
             connect_timeout_ms: d_pg_connect_timeout(),
             startup_timeout_ms: d_startup_timeout(),
             fenced_hold_ms: d_fenced_hold(),
@@ -173,6 +180,7 @@ impl PgConfig {
             fence_wait: Duration::from_millis(self.fence_wait_ms),
             message_max_bytes: usize::try_from(self.message_max_bytes).unwrap_or(usize::MAX),
             connections_max: self.connections_max,
+            startups_per_peer_max: self.startups_per_peer_max,
             connect_timeout: Duration::from_millis(self.connect_timeout_ms),
             startup_timeout: Duration::from_millis(self.startup_timeout_ms),
             marks_max,
@@ -204,9 +212,14 @@ impl PgConfig {
         if self.message_max_bytes < 1024 || self.message_max_bytes > 1 << 30 {
             bail!("pg listener {l}: message_max_bytes must be from 1024 to 1073741824");
         }
-        if self.connections_max == 0 || self.connect_timeout_ms == 0 || self.startup_timeout_ms == 0
+        if self.connections_max == 0
+            || self.startups_per_peer_max == 0
+            || self.connect_timeout_ms == 0
+            || self.startup_timeout_ms == 0
         {
-            bail!("pg listener {l}: connections_max and the timeouts must be at least 1");
+            bail!(
+                "pg listener {l}: connections_max, startups_per_peer_max and the timeouts must be at least 1"
+            );
         }
         if !self.tls_required && self.tls_cert.is_none() {
             bail!("pg listener {l}: tls_required = false means something only with tls_cert");

@@ -57,6 +57,10 @@ pub struct PgRelayConfig {
     pub message_max_bytes: usize,
     /// Client connections at most; one more is refused with SQLSTATE 53300.
     pub connections_max: usize,
+    /// Connections still in start-up (TLS handshake, start-up packet) at once from one
+    /// address; one more is refused with 53300, so that one client's silent connections
+    /// cannot take every slot of `connections_max`.
+    pub startups_per_peer_max: usize,
     pub connect_timeout: Duration,
     /// Longest a client may take to send its start-up packet.
     pub startup_timeout: Duration,
@@ -83,6 +87,7 @@ impl Default for PgRelayConfig {
             fence_wait: Duration::from_millis(1000),
             message_max_bytes: 64 << 20,
             connections_max: 1000,
+            startups_per_peer_max: 256,
             connect_timeout: Duration::from_secs(5),
             startup_timeout: Duration::from_secs(10),
             marks_max: 1_000_000,
@@ -111,11 +116,14 @@ pub struct Relay {
     marks_len: Arc<AtomicUsize>,
     cancels: DashMap<i32, CancelTarget>,
     connections: AtomicUsize,
+    /// Connections in start-up, per peer address.
+    starting: Arc<tlsconf::PerPeer>,
 }
 
 impl Relay {
     pub fn new(config: PgRelayConfig) -> Relay {
         Relay {
+            starting: tlsconf::PerPeer::new(config.startups_per_peer_max),
             config,
             marks: DashMap::new(),
             marks_len: Arc::new(AtomicUsize::new(0)),

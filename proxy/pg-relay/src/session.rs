@@ -61,7 +61,21 @@ pub(crate) async fn run(relay: Arc<Relay>, client: TcpStream, peer: SocketAddr) 
     let open = relay.connections.fetch_add(1, Ordering::AcqRel) + 1;
     let _count = Decrement(&relay);
     let full = open > relay.config.connections_max;
-    match session(&relay, client, peer, full).await {
+    let Some(starting) = relay.starting.take(peer.ip()) else {
+        let max = relay.starting.max();
+        tracing::info!(%peer, max, "refusing a connection: too many in start-up from this address");
+        let mut out = Vec::new();
+        sqlstate::fatal(
+            &mut out,
+            sqlstate::TOO_MANY_CONNECTIONS,
+            &format!(
+                "fence-proxy: too many connections in start-up from this address (startups_per_peer_max = {max})"
+            ),
+        );
+        let _ = client.try_write(&out);
+        return;
+    };
+    match session(&relay, client, peer, full, starting).await {
         Ok(()) => tracing::debug!(%peer, "session ended"),
         Err(e) => tracing::debug!(%peer, error = %e, "session ended"),
     }
@@ -249,6 +263,7 @@ async fn session(
     tcp: TcpStream,
     peer: SocketAddr,
     full: bool,
+    starting: tlsconf::PeerSlot,
 ) -> std::io::Result<()> {
     let mut buf = BytesMut::with_capacity(8 << 10);
     let (mut client, opened, leaf) = tokio::time::timeout(
@@ -257,9 +272,15 @@ async fn session(
     )
     .await
     .map_err(|_| std::io::Error::other("no start-up packet in time"))??;
+    drop(starting);
     let client = &mut client;
     let (packet, database) = match opened {
-        Opened::Done => return Ok(()),
+        Opened::Done => {
+            // A cancel request (in TLS, libpq 17's): TLS ends with close_notify, or the client
+            // reports an unexpected end although its cancel was forwarded.
+            let _ = client.shutdown().await;
+            return Ok(());
+        }
         Opened::Bad(e) => {
             let code = match e {
                 WireError::UnsupportedVersion { .. } => sqlstate::FEATURE_NOT_SUPPORTED,

@@ -7,6 +7,7 @@ use pg_wire::msg;
 
 use crate::{closed, code, connect, error_of, raw_session, read_until, runtime, setup_with};
 use e2e::pg::Postgres;
+use e2e::raw::Raw;
 
 #[test]
 fn malformed_and_oversized_messages_close_only_that_connection() {
@@ -206,4 +207,42 @@ fn a_failed_install_stops_the_start_with_one_clear_message() {
     );
     let (text, last) = start(&silent_url, 0);
     assert!(last.contains("no answer from"), "{text}");
+}
+
+/// Connections that never finish their start-up, from one address, take at most
+/// `startups_per_peer_max` of the listener's `connections_max`: a client elsewhere still gets
+/// in. (The flood comes from 127.0.0.2, psql from 127.0.0.1.)
+#[test]
+fn silent_connections_from_one_address_do_not_keep_others_out() {
+    let s = setup_with(
+        Postgres::start(),
+        1000,
+        "connections_max = 20\nstartups_per_peer_max = 4",
+    );
+    let addr: std::net::SocketAddr = s.addr().parse().unwrap();
+    let flood: Vec<std::net::TcpStream> = (0..30)
+        .map(|_| {
+            let socket =
+                socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+            socket
+                .bind(
+                    &"127.0.0.2:0"
+                        .parse::<std::net::SocketAddr>()
+                        .unwrap()
+                        .into(),
+                )
+                .unwrap();
+            socket.connect(&addr.into()).unwrap();
+            socket.into()
+        })
+        .collect();
+    let refused = s.proxy.process.wait_events(
+        "refusing a connection: too many in start-up from this address",
+        26,
+        |_| true,
+    );
+    assert_eq!(refused["max"], 4, "{refused}");
+    let mut c = Raw::connect(s.addr(), &[]);
+    assert_eq!(c.simple("SELECT 1").rows, vec![vec![Some("1".to_string())]]);
+    drop(flood);
 }

@@ -321,6 +321,17 @@ fn client_side_failures_each_get_a_clear_answer() {
         vec![vec![Some("2".to_string())]]
     );
 
+    // A cancel request inside TLS (libpq 17 sends it so) ends with TLS's close_notify: a
+    // client that reads an unexpected end reports its cancel as failed.
+    let mut cancel = Vec::new();
+    pg_wire::msg::cancel_request(&mut cancel, 12345, &[0; 4]);
+    let tls = Tls {
+        config: client(&[b"postgresql"]),
+        name: "127.0.0.1".into(),
+        direct: false,
+    };
+    Raw::tls_exchange(&addr, &tls, &cancel).expect("a cancel request in TLS ends cleanly");
+
     // Mutual TLS: a listener that asks clients for a certificate of its CA.
     let client_ca = Ca::new(d, "clients");
     let alice = client_ca.issue(d, "alice", &[], false);

@@ -13,6 +13,7 @@
 //!   (a plaintext client on a TLS port, no client certificate, an unknown CA...).
 //! - [`Stream`]: plaintext or TLS, either side, as one connection type.
 //! - [`reload_on_sighup`]: reads every [`Reload`] again on SIGHUP, bounded in time, logged.
+//! - [`PerPeer`]: connections still negotiating, bounded per peer address.
 //!
 //! Every error names the file and what is wrong with it: a missing file, no PEM block, a key
 //! that does not belong to the certificate. [`read_secret`] reads other files of secrets
@@ -28,8 +29,10 @@ use rustls::{ClientConfig, RootCertStore, ServerConfig};
 pub use rustls;
 pub use tokio_rustls;
 
+mod per_peer;
 mod reload;
 mod stream;
+pub use per_peer::{PeerSlot, PerPeer};
 pub use reload::{Reload, reload_on_sighup};
 pub use stream::Stream;
 
@@ -159,10 +162,9 @@ fn load_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
 
 /// The private key in `bytes`, read from `path`.
 fn parse_key(path: &Path, bytes: &[u8]) -> Result<PrivateKeyDer<'static>, TlsError> {
-    if bytes
-        .windows(b"ENCRYPTED PRIVATE KEY".len())
-        .any(|w| w == b"ENCRYPTED PRIVATE KEY")
-    {
+    let has = |needle: &[u8]| bytes.windows(needle.len()).any(|w| w == needle);
+    // PKCS#8 encrypted, or the traditional OpenSSL form (`Proc-Type: 4,ENCRYPTED`).
+    if has(b"ENCRYPTED PRIVATE KEY") || has(b"Proc-Type: 4,ENCRYPTED") {
         return Err(TlsError::Pem {
             what: "key",
             path: path.to_path_buf(),

@@ -173,6 +173,26 @@ fn bad_files_are_named_with_what_is_wrong() {
     assert!(msg(files(&garbage, &key)).contains("holds no PEM certificate"));
     assert!(msg(files(&cert, &garbage)).contains("holds no PEM private key"));
     assert!(msg(files(&cert, &other_key)).contains("do not go together"));
+    // Encrypted keys, in both forms, are named as such.
+    let pkcs8 = d.join("pkcs8.pem");
+    std::fs::write(
+        &pkcs8,
+        "-----BEGIN ENCRYPTED PRIVATE KEY-----\nMIIB\n-----END ENCRYPTED PRIVATE KEY-----\n",
+    )
+    .unwrap();
+    let traditional = d.join("traditional.pem");
+    std::fs::write(
+        &traditional,
+        "-----BEGIN RSA PRIVATE KEY-----\nProc-Type: 4,ENCRYPTED\nDEK-Info: AES-128-CBC,00\n\nMIIB\n-----END RSA PRIVATE KEY-----\n",
+    )
+    .unwrap();
+    for k in [&pkcs8, &traditional] {
+        assert!(
+            msg(files(&cert, k)).contains("it is encrypted"),
+            "{}",
+            k.display()
+        );
+    }
     let mut with_ca = files(&cert, &key);
     with_ca.client_ca = Some(garbage.clone());
     assert!(msg(with_ca).contains("CA file"));
