@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
 # TLS towards clients in both fence-proxy modes, side by side with what a user would pick
 # instead, in alternating rounds on one machine:
-# - PostgreSQL: pgbench with sslmode=require through PgBouncer (session mode,
-#   client_tls_sslmode = require) and through fence-proxy (tls_cert), both in front of one
-#   throwaway PostgreSQL 15 over plaintext loopback; select-only and simple-update (-N), 16
-#   clients; and with a new connection per transaction (-C), where the handshake dominates.
+# - PostgreSQL: pgbench through PgBouncer (session mode, client_tls_sslmode = allow) and
+#   through fence-proxy (tls_cert, tls_required = false), both in front of one throwaway
+#   PostgreSQL 15 over plaintext loopback, with sslmode=require and, for reference, with
+#   sslmode=disable; select-only and simple-update (-N), 16 clients; and with a new
+#   connection per transaction (-C), where the handshake and the connection to PostgreSQL
+#   (which PgBouncer's pool keeps and fence-proxy opens per session) dominate.
 # - HTTP: wrk over HTTPS through nginx terminating TLS (proxy_pass with upstream keep-alive)
 #   and through fence-proxy (tls_cert), to an nginx upstream answering 200; GET unfenced, and
 #   a fenced POST with a steady token; 64 connections.
 # Needs pgbouncer, nginx, wrk, openssl and PostgreSQL 15 (apt-get install pgbouncer nginx wrk
-# openssl); about 6 minutes. Run as root. Prints Markdown tables; raw output in $OUT.
+# openssl); about 8 minutes. Run as root. Prints Markdown tables; raw output in $OUT.
 #
 #   bench/proxy_tls.sh
 #   ROUNDS=1 SECONDS_PER_RUN=5 bench/proxy_tls.sh
@@ -63,7 +65,7 @@ max_client_conn = 200
 default_pool_size = 100
 unix_socket_dir =
 logfile = $OUT/pgbouncer.log
-client_tls_sslmode = require
+client_tls_sslmode = allow
 client_tls_cert_file = $OUT/cert.pem
 client_tls_key_file = $OUT/key.pem
 INI
@@ -78,11 +80,12 @@ upstream = "127.0.0.1:$PG"
 schema_urls = ["postgres://postgres@127.0.0.1:$PG/postgres"]
 tls_cert = "$OUT/cert.pem"
 tls_key = "$OUT/key.pem"
+tls_required = false
 TOML
 target/release/fence-proxy --config "$OUT/proxy.toml" 2>"$OUT/fence-proxy-pg.log" & pids+=("$!")
 wait_port $BOUNCER; wait_port $PROXY
 
-pgb() { PGSSLMODE=require "$PGBIN/pgbench" -h 127.0.0.1 -U postgres "$@" postgres; }
+pgb() { PGSSLMODE=$SSLMODE "$PGBIN/pgbench" -h 127.0.0.1 -U postgres "$@" postgres; }
 PGSSLMODE=disable "$PGBIN/pgbench" -h 127.0.0.1 -U postgres -p $PG -i -s 10 -q postgres >/dev/null 2>&1
 RESULTS="$OUT/pg.txt"; : >"$RESULTS"
 run_pg() { # name port args...
@@ -94,13 +97,15 @@ run_pg() { # name port args...
 }
 for r in $(seq "$ROUNDS"); do
   for w in "select-only:-S -c 16 -j 2" "simple-update:-N -c 16 -j 2" "connect per transaction:-S -C -c 16 -j 2"; do
-    name=${w%%:*}; args=${w#*:}
+   for SSLMODE in require disable; do
+    name="${w%%:*}, sslmode=$SSLMODE"; args=${w#*:}
     # The order swaps every other round, so that drift falls on both sides.
     if (( r % 2 )); then
       run_pg "$name|pgbouncer" $BOUNCER $args; run_pg "$name|fence-proxy" $PROXY $args
     else
       run_pg "$name|fence-proxy" $PROXY $args; run_pg "$name|pgbouncer" $BOUNCER $args
     fi
+   done
   done
 done
 
@@ -167,6 +172,6 @@ def table(path, other, unit, title):
     for w, r in runs.items():
         ratios = [f / o for f, o in zip(r["fence-proxy"], r[other])]
         print(f"| {w} | {statistics.median(r[other]):.0f} | {statistics.median(r['fence-proxy']):.0f} | **{statistics.median(ratios):.2f}x** |")
-table(sys.argv[1], "pgbouncer", "tps", "PostgreSQL, sslmode=require, 16 clients")
+table(sys.argv[1], "pgbouncer", "tps", "PostgreSQL, 16 clients")
 table(sys.argv[2], "nginx", "req/s", "HTTPS, 64 connections")
 PY
