@@ -17,3 +17,36 @@ wait_port() {
   echo "$(basename "$0"): nothing listens on port $1" >&2
   exit 1
 }
+
+# A throwaway PostgreSQL in $OUT/data on 127.0.0.1:$PG (PGBIN, OUT and PG set by the caller),
+# stopped on exit; returns once it listens.
+start_postgres() {
+  runuser -u postgres -- "$PGBIN/initdb" -D "$OUT/data" -A trust -U postgres --no-sync >/dev/null
+  runuser -u postgres -- "$PGBIN/postgres" -D "$OUT/data" -p "$PG" -k "$OUT" \
+    -c listen_addresses=127.0.0.1 -c max_connections=200 -c shared_buffers=256MB 2>"$OUT/postgres.log" &
+  pids+=("$!")
+  wait_port "$PG"
+}
+
+# PgBouncer in session mode on 127.0.0.1:$BOUNCER in front of it (trust), with the extra lines
+# of its [pgbouncer] section on stdin; started in the background, stopped on exit.
+start_pgbouncer() {
+  { cat <<INI
+[databases]
+postgres = host=127.0.0.1 port=$PG dbname=postgres
+[pgbouncer]
+listen_addr = 127.0.0.1
+listen_port = $BOUNCER
+auth_type = trust
+auth_file = $OUT/users.txt
+pool_mode = session
+max_client_conn = 200
+default_pool_size = 100
+unix_socket_dir =
+logfile = $OUT/pgbouncer.log
+INI
+    cat; } >"$OUT/pgbouncer.ini"
+  echo '"postgres" ""' >"$OUT/users.txt"
+  chown postgres "$OUT/pgbouncer.ini" "$OUT/users.txt"
+  runuser -u postgres -- pgbouncer -q "$OUT/pgbouncer.ini" & pids+=("$!")
+}

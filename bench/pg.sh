@@ -28,28 +28,8 @@ for port in $PG $BOUNCER $PROXY $BASE; do
     echo "bench/pg.sh: something already listens on port $port; stop it first" >&2; exit 1
   fi
 done
-runuser -u postgres -- "$PGBIN/initdb" -D "$OUT/data" -A trust -U postgres --no-sync >/dev/null
-runuser -u postgres -- "$PGBIN/postgres" -D "$OUT/data" -p $PG -k "$OUT" \
-  -c listen_addresses=127.0.0.1 -c max_connections=200 -c shared_buffers=256MB 2>"$OUT/postgres.log" &
-pids+=("$!")
-wait_port $PG
-cat >"$OUT/pgbouncer.ini" <<INI
-[databases]
-postgres = host=127.0.0.1 port=$PG dbname=postgres
-[pgbouncer]
-listen_addr = 127.0.0.1
-listen_port = $BOUNCER
-auth_type = trust
-auth_file = $OUT/users.txt
-pool_mode = session
-max_client_conn = 200
-default_pool_size = 100
-unix_socket_dir =
-logfile = $OUT/pgbouncer.log
-INI
-echo '"postgres" ""' >"$OUT/users.txt"
-chown postgres "$OUT/pgbouncer.ini" "$OUT/users.txt"
-runuser -u postgres -- pgbouncer -q "$OUT/pgbouncer.ini" & pids+=("$!")
+start_postgres
+start_pgbouncer </dev/null
 target/release/fence-proxy pg --listen 127.0.0.1:$PROXY --upstream 127.0.0.1:$PG \
   --schema-url "postgres://postgres@127.0.0.1:$PG/postgres" --log warn 2>"$OUT/fence-proxy.log" &
 pids+=("$!"); PROXY_PID=$!

@@ -47,31 +47,12 @@ openssl x509 -req -in "$OUT/cert.csr" -CA "$OUT/ca.pem" -CAkey "$OUT/ca-key.pem"
 chown postgres "$OUT/key.pem" "$OUT/cert.pem"; chmod 600 "$OUT/key.pem"
 
 # --- PostgreSQL -----------------------------------------------------------------------------
-runuser -u postgres -- "$PGBIN/initdb" -D "$OUT/data" -A trust -U postgres --no-sync >/dev/null
-runuser -u postgres -- "$PGBIN/postgres" -D "$OUT/data" -p $PG -k "$OUT" \
-  -c listen_addresses=127.0.0.1 -c max_connections=200 -c shared_buffers=256MB 2>"$OUT/postgres.log" &
-pids+=("$!")
-wait_port $PG
-cat >"$OUT/pgbouncer.ini" <<INI
-[databases]
-postgres = host=127.0.0.1 port=$PG dbname=postgres
-[pgbouncer]
-listen_addr = 127.0.0.1
-listen_port = $BOUNCER
-auth_type = trust
-auth_file = $OUT/users.txt
-pool_mode = session
-max_client_conn = 200
-default_pool_size = 100
-unix_socket_dir =
-logfile = $OUT/pgbouncer.log
+start_postgres
+start_pgbouncer <<INI
 client_tls_sslmode = allow
 client_tls_cert_file = $OUT/cert.pem
 client_tls_key_file = $OUT/key.pem
 INI
-echo '"postgres" ""' >"$OUT/users.txt"
-chown postgres "$OUT/pgbouncer.ini" "$OUT/users.txt"
-runuser -u postgres -- pgbouncer -q "$OUT/pgbouncer.ini" & pids+=("$!")
 cat >"$OUT/proxy.toml" <<TOML
 log = "warn"
 [[pg]]

@@ -17,6 +17,14 @@ pub struct Pair {
     pub key: PathBuf,
 }
 
+impl Pair {
+    /// Writes this pair's files over `to`'s (a certificate rotated in place, for a reload).
+    pub fn copy_over(&self, to: &Pair) {
+        std::fs::copy(&self.cert, &to.cert).expect("copying a certificate");
+        std::fs::copy(&self.key, &to.key).expect("copying a key");
+    }
+}
+
 impl Ca {
     /// A new CA, written to `dir/{name}-ca.pem`.
     pub fn new(dir: &Path, name: &str) -> Ca {

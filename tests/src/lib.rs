@@ -477,6 +477,19 @@ impl FenceProxy {
     }
 }
 
+/// A TCP connection to `addr` from the local address `from` (e.g. 127.0.0.2: another client
+/// address on loopback), for tests of per-address bounds.
+pub fn connect_from(from: &str, addr: std::net::SocketAddr) -> std::net::TcpStream {
+    let socket =
+        socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).expect("a socket");
+    let local: std::net::SocketAddr = format!("{from}:0").parse().expect("an IPv4 address");
+    socket
+        .bind(&local.into())
+        .expect("binding to the source address");
+    socket.connect(&addr.into()).expect("connecting");
+    socket.into()
+}
+
 /// A loopback address with a port that was free a moment ago (for servers that must start
 /// after their clients already know where to find them).
 ///

@@ -38,6 +38,27 @@ pub struct Raw {
     buf: Vec<u8>,
 }
 
+impl Tls {
+    /// Verifying the server against the CA file `ca` as `127.0.0.1`, offering ALPN
+    /// `postgresql`, after an SSLRequest.
+    pub fn to_loopback(ca: &std::path::Path) -> Tls {
+        Tls::with_alpn(ca, &[b"postgresql"], false)
+    }
+
+    /// As [`Tls::to_loopback`], offering `alpn`; `direct`: without an SSLRequest.
+    pub fn with_alpn(ca: &std::path::Path, alpn: &[&[u8]], direct: bool) -> Tls {
+        let files = tlsconf::ClientFiles {
+            ca: Some(ca.to_path_buf()),
+            ..Default::default()
+        };
+        Tls {
+            config: tlsconf::client_config(&files, alpn).expect("a client configuration"),
+            name: "127.0.0.1".into(),
+            direct,
+        }
+    }
+}
+
 /// How [`Raw::connect_tls`] opens TLS.
 pub struct Tls {
     pub config: std::sync::Arc<tlsconf::rustls::ClientConfig>,

@@ -232,8 +232,7 @@ fn sighup_reloads_the_certificates_for_new_connections_and_keeps_open_ones() {
     });
     // New files, signed by another CA, in place of the old ones.
     let second = ca2.issue(d, "lockd-2", &["127.0.0.1"], false);
-    std::fs::copy(&second.cert, &first.cert).unwrap();
-    std::fs::copy(&second.key, &first.key).unwrap();
+    second.copy_over(&first);
     lockd.process.signal(libc::SIGHUP);
     lockd.wait_event(
         "reloaded the TLS certificates; new connections use them",
@@ -281,20 +280,7 @@ fn a_flood_of_silent_connections_from_one_address_does_not_keep_others_out() {
     let lockd = tls_lockd(d, &server, None);
     let addr: std::net::SocketAddr = lockd.endpoint["https://".len()..].parse().unwrap();
     let flood: Vec<std::net::TcpStream> = (0..1100)
-        .map(|_| {
-            let socket =
-                socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
-            socket
-                .bind(
-                    &"127.0.0.2:0"
-                        .parse::<std::net::SocketAddr>()
-                        .unwrap()
-                        .into(),
-                )
-                .unwrap();
-            socket.connect(&addr.into()).unwrap();
-            socket.into()
-        })
+        .map(|_| e2e::connect_from("127.0.0.2", addr))
         .collect();
     let refused = lockd.wait_event(
         "too many handshakes in progress from this address; connection closed",

@@ -343,8 +343,7 @@ fn sighup_reloads_the_listener_certificate() {
     let with = |ca: &Ca| put(&url, &["--cacert", ca.pem.to_str().unwrap()], "r", "1").0;
     assert_eq!(with(&one), 0);
     let second = two.issue(d, "second", &["127.0.0.1"], false);
-    std::fs::copy(&second.cert, &first.cert).unwrap();
-    std::fs::copy(&second.key, &first.key).unwrap();
+    second.copy_over(&first);
     proxy.process.signal(libc::SIGHUP);
     proxy.process.wait_events(
         "reloaded the TLS certificates; new connections use them",

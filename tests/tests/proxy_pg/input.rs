@@ -221,20 +221,7 @@ fn silent_connections_from_one_address_do_not_keep_others_out() {
     );
     let addr: std::net::SocketAddr = s.addr().parse().unwrap();
     let flood: Vec<std::net::TcpStream> = (0..30)
-        .map(|_| {
-            let socket =
-                socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
-            socket
-                .bind(
-                    &"127.0.0.2:0"
-                        .parse::<std::net::SocketAddr>()
-                        .unwrap()
-                        .into(),
-                )
-                .unwrap();
-            socket.connect(&addr.into()).unwrap();
-            socket.into()
-        })
+        .map(|_| e2e::connect_from("127.0.0.2", addr))
         .collect();
     let refused = s.proxy.process.wait_events(
         "refusing a connection: too many in start-up from this address",

@@ -275,26 +275,8 @@ fn client_side_failures_each_get_a_clear_answer() {
     );
 
     // A direct TLS handshake (libpq 17's sslnegotiation=direct) needs ALPN "postgresql".
-    let client = |alpn: &[&[u8]]| {
-        tlsconf::client_config(
-            &tlsconf::ClientFiles {
-                ca: Some(proxy_ca.pem.clone()),
-                ..Default::default()
-            },
-            alpn,
-        )
-        .unwrap()
-    };
-    let direct = |alpn: &[&[u8]]| {
-        Raw::connect_tls(
-            &addr,
-            &Tls {
-                config: client(alpn),
-                name: "127.0.0.1".into(),
-                direct: true,
-            },
-        )
-    };
+    let direct =
+        |alpn: &[&[u8]]| Raw::connect_tls(&addr, &Tls::with_alpn(&proxy_ca.pem, alpn, true));
     let mut raw = direct(&[b"postgresql"]).expect("direct TLS with ALPN postgresql");
     assert_eq!(
         raw.simple("SELECT 1").rows,
@@ -307,15 +289,8 @@ fn client_side_failures_each_get_a_clear_answer() {
         |_| true,
     );
     // A second encryption request inside TLS.
-    let mut raw = Raw::connect_tls(
-        &addr,
-        &Tls {
-            config: client(&[b"postgresql"]),
-            name: "127.0.0.1".into(),
-            direct: false,
-        },
-    )
-    .expect("TLS after an SSLRequest");
+    let tls = Tls::to_loopback(&proxy_ca.pem);
+    let mut raw = Raw::connect_tls(&addr, &tls).expect("TLS after an SSLRequest");
     assert_eq!(
         raw.simple("SELECT 2").rows,
         vec![vec![Some("2".to_string())]]
@@ -325,11 +300,6 @@ fn client_side_failures_each_get_a_clear_answer() {
     // client that reads an unexpected end reports its cancel as failed.
     let mut cancel = Vec::new();
     pg_wire::msg::cancel_request(&mut cancel, 12345, &[0; 4]);
-    let tls = Tls {
-        config: client(&[b"postgresql"]),
-        name: "127.0.0.1".into(),
-        direct: false,
-    };
     Raw::tls_exchange(&addr, &tls, &cancel).expect("a cancel request in TLS ends cleanly");
 
     // Mutual TLS: a listener that asks clients for a certificate of its CA.
@@ -424,8 +394,7 @@ fn upstream_side_failures_each_get_a_clear_answer_and_a_client_certificate_is_re
         cert: d.join("upstream-client.pem"),
         key: d.join("upstream-client-key.pem"),
     };
-    std::fs::copy(&untrusted.cert, &files.cert).unwrap();
-    std::fs::copy(&untrusted.key, &files.key).unwrap();
+    untrusted.copy_over(&files);
     let mut with_cert = w.proxy(
         "client-cert",
         &format!(
@@ -442,8 +411,7 @@ fn upstream_side_failures_each_get_a_clear_answer_and_a_client_certificate_is_re
         "a client certificate of a CA PostgreSQL does not trust",
     );
     let trusted = w.pg_ca.issue(d, "certuser", &[], false);
-    std::fs::copy(&trusted.cert, &files.cert).unwrap();
-    std::fs::copy(&trusted.key, &files.key).unwrap();
+    trusted.copy_over(&files);
     with_cert.process.signal(libc::SIGHUP);
     with_cert.process.wait_events(
         "reloaded the TLS certificates; new connections use them",
@@ -545,18 +513,7 @@ fn sighup_reloads_the_certificate_for_new_sessions_and_keeps_open_ones() {
         &format!("{}{}", listener_tls(&first), w.upstream_verified()),
     );
     let addr = proxy.pg[0].clone();
-    let tls = |ca: &Ca| Tls {
-        config: tlsconf::client_config(
-            &tlsconf::ClientFiles {
-                ca: Some(ca.pem.clone()),
-                ..Default::default()
-            },
-            &[b"postgresql"],
-        )
-        .unwrap(),
-        name: "127.0.0.1".into(),
-        direct: false,
-    };
+    let tls = |ca: &Ca| Tls::to_loopback(&ca.pem);
     let mut open = Raw::connect_tls(&addr, &tls(&one)).expect("a session before the reload");
     let reload = |proxy: &mut FenceProxy, n: usize| {
         proxy.process.signal(libc::SIGHUP);
@@ -572,8 +529,7 @@ fn sighup_reloads_the_certificate_for_new_sessions_and_keeps_open_ones() {
     };
     // An expired certificate swapped in: new sessions are told so by their client.
     let expired = one.issue(d, "expired", &["127.0.0.1"], true);
-    std::fs::copy(&expired.cert, &first.cert).unwrap();
-    std::fs::copy(&expired.key, &first.key).unwrap();
+    expired.copy_over(&first);
     reload(&mut proxy, 1);
     fails_with(
         psql(&addr, &verify_full(&one.pem), "SELECT 1"),
@@ -589,8 +545,7 @@ fn sighup_reloads_the_certificate_for_new_sessions_and_keeps_open_ones() {
         });
     // Then one of another CA.
     let second = two.issue(d, "second", &["127.0.0.1"], false);
-    std::fs::copy(&second.cert, &first.cert).unwrap();
-    std::fs::copy(&second.key, &first.key).unwrap();
+    second.copy_over(&first);
     reload(&mut proxy, 2);
     let (ok, _, err) = psql(&addr, &verify_full(&two.pem), "SELECT 1");
     assert!(ok, "new sessions get the new certificate: {err}");
@@ -640,18 +595,7 @@ fn a_zombie_idle_in_tls_is_told_fn003_as_in_plaintext() {
     w.pg.psql(
         "CREATE TABLE acct (id int PRIMARY KEY, owner text); INSERT INTO acct VALUES (1, 'init')",
     );
-    let tls = Tls {
-        config: tlsconf::client_config(
-            &tlsconf::ClientFiles {
-                ca: Some(proxy_ca.pem.clone()),
-                ..Default::default()
-            },
-            &[b"postgresql"],
-        )
-        .unwrap(),
-        name: "127.0.0.1".into(),
-        direct: false,
-    };
+    let tls = Tls::to_loopback(&proxy_ca.pem);
     let mut a = Raw::connect_tls(&proxy.pg[0], &tls).expect("a TLS session");
     let set = a.simple("SET fencing.resource = 'acct:1'; SET fencing.token = '41'");
     assert!(set.errors.is_empty(), "{set:?}");
