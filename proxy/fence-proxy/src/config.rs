@@ -357,6 +357,9 @@ pub struct HttpConfig {
     pub connections_max: usize,
     #[serde(default = "d_header_timeout")]
     pub header_read_timeout_ms: u64,
+    /// Connections from one address before their first request head, at once.
+    #[serde(default = "d_startups_per_peer")]
+    pub startups_per_peer_max: usize,
     #[serde(default = "d_pool_idle")]
     pub pool_idle_per_host: usize,
     #[serde(default = "d_pool_idle_timeout")]
@@ -413,6 +416,7 @@ impl HttpConfig {
             connect_timeout_ms: d_connect_timeout(),
             connections_max: d_connections(),
             header_read_timeout_ms: d_header_timeout(),
+            startups_per_peer_max: d_startups_per_peer(),
             pool_idle_per_host: d_pool_idle(),
             pool_idle_timeout_ms: d_pool_idle_timeout(),
             tls_cert: None,
@@ -452,6 +456,7 @@ impl HttpConfig {
         ServerLimits {
             connections_max: self.connections_max,
             header_read_timeout: Duration::from_millis(self.header_read_timeout_ms),
+            startups_per_peer_max: self.startups_per_peer_max,
             ..ServerLimits::default()
         }
     }
@@ -577,11 +582,12 @@ impl Config {
             h.upstream_tls()?;
             if h.body_max_bytes == 0
                 || h.connections_max == 0
+                || h.startups_per_peer_max == 0
                 || h.upstream_timeout_ms == 0
                 || h.connect_timeout_ms == 0
             {
                 bail!(
-                    "listener {}: body_max_bytes, connections_max and the timeouts must be at least 1",
+                    "listener {}: body_max_bytes, connections_max, startups_per_peer_max and the timeouts must be at least 1",
                     h.listen
                 );
             }

@@ -233,6 +233,7 @@ async fn start_http(
         tracing::info!(%addr, upstream = %h.upstream, tls = tls.is_some(), routes = h.routes.len(), workers, "listening (http)");
         let mut limits = h.server();
         limits.connections_max = limits.connections_max.div_ceil(workers);
+        limits.startups_per_peer_max = limits.startups_per_peer_max.div_ceil(workers);
         for (i, shard) in shards.into_iter().enumerate() {
             let (fence, routes, mut relay, limits, tls) = (
                 Arc::clone(&fence),

@@ -139,13 +139,17 @@ impl Relay {
     /// Serves one client connection until it closes, a request says so, its head does not
     /// arrive within `header_read_timeout` (counted from when the relay starts waiting for it,
     /// so also for an idle kept-alive connection), or `stop` changes (between requests).
+    /// `start` counts the connection against its address until its first request head has
+    /// come.
     pub async fn serve_connection(
         &self,
         client: Stream,
         peer: SocketAddr,
         header_read_timeout: Duration,
         stop: watch::Receiver<bool>,
+        start: tlsconf::PeerSlot,
     ) {
+        let mut start = Some(start);
         let mut conn = Conn {
             relay: self,
             client,
@@ -157,6 +161,7 @@ impl Relay {
             stop,
         };
         while let Some(req) = conn.next_request(header_read_timeout).await {
+            start.take();
             if !conn.exchange(req).await {
                 break;
             }

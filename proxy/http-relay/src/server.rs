@@ -29,6 +29,10 @@ pub struct ServerLimits {
     pub header_read_timeout: Duration,
     /// On shutdown, how long requests in progress may take to finish.
     pub shutdown_grace: Duration,
+    /// Connections from one address that have not yet sent their first request head (TLS
+    /// handshake included) at once; one more is closed at accept, so that one client's silent
+    /// connections cannot take every slot of `connections_max`.
+    pub startups_per_peer_max: usize,
 }
 
 impl Default for ServerLimits {
@@ -37,6 +41,7 @@ impl Default for ServerLimits {
             connections_max: 10_000,
             header_read_timeout: Duration::from_secs(10),
             shutdown_grace: Duration::from_secs(10),
+            startups_per_peer_max: 256,
         }
     }
 }
@@ -52,6 +57,7 @@ pub async fn serve(
     shutdown: impl Future<Output = ()>,
 ) {
     let slots = Arc::new(Semaphore::new(limits.connections_max));
+    let starting = tlsconf::PerPeer::new(limits.startups_per_peer_max);
     let (stop_tx, stop_rx) = watch::channel(false);
     tokio::pin!(shutdown);
     loop {
@@ -69,6 +75,10 @@ pub async fn serve(
                     continue;
                 }
             },
+        };
+        let Some(start) = starting.take(peer.ip()) else {
+            tracing::info!(%peer, max = starting.max(), "refusing a connection: too many in start-up from this address");
+            continue;
         };
         let _ = stream.set_nodelay(true);
         let relay = Arc::clone(&relay);
@@ -99,7 +109,7 @@ pub async fn serve(
                 }
             };
             relay
-                .serve_connection(stream, peer, header_read_timeout, stop)
+                .serve_connection(stream, peer, header_read_timeout, stop, start)
                 .await;
         });
     }

@@ -290,3 +290,37 @@ fn a_listener_off_loopback_needs_insecure() {
         },
     );
 }
+
+/// Connections that never send a request, from one address, take at most
+/// `startups_per_peer_max` of the listener's `connections_max`: a client elsewhere is still
+/// served. (The flood comes from 127.0.0.2, the request from 127.0.0.1.)
+#[test]
+fn silent_connections_from_one_address_do_not_keep_others_out() {
+    let dir = tempfile::tempdir().unwrap();
+    let upstream = Upstream::start();
+    let config = format!(
+        "data_dir = \"{}\"\nworkers = 1\n[[http]]\nlisten = \"127.0.0.1:0\"\nupstream = \"{}\"\nconnections_max = 20\nstartups_per_peer_max = 4\n",
+        dir.path().join("data").display(),
+        upstream.url()
+    );
+    let px = e2e::FenceProxy::start(dir.path(), &config, 1);
+    let addr: std::net::SocketAddr = px.urls[0]["http://".len()..].parse().unwrap();
+    let flood: Vec<std::net::TcpStream> = (0..30)
+        .map(|_| e2e::connect_from("127.0.0.2", addr))
+        .collect();
+    let refused = px.process.wait_events(
+        "refusing a connection: too many in start-up from this address",
+        26,
+        |_| true,
+    );
+    assert_eq!(refused["max"], 4, "{refused}");
+    let a = runtime().block_on(send(
+        &client(),
+        "GET",
+        &format!("{}/x", px.urls[0]),
+        &[],
+        body(""),
+    ));
+    assert_eq!(a.status, 200, "{a:?}");
+    drop(flood);
+}
