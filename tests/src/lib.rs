@@ -302,6 +302,14 @@ impl Spawned {
         event(&line).expect("matched a JSON event")
     }
 
+    /// Waits until the process has logged a failed TLS handshake whose reason contains
+    /// `reason`; returns that event.
+    pub fn wait_handshake_failure(&self, reason: &str) -> Value {
+        self.wait_events("TLS handshake failed; connection closed", 1, |e| {
+            e["reason"].as_str().is_some_and(|r| r.contains(reason))
+        })
+    }
+
     /// Sends a signal, if it is still running.
     pub fn signal(&mut self, sig: libc::c_int) {
         if self.running() {
@@ -468,6 +476,14 @@ impl FenceProxy {
             .arg(&path)
             .env_remove("FENCE_PROXY_CONFIG");
         Spawned::spawn(cmd)
+    }
+
+    /// Runs fence-proxy with `config` as [`FenceProxy::spawn`] does, expecting it to refuse
+    /// the configuration (exit 2); returns what it said.
+    pub fn refused(dir: &Path, config: &str) -> String {
+        let mut p = FenceProxy::spawn(dir, config);
+        assert_eq!(p.wait().code(), Some(2), "fence-proxy took {config:?}");
+        p.stderr.text()
     }
 
     /// `kill -9`, and waits until it is gone.

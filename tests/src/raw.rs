@@ -109,16 +109,20 @@ impl Raw {
     /// As `postgres` to database `postgres`, in TLS; the error says what failed (the answer
     /// to the SSLRequest, the handshake, or the start-up).
     pub fn connect_tls(addr: &str, tls: &Tls) -> Result<Raw, String> {
+        Raw::connect_tls_with(addr, tls, &[])
+    }
+
+    /// As [`Raw::connect_tls`], with `params` added to the start-up packet.
+    pub fn connect_tls_with(addr: &str, tls: &Tls, params: &[(&str, &str)]) -> Result<Raw, String> {
         let stream = tls_stream(addr, tls)?;
         let mut raw = Raw {
             stream: Box::new(stream),
             buf: Vec::new(),
         };
+        let mut all: Vec<(&[u8], &[u8])> = vec![(b"user", b"postgres"), (b"database", b"postgres")];
+        all.extend(params.iter().map(|(k, v)| (k.as_bytes(), v.as_bytes())));
         let mut packet = Vec::new();
-        msg::startup(
-            &mut packet,
-            &[(b"user", b"postgres"), (b"database", b"postgres")],
-        );
+        msg::startup(&mut packet, &all);
         raw.stream
             .write_all(&packet)
             .map_err(|e| format!("sending the start-up packet: {e}"))?;

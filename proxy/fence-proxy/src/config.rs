@@ -129,6 +129,9 @@ fn d_pg_connections() -> usize {
 fn d_startups_per_peer() -> usize {
     pg_defaults().startups_per_peer_max
 }
+fn d_http_startups_per_peer() -> usize {
+    ServerLimits::default().startups_per_peer_max
+}
 fn d_pg_connect_timeout() -> u64 {
     ms(pg_defaults().connect_timeout)
 }
@@ -358,7 +361,7 @@ pub struct HttpConfig {
     #[serde(default = "d_header_timeout")]
     pub header_read_timeout_ms: u64,
     /// Connections from one address before their first request head, at once.
-    #[serde(default = "d_startups_per_peer")]
+    #[serde(default = "d_http_startups_per_peer")]
     pub startups_per_peer_max: usize,
     #[serde(default = "d_pool_idle")]
     pub pool_idle_per_host: usize,
@@ -416,7 +419,7 @@ impl HttpConfig {
             connect_timeout_ms: d_connect_timeout(),
             connections_max: d_connections(),
             header_read_timeout_ms: d_header_timeout(),
-            startups_per_peer_max: d_startups_per_peer(),
+            startups_per_peer_max: d_http_startups_per_peer(),
             pool_idle_per_host: d_pool_idle(),
             pool_idle_timeout_ms: d_pool_idle_timeout(),
             tls_cert: None,

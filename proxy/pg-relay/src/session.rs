@@ -734,7 +734,7 @@ async fn to_client(
             Err(e) => {
                 // A reset, or PostgreSQL's TLS refusing us (a client certificate it does not
                 // take is said after the handshake): the client learns why.
-                let why = upstream::describe(&e);
+                let why = tlsconf::client_handshake_error(&e);
                 tracing::warn!(error = %why, "the connection to PostgreSQL failed");
                 if !framer.mid_message() {
                     let mut out = Vec::new();

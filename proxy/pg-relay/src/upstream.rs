@@ -79,12 +79,7 @@ async fn handshake(mut tcp: TcpStream, tls: &UpstreamTls, up: &str) -> Result<St
         Ok(s) => Ok(Stream::Client(Box::new(s))),
         Err(e) => Err(format!(
             "TLS to PostgreSQL at {up} failed: {}",
-            describe(&e)
+            tlsconf::client_handshake_error(&e)
         )),
     }
-}
-
-/// A failed handshake or read in words (the server's certificate, or the server refusing ours).
-pub(crate) fn describe(e: &std::io::Error) -> String {
-    tlsconf::client_handshake_error(e)
 }

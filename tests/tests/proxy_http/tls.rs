@@ -70,6 +70,17 @@ fn put(url: &str, args: &[&str], resource: &str, token: &str) -> (i32, String, S
     )
 }
 
+/// The [[http]] keys for the HTTPS `upstream`, verified against `ca`, with `client` as the
+/// proxy's client certificate.
+fn to_https(upstream: &Upstream, ca: &Ca, client: Option<&Pair>) -> String {
+    format!(
+        "upstream = \"https://{}\"\nupstream_ca = \"{}\"\n{}",
+        upstream.addr,
+        ca.pem.display(),
+        client.map_or(String::new(), |c| files(c, "upstream"))
+    )
+}
+
 /// The proxy's URL in HTTPS.
 fn https(proxy: &FenceProxy) -> String {
     proxy.urls[0].replacen("http://", "https://", 1)
@@ -88,11 +99,9 @@ fn curl_over_https_through_the_proxy_to_an_https_upstream_with_a_client_certific
         d,
         "p",
         &format!(
-            "upstream = \"https://{}\"\nupstream_ca = \"{}\"\n{}{}",
-            upstream.addr,
-            up_ca.pem.display(),
-            files(&proxy_pair, "tls"),
-            files(&proxy_client, "upstream")
+            "{}{}",
+            to_https(&upstream, &up_ca, Some(&proxy_client)),
+            files(&proxy_pair, "tls")
         ),
     );
     let url = format!("{}/inventory/a", https(&proxy));
@@ -138,11 +147,9 @@ fn failures_on_either_side_each_get_a_clear_answer() {
         d,
         "p",
         &format!(
-            "upstream = \"https://{}\"\nupstream_ca = \"{}\"\n{}{}",
-            upstream.addr,
-            up_ca.pem.display(),
-            files(&proxy_pair, "tls"),
-            files(&proxy_client, "upstream")
+            "{}{}",
+            to_https(&upstream, &up_ca, Some(&proxy_client)),
+            files(&proxy_pair, "tls")
         ),
     );
     let url = format!("{}/x", https(&proxy));
@@ -158,23 +165,13 @@ fn failures_on_either_side_each_get_a_clear_answer() {
     );
     proxy
         .process
-        .wait_events("TLS handshake failed; connection closed", 1, |e| {
-            e["reason"]
-                .as_str()
-                .is_some_and(|r| r.contains("refused this server's certificate"))
-        });
+        .wait_handshake_failure("refused this server's certificate");
     let by_name = url.replacen("127.0.0.1", "localhost", 1);
     let (code, _, _, err) = put(&by_name, &["--cacert", &ca], "r", "1");
     assert_eq!(code, 60, "a name the certificate does not carry: {err}");
     let (code, _, _, _) = put(&format!("{}/x", proxy.urls[0]), &[], "r", "1");
     assert_ne!(code, 0, "plain HTTP to the HTTPS port");
-    proxy
-        .process
-        .wait_events("TLS handshake failed; connection closed", 1, |e| {
-            e["reason"]
-                .as_str()
-                .is_some_and(|r| r.contains("did not speak TLS"))
-        });
+    proxy.process.wait_handshake_failure("did not speak TLS");
     let (code, status, _, err) = put(&url, &["--cacert", &ca], "r", "1");
     assert_eq!(
         (code, status.as_str()),
@@ -187,12 +184,7 @@ fn failures_on_either_side_each_get_a_clear_answer() {
     let wrong_ca = start(
         d,
         "wrong-ca",
-        &format!(
-            "upstream = \"https://{}\"\nupstream_ca = \"{}\"\n{}",
-            upstream.addr,
-            stranger.pem.display(),
-            files(&proxy_client, "upstream")
-        ),
+        &to_https(&upstream, &stranger, Some(&proxy_client)),
     );
     let (_, status, body, _) = put(&format!("{}/x", wrong_ca.urls[0]), &[], "r", "1");
     assert_eq!(status, "502", "{body}");
@@ -200,15 +192,7 @@ fn failures_on_either_side_each_get_a_clear_answer() {
         body.contains("the server's certificate was refused"),
         "{body}"
     );
-    let no_client_cert = start(
-        d,
-        "no-client-cert",
-        &format!(
-            "upstream = \"https://{}\"\nupstream_ca = \"{}\"\n",
-            upstream.addr,
-            up_ca.pem.display()
-        ),
-    );
+    let no_client_cert = start(d, "no-client-cert", &to_https(&upstream, &up_ca, None));
     let (_, status, body, _) = put(&format!("{}/x", no_client_cert.urls[0]), &[], "r", "2");
     assert_eq!(status, "502", "{body}");
     assert!(body.contains("CertificateRequired"), "{body}");
@@ -224,23 +208,17 @@ fn failures_on_either_side_each_get_a_clear_answer() {
         d,
         "m",
         &format!(
-            "upstream = \"https://{}\"\nupstream_ca = \"{}\"\ntls_client_ca = \"{}\"\n{}{}",
-            upstream.addr,
-            up_ca.pem.display(),
+            "{}tls_client_ca = \"{}\"\n{}",
+            to_https(&upstream, &up_ca, Some(&proxy_client)),
             clients_ca.pem.display(),
-            files(&proxy_pair, "tls"),
-            files(&proxy_client, "upstream")
+            files(&proxy_pair, "tls")
         ),
     );
     let murl = format!("{}/x", https(&mtls));
     let (code, _, _, _) = put(&murl, &["--cacert", &ca], "m", "1");
     assert_ne!(code, 0, "no client certificate");
     mtls.process
-        .wait_events("TLS handshake failed; connection closed", 1, |e| {
-            e["reason"]
-                .as_str()
-                .is_some_and(|r| r.contains("presented no certificate"))
-        });
+        .wait_handshake_failure("presented no certificate");
     let (cert, key) = (alice.cert.to_str().unwrap(), alice.key.to_str().unwrap());
     let (code, status, _, err) = put(
         &murl,
@@ -267,9 +245,7 @@ fn plaintext_off_loopback_needs_insecure_and_tls_does_not() {
             "data_dir = \"{}\"\n[[http]]\n{listener}\n",
             d.join("data").display()
         );
-        let mut p = e2e::FenceProxy::spawn(d, &config);
-        assert_eq!(p.wait().code(), Some(2), "{listener}");
-        let text = p.stderr.text();
+        let text = FenceProxy::refused(d, &config);
         assert!(text.contains(want), "{listener}: wanted {want:?} in {text}");
     };
     refused(

@@ -165,6 +165,15 @@ fn psql_verify_full_through_the_proxy_to_a_postgresql_that_takes_tls_only() {
         "is stale",
         "the fence works the same in TLS",
     );
+    // Declared in the start-up packet's options instead, after an SSLRequest and with direct
+    // TLS: refused the same way.
+    for direct in [false, true] {
+        let tls = e2e::raw::Tls::with_alpn(&proxy_ca.pem, &[b"postgresql"], direct);
+        let options = [("options", "-c fencing.resource=inv:a -c fencing.token=4")];
+        let mut c = Raw::connect_tls_with(addr, &tls, &options).expect("a TLS session");
+        let a = c.simple("UPDATE stock SET n = n - 1 WHERE sku = 'a'");
+        assert_eq!(a.code(), "FN001", "direct = {direct}: {a:?}");
+    }
     assert_eq!(w.pg.psql("SELECT n FROM stock"), "9");
 
     // A cancel request (libpq 15 sends it in plaintext, on a connection of its own) reaches
@@ -216,11 +225,7 @@ fn client_side_failures_each_get_a_clear_answer() {
     );
     proxy
         .process
-        .wait_events("TLS handshake failed; connection closed", 1, |e| {
-            e["reason"]
-                .as_str()
-                .is_some_and(|r| r.contains("refused this server's certificate"))
-        });
+        .wait_handshake_failure("refused this server's certificate");
     fails_with(
         psql(&addr, &format!("{good} host=localhost"), "SELECT 1"),
         "does not match host name",
@@ -259,13 +264,7 @@ fn client_side_failures_each_get_a_clear_answer() {
     let mut bytes = Vec::new();
     pg_wire::msg::startup(&mut bytes, &[(b"user", b"postgres")]);
     std::io::Write::write_all(&mut s, &bytes).unwrap();
-    proxy
-        .process
-        .wait_events("TLS handshake failed; connection closed", 1, |e| {
-            e["reason"]
-                .as_str()
-                .is_some_and(|r| r.contains("did not speak TLS"))
-        });
+    proxy.process.wait_handshake_failure("did not speak TLS");
     let mut said = Vec::new();
     let _ = std::io::Read::read_to_end(&mut s, &mut said);
     assert_eq!(
@@ -328,21 +327,13 @@ fn client_side_failures_each_get_a_clear_answer() {
     let no_cert = psql(maddr, &good, "SELECT 1");
     assert!(!no_cert.0, "no client certificate: {}", no_cert.1);
     mtls.process
-        .wait_events("TLS handshake failed; connection closed", 1, |e| {
-            e["reason"]
-                .as_str()
-                .is_some_and(|r| r.contains("presented no certificate"))
-        });
+        .wait_handshake_failure("presented no certificate");
     assert!(
         !psql(maddr, &with_cert(&mallory), "SELECT 1").0,
         "another CA's certificate"
     );
     mtls.process
-        .wait_events("TLS handshake failed; connection closed", 1, |e| {
-            e["reason"]
-                .as_str()
-                .is_some_and(|r| r.contains("certificate was refused"))
-        });
+        .wait_handshake_failure("certificate was refused");
     // Nothing of this took either process down.
     assert!(proxy.process.running() && w.pg.psql("SELECT 1") == "1");
     let (ok, _, err) = psql(&addr, &good, "SELECT 1");
@@ -536,13 +527,7 @@ fn sighup_reloads_the_certificate_for_new_sessions_and_keeps_open_ones() {
         "certificate verify failed",
         "an expired certificate",
     );
-    proxy
-        .process
-        .wait_events("TLS handshake failed; connection closed", 1, |e| {
-            e["reason"]
-                .as_str()
-                .is_some_and(|r| r.contains("CertificateExpired"))
-        });
+    proxy.process.wait_handshake_failure("CertificateExpired");
     // Then one of another CA.
     let second = two.issue(d, "second", &["127.0.0.1"], false);
     second.copy_over(&first);
@@ -625,9 +610,7 @@ fn plaintext_off_loopback_in_the_pg_mode_needs_insecure_and_tls_does_not() {
     let ca = Ca::new(d, "proxy");
     let pair = ca.issue(d, "proxy-server", &["127.0.0.1"], false);
     let refused = |listener: &str, want: &str| {
-        let mut p = FenceProxy::spawn(d, &format!("[[pg]]\n{listener}\n"));
-        assert_eq!(p.wait().code(), Some(2), "{listener}");
-        let text = p.stderr.text();
+        let text = FenceProxy::refused(d, &format!("[[pg]]\n{listener}\n"));
         assert!(text.contains(want), "{listener}: wanted {want:?} in {text}");
     };
     let tls = listener_tls(&pair);
