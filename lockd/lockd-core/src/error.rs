@@ -62,6 +62,22 @@ pub enum AcquireError {
         "lockd remembers the maximum number of request ids ({max}); retry later, or raise limits.requests_max"
     )]
     RequestsExhausted { max: usize },
+    #[error(
+        "tenant {tenant} holds its maximum of {max} leases; release unused locks, or raise the tenant's leases_max in the policy"
+    )]
+    TenantLeasesExhausted { tenant: String, max: usize },
+    #[error(
+        "tenant {tenant} has its maximum of {max} waiters queued; retry later with backoff, or try-lock"
+    )]
+    TenantWaitersExhausted { tenant: String, max: usize },
+    #[error(
+        "tenant {tenant} is above its acquire rate of {per_second} calls a second; retry in {retry_after_ms} ms"
+    )]
+    TenantRateLimited {
+        tenant: String,
+        per_second: u32,
+        retry_after_ms: u64,
+    },
     /// 2^63 - 1 tokens have been issued. Unreachable in practice (300 years at a billion grants
     /// per second), but it must not wrap.
     #[error("the fencing token space is exhausted; lockd can issue no more grants")]

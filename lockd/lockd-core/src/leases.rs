@@ -114,6 +114,13 @@ impl LeaseTable {
             .copied()
     }
 
+    /// The names of the held leases, in no order.
+    pub fn held_names(&self) -> impl Iterator<Item = &str> {
+        self.by_name
+            .iter()
+            .map(|&i| self.slab[i as usize].name.as_str())
+    }
+
     /// The held lease of `name`.
     pub fn held(&self, name: &str) -> Option<&Slot> {
         self.find_held(name).map(|i| self.slot(i))

@@ -22,6 +22,7 @@ pub mod limits;
 mod machine;
 mod outcome;
 mod persist;
+pub mod tenants;
 mod types;
 
 pub use error::{AcquireError, InvalidArgument, LimitsError, RecoverError, RenewError};
@@ -31,4 +32,5 @@ pub use outcome::{
     AcquireOutcome, Busy, Description, Effect, Grant, HeldBy, ReleaseOutcome, Renewed,
 };
 pub use persist::{LeaseRecord, Op, Snapshot};
+pub use tenants::{Quota, Rate, Tenancy, TenancyError, Tenant};
 pub use types::{Holder, Millis, RequestId, WaiterId};

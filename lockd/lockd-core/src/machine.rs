@@ -28,6 +28,7 @@
 //! them.
 
 use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
+use std::sync::Arc;
 
 use fencing::{FencingToken, LeaseId, ResourceName};
 
@@ -38,6 +39,7 @@ use crate::outcome::{
     AcquireOutcome, Busy, Description, Effect, Grant, HeldBy, ReleaseOutcome, Renewed,
 };
 use crate::persist::{LeaseRecord, Op, Snapshot};
+use crate::tenants::{Tenancy, TenantIx, Usage};
 use crate::types::{Holder, Millis, RequestId, WaiterId};
 
 /// Where lease ids come from. The server draws them from the operating system's CSPRNG
@@ -94,6 +96,9 @@ pub struct Core {
     next_waiter: u64,
     /// Every waiter's deadline, exactly once (removed eagerly when a waiter leaves).
     wait_deadlines: BTreeSet<(Millis, WaiterId)>,
+    /// Who owns which resources, if a policy says so; `usage` has one entry per tenant.
+    tenancy: Option<Arc<Tenancy>>,
+    usage: Vec<Usage>,
 }
 
 impl Core {
@@ -110,6 +115,8 @@ impl Core {
             waiting_requests: HashMap::new(),
             next_waiter: 1,
             wait_deadlines: BTreeSet::new(),
+            tenancy: None,
+            usage: Vec::new(),
         }
     }
 
@@ -197,6 +204,99 @@ impl Core {
         Ok(core)
     }
 
+    /// Puts tenants' quotas in force (or none), counting what each holds and queues now.
+    /// Calls already refused or granted stay so; the counts may start above a quota, which
+    /// then refuses new leases or waiters until they fall below it.
+    pub fn set_tenancy(&mut self, tenancy: Option<Arc<Tenancy>>) {
+        self.usage = vec![Usage::default(); tenancy.as_ref().map_or(0, |t| t.tenants().len())];
+        self.tenancy = tenancy;
+        let Some(t) = self.tenancy.clone() else {
+            return;
+        };
+        for name in self.leases.held_names() {
+            if let Some(ix) = t.owner_ix(name) {
+                self.usage[ix].leases += 1;
+            }
+        }
+        for w in self.waiters.values() {
+            if let Some(ix) = t.owner_ix(w.resource.as_str()) {
+                self.usage[ix].waiters += 1;
+            }
+        }
+    }
+
+    /// Each tenant's name, leases held and waiters queued (for metrics and tests).
+    pub fn tenant_usage(&self) -> impl Iterator<Item = (&str, usize, usize)> {
+        let tenants = self.tenancy.as_ref().map_or(&[][..], |t| t.tenants());
+        tenants
+            .iter()
+            .zip(&self.usage)
+            .map(|(t, u)| (t.name.as_str(), u.leases, u.waiters))
+    }
+
+    /// The owner of `resource`, if tenants are in force and one owns it.
+    fn owner(&self, resource: &ResourceName) -> Option<TenantIx> {
+        self.tenancy.as_ref()?.owner_ix(resource.as_str())
+    }
+
+    /// The tenant's acquire rate, if it has one: takes one call from its bucket.
+    fn take_call(&mut self, owner: Option<TenantIx>) -> Result<(), AcquireError> {
+        let (Some(ix), Some(t)) = (owner, &self.tenancy) else {
+            return Ok(());
+        };
+        let tenant = t.tenant(ix);
+        let Some(rate) = tenant.quota.acquire_rate else {
+            return Ok(());
+        };
+        self.usage[ix]
+            .take_call(rate, self.now)
+            .map_err(|retry_after_ms| AcquireError::TenantRateLimited {
+                tenant: tenant.name.clone(),
+                per_second: rate.per_second,
+                retry_after_ms,
+            })
+    }
+
+    /// Whether the owner may hold one more lease (`waiter = false`) or queue one more waiter.
+    fn check_quota(&self, owner: Option<TenantIx>, waiter: bool) -> Result<(), AcquireError> {
+        let (Some(ix), Some(t)) = (owner, &self.tenancy) else {
+            return Ok(());
+        };
+        let (tenant, usage) = (t.tenant(ix), &self.usage[ix]);
+        if waiter {
+            match tenant.quota.waiters_max {
+                Some(max) if usage.waiters >= max => Err(AcquireError::TenantWaitersExhausted {
+                    tenant: tenant.name.clone(),
+                    max,
+                }),
+                _ => Ok(()),
+            }
+        } else {
+            match tenant.quota.leases_max {
+                Some(max) if usage.leases >= max => Err(AcquireError::TenantLeasesExhausted {
+                    tenant: tenant.name.clone(),
+                    max,
+                }),
+                _ => Ok(()),
+            }
+        }
+    }
+
+    /// Counts a lease (`leases`) or a waiter of `resource` in or out of its owner's usage.
+    fn count(&mut self, resource: &ResourceName, leases: bool, delta: isize) {
+        if let Some(ix) = self.owner(resource) {
+            let u = &mut self.usage[ix];
+            let n = if leases {
+                &mut u.leases
+            } else {
+                &mut u.waiters
+            };
+            *n = n
+                .checked_add_signed(delta)
+                .expect("usage counts never go below zero");
+        }
+    }
+
     pub fn limits(&self) -> &Limits {
         &self.limits
     }
@@ -254,12 +354,15 @@ impl Core {
                 return self.rejoin(waiter, req, ttl_ms, wait_ms);
             }
         }
+        let owner = self.owner(&req.resource);
+        self.take_call(owner)?;
         if self.leases.held(req.resource.as_str()).is_some() {
             if wait_ms == 0 {
                 return Ok(AcquireOutcome::Busy(
                     self.busy(&req.resource).expect("held"),
                 ));
             }
+            self.check_quota(owner, true)?;
             return self.enqueue(req, ttl_ms, wait_ms);
         }
         if self.leases.held_count() >= self.limits.leases_max {
@@ -267,6 +370,7 @@ impl Core {
                 max: self.limits.leases_max,
             });
         }
+        self.check_quota(owner, false)?;
         self.check_request_room(&req)?;
         let grant = self.grant(&req.resource, req.request_id, req.holder, ttl_ms, fx)?;
         Ok(AcquireOutcome::Granted(grant))
@@ -308,6 +412,7 @@ impl Core {
             }
         }
         let ended = self.leases.end(resource.as_str());
+        self.count(resource, true, -1);
         fx.push(Effect::Persist(Op::Remove {
             resource: resource.clone(),
             lease_id: ended.lease_id,
@@ -379,6 +484,7 @@ impl Core {
 
     fn expire_next(&mut self, fx: &mut Vec<Effect>) {
         let (resource, ended) = self.leases.expire_next(self.now).expect("an expiry is due");
+        self.count(&resource, true, -1);
         fx.push(Effect::Persist(Op::Remove {
             resource: resource.clone(),
             lease_id: ended.lease_id,
@@ -468,6 +574,7 @@ impl Core {
             request: request_id,
         };
         self.leases.insert(resource, lease, self.now);
+        self.count(resource, true, 1);
         Ok(Grant {
             resource: resource.clone(),
             lease_id,
@@ -562,6 +669,7 @@ impl Core {
         if let Some(id) = &req.request_id {
             self.waiting_requests.insert(id.clone(), waiter);
         }
+        self.count(&req.resource, false, 1);
         let queue = self.queues.entry(req.resource.clone()).or_default();
         queue.push_back(waiter);
         let position = queue.len();
@@ -592,6 +700,7 @@ impl Core {
 
     /// Removes every trace of a waiter that has already been taken out of `waiters`.
     fn forget_waiter(&mut self, waiter: WaiterId, w: &Waiter) {
+        self.count(&w.resource, false, -1);
         self.wait_deadlines.remove(&(w.deadline, waiter));
         if let Some(id) = &w.request_id {
             self.waiting_requests.remove(id);

@@ -93,6 +93,8 @@ pub struct Rig {
     /// State including ops after the last sync.
     pub latest: MemStore,
     ids_issued: u64,
+    /// Tenants in force (`tenant` lines), again after a restart.
+    tenants: Vec<lockd_core::Tenant>,
 }
 
 impl Rig {
@@ -105,6 +107,7 @@ impl Rig {
             durable: MemStore::default(),
             latest: MemStore::default(),
             ids_issued: 0,
+            tenants: Vec::new(),
         }
     }
 
@@ -139,6 +142,13 @@ impl Rig {
             self.now,
         )
         .expect("recover");
+        self.set_tenancy();
+    }
+
+    /// Puts `self.tenants` in force.
+    fn set_tenancy(&mut self) {
+        let t = lockd_core::Tenancy::new(self.tenants.clone()).expect("valid tenants");
+        self.core.set_tenancy(Some(std::sync::Arc::new(t)));
     }
 
     pub fn acquire(
@@ -173,6 +183,11 @@ impl Rig {
 /// renew RES L<n>           release RES L<n>        cancel w<n>        describe RES
 /// tick                     restart                 crash (restart losing unsynced ops)
 /// limits KEY=VALUE...      (only before the first command)
+/// tenant NAME prefixes=P,P [leases=N] [waiters=N] [rate=PER_SECOND/BURST]
+/// ```
+/// `tenant` adds a tenant and puts every tenant so far in force; the transcript shows each
+/// tenant's leases and waiters as the core counts them (`usage`).
+/// ```text
 /// ```
 pub fn check(script: &str, expect: Expect) {
     let mut limits = Limits::default();
@@ -274,6 +289,32 @@ fn run(rig: &mut Rig, words: &[&str], fx: &mut Vec<Effect>) -> String {
             format!("cancelled={}", rig.core.cancel(now, w, fx))
         }
         "describe" => describe(&rig.core.describe(now, &res(1), fx)),
+        "tenant" => {
+            let num = |key| arg(words, key).map(|v: &str| v.parse().unwrap());
+            let rate = arg(words, "rate").map(|r| {
+                let (per_second, burst) = r.split_once('/').unwrap();
+                lockd_core::Rate {
+                    per_second: per_second.parse().unwrap(),
+                    burst: burst.parse().unwrap(),
+                }
+            });
+            rig.tenants.push(lockd_core::Tenant {
+                name: words[1].to_string(),
+                prefixes: arg(words, "prefixes")
+                    .unwrap()
+                    .split(',')
+                    .map(str::to_string)
+                    .collect(),
+                quota: lockd_core::Quota {
+                    leases_max: num("leases"),
+                    waiters_max: num("waiters"),
+                    acquire_rate: rate,
+                },
+            });
+            rig.set_tenancy();
+            usage(&rig.core)
+        }
+        "usage" => usage(&rig.core),
         "tick" => {
             rig.core.tick(now, fx);
             format!("next deadline {:?}", rig.core.next_deadline())
@@ -290,6 +331,13 @@ fn run(rig: &mut Rig, words: &[&str], fx: &mut Vec<Effect>) -> String {
         }
         other => panic!("unknown command {other}"),
     }
+}
+
+fn usage(core: &Core) -> String {
+    core.tenant_usage()
+        .map(|(name, leases, waiters)| format!("{name}: leases={leases} waiters={waiters}"))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 pub fn acquire_outcome(o: &AcquireOutcome) -> String {

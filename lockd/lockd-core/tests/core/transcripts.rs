@@ -486,3 +486,158 @@ fn a_crash_can_bring_back_a_lazily_released_lease_but_never_lose_a_grant() {
         "#]],
     );
 }
+
+#[test]
+fn tenants_quotas_count_leases_and_waiters_of_their_own_resources_only() {
+    check(
+        r#"
+        tenant pay prefixes=pay/,ledger/ leases=2 waiters=1
+        tenant inv prefixes=inv/
+        @0 acquire pay/1 holder=a
+        @1 acquire ledger/1 holder=a
+        # a third lease of pay's resources is refused; inv's and unowned ones are not counted
+        @2 acquire pay/2 holder=a
+        @3 acquire inv/1 holder=b
+        @4 acquire other holder=c
+        # one waiter: the second is refused, and a try-lock of a held one is just busy
+        @5 acquire pay/1 holder=d wait=1000
+        @6 acquire ledger/1 holder=e wait=1000
+        @7 acquire ledger/1 holder=e
+        usage
+        # a hand-off keeps the lease count and ends the waiter
+        @8 release pay/1 L1
+        usage
+        # an expiry frees a lease: pay may take another
+        @40000 tick
+        usage
+        @40001 acquire pay/2 holder=a
+        # a timed-out and a cancelled waiter each leave room for another
+        @40002 acquire pay/2 holder=b wait=10
+        @40003 acquire pay/2 holder=c wait=10
+        @40012 tick
+        usage
+        @40013 acquire pay/2 holder=c wait=1000
+        @40014 cancel w3
+        usage
+        # counts are rebuilt from the state after a restart
+        restart
+        usage
+        "#,
+        expect![[r#"
+            @0 tenant pay prefixes=pay/,ledger/ leases=2 waiters=1
+              => pay: leases=0 waiters=0
+            @0 tenant inv prefixes=inv/
+              => pay: leases=0 waiters=0, inv: leases=0 waiters=0
+            @0 acquire pay/1 holder=a
+              => granted token=1 lease=L1 expires=30000
+              ! persist grant pay/1 token=1 lease=L1 holder="a" ttl=30000 req=-
+            @1 acquire ledger/1 holder=a
+              => granted token=2 lease=L2 expires=30001
+              ! persist grant ledger/1 token=2 lease=L2 holder="a" ttl=30000 req=-
+            @2 acquire pay/2 holder=a
+              => error: tenant pay holds its maximum of 2 leases; release unused locks, or raise the tenant's leases_max in the policy
+            @3 acquire inv/1 holder=b
+              => granted token=3 lease=L3 expires=30003
+              ! persist grant inv/1 token=3 lease=L3 holder="b" ttl=30000 req=-
+            @4 acquire other holder=c
+              => granted token=4 lease=L4 expires=30004
+              ! persist grant other token=4 lease=L4 holder="c" ttl=30000 req=-
+            @5 acquire pay/1 holder=d wait=1000
+              => queued w1 position=1
+            @6 acquire ledger/1 holder=e wait=1000
+              => error: tenant pay has its maximum of 1 waiters queued; retry later with backoff, or try-lock
+            @7 acquire ledger/1 holder=e
+              => busy holder="a" token=2 expires=30001 waiters=0
+            @7 usage
+              => pay: leases=2 waiters=1, inv: leases=1 waiters=0
+            @8 release pay/1 L1
+              => released token=1
+              ! persist remove pay/1 L1
+              ! persist grant pay/1 token=5 lease=L5 holder="d" ttl=30000 req=-
+              ! hand-off w1: token=5 lease=L5 expires=30008
+            @8 usage
+              => pay: leases=2 waiters=0, inv: leases=1 waiters=0
+            @40000 tick
+              => next deadline None
+              ! persist remove ledger/1 L2
+              ! expired ledger/1 token=2 holder="a"
+              ! persist remove inv/1 L3
+              ! expired inv/1 token=3 holder="b"
+              ! persist remove other L4
+              ! expired other token=4 holder="c"
+              ! persist remove pay/1 L5
+              ! expired pay/1 token=5 holder="d"
+            @40000 usage
+              => pay: leases=0 waiters=0, inv: leases=0 waiters=0
+            @40001 acquire pay/2 holder=a
+              => granted token=6 lease=L6 expires=70001
+              ! persist grant pay/2 token=6 lease=L6 holder="a" ttl=30000 req=-
+            @40002 acquire pay/2 holder=b wait=10
+              => queued w2 position=1
+            @40003 acquire pay/2 holder=c wait=10
+              => error: tenant pay has its maximum of 1 waiters queued; retry later with backoff, or try-lock
+            @40012 tick
+              => next deadline Some(70001)
+              ! wait timed out w2: held with token 6
+            @40012 usage
+              => pay: leases=1 waiters=0, inv: leases=0 waiters=0
+            @40013 acquire pay/2 holder=c wait=1000
+              => queued w3 position=1
+            @40014 cancel w3
+              => cancelled=true
+            @40014 usage
+              => pay: leases=1 waiters=0, inv: leases=0 waiters=0
+            @40014 restart
+              => recovered leases=1 requests=0 last_token=Some(6)
+            @40014 usage
+              => pay: leases=1 waiters=0, inv: leases=0 waiters=0
+        "#]],
+    );
+}
+
+#[test]
+fn a_tenants_acquire_rate_refuses_calls_beyond_its_bucket_with_the_wait() {
+    check(
+        r#"
+        tenant cron prefixes=cron/ rate=2/2
+        @0 acquire cron/a holder=a
+        @0 acquire cron/b holder=a
+        @0 acquire cron/c holder=a
+        # busy try-locks count too: polling is what a rate bounds
+        @250 acquire cron/a holder=b
+        @499 acquire cron/a holder=b
+        @1000 acquire cron/c holder=a
+        # a retry of a granted request id is an answer, not a new call
+        @1001 acquire other holder=x req=r1
+        @1002 acquire cron/d holder=a req=r2
+        @1003 acquire cron/d holder=a req=r2
+        "#,
+        expect![[r#"
+            @0 tenant cron prefixes=cron/ rate=2/2
+              => cron: leases=0 waiters=0
+            @0 acquire cron/a holder=a
+              => granted token=1 lease=L1 expires=30000
+              ! persist grant cron/a token=1 lease=L1 holder="a" ttl=30000 req=-
+            @0 acquire cron/b holder=a
+              => granted token=2 lease=L2 expires=30000
+              ! persist grant cron/b token=2 lease=L2 holder="a" ttl=30000 req=-
+            @0 acquire cron/c holder=a
+              => error: tenant cron is above its acquire rate of 2 calls a second; retry in 500 ms
+            @250 acquire cron/a holder=b
+              => error: tenant cron is above its acquire rate of 2 calls a second; retry in 250 ms
+            @499 acquire cron/a holder=b
+              => error: tenant cron is above its acquire rate of 2 calls a second; retry in 1 ms
+            @1000 acquire cron/c holder=a
+              => granted token=3 lease=L3 expires=31000
+              ! persist grant cron/c token=3 lease=L3 holder="a" ttl=30000 req=-
+            @1001 acquire other holder=x req=r1
+              => granted token=4 lease=L4 expires=31001
+              ! persist grant other token=4 lease=L4 holder="x" ttl=30000 req=r1
+            @1002 acquire cron/d holder=a req=r2
+              => granted token=5 lease=L5 expires=31002
+              ! persist grant cron/d token=5 lease=L5 holder="a" ttl=30000 req=r2
+            @1003 acquire cron/d holder=a req=r2
+              => duplicate token=5 lease=L5 expires=31002 held=true
+        "#]],
+    );
+}
