@@ -53,6 +53,10 @@ pub struct Cli {
     #[arg(long)]
     pub print_config: bool,
 
+    /// Read a bearer token from stdin, print the policy file's `token_sha256` of it and exit.
+    #[arg(long)]
+    pub hash_token: bool,
+
     #[command(flatten)]
     pub settings: Settings,
 }
@@ -190,6 +194,10 @@ pub struct Settings {
     #[arg(long, env = "LOCKD_FENCE_KEYS", value_name = "FILE")]
     pub fence_keys: Option<PathBuf>,
 
+    /// Policy file (TOML, docs/security.md): identities (bearer tokens, client certificates), and tenants with their prefixes and quotas; every call must then be authenticated [default: none, every caller may use every resource].
+    #[arg(long, env = "LOCKD_POLICY", value_name = "FILE")]
+    pub policy: Option<PathBuf>,
+
     #[command(flatten)]
     #[serde(default)]
     pub limits: LimitSettings,
@@ -264,6 +272,8 @@ pub struct Config {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub fence_keys: Option<PathBuf>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    pub policy: Option<PathBuf>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub tls_cert: Option<PathBuf>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tls_key: Option<PathBuf>,
@@ -299,6 +309,7 @@ impl Default for Config {
             etcd_key: None,
             advertise: None,
             fence_keys: None,
+            policy: None,
             tls_cert: None,
             tls_key: None,
             tls_client_ca: None,
@@ -369,6 +380,7 @@ impl Config {
         }
         take_some!(
             fence_keys,
+            policy,
             tls_cert,
             tls_key,
             tls_client_ca,
@@ -509,6 +521,15 @@ impl Config {
         }
         self.signing_keys()?;
         self.tls()?;
+        if let Some(p) = self.policy()?
+            && p.needs_client_certificates()
+            && self.tls_client_ca.is_none()
+        {
+            bail!(
+                "policy {}: identities known by a certificate need tls_client_ca (lockd asks for client certificates only then)",
+                self.policy.as_ref().expect("loaded").display()
+            );
+        }
         match (&self.tls_cert, &self.tls_key) {
             (Some(_), Some(_)) => {}
             (None, None) if self.tls_client_ca.is_some() || self.tls_peer_ca.is_some() => {
@@ -594,6 +615,18 @@ impl Config {
         fencing::signed::Keyring::for_signing(&file)
             .map(Some)
             .map_err(|e| invalid(e.to_string()))
+    }
+}
+
+impl Config {
+    /// The policy `policy` names (checked), or `None`: every caller may use every resource.
+    pub fn policy(&self) -> Result<Option<crate::policy::Policy>, ConfigError> {
+        let Some(path) = &self.policy else {
+            return Ok(None);
+        };
+        crate::policy::Policy::load(path)
+            .map(Some)
+            .map_err(|why| ConfigError::Invalid(format!("policy {}: {why}", path.display())))
     }
 }
 

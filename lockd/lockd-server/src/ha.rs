@@ -20,7 +20,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use lockd_core::{Core, Limits};
+use lockd_core::{Core, Limits, Tenancy};
 use lockd_proto::v1::lock_service_client::LockServiceClient;
 use lockd_store_etcd::keys::LeaderRecord;
 use lockd_store_etcd::{Campaign, Cluster, EtcdStore, Member, Term, Warm, highwater};
@@ -103,6 +103,8 @@ pub struct Ha {
     /// How this instance reaches the others (the leader, and itself for the advertise check)
     /// when they serve TLS: the peers' CA, and its own certificate as a client's.
     peer_tls: Option<tonic::transport::ClientTlsConfig>,
+    /// Tenants' quotas (the policy's), for each core this instance leads.
+    tenancy: Option<Arc<Tenancy>>,
 }
 
 impl Ha {
@@ -113,6 +115,7 @@ impl Ha {
         sync_interval: Duration,
         compact_every: Option<Duration>,
         peer_tls: Option<tonic::transport::ClientTlsConfig>,
+        tenancy: Option<Arc<Tenancy>>,
     ) -> Ha {
         Ha {
             cluster,
@@ -125,6 +128,7 @@ impl Ha {
             look_again: tokio::sync::Notify::new(),
             may_lead: std::sync::atomic::AtomicBool::new(true),
             peer_tls,
+            tenancy,
         }
     }
 
@@ -386,7 +390,7 @@ impl Ha {
             }
         };
         let clock = Clock::new();
-        let core = match Core::recover(
+        let mut core = match Core::recover(
             self.limits.clone(),
             Box::new(OsLeaseIds),
             snapshot,
@@ -402,6 +406,7 @@ impl Ha {
                 return;
             }
         };
+        core.set_tenancy(self.tenancy.clone());
         let stats = core.stats();
         let last_token = core.last_token().map_or(0, |t| t.get());
         let (failed_tx, mut failed) = watch::channel(None::<String>);

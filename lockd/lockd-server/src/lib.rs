@@ -7,6 +7,7 @@
 //! - `driver`: the core under a mutex, effects, waiters' reply channels, expiry timer;
 //! - `writer`: group commit (the first waiter commits for everyone queued) and the store's
 //!   background work;
+//! - `policy`: identities (bearer tokens, client certificates) and tenants; who may use what;
 //! - `tls`: the TLS listener (handshakes bounded in number and time, SIGHUP reloads);
 //! - `status`: the one mapping from domain errors to gRPC statuses;
 //! - `clock`: monotonic time for decisions, wall time for display.
@@ -15,6 +16,7 @@ pub mod clock;
 pub mod config;
 pub mod driver;
 pub mod ha;
+pub mod policy;
 pub mod server;
 pub mod service;
 pub mod status;

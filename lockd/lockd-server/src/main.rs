@@ -10,6 +10,9 @@ use tracing_subscriber::EnvFilter;
 fn main() -> ExitCode {
     cli_docs::generate_if_asked(Cli::command);
     let cli = Cli::parse();
+    if cli.hash_token {
+        return hash_token();
+    }
     let config = match Config::from_cli(&cli) {
         Ok(c) => c,
         Err(e) => {
@@ -48,6 +51,28 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// `--hash-token`: the token on stdin (one line), hashed for the policy file.
+fn hash_token() -> ExitCode {
+    let mut line = String::new();
+    if let Err(e) = std::io::stdin().read_line(&mut line) {
+        eprintln!("lockd: cannot read the token from stdin: {e}");
+        return ExitCode::FAILURE;
+    }
+    let token = line.trim_end_matches(['\r', '\n']);
+    let min = lockd_server::policy::TOKEN_LEN_MIN;
+    if token.len() < min || token.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        eprintln!(
+            "lockd: a bearer token is at least {min} characters without spaces, e.g. from `openssl rand -hex 32`"
+        );
+        return ExitCode::from(2);
+    }
+    println!(
+        "token_sha256 = \"{}\"",
+        lockd_server::policy::token_sha256(token)
+    );
+    ExitCode::SUCCESS
 }
 
 /// SIGINT or SIGTERM.

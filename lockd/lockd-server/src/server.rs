@@ -69,15 +69,17 @@ pub async fn run(
         cache_size_bytes: config.cache_size_mb << 20,
         journal_bytes: config.journal_size_mb << 20,
     };
+    let policy = load_policy(&config)?;
     let mut store = RedbStore::open(&config.data_dir, &options).map_err(ServeError::Open)?;
     let snapshot = store.load().map_err(ServeError::Load)?;
     let clock = Clock::new();
-    let core = Core::recover(
+    let mut core = Core::recover(
         config.limits.clone(),
         Box::new(OsLeaseIds),
         snapshot,
         clock.now(),
     )?;
+    core.set_tenancy(policy.as_ref().map(|p| p.tenancy()));
     let stats = core.stats();
     info!(
         data_file = %store.path().display(),
@@ -116,6 +118,7 @@ pub async fn run(
         incoming,
         addr,
         Routes::Single(Arc::clone(&driver)),
+        policy,
         stop,
     )
     .await;
@@ -141,6 +144,7 @@ async fn run_etcd(
         max_txn_ops: config.etcd_max_txn_ops,
         tls: config.etcd_tls().map(|f| tonic_tls(&f)).transpose()?,
     };
+    let policy = load_policy(&config)?;
     let cluster = Arc::new(Cluster::connect(&options).await.map_err(ServeError::Etcd)?);
     let (incoming, addr) = bind(&config)?;
     let advertise = config.advertise.clone().unwrap_or_else(|| {
@@ -168,6 +172,7 @@ async fn run_etcd(
         (config.etcd_compact_every_ms > 0)
             .then(|| Duration::from_millis(config.etcd_compact_every_ms)),
         peer_tls(&config)?,
+        policy.as_ref().map(|p| p.tenancy()),
     ));
     let elections = tokio::spawn(Arc::clone(&ha).run());
     let stop = {
@@ -183,6 +188,7 @@ async fn run_etcd(
         incoming,
         addr,
         Routes::Cluster(Arc::clone(&ha)),
+        policy,
         stop,
     )
     .await;
@@ -191,6 +197,11 @@ async fn run_etcd(
     served?;
     info!("stopped");
     Ok(())
+}
+
+/// The policy `policy` names, loaded, or `None`.
+fn load_policy(config: &Config) -> Result<Option<Arc<crate::policy::Policy>>, ServeError> {
+    Ok(config.policy().map_err(ServeError::Keys)?.map(Arc::new))
 }
 
 /// What this instance presents and trusts when it calls another one (TLS only).
@@ -244,6 +255,7 @@ async fn serve(
     listener: Listener,
     addr: std::net::SocketAddr,
     routes: Routes,
+    policy: Option<Arc<crate::policy::Policy>>,
     stop: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServeError> {
     let (tls, mtls) = match &listener {
@@ -261,7 +273,19 @@ async fn serve(
         Some(key) => info!(key_id = key.id(), "signing fencing tokens"),
         None => info!("fencing tokens are not signed (no fence_keys)"),
     }
-    let api = LockApi::new(routes, config.limits.clone(), keys.map(Arc::new));
+    match &policy {
+        Some(p) => info!(
+            identities = p.identities(),
+            tenants = p.tenancy().tenants().len(),
+            "policy in force: every call is authenticated, and a tenant uses only its own resources"
+        ),
+        None if !addr.ip().to_canonical().is_loopback() => tracing::warn!(
+            %addr,
+            "no policy: every caller that reaches lockd may take, release or describe every lock"
+        ),
+        None => {}
+    }
+    let api = LockApi::new(routes, config.limits.clone(), keys.map(Arc::new), policy);
     let service = LockServiceServer::new(api).max_decoding_message_size(MAX_MESSAGE_BYTES);
     let router = Server::builder()
         .http2_keepalive_interval(keepalive)

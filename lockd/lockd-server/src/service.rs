@@ -3,6 +3,10 @@
 //!
 //! Over etcd, a call that reaches an instance that does not lead is forwarded to the leader
 //! as it came (with its deadline), and the leader's answer goes back unchanged.
+//!
+//! With a policy, every call is first authenticated and authorised (`crate::policy`), on the
+//! instance it reaches and again on the leader, which learns the caller from the forwarded
+//! bearer token or, for a caller known by its certificate, from the forwarding peer.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,6 +22,7 @@ use tonic::{Request, Response, Status};
 
 use crate::driver::{AcquireReply, Driver};
 use crate::ha::{FORWARDED_METADATA, Ha, INSTANCE_METADATA, PROBE_METADATA, Route};
+use crate::policy::{FORWARDED_IDENTITY_METADATA, Identity, Policy};
 use crate::status::invalid_argument;
 
 /// Where the service's calls go.
@@ -33,6 +38,8 @@ pub struct LockApi {
     limits: Limits,
     /// Signs each grant's token (`fence_keys`), if set.
     keys: Option<Arc<fencing::signed::Keyring>>,
+    /// Who may call, and on what (`policy`), if set.
+    policy: Option<Arc<Policy>>,
 }
 
 type Leader = lockd_proto::v1::lock_service_client::LockServiceClient<tonic::transport::Channel>;
@@ -72,14 +79,33 @@ fn grpc_timeout<T>(request: &Request<T>) -> Option<Duration> {
     })
 }
 
-/// A request as it goes on to the leader: the same message and deadline, marked forwarded.
-fn forwarded<T>(message: T, timeout: Option<Duration>) -> Request<T> {
+/// Who made a call, as the leader must learn it: the caller's bearer token, or the name of
+/// the identity its certificate proved here.
+#[derive(Clone)]
+enum Caller {
+    Anyone,
+    Token(tonic::metadata::AsciiMetadataValue),
+    Named(tonic::metadata::AsciiMetadataValue),
+}
+
+/// A request as it goes on to the leader: the same message and deadline, marked forwarded,
+/// with its caller.
+fn forwarded<T>(message: T, timeout: Option<Duration>, caller: &Caller) -> Request<T> {
     let mut out = Request::new(message);
     if let Some(t) = timeout {
         out.set_timeout(t);
     }
-    out.metadata_mut()
-        .insert(FORWARDED_METADATA, MetadataValue::from_static("1"));
+    let m = out.metadata_mut();
+    m.insert(FORWARDED_METADATA, MetadataValue::from_static("1"));
+    match caller {
+        Caller::Anyone => {}
+        Caller::Token(v) => {
+            m.insert("authorization", v.clone());
+        }
+        Caller::Named(v) => {
+            m.insert(FORWARDED_IDENTITY_METADATA, v.clone());
+        }
+    }
     out
 }
 
@@ -88,12 +114,25 @@ impl LockApi {
         routes: Routes,
         limits: Limits,
         keys: Option<Arc<fencing::signed::Keyring>>,
+        policy: Option<Arc<Policy>>,
     ) -> LockApi {
         LockApi {
             routes,
             limits,
             keys,
+            policy,
         }
+    }
+
+    /// Who makes `request`, and whether it may use `resource`: `None` without a policy.
+    fn admit<T>(&self, request: &Request<T>, resource: &str) -> Result<Option<Identity>, Status> {
+        let Some(policy) = &self.policy else {
+            return Ok(None);
+        };
+        let certs = request.peer_certs();
+        let who = policy.authenticate(request.metadata(), certs.as_deref().map(Vec::as_slice))?;
+        policy.authorize(who, resource)?;
+        Ok(Some(who.clone()))
     }
 
     /// Where `request` is served: here (its message, with the driver), or by the leader (its
@@ -104,6 +143,7 @@ impl LockApi {
     async fn serve<T, R, F, Fut>(
         &self,
         request: Request<T>,
+        who: Option<&Identity>,
         call: F,
     ) -> Result<Served<T, R>, Status>
     where
@@ -119,6 +159,14 @@ impl LockApi {
         };
         let was_forwarded = request.metadata().contains_key(FORWARDED_METADATA);
         let timeout = grpc_timeout(&request);
+        let caller = match (&self.policy, request.metadata().get("authorization")) {
+            (None, _) => Caller::Anyone,
+            (Some(_), Some(token)) => Caller::Token(token.clone()),
+            (Some(_), None) => match who.map(|w| MetadataValue::try_from(w.name.as_str())) {
+                Some(Ok(name)) => Caller::Named(name),
+                _ => Caller::Anyone,
+            },
+        };
         let message = request.into_inner();
         let mut route = ha.route(was_forwarded).await?;
         for attempt in 0..2 {
@@ -127,7 +175,7 @@ impl LockApi {
                 Route::Forward(leader, address) => (leader, address),
             };
             let answer = tokio::select! {
-                answer = call(leader, forwarded(message.clone(), timeout)) => Some(answer),
+                answer = call(leader, forwarded(message.clone(), timeout, &caller)) => Some(answer),
                 () = ha.moved_from(&address) => None,
             };
             match answer {
@@ -180,8 +228,11 @@ impl LockService for LockApi {
         &self,
         request: Request<pb::AcquireRequest>,
     ) -> Result<Response<pb::AcquireResponse>, Status> {
+        let who = self.admit(&request, &request.get_ref().resource)?;
         let (driver, r) = match self
-            .serve(request, |mut c, r| async move { c.acquire(r).await })
+            .serve(request, who.as_ref(), |mut c, r| async move {
+                c.acquire(r).await
+            })
             .await?
         {
             Served::Local(driver, r) => (driver, r),
@@ -192,7 +243,11 @@ impl LockService for LockApi {
             id => Some(RequestId::new(id, &self.limits).map_err(|e| invalid_argument(&e))?),
         };
         let resource = resource(&r.resource)?;
-        let holder = Holder::new(&r.holder, &self.limits).map_err(|e| invalid_argument(&e))?;
+        let mut holder = Holder::new(&r.holder, &self.limits).map_err(|e| invalid_argument(&e))?;
+        if let Some(who) = &who {
+            // The authenticated identity, then the client's own (checked) description.
+            holder = Holder::from_persisted(&who.holder(&r.holder));
+        }
         let req = AcquireRequest {
             resource,
             request_id,
@@ -234,8 +289,13 @@ impl LockService for LockApi {
         &self,
         request: Request<pb::RenewRequest>,
     ) -> Result<Response<pb::RenewResponse>, Status> {
+        let who = self.admit(&request, &request.get_ref().resource)?;
         let (driver, r) = match self
-            .serve(request, |mut c, r| async move { c.renew(r).await })
+            .serve(
+                request,
+                who.as_ref(),
+                |mut c, r| async move { c.renew(r).await },
+            )
             .await?
         {
             Served::Local(driver, r) => (driver, r),
@@ -253,8 +313,11 @@ impl LockService for LockApi {
         &self,
         request: Request<pb::ReleaseRequest>,
     ) -> Result<Response<pb::ReleaseResponse>, Status> {
+        let who = self.admit(&request, &request.get_ref().resource)?;
         let (driver, r) = match self
-            .serve(request, |mut c, r| async move { c.release(r).await })
+            .serve(request, who.as_ref(), |mut c, r| async move {
+                c.release(r).await
+            })
             .await?
         {
             Served::Local(driver, r) => (driver, r),
@@ -290,8 +353,11 @@ impl LockService for LockApi {
             }
             return Ok(answer);
         }
+        let who = self.admit(&request, &request.get_ref().resource)?;
         let (driver, r) = match self
-            .serve(request, |mut c, r| async move { c.describe(r).await })
+            .serve(request, who.as_ref(), |mut c, r| async move {
+                c.describe(r).await
+            })
             .await?
         {
             Served::Local(driver, r) => (driver, r),

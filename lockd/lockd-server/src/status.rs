@@ -31,6 +31,11 @@ pub mod codes {
     pub const STORE_FAILED: &str = "store_failed";
     pub const NOT_LEADER: &str = "not_leader";
     pub const NO_LEADER: &str = "no_leader";
+    pub const UNAUTHENTICATED: &str = "unauthenticated";
+    pub const PERMISSION_DENIED: &str = "permission_denied";
+    pub const TENANT_LEASES_EXHAUSTED: &str = "tenant_leases_exhausted";
+    pub const TENANT_WAITERS_EXHAUSTED: &str = "tenant_waiters_exhausted";
+    pub const TENANT_RATE_LIMITED: &str = "tenant_rate_limited";
 }
 
 fn status(code: Code, stable: &'static str, message: String) -> Status {
@@ -66,6 +71,19 @@ fn from_acquire(a: &AcquireError) -> Status {
         }
         AcquireError::RequestsExhausted { .. } => {
             status(Code::ResourceExhausted, codes::REQUESTS_EXHAUSTED, message)
+        }
+        AcquireError::TenantLeasesExhausted { .. } => status(
+            Code::ResourceExhausted,
+            codes::TENANT_LEASES_EXHAUSTED,
+            message,
+        ),
+        AcquireError::TenantWaitersExhausted { .. } => status(
+            Code::ResourceExhausted,
+            codes::TENANT_WAITERS_EXHAUSTED,
+            message,
+        ),
+        AcquireError::TenantRateLimited { .. } => {
+            status(Code::ResourceExhausted, codes::TENANT_RATE_LIMITED, message)
         }
         AcquireError::TokensExhausted => {
             status(Code::ResourceExhausted, codes::TOKENS_EXHAUSTED, message)
@@ -112,4 +130,18 @@ pub fn no_leader(message: String) -> Status {
 /// meanwhile); the client retries.
 pub fn not_leader(message: String) -> Status {
     status(Code::Unavailable, codes::NOT_LEADER, message)
+}
+
+/// The caller could not be told from the credentials it presented (a policy is in force).
+pub fn unauthenticated(message: impl Into<String>) -> Status {
+    status(
+        Code::Unauthenticated,
+        codes::UNAUTHENTICATED,
+        message.into(),
+    )
+}
+
+/// The caller is known, and the policy does not let it do this.
+pub fn permission_denied(message: String) -> Status {
+    status(Code::PermissionDenied, codes::PERMISSION_DENIED, message)
 }
