@@ -78,7 +78,8 @@ macro_rules! api_suite {
             a_cancelled_waiter_leaves_the_queue,
             a_retried_waiter_keeps_its_place,
             a_full_queue_is_refused,
-            bad_input_is_refused_with_the_reason
+            bad_input_is_refused_with_the_reason,
+            tenants_are_kept_apart_and_within_their_quotas
         );
     };
     (@each $make:expr; $($check:ident),*) => {
@@ -92,10 +93,23 @@ macro_rules! api_suite {
     };
 }
 
-/// A raw gRPC client on its own runtime.
+/// A raw gRPC client on its own runtime, with a bearer token if given.
 struct Api {
     rt: tokio::runtime::Runtime,
     rpc: LockServiceClient<Channel>,
+    token: Option<tonic::metadata::AsciiMetadataValue>,
+}
+
+/// `message` as a request with `token` as its bearer token.
+fn with_token<T>(
+    message: T,
+    token: &Option<tonic::metadata::AsciiMetadataValue>,
+) -> tonic::Request<T> {
+    let mut r = tonic::Request::new(message);
+    if let Some(t) = token {
+        r.metadata_mut().insert("authorization", t.clone());
+    }
+    r
 }
 
 fn req(resource: &str, request_id: &str, ttl_ms: u64, wait_ms: u64) -> AcquireRequest {
@@ -114,10 +128,26 @@ impl Api {
         let rpc = rt
             .block_on(LockServiceClient::connect(lockd.endpoint.clone()))
             .expect("connecting to lockd");
-        Api { rt, rpc }
+        Api {
+            rt,
+            rpc,
+            token: None,
+        }
+    }
+
+    /// A client presenting `token` (`Bearer` and the token).
+    fn with_token(lockd: &Lockd, token: &str) -> Api {
+        let mut api = Api::new(lockd);
+        api.token = Some(format!("Bearer {token}").parse().expect("a metadata value"));
+        api
+    }
+
+    fn call<T>(&self, message: T) -> tonic::Request<T> {
+        with_token(message, &self.token)
     }
 
     fn acquire(&mut self, r: AcquireRequest) -> Result<Outcome, Status> {
+        let r = self.call(r);
         let resp = self.rt.block_on(self.rpc.acquire(r))?;
         Ok(resp.into_inner().outcome.expect("an outcome"))
     }
@@ -138,31 +168,41 @@ impl Api {
     }
 
     fn release(&mut self, resource: &str, lease_id: &str) -> ReleaseResponse {
-        self.rt
-            .block_on(self.rpc.release(ReleaseRequest {
-                resource: resource.to_string(),
-                lease_id: lease_id.to_string(),
-            }))
+        self.try_release(resource, lease_id)
             .expect("release is answered")
-            .into_inner()
+    }
+
+    fn try_release(&mut self, resource: &str, lease_id: &str) -> Result<ReleaseResponse, Status> {
+        let r = self.call(ReleaseRequest {
+            resource: resource.to_string(),
+            lease_id: lease_id.to_string(),
+        });
+        self.rt
+            .block_on(self.rpc.release(r))
+            .map(tonic::Response::into_inner)
     }
 
     fn renew(&mut self, resource: &str, lease_id: &str) -> Result<RenewResponse, Status> {
+        let r = self.call(RenewRequest {
+            resource: resource.to_string(),
+            lease_id: lease_id.to_string(),
+        });
         self.rt
-            .block_on(self.rpc.renew(RenewRequest {
-                resource: resource.to_string(),
-                lease_id: lease_id.to_string(),
-            }))
+            .block_on(self.rpc.renew(r))
             .map(tonic::Response::into_inner)
     }
 
     fn describe(&mut self, resource: &str) -> DescribeResponse {
+        self.try_describe(resource).expect("describe is answered")
+    }
+
+    fn try_describe(&mut self, resource: &str) -> Result<DescribeResponse, Status> {
+        let r = self.call(DescribeRequest {
+            resource: resource.to_string(),
+        });
         self.rt
-            .block_on(self.rpc.describe(DescribeRequest {
-                resource: resource.to_string(),
-            }))
-            .expect("describe is answered")
-            .into_inner()
+            .block_on(self.rpc.describe(r))
+            .map(tonic::Response::into_inner)
     }
 
     /// Starts a waiting acquire in the background.
@@ -172,6 +212,7 @@ impl Api {
     ) -> tokio::task::JoinHandle<Result<tonic::Response<lockd_proto::v1::AcquireResponse>, Status>>
     {
         let mut rpc = self.rpc.clone();
+        let r = self.call(r);
         self.rt.spawn(async move { rpc.acquire(r).await })
     }
 
@@ -471,4 +512,135 @@ pub fn bad_input_is_refused_with_the_reason(b: &dyn Backend) {
     }
     // The service is unharmed.
     api.grant("ok", 30_000);
+}
+
+/// With a policy (bearer tokens here; certificates in the TLS tests), each identity uses only
+/// its tenant's resources, whatever the call, and within its tenant's quotas; the holder of a
+/// grant is the identity.
+pub fn tenants_are_kept_apart_and_within_their_quotas(b: &dyn Backend) {
+    let dir = tempfile::tempdir().unwrap();
+    let (pay_token, inv_token) = (
+        "pay-0123456789abcdef0123456789ab",
+        "inv-0123456789abcdef0123456789ab",
+    );
+    let policy = dir.path().join("policy.toml");
+    std::fs::write(
+        &policy,
+        format!(
+            r#"
+            [[tenant]]
+            name = "pay"
+            prefixes = ["pay/"]
+            leases_max = 2
+            waiters_max = 1
+            [[tenant]]
+            name = "inv"
+            prefixes = ["inv/"]
+            [[identity]]
+            name = "pay-api"
+            tenant = "pay"
+            token_sha256 = "{}"
+            [[identity]]
+            name = "inv-worker"
+            tenant = "inv"
+            token_sha256 = "{}"
+            "#,
+            crate::sha256_hex(pay_token),
+            crate::sha256_hex(inv_token)
+        ),
+    )
+    .unwrap();
+    let lockd = b.start(
+        &dir.path().join("data"),
+        &["--policy", policy.to_str().unwrap()],
+    );
+    let (mut pay, mut inv) = (
+        Api::with_token(&lockd, pay_token),
+        Api::with_token(&lockd, inv_token),
+    );
+    let mut anonymous = Api::new(&lockd);
+    let mut stranger = Api::with_token(&lockd, "not-a-token-of-this-policy-at-all");
+    for api in [&mut anonymous, &mut stranger] {
+        let err = api.try_describe("pay/1").expect_err("an unknown caller");
+        assert_refused(&err, Code::Unauthenticated, "unauthenticated");
+        let err = api
+            .acquire(req("pay/1", "", 1_000, 0))
+            .expect_err("an unknown caller");
+        assert_refused(&err, Code::Unauthenticated, "unauthenticated");
+    }
+    let held = pay.grant("pay/1", 60_000);
+    let d = pay.describe("pay/1");
+    assert_eq!(
+        d.holder, "pay-api (holder-of-pay/1)",
+        "the holder is the identity"
+    );
+    // Another tenant's identity can do nothing with it, not even with its lease id.
+    let denied = |r: Result<(), Status>, what: &str| {
+        let err = r.expect_err(what);
+        assert_refused(&err, Code::PermissionDenied, "permission_denied");
+        assert!(err.message().contains("inv-worker"), "{err:?}");
+    };
+    denied(
+        inv.acquire(req("pay/1", "", 1_000, 0)).map(drop),
+        "acquire of another tenant's",
+    );
+    denied(
+        inv.acquire(req("pay/9", "", 1_000, 0)).map(drop),
+        "acquire of another tenant's",
+    );
+    denied(
+        inv.renew("pay/1", &held.lease_id).map(drop),
+        "renew of another tenant's",
+    );
+    denied(
+        inv.try_release("pay/1", &held.lease_id).map(drop),
+        "release of another tenant's",
+    );
+    denied(
+        inv.try_describe("pay/1").map(drop),
+        "describe of another tenant's",
+    );
+    denied(
+        inv.acquire(req("unowned", "", 1_000, 0)).map(drop),
+        "a resource of no tenant",
+    );
+    let d = pay.describe("pay/1");
+    assert!(
+        d.held && d.token == held.token,
+        "pay-api still holds pay/1: {d:?}"
+    );
+    pay.renew("pay/1", &held.lease_id)
+        .expect("its holder renews it");
+    let mine = inv.grant("inv/1", 60_000);
+    assert_eq!(inv.describe("inv/1").holder, "inv-worker (holder-of-inv/1)");
+    // pay's quotas: two leases, one waiter; inv's lease does not count.
+    let second = pay.grant("pay/2", 60_000);
+    let err = pay
+        .acquire(req("pay/3", "", 60_000, 0))
+        .expect_err("a third lease");
+    assert_refused(&err, Code::ResourceExhausted, "tenant_leases_exhausted");
+    assert!(
+        err.message()
+            .contains("tenant pay holds its maximum of 2 leases"),
+        "{err:?}"
+    );
+    let waiting = pay.queue(req("pay/1", "w1", 60_000, 60_000));
+    pay.wait_waiters("pay/1", 1);
+    let err = pay
+        .acquire(req("pay/2", "w2", 60_000, 60_000))
+        .expect_err("a second waiter");
+    assert_refused(&err, Code::ResourceExhausted, "tenant_waiters_exhausted");
+    assert_eq!(
+        pay.describe("pay/2").waiters,
+        0,
+        "the refused call did not stay queued"
+    );
+    // A hand-off keeps the tenant at two leases and frees the waiter's place.
+    assert!(pay.release("pay/1", &held.lease_id).released);
+    let handed = pay.granted(waiting);
+    assert!(handed.token > mine.token && handed.token > second.token);
+    let again = pay.queue(req("pay/2", "w3", 60_000, 60_000));
+    pay.wait_waiters("pay/2", 1);
+    assert!(pay.release("pay/2", &second.lease_id).released);
+    pay.granted(again);
 }

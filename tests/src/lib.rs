@@ -574,3 +574,25 @@ pub fn output(mut cmd: Command) -> (ExitStatus, String, String) {
         String::from_utf8_lossy(&out.stderr).into_owned(),
     )
 }
+
+/// `lockd --hash-token` of `token`: the policy file's `token_sha256` (the tool prints the
+/// line to paste, `token_sha256 = "…"`, and this checks that it does).
+pub fn sha256_hex(token: &str) -> String {
+    use std::io::Write;
+    let mut child = Command::new(bin("lockd"))
+        .arg("--hash-token")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot run lockd --hash-token: {e}"));
+    writeln!(child.stdin.take().expect("stdin"), "{token}").expect("writing the token");
+    let out = child.wait_with_output().expect("lockd --hash-token ends");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "lockd --hash-token: {out:?}");
+    text.trim()
+        .strip_prefix("token_sha256 = \"")
+        .and_then(|r| r.strip_suffix('"'))
+        .unwrap_or_else(|| panic!("lockd --hash-token printed {text:?}"))
+        .to_string()
+}

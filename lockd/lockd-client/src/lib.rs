@@ -327,6 +327,10 @@ pub struct Client {
     /// Added to "unreachable" errors: over TLS without a client certificate, a lockd that
     /// requires one closes the connection, and the client may see only that.
     hint: Option<&'static str>,
+    /// `authorization: Bearer TOKEN` on every call, for a lockd with a policy.
+    bearer: Option<tonic::metadata::AsciiMetadataValue>,
+    /// Plaintext to a host other than this one: no bearer token may go there.
+    plaintext_remote: bool,
 }
 
 impl Client {
@@ -364,6 +368,14 @@ impl Client {
             Some("http") => {}
             _ => return Err(bad("the scheme must be http:// or https://".to_string())),
         }
+        let plaintext_remote = ep.uri().scheme_str() == Some("http")
+            && !tlsconf::loopback_host(
+                ep.uri()
+                    .host()
+                    .unwrap_or_default()
+                    .trim_start_matches('[')
+                    .trim_end_matches(']'),
+            );
         let hint = match (ep.uri().scheme_str(), &tls.cert) {
             (Some("https"), None) => Some(
                 "if the TLS connection was closed: when lockd requires client certificates (tls_client_ca), give --cert and --key",
@@ -382,7 +394,40 @@ impl Client {
         Ok(Client {
             rpc: LockServiceClient::new(channel),
             hint,
+            bearer: None,
+            plaintext_remote,
         })
+    }
+
+    /// The same client, presenting `token` as its bearer token on every call (for a lockd
+    /// with a policy). Refused for a plaintext endpoint on another host, where anyone on the
+    /// way could read it.
+    pub fn with_token(mut self, token: &str) -> Result<Client, ClientError> {
+        let bad = |reason: &str| ClientError::InvalidArgument(format!("bearer token: {reason}"));
+        if self.plaintext_remote {
+            return Err(bad(
+                "not sent over plaintext to another host; use an https:// endpoint",
+            ));
+        }
+        let token = token.trim();
+        if token.is_empty() || !token.bytes().all(|b| b.is_ascii_graphic()) {
+            return Err(bad("it must be printable ASCII without spaces"));
+        }
+        let mut value: tonic::metadata::AsciiMetadataValue = format!("Bearer {token}")
+            .parse()
+            .map_err(|_| bad("not a valid metadata value"))?;
+        value.set_sensitive(true);
+        self.bearer = Some(value);
+        Ok(self)
+    }
+
+    /// `message` as a request, with the bearer token.
+    fn request<T>(&self, message: T) -> tonic::Request<T> {
+        let mut r = tonic::Request::new(message);
+        if let Some(b) = &self.bearer {
+            r.metadata_mut().insert("authorization", b.clone());
+        }
+        r
     }
 
     /// `s` as an error, with the hint for a closed TLS connection.
@@ -422,8 +467,11 @@ impl Client {
             // A fresh grant in the reply to this attempt was made after this moment, so its
             // lease ends no earlier than `sent + ttl` on lockd's clock.
             let sent = Instant::now();
-            let call =
-                tokio::time::timeout(call_wait + CALL_GRACE, self.rpc.clone().acquire(req)).await;
+            let call = tokio::time::timeout(
+                call_wait + CALL_GRACE,
+                self.rpc.clone().acquire(self.request(req)),
+            )
+            .await;
             let status = match call {
                 Ok(Ok(resp)) => match resp.into_inner().outcome {
                     Some(pb::acquire_response::Outcome::Granted(l)) => {
@@ -499,7 +547,7 @@ impl Client {
         let r = self
             .rpc
             .clone()
-            .renew(req)
+            .renew(self.request(req))
             .await
             .map_err(|s| self.error(s))?
             .into_inner();
@@ -518,7 +566,7 @@ impl Client {
         let r = self
             .rpc
             .clone()
-            .release(req)
+            .release(self.request(req))
             .await
             .map_err(|s| self.error(s))?
             .into_inner();
@@ -533,7 +581,7 @@ impl Client {
         let d = self
             .rpc
             .clone()
-            .describe(req)
+            .describe(self.request(req))
             .await
             .map_err(|s| self.error(s))?
             .into_inner();

@@ -569,6 +569,8 @@ impl Config {
             cert: cert.clone(),
             key: key.clone(),
             client_ca: self.tls_client_ca.clone(),
+            // With a policy, the policy authenticates every call: a bearer token suffices.
+            client_cert_optional: self.policy.is_some(),
         };
         tlsconf::server_config(&files, &[])
             .map_err(|e| ConfigError::Invalid(format!("TLS: {e}")))?;

@@ -56,6 +56,7 @@ impl ListenerFiles<'_> {
             cert: cert.clone(),
             key: key.clone(),
             client_ca: self.client_ca.clone(),
+            client_cert_optional: false,
         };
         let tls = Reloadable::new(files, &[alpn]).with_context(|| format!("listener {l}"))?;
         Ok(Some(Arc::new(tls)))

@@ -19,6 +19,7 @@ fn https_upstream(d: &Path, up_ca: &Ca, clients_ca: &Ca) -> Upstream {
             cert: pair.cert,
             key: pair.key,
             client_ca: Some(clients_ca.pem.clone()),
+            client_cert_optional: false,
         },
         &[b"http/1.1"],
     )

@@ -210,6 +210,9 @@ pub struct ServerFiles {
     /// Client certificates must chain to a CA in this file (PEM); without it, clients present
     /// none.
     pub client_ca: Option<PathBuf>,
+    /// With `client_ca`: a client may present no certificate at all (something else
+    /// authenticates it, e.g. lockd's policy by bearer token). One it presents is verified.
+    pub client_cert_optional: bool,
 }
 
 /// A server configuration from `files`, offering `alpn` (e.g. `h2` for gRPC).
@@ -233,9 +236,13 @@ fn server_parts(
             let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
                 Arc::new(roots(ca)?),
                 provider(),
-            )
-            .build()
-            .map_err(|e| TlsError::Ca {
+            );
+            let verifier = if files.client_cert_optional {
+                verifier.allow_unauthenticated()
+            } else {
+                verifier
+            };
+            let verifier = verifier.build().map_err(|e| TlsError::Ca {
                 path: ca.clone(),
                 reason: e.to_string(),
             })?;

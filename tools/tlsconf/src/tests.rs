@@ -79,6 +79,7 @@ async fn mutual_tls_works_and_each_failure_says_what_it_is() {
             cert: cert.clone(),
             key: key.clone(),
             client_ca: Some(ca1.path.clone()),
+            client_cert_optional: false,
         },
         &[],
     )
@@ -128,6 +129,7 @@ async fn a_reload_serves_new_connections_with_the_new_files_and_a_bad_one_keeps_
         cert: cert.clone(),
         key: key.clone(),
         client_ca: None,
+        client_cert_optional: false,
     };
     let server = Reloadable::new(files, &[]).unwrap();
     let trusting = |ca: &Ca| {
@@ -166,6 +168,7 @@ fn bad_files_are_named_with_what_is_wrong() {
         cert: c.to_path_buf(),
         key: k.to_path_buf(),
         client_ca: None,
+        client_cert_optional: false,
     };
     let missing = d.join("missing.pem");
     let msg = |f: ServerFiles| server_config(&f, &[]).unwrap_err().to_string();

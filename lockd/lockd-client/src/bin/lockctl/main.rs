@@ -51,6 +51,11 @@ struct Cli {
     #[arg(long, global = true, env = "LOCKD_KEY", value_name = "FILE")]
     key: Option<std::path::PathBuf>,
 
+    /// File holding this caller's bearer token, for a lockd with a policy (readable by its
+    /// owner only; the token never goes on the command line).
+    #[arg(long, global = true, env = "LOCKD_TOKEN_FILE", value_name = "FILE")]
+    token_file: Option<std::path::PathBuf>,
+
     #[command(subcommand)]
     command: Command,
 }
@@ -152,7 +157,13 @@ async fn dispatch(cli: Cli) -> Result<ExitCode, ClientError> {
         cert: cli.cert.clone(),
         key: cli.key.clone(),
     };
-    let client = Client::connect_tls(&cli.endpoint, &tls)?;
+    let mut client = Client::connect_tls(&cli.endpoint, &tls)?;
+    if let Some(path) = &cli.token_file {
+        let token = tlsconf::read_secret(path).map_err(|why| {
+            ClientError::InvalidArgument(format!("--token-file {}: {why}", path.display()))
+        })?;
+        client = client.with_token(&token)?;
+    }
     match cli.command {
         Command::Acquire {
             resource,
