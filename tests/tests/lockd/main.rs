@@ -7,6 +7,7 @@
 //!   on drop) and, through the raw API, a cancelled wait and a full queue;
 //! - `server`: start-up refusals, bad input, and a clean shutdown;
 //! - `demo`: README's demo runs to the end.
+//! - `tenants`: identities (certificate, token file) and tenants through lockctl over mTLS.
 //! - `faults`: the fault runner, in both fence-proxy modes and with fencing off.
 //!
 //! Needs the binaries: `cargo build --bins` first (the harness says so if they are missing).
@@ -19,6 +20,7 @@ mod faults;
 mod sdk;
 mod server;
 mod signed;
+mod tenants;
 mod tls;
 
 use serde_json::Value;
