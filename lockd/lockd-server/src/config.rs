@@ -791,7 +791,22 @@ mod tests {
         let doc =
             std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/config.md"))
                 .unwrap();
-        let value: toml::Value = toml::from_str(&Config::default().to_toml()).unwrap();
+        // Every optional setting set, so that it is printed and checked too.
+        let p = Some(PathBuf::from("f"));
+        let all = Config {
+            etcd_ca: p.clone(),
+            etcd_cert: p.clone(),
+            etcd_key: p.clone(),
+            advertise: Some("https://a".into()),
+            fence_keys: p.clone(),
+            policy: p.clone(),
+            tls_cert: p.clone(),
+            tls_key: p.clone(),
+            tls_client_ca: p.clone(),
+            tls_peer_ca: p,
+            ..Config::default()
+        };
+        let value: toml::Value = toml::from_str(&all.to_toml()).unwrap();
         let mut keys = Vec::new();
         for (k, v) in value.as_table().unwrap() {
             match v.as_table() {
@@ -799,7 +814,7 @@ mod tests {
                 None => keys.push((k.clone(), k.clone())),
             }
         }
-        assert!(keys.len() > 15, "{keys:?}");
+        assert!(keys.len() > 35, "{keys:?}");
         for (key, leaf) in keys {
             let flag = format!("--{}", leaf.replace('_', "-"));
             let env = format!("LOCKD_{}", leaf.to_uppercase());
