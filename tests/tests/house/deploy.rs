@@ -56,6 +56,43 @@ fn every_example_configuration_is_accepted() {
     assert!(printed.contains("[[pg]]"), "{printed}");
 }
 
+/// `lockd --print-config --policy FILE` with mutual TLS (the example has identities known by
+/// certificates): accepted, or the refusal.
+fn check_policy(file: &Path) -> Result<String, String> {
+    let tmp = tempfile::tempdir().unwrap();
+    let ca = e2e::certs::Ca::new(tmp.path(), "ca");
+    let pair = ca.issue(tmp.path(), "lockd", &["127.0.0.1"], false);
+    let mut cmd = Command::new(bin("lockd"));
+    cmd.arg("--policy")
+        .arg(file)
+        .arg("--tls-cert")
+        .arg(&pair.cert)
+        .arg("--tls-key")
+        .arg(&pair.key)
+        .arg("--tls-client-ca")
+        .arg(&ca.pem)
+        .arg("--print-config");
+    let (status, stdout, stderr) = output(cmd);
+    if status.success() {
+        Ok(stdout)
+    } else {
+        Err(stderr)
+    }
+}
+
+#[test]
+fn the_example_policy_is_accepted_and_a_broken_one_would_be_caught() {
+    let file = deploy().join("policy").join("lockd-policy.toml");
+    let printed = check_policy(&file).unwrap_or_else(|e| panic!("lockd refuses it: {e}"));
+    assert!(printed.contains("policy = "), "{printed}");
+    let text = std::fs::read_to_string(&file).unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let broken = tmp.path().join("policy.toml");
+    std::fs::write(&broken, text.replace("\"cron/\"", "\"payments/cron/\"")).unwrap();
+    let err = check_policy(&broken).expect_err("overlapping prefixes");
+    assert!(err.contains("one owner"), "{err}");
+}
+
 #[test]
 fn a_broken_example_would_be_caught() {
     let tmp = tempfile::tempdir().unwrap();
