@@ -121,6 +121,10 @@ pub struct Settings {
     #[arg(long, env = "LOCKD_KEEPALIVE_TIMEOUT_MS", value_name = "MS")]
     pub keepalive_timeout_ms: Option<u64>,
 
+    /// Client connections open at once; past it lockd accepts no more until one closes [default: 10000].
+    #[arg(long, env = "LOCKD_CONNECTIONS_MAX", value_name = "N")]
+    pub connections_max: Option<usize>,
+
     /// Where the locks live: `embedded` (redb in data_dir) or `etcd` [default: embedded].
     #[arg(long, env = "LOCKD_BACKEND", value_name = "BACKEND")]
     pub backend: Option<Backend>,
@@ -254,6 +258,7 @@ pub struct Config {
     pub journal_size_mb: u64,
     pub keepalive_interval_ms: u64,
     pub keepalive_timeout_ms: u64,
+    pub connections_max: usize,
     pub backend: Backend,
     pub etcd_endpoints: Vec<String>,
     pub etcd_prefix: String,
@@ -297,6 +302,7 @@ impl Default for Config {
             journal_size_mb: 32,
             keepalive_interval_ms: 10_000,
             keepalive_timeout_ms: 20_000,
+            connections_max: 10_000,
             backend: Backend::Embedded,
             etcd_endpoints: vec!["http://127.0.0.1:2379".to_string()],
             etcd_prefix: "/lockd".to_string(),
@@ -362,6 +368,7 @@ impl Config {
             journal_size_mb,
             keepalive_interval_ms,
             keepalive_timeout_ms,
+            connections_max,
             backend,
             etcd_endpoints,
             etcd_prefix,
@@ -421,6 +428,9 @@ impl Config {
         }
         if !(1..=4096).contains(&self.journal_size_mb) {
             bail!("journal_size_mb must be 1 ..= 4096");
+        }
+        if self.connections_max == 0 {
+            bail!("connections_max must be at least 1");
         }
         if self.keepalive_interval_ms > 0 && self.keepalive_timeout_ms == 0 {
             bail!("keepalive_timeout_ms must be at least 1 when keepalive_interval_ms is set");

@@ -8,7 +8,7 @@
 //! - `writer`: group commit (the first waiter commits for everyone queued) and the store's
 //!   background work;
 //! - `policy`: identities (bearer tokens, client certificates) and tenants; who may use what;
-//! - `tls`: the TLS listener (handshakes bounded in number and time, SIGHUP reloads);
+//! - `tls`: the listener (at most `connections_max` connections) and, with TLS, its handshakes (handshakes bounded in number and time, SIGHUP reloads);
 //! - `status`: the one mapping from domain errors to gRPC statuses;
 //! - `clock`: monotonic time for decisions, wall time for display.
 

@@ -9,7 +9,6 @@ use lockd_core::Core;
 use lockd_proto::v1::lock_service_server::LockServiceServer;
 use lockd_store::{RedbStore, RedbStoreOptions, Store};
 use tonic::transport::Server;
-use tonic::transport::server::TcpIncoming;
 use tracing::{error, info};
 
 use crate::clock::Clock;
@@ -224,7 +223,7 @@ fn tonic_tls(
 
 /// The gRPC listener, bound: plaintext, or TLS with its certificates.
 enum Listener {
-    Plain(TcpIncoming),
+    Plain(tokio::net::TcpListener),
     Tls(tokio::net::TcpListener, Arc<tlsconf::Reloadable>),
 }
 
@@ -234,19 +233,18 @@ fn bind(config: &Config) -> Result<(Listener, std::net::SocketAddr), ServeError>
         addr: config.listen,
         source,
     };
-    let Some(files) = config.tls().map_err(ServeError::Keys)? else {
-        let incoming = TcpIncoming::bind(config.listen)
-            .map_err(listen_error)?
-            .with_nodelay(Some(true));
-        let addr = incoming.local_addr().map_err(ServeError::LocalAddr)?;
-        return Ok((Listener::Plain(incoming), addr));
+    let tls = match config.tls().map_err(ServeError::Keys)? {
+        Some(files) => Some(tlsconf::Reloadable::new(files, &[b"h2"]).map_err(ServeError::Tls)?),
+        None => None,
     };
-    let tls = tlsconf::Reloadable::new(files, &[b"h2"]).map_err(ServeError::Tls)?;
     let socket = std::net::TcpListener::bind(config.listen).map_err(listen_error)?;
     socket.set_nonblocking(true).map_err(listen_error)?;
     let listener = tokio::net::TcpListener::from_std(socket).map_err(listen_error)?;
     let addr = listener.local_addr().map_err(ServeError::LocalAddr)?;
-    Ok((Listener::Tls(listener, Arc::new(tls)), addr))
+    Ok(match tls {
+        Some(tls) => (Listener::Tls(listener, Arc::new(tls)), addr),
+        None => (Listener::Plain(listener), addr),
+    })
 }
 
 /// Serves the gRPC API on `listener` until `stop` completes.
@@ -295,15 +293,15 @@ async fn serve(
         .max_concurrent_streams(MAX_STREAMS_PER_CONNECTION)
         .add_service(service);
     match listener {
-        Listener::Plain(incoming) => {
+        Listener::Plain(socket) => {
             tlsconf::reload_on_sighup(Vec::new());
+            let incoming = crate::tls::incoming_plain(socket, config.connections_max);
             router.serve_with_incoming_shutdown(incoming, stop).await?;
         }
         Listener::Tls(socket, tls) => {
             tlsconf::reload_on_sighup(vec![Arc::clone(&tls) as Arc<dyn tlsconf::Reload>]);
-            router
-                .serve_with_incoming_shutdown(crate::tls::incoming(socket, tls), stop)
-                .await?;
+            let incoming = crate::tls::incoming(socket, tls, config.connections_max);
+            router.serve_with_incoming_shutdown(incoming, stop).await?;
         }
     }
     Ok(())

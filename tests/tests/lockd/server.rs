@@ -1,4 +1,4 @@
-//! Start-up refusals and a clean shutdown.
+//! Start-up refusals, the connection cap, and a clean shutdown.
 
 use std::process::Command;
 
@@ -36,6 +36,11 @@ fn garbage_configuration_is_refused_before_anything_starts() {
             vec!["--ttl-min-ms", "0"],
             None,
             "ttl_min_ms must be at least 1",
+        ),
+        (
+            vec!["--connections-max", "0"],
+            None,
+            "connections_max must be at least 1",
         ),
         (
             vec![],
@@ -137,4 +142,44 @@ fn sigterm_ends_waits_flushes_the_store_and_exits_cleanly() {
             "the grant was lost"
         );
     });
+}
+
+/// At `connections_max`, lockd says so once and accepts no more connections until one closes;
+/// then the waiting client is served, plaintext and TLS alike.
+#[test]
+fn at_connections_max_a_new_connection_waits_until_one_closes() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let ca = e2e::certs::Ca::new(d, "server");
+    let server = ca.issue(d, "lockd", &["127.0.0.1"], false);
+    let tls = [
+        "--tls-cert",
+        server.cert.to_str().unwrap(),
+        "--tls-key",
+        server.key.to_str().unwrap(),
+    ];
+    for extra in [&[][..], &tls[..]] {
+        let mut args = vec!["--connections-max", "2"];
+        args.extend_from_slice(extra);
+        let lockd = Lockd::start(&d.join(format!("data-{}", extra.len())), &args);
+        let addr = lockd.endpoint.split("://").nth(1).unwrap().to_string();
+        let first = std::net::TcpStream::connect(&addr).unwrap();
+        let _second = std::net::TcpStream::connect(&addr).unwrap();
+        lockd.wait_event(
+            "connections_max connections are open; new ones wait to be accepted until one closes",
+            |e| e["connections_max"] == 2,
+        );
+        let mut describe = lockd.lockctl();
+        if !extra.is_empty() {
+            describe.arg("--ca").arg(&ca.pem);
+        }
+        describe.args(["describe", "x"]);
+        let waiting = std::thread::spawn(move || output(describe));
+        drop(first);
+        let (status, out, err) = waiting.join().unwrap();
+        assert!(
+            status.success(),
+            "served once a connection closed: {out}{err}"
+        );
+    }
 }
