@@ -115,10 +115,45 @@ fn an_expired_certificate_is_named_by_the_client() {
     let ca = Ca::new(d, "server");
     let old = ca.issue(d, "lockd", &["127.0.0.1"], true);
     let lockd = tls_lockd(d, &old, None);
+    // lockd warns of it at start.
+    let warned = lockd.wait_event(
+        "the certificate has expired: clients will refuse it; renew it and send SIGHUP",
+        |_| true,
+    );
+    assert_eq!(warned["path"], old.cert.display().to_string());
+    assert!(
+        warned["date"].as_str().unwrap().contains("2000"),
+        "{warned}"
+    );
     let (code, out) = describe(&lockd.endpoint, &[&ca.pem]);
     assert_eq!(code, Some(1), "{out}");
     assert!(out.contains("certificate expired"), "{out}");
     assert!(handshake_failure(&lockd, 1).contains("certificate"));
+}
+
+#[test]
+fn a_client_ca_file_holding_no_ca_is_warned_of() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let ca = Ca::new(d, "server");
+    let server = ca.issue(d, "lockd", &["127.0.0.1"], false);
+    let leaf = ca.issue(d, "someone", &["someone"], false);
+    let lockd = Lockd::start(
+        &d.join("data"),
+        &[
+            "--tls-cert",
+            server.cert.to_str().unwrap(),
+            "--tls-key",
+            server.key.to_str().unwrap(),
+            "--tls-client-ca",
+            leaf.cert.to_str().unwrap(),
+        ],
+    );
+    let warned = lockd.wait_event(
+        "the CA file holds no CA certificate (none has basicConstraints CA:TRUE): certificates signed by a CA will not verify against it; was a leaf certificate given instead of its CA?",
+        |_| true,
+    );
+    assert_eq!(warned["path"], leaf.cert.display().to_string());
 }
 
 #[test]

@@ -191,13 +191,49 @@ fn roots(path: &Path) -> Result<RootCertStore, TlsError> {
 
 fn roots_in(path: &Path, bytes: &[u8]) -> Result<RootCertStore, TlsError> {
     let mut roots = RootCertStore::empty();
-    for cert in parse_certs("CA file", path, bytes)? {
+    let certs = parse_certs("CA file", path, bytes)?;
+    if let Some(why) = no_ca_among(&certs) {
+        tracing::warn!(path = %path.display(), "{why}");
+    }
+    for cert in certs {
         roots.add(cert).map_err(|e| TlsError::Ca {
             path: path.to_path_buf(),
             reason: e.to_string(),
         })?;
     }
     Ok(roots)
+}
+
+/// A warning when no certificate of a CA file is a CA's (`basicConstraints CA:TRUE`): a leaf
+/// given by mistake, which verifies nothing but itself.
+fn no_ca_among(certs: &[CertificateDer<'static>]) -> Option<String> {
+    let any_ca = certs.iter().any(|c| {
+        x509_parser::parse_x509_certificate(c.as_ref()).is_ok_and(|(_, cert)| cert.is_ca())
+    });
+    (!any_ca).then(|| {
+        "the CA file holds no CA certificate (none has basicConstraints CA:TRUE): certificates signed by a CA will not verify against it; was a leaf certificate given instead of its CA?".to_string()
+    })
+}
+
+/// A warning when `cert` is outside its validity period now (clients will refuse it), and
+/// the date it gives.
+fn outside_validity(cert: &CertificateDer<'static>) -> Option<(&'static str, String)> {
+    let (_, parsed) = x509_parser::parse_x509_certificate(cert.as_ref()).ok()?;
+    let v = parsed.validity();
+    let now = x509_parser::time::ASN1Time::now();
+    if now > v.not_after {
+        Some((
+            "the certificate has expired: clients will refuse it; renew it and send SIGHUP",
+            v.not_after.to_string(),
+        ))
+    } else if now < v.not_before {
+        Some((
+            "the certificate is not valid yet: clients will refuse it until then (is the clock right?)",
+            v.not_before.to_string(),
+        ))
+    } else {
+        None
+    }
 }
 
 /// The files of a TLS listener.
@@ -227,6 +263,9 @@ fn server_parts(
 ) -> Result<(Arc<ServerConfig>, CertificateDer<'static>), TlsError> {
     let certs = load_certs("certificate", &files.cert)?;
     let leaf = certs[0].clone();
+    if let Some((why, date)) = outside_validity(&leaf) {
+        tracing::warn!(path = %files.cert.display(), %date, "{why}");
+    }
     let key = load_key(&files.key)?;
     let builder = ServerConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()

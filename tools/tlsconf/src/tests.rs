@@ -232,3 +232,44 @@ fn loopback_hosts_are_told_from_the_others() {
         assert!(!loopback_host(h), "{h}");
     }
 }
+
+#[test]
+fn a_ca_file_without_a_ca_and_a_certificate_out_of_its_validity_are_warned_of() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let ca = ca(d, "a");
+    let (cert, _) = leaf(d, &ca, "leaf");
+    let certs = |p: &Path| parse_certs("CA file", p, &std::fs::read(p).unwrap()).unwrap();
+    assert_eq!(no_ca_among(&certs(&ca.path)), None);
+    let why = no_ca_among(&certs(&cert)).expect("a leaf is no CA");
+    assert!(why.contains("holds no CA certificate"), "{why}");
+    // A leaf and its CA in one file: there is a CA.
+    let both = d.join("both.pem");
+    let text = format!(
+        "{}{}",
+        std::fs::read_to_string(&cert).unwrap(),
+        std::fs::read_to_string(&ca.path).unwrap()
+    );
+    std::fs::write(&both, text).unwrap();
+    assert_eq!(no_ca_among(&certs(&both)), None);
+
+    let dated = |from: (i32, u8, u8), to: (i32, u8, u8)| {
+        let mut params = CertificateParams::new(vec!["localhost".to_string()]).unwrap();
+        params.not_before = rcgen::date_time_ymd(from.0, from.1, from.2);
+        params.not_after = rcgen::date_time_ymd(to.0, to.1, to.2);
+        let key = KeyPair::generate().unwrap();
+        params.signed_by(&key, &ca.issuer).unwrap().der().clone()
+    };
+    let (why, date) = outside_validity(&dated((2000, 1, 1), (2000, 12, 31))).expect("expired");
+    assert!(
+        why.contains("has expired") && date.contains("2000"),
+        "{why} {date}"
+    );
+    let (why, date) =
+        outside_validity(&dated((2999, 1, 1), (2999, 12, 31))).expect("not yet valid");
+    assert!(
+        why.contains("not valid yet") && date.contains("2999"),
+        "{why} {date}"
+    );
+    assert_eq!(outside_validity(&dated((2000, 1, 1), (2999, 12, 31))), None);
+}
