@@ -33,6 +33,14 @@ pub enum Held {
     Redis { key: String, value: String },
 }
 
+/// How lockbench proves itself to lockd: the CA of its certificate (TLS), a client
+/// certificate and key (mutual TLS), a bearer token (a policy).
+pub struct Auth<'a> {
+    pub ca: Option<&'a std::path::Path>,
+    pub identity: Option<(&'a std::path::Path, &'a std::path::Path)>,
+    pub token_file: Option<&'a std::path::Path>,
+}
+
 /// Connections to one system (several, used round-robin, so that one connection's processing
 /// is not the bottleneck).
 pub enum Backend {
@@ -43,6 +51,28 @@ pub enum Backend {
 
 static NEXT: AtomicUsize = AtomicUsize::new(0);
 
+/// lockd with a policy: `authorization: Bearer TOKEN` on every call (`--token-file`).
+static BEARER: std::sync::OnceLock<tonic::metadata::AsciiMetadataValue> =
+    std::sync::OnceLock::new();
+
+/// Presents `token` on every lockd call from now on.
+fn use_token(token: &str) -> anyhow::Result<()> {
+    let value = format!("Bearer {}", token.trim())
+        .parse()
+        .context("the token is not a valid metadata value")?;
+    let _ = BEARER.set(value);
+    Ok(())
+}
+
+/// `message` as a lockd request, with the bearer token if there is one.
+fn authed<T>(message: T) -> tonic::Request<T> {
+    let mut r = tonic::Request::new(message);
+    if let Some(b) = BEARER.get() {
+        r.metadata_mut().insert("authorization", b.clone());
+    }
+    r
+}
+
 const REDIS_RELEASE: &str = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) else return 0 end";
 const REDIS_RENEW: &str = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pexpire', KEYS[1], ARGV[2]) else return 0 end";
 
@@ -51,9 +81,14 @@ impl Backend {
         target: Target,
         endpoint: &str,
         connections: usize,
-        ca: Option<&std::path::Path>,
+        auth: &Auth<'_>,
     ) -> anyhow::Result<Backend> {
         let n = connections.max(1);
+        if let Some(path) = auth.token_file {
+            let token = std::fs::read_to_string(path)
+                .map_err(|e| anyhow::anyhow!("reading --token-file {}: {e}", path.display()))?;
+            use_token(&token)?;
+        }
         Ok(match target {
             Target::Lockd => {
                 // Several lockd instances (comma-separated): the connections are spread over
@@ -62,13 +97,20 @@ impl Backend {
                 let mut v = Vec::new();
                 for i in 0..n.max(instances.len()) {
                     let mut ep = Endpoint::from_shared(instances[i % instances.len()].to_string())?;
-                    if let Some(ca) = ca {
-                        let pem = std::fs::read(ca)
-                            .map_err(|e| anyhow::anyhow!("reading --ca {}: {e}", ca.display()))?;
-                        ep = ep.tls_config(
-                            tonic::transport::ClientTlsConfig::new()
-                                .ca_certificate(tonic::transport::Certificate::from_pem(pem)),
-                        )?;
+                    if let Some(ca) = auth.ca {
+                        let read = |p: &std::path::Path| {
+                            std::fs::read(p)
+                                .map_err(|e| anyhow::anyhow!("reading {}: {e}", p.display()))
+                        };
+                        let mut tls = tonic::transport::ClientTlsConfig::new()
+                            .ca_certificate(tonic::transport::Certificate::from_pem(read(ca)?));
+                        if let Some((cert, key)) = auth.identity {
+                            tls = tls.identity(tonic::transport::Identity::from_pem(
+                                read(cert)?,
+                                read(key)?,
+                            ));
+                        }
+                        ep = ep.tls_config(tls)?;
                     }
                     let ch = ep.tcp_nodelay(true).connect().await?;
                     v.push(LockServiceClient::new(ch));
@@ -118,7 +160,12 @@ impl Backend {
                     wait_timeout_ms: 0,
                     holder: "lockbench".to_string(),
                 };
-                match Self::pick(v).acquire(req).await?.into_inner().outcome {
+                match Self::pick(v)
+                    .acquire(authed(req))
+                    .await?
+                    .into_inner()
+                    .outcome
+                {
                     Some(Outcome::Granted(l)) => Ok(Some(Held::Lockd {
                         resource: resource.to_string(),
                         lease_id: l.lease_id,
@@ -178,7 +225,7 @@ impl Backend {
                     resource: resource.clone(),
                     lease_id: lease_id.clone(),
                 };
-                Self::pick(v).renew(req).await?;
+                Self::pick(v).renew(authed(req)).await?;
                 Ok(())
             }
             (Backend::Etcd(v), Held::Etcd { lease }) => {
@@ -208,7 +255,7 @@ impl Backend {
         match (self, held) {
             (Backend::Lockd(v), Held::Lockd { resource, lease_id }) => {
                 Self::pick(v)
-                    .release(ReleaseRequest { resource, lease_id })
+                    .release(authed(ReleaseRequest { resource, lease_id }))
                     .await?;
             }
             (Backend::Etcd(v), Held::Etcd { lease }) => {

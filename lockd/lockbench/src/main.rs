@@ -52,9 +52,28 @@ struct TargetArgs {
     /// lockd over TLS (an https:// endpoint): the CA that signed its certificate.
     #[arg(long, value_name = "FILE")]
     ca: Option<std::path::PathBuf>,
+    /// lockd with mutual TLS: a client certificate (PEM), with --key.
+    #[arg(long, value_name = "FILE", requires = "key")]
+    cert: Option<std::path::PathBuf>,
+    /// The private key (PEM) of --cert.
+    #[arg(long, value_name = "FILE", requires = "cert")]
+    key: Option<std::path::PathBuf>,
+    /// lockd with a policy: a file holding the bearer token to present on every call.
+    #[arg(long, value_name = "FILE")]
+    token_file: Option<std::path::PathBuf>,
     /// Lease length asked for.
     #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
     ttl: Duration,
+}
+
+impl TargetArgs {
+    fn auth(&self) -> backend::Auth<'_> {
+        backend::Auth {
+            ca: self.ca.as_deref(),
+            identity: self.cert.as_deref().zip(self.key.as_deref()),
+            token_file: self.token_file.as_deref(),
+        }
+    }
 }
 
 #[derive(Subcommand)]
@@ -189,7 +208,7 @@ async fn closed(
     warmup: Duration,
 ) -> anyhow::Result<Value> {
     let backend =
-        Arc::new(Backend::connect(t.target, &t.endpoint, t.connections, t.ca.as_deref()).await?);
+        Arc::new(Backend::connect(t.target, &t.endpoint, t.connections, &t.auth()).await?);
     let ttl_ms = t.ttl.as_millis() as u64;
     let run = run_id();
     let start = Instant::now();
@@ -264,7 +283,7 @@ async fn open(
     duration: Duration,
 ) -> anyhow::Result<Value> {
     let backend =
-        Arc::new(Backend::connect(t.target, &t.endpoint, t.connections, t.ca.as_deref()).await?);
+        Arc::new(Backend::connect(t.target, &t.endpoint, t.connections, &t.auth()).await?);
     let ttl_ms = t.ttl.as_millis() as u64;
     let run = run_id();
     let pool: Pool = Arc::default();
@@ -515,7 +534,7 @@ fn rss_kib(pid: u32) -> anyhow::Result<(u64, u64)> {
 
 async fn fill(t: TargetArgs, count: u64, concurrency: u64, pid: u32) -> anyhow::Result<Value> {
     let backend =
-        Arc::new(Backend::connect(t.target, &t.endpoint, t.connections, t.ca.as_deref()).await?);
+        Arc::new(Backend::connect(t.target, &t.endpoint, t.connections, &t.auth()).await?);
     let ttl_ms = t.ttl.as_millis() as u64;
     let (rss_before, _) = rss_kib(pid)?;
     let run = run_id();
