@@ -519,9 +519,10 @@ pub fn bad_input_is_refused_with_the_reason(b: &dyn Backend) {
 /// grant is the identity.
 pub fn tenants_are_kept_apart_and_within_their_quotas(b: &dyn Backend) {
     let dir = tempfile::tempdir().unwrap();
-    let (pay_token, inv_token) = (
+    let (pay_token, inv_token, batch_token) = (
         "pay-0123456789abcdef0123456789ab",
         "inv-0123456789abcdef0123456789ab",
+        "batch-0123456789abcdef0123456789",
     );
     let policy = dir.path().join("policy.toml");
     std::fs::write(
@@ -544,9 +545,14 @@ pub fn tenants_are_kept_apart_and_within_their_quotas(b: &dyn Backend) {
             name = "inv-worker"
             tenant = "inv"
             token_sha256 = "{}"
+            [[identity]]
+            name = "pay-batch"
+            tenant = "pay"
+            token_sha256 = "{}"
             "#,
             crate::sha256_hex(pay_token),
-            crate::sha256_hex(inv_token)
+            crate::sha256_hex(inv_token),
+            crate::sha256_hex(batch_token)
         ),
     )
     .unwrap();
@@ -612,6 +618,27 @@ pub fn tenants_are_kept_apart_and_within_their_quotas(b: &dyn Backend) {
     pay.renew("pay/1", &held.lease_id)
         .expect("its holder renews it");
     let mine = inv.grant("inv/1", 60_000);
+    // Request ids are each identity's own: the same id from another tenant is another request
+    // (no request_id_reused naming inv's resource), and from another identity of the same
+    // tenant it is not a retry that hands over the lease.
+    let Ok(Outcome::Granted(by_id)) = inv.acquire(req("inv/2", "order-123", 60_000, 0)) else {
+        panic!("inv/2 is free")
+    };
+    let Ok(Outcome::Granted(other)) = pay.acquire(req("pay/7", "order-123", 60_000, 0)) else {
+        panic!("another tenant's request id is not this one's")
+    };
+    assert!(pay.release("pay/7", &other.lease_id).released);
+    let mut batch = Api::with_token(&lockd, batch_token);
+    let Ok(Outcome::Granted(own)) = pay.acquire(req("pay/8", "job-42", 60_000, 0)) else {
+        panic!("pay/8 is free")
+    };
+    let replay = batch.acquire(req("pay/8", "job-42", 60_000, 0));
+    assert!(
+        matches!(&replay, Ok(Outcome::NotGranted(_))),
+        "another identity's replay of a request id is a new try-lock of a held lock: {replay:?}"
+    );
+    assert!(pay.release("pay/8", &own.lease_id).released);
+    assert!(inv.release("inv/2", &by_id.lease_id).released);
     assert_eq!(inv.describe("inv/1").holder, "inv-worker (holder-of-inv/1)");
     // pay's quotas: two leases, one waiter; inv's lease does not count.
     let second = pay.grant("pay/2", 60_000);

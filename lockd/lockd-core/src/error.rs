@@ -71,6 +71,10 @@ pub enum AcquireError {
     )]
     TenantWaitersExhausted { tenant: String, max: usize },
     #[error(
+        "tenant {tenant} has its maximum of {max} request ids remembered; retry later, or raise the tenant's requests_max in the policy"
+    )]
+    TenantRequestsExhausted { tenant: String, max: usize },
+    #[error(
         "tenant {tenant} is above its acquire rate of {per_second} calls a second; retry in {retry_after_ms} ms"
     )]
     TenantRateLimited {

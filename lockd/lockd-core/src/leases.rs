@@ -121,6 +121,13 @@ impl LeaseTable {
             .map(|&i| self.slab[i as usize].name.as_str())
     }
 
+    /// The names of the slots whose request id is remembered (held or ended), in no order.
+    pub fn remembered_names(&self) -> impl Iterator<Item = &str> {
+        self.by_request
+            .iter()
+            .map(|&i| self.slab[i as usize].name.as_str())
+    }
+
     /// The held lease of `name`.
     pub fn held(&self, name: &str) -> Option<&Slot> {
         self.find_held(name).map(|i| self.slot(i))
@@ -303,7 +310,7 @@ impl LeaseTable {
         &mut self,
         now: Millis,
         retention_ms: u64,
-        mut forgotten: impl FnMut(RequestId),
+        mut forgotten: impl FnMut(&str, RequestId),
     ) {
         while let Some(&(since, id)) = self.retention.front() {
             if since.saturating_add(retention_ms) > now {
@@ -325,8 +332,8 @@ impl LeaseTable {
                 }
                 Err(_) => unreachable!("a retained slot is indexed by request id"),
             }
+            forgotten(self.slab[id as usize].name.as_str(), request);
             self.release_slot(id);
-            forgotten(request);
         }
     }
 }

@@ -39,7 +39,15 @@ use crate::outcome::{
     AcquireOutcome, Busy, Description, Effect, Grant, HeldBy, ReleaseOutcome, Renewed,
 };
 use crate::persist::{LeaseRecord, Op, Snapshot};
-use crate::tenants::{Tenancy, TenantIx, Usage};
+use crate::tenants::{Caps, Tenancy, TenantIx, Usage};
+
+/// What a tenant's usage counts.
+#[derive(Clone, Copy)]
+enum Counted {
+    Leases,
+    Waiters,
+    Requests,
+}
 use crate::types::{Holder, Millis, RequestId, WaiterId};
 
 /// Where lease ids come from. The server draws them from the operating system's CSPRNG
@@ -99,6 +107,7 @@ pub struct Core {
     /// Who owns which resources, if a policy says so; `usage` has one entry per tenant.
     tenancy: Option<Arc<Tenancy>>,
     usage: Vec<Usage>,
+    caps: Vec<Caps>,
 }
 
 impl Core {
@@ -117,6 +126,7 @@ impl Core {
             wait_deadlines: BTreeSet::new(),
             tenancy: None,
             usage: Vec::new(),
+            caps: Vec::new(),
         }
     }
 
@@ -208,7 +218,14 @@ impl Core {
     /// Calls already refused or granted stay so; the counts may start above a quota, which
     /// then refuses new leases or waiters until they fall below it.
     pub fn set_tenancy(&mut self, tenancy: Option<Arc<Tenancy>>) {
-        self.usage = vec![Usage::default(); tenancy.as_ref().map_or(0, |t| t.tenants().len())];
+        let n = tenancy.as_ref().map_or(0, |t| t.tenants().len());
+        self.usage = vec![Usage::default(); n];
+        self.caps = tenancy.as_ref().map_or(Vec::new(), |t| {
+            t.tenants()
+                .iter()
+                .map(|tenant| Caps::of(&tenant.quota, &self.limits, n))
+                .collect()
+        });
         self.tenancy = tenancy;
         let Some(t) = self.tenancy.clone() else {
             return;
@@ -218,6 +235,11 @@ impl Core {
                 self.usage[ix].leases += 1;
             }
         }
+        for name in self.leases.remembered_names() {
+            if let Some(ix) = t.owner_ix(name) {
+                self.usage[ix].requests += 1;
+            }
+        }
         for w in self.waiters.values() {
             if let Some(ix) = t.owner_ix(w.resource.as_str()) {
                 self.usage[ix].waiters += 1;
@@ -225,13 +247,14 @@ impl Core {
         }
     }
 
-    /// Each tenant's name, leases held and waiters queued (for metrics and tests).
-    pub fn tenant_usage(&self) -> impl Iterator<Item = (&str, usize, usize)> {
+    /// Each tenant's name, leases held, waiters queued and request ids remembered (for metrics
+    /// and tests).
+    pub fn tenant_usage(&self) -> impl Iterator<Item = (&str, usize, usize, usize)> {
         let tenants = self.tenancy.as_ref().map_or(&[][..], |t| t.tenants());
         tenants
             .iter()
             .zip(&self.usage)
-            .map(|(t, u)| (t.name.as_str(), u.leases, u.waiters))
+            .map(|(t, u)| (t.name.as_str(), u.leases, u.waiters, u.requests))
     }
 
     /// The owner of `resource`, if tenants are in force and one owns it.
@@ -257,44 +280,50 @@ impl Core {
             })
     }
 
-    /// Whether the owner may hold one more lease (`waiter = false`) or queue one more waiter.
-    fn check_quota(&self, owner: Option<TenantIx>, waiter: bool) -> Result<(), AcquireError> {
+    /// Whether the owner may have one more of `what`.
+    fn check_quota(&self, owner: Option<TenantIx>, what: Counted) -> Result<(), AcquireError> {
         let (Some(ix), Some(t)) = (owner, &self.tenancy) else {
             return Ok(());
         };
-        let (tenant, usage) = (t.tenant(ix), &self.usage[ix]);
-        if waiter {
-            match tenant.quota.waiters_max {
-                Some(max) if usage.waiters >= max => Err(AcquireError::TenantWaitersExhausted {
-                    tenant: tenant.name.clone(),
-                    max,
-                }),
-                _ => Ok(()),
+        let (tenant, usage, caps) = (t.tenant(ix), &self.usage[ix], &self.caps[ix]);
+        let name = || tenant.name.clone();
+        match what {
+            Counted::Leases if usage.leases >= caps.leases => {
+                Err(AcquireError::TenantLeasesExhausted {
+                    tenant: name(),
+                    max: caps.leases,
+                })
             }
-        } else {
-            match tenant.quota.leases_max {
-                Some(max) if usage.leases >= max => Err(AcquireError::TenantLeasesExhausted {
-                    tenant: tenant.name.clone(),
-                    max,
-                }),
-                _ => Ok(()),
+            Counted::Waiters if usage.waiters >= caps.waiters => {
+                Err(AcquireError::TenantWaitersExhausted {
+                    tenant: name(),
+                    max: caps.waiters,
+                })
             }
+            Counted::Requests if usage.requests >= caps.requests => {
+                Err(AcquireError::TenantRequestsExhausted {
+                    tenant: name(),
+                    max: caps.requests,
+                })
+            }
+            _ => Ok(()),
         }
     }
 
-    /// Counts a lease (`leases`) or a waiter of `resource` in or out of its owner's usage.
-    fn count(&mut self, resource: &ResourceName, leases: bool, delta: isize) {
-        if let Some(ix) = self.owner(resource) {
-            let u = &mut self.usage[ix];
-            let n = if leases {
-                &mut u.leases
-            } else {
-                &mut u.waiters
-            };
-            *n = n
-                .checked_add_signed(delta)
-                .expect("usage counts never go below zero");
-        }
+    /// Counts one of `what` of `resource` in (`delta` 1) or out (-1) of its owner's usage.
+    fn count(&mut self, resource: &str, what: Counted, delta: isize) {
+        let Some(ix) = self.tenancy.as_ref().and_then(|t| t.owner_ix(resource)) else {
+            return;
+        };
+        let u = &mut self.usage[ix];
+        let n = match what {
+            Counted::Leases => &mut u.leases,
+            Counted::Waiters => &mut u.waiters,
+            Counted::Requests => &mut u.requests,
+        };
+        *n = n
+            .checked_add_signed(delta)
+            .expect("usage counts never go below zero");
     }
 
     pub fn limits(&self) -> &Limits {
@@ -362,7 +391,7 @@ impl Core {
                     self.busy(&req.resource).expect("held"),
                 ));
             }
-            self.check_quota(owner, true)?;
+            self.check_quota(owner, Counted::Waiters)?;
             return self.enqueue(req, ttl_ms, wait_ms);
         }
         if self.leases.held_count() >= self.limits.leases_max {
@@ -370,7 +399,7 @@ impl Core {
                 max: self.limits.leases_max,
             });
         }
-        self.check_quota(owner, false)?;
+        self.check_quota(owner, Counted::Leases)?;
         self.check_request_room(&req)?;
         let grant = self.grant(&req.resource, req.request_id, req.holder, ttl_ms, fx)?;
         Ok(AcquireOutcome::Granted(grant))
@@ -412,7 +441,7 @@ impl Core {
             }
         }
         let ended = self.leases.end(resource.as_str());
-        self.count(resource, true, -1);
+        self.count(resource.as_str(), Counted::Leases, -1);
         fx.push(Effect::Persist(Op::Remove {
             resource: resource.clone(),
             lease_id: ended.lease_id,
@@ -474,17 +503,25 @@ impl Core {
             }
         }
         let now = self.now;
+        let mut forgotten = Vec::new();
+        let counting = self.tenancy.is_some();
         self.leases
-            .forget_requests(now, self.limits.request_retention_ms, |id| {
+            .forget_requests(now, self.limits.request_retention_ms, |name, id| {
                 fx.push(Effect::Persist(Op::ForgetRequest {
                     request_id: id.as_str().to_string(),
                 }));
+                if counting {
+                    forgotten.push(compact_str::CompactString::new(name));
+                }
             });
+        for name in forgotten {
+            self.count(&name, Counted::Requests, -1);
+        }
     }
 
     fn expire_next(&mut self, fx: &mut Vec<Effect>) {
         let (resource, ended) = self.leases.expire_next(self.now).expect("an expiry is due");
-        self.count(&resource, true, -1);
+        self.count(resource.as_str(), Counted::Leases, -1);
         fx.push(Effect::Persist(Op::Remove {
             resource: resource.clone(),
             lease_id: ended.lease_id,
@@ -555,6 +592,7 @@ impl Core {
         self.last_token = Some(token);
         let lease_id = self.ids.next_lease_id();
         let expires_at = self.now.saturating_add(ttl_ms);
+        let remembered = request_id.is_some();
         fx.push(Effect::Persist(Op::Grant(LeaseRecord {
             resource: resource.clone(),
             lease_id,
@@ -574,7 +612,10 @@ impl Core {
             request: request_id,
         };
         self.leases.insert(resource, lease, self.now);
-        self.count(resource, true, 1);
+        self.count(resource.as_str(), Counted::Leases, 1);
+        if remembered {
+            self.count(resource.as_str(), Counted::Requests, 1);
+        }
         Ok(Grant {
             resource: resource.clone(),
             lease_id,
@@ -669,7 +710,7 @@ impl Core {
         if let Some(id) = &req.request_id {
             self.waiting_requests.insert(id.clone(), waiter);
         }
-        self.count(&req.resource, false, 1);
+        self.count(req.resource.as_str(), Counted::Waiters, 1);
         let queue = self.queues.entry(req.resource.clone()).or_default();
         queue.push_back(waiter);
         let position = queue.len();
@@ -690,17 +731,20 @@ impl Core {
     /// when they queue, so the table can exceed `requests_max` by at most the waiters granted
     /// later (bounded by `waiters_total_max`).
     fn check_request_room(&self, req: &AcquireRequest) -> Result<(), AcquireError> {
-        if req.request_id.is_some() && self.leases.remembered_count() >= self.limits.requests_max {
+        if req.request_id.is_none() {
+            return Ok(());
+        }
+        if self.leases.remembered_count() >= self.limits.requests_max {
             return Err(AcquireError::RequestsExhausted {
                 max: self.limits.requests_max,
             });
         }
-        Ok(())
+        self.check_quota(self.owner(&req.resource), Counted::Requests)
     }
 
     /// Removes every trace of a waiter that has already been taken out of `waiters`.
     fn forget_waiter(&mut self, waiter: WaiterId, w: &Waiter) {
-        self.count(&w.resource, false, -1);
+        self.count(w.resource.as_str(), Counted::Waiters, -1);
         self.wait_deadlines.remove(&(w.deadline, waiter));
         if let Some(id) = &w.request_id {
             self.waiting_requests.remove(id);

@@ -26,15 +26,39 @@ pub struct Tenant {
     pub quota: Quota,
 }
 
-/// A tenant's own limits; `None` leaves only lockd's global limits.
+/// A tenant's own limits. `None` for a count is a fair share: lockd's global limit divided
+/// by the number of tenants, so that no tenant can take what the others need by default.
+/// `None` for the rate is no rate.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Quota {
-    /// Leases its resources may hold at once.
+    /// Leases its resources may hold at once [default: `leases_max` / tenants].
     pub leases_max: Option<usize>,
-    /// Waiters queued on its resources at once (the specification's per-tenant waiter cap).
+    /// Waiters queued on its resources at once (the specification's per-tenant waiter cap)
+    /// [default: `waiters_total_max` / tenants].
     pub waiters_max: Option<usize>,
+    /// Request ids remembered for its resources at once [default: `requests_max` / tenants].
+    pub requests_max: Option<usize>,
     /// Acquire calls per second, with a burst.
     pub acquire_rate: Option<Rate>,
+}
+
+/// A tenant's limits in force: its own, or its fair share of lockd's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Caps {
+    pub leases: usize,
+    pub waiters: usize,
+    pub requests: usize,
+}
+
+impl Caps {
+    pub fn of(quota: &Quota, limits: &crate::Limits, tenants: usize) -> Caps {
+        let share = |global: usize| (global / tenants.max(1)).max(1);
+        Caps {
+            leases: quota.leases_max.unwrap_or(share(limits.leases_max)),
+            waiters: quota.waiters_max.unwrap_or(share(limits.waiters_total_max)),
+            requests: quota.requests_max.unwrap_or(share(limits.requests_max)),
+        }
+    }
 }
 
 /// A token bucket: `per_second` calls refill it, and it holds at most `burst`.
@@ -64,7 +88,13 @@ pub enum TenancyError {
         inner: String,
         inner_tenant: String,
     },
-    #[error("tenant {0:?}: leases_max and waiters_max must be at least 1 when given")]
+    #[error("tenant {tenant:?}: prefix {prefix:?} can start no resource name: {reason}")]
+    BadPrefix {
+        tenant: String,
+        prefix: String,
+        reason: String,
+    },
+    #[error("tenant {0:?}: leases_max, waiters_max and requests_max must be at least 1 when given")]
     ZeroLimit(String),
     #[error("tenant {0:?}: acquire_rate and acquire_burst must be at least 1")]
     ZeroRate(String),
@@ -103,7 +133,7 @@ impl Tenancy {
                 return Err(TenancyError::NoPrefixes(t.name.clone()));
             }
             let q = &t.quota;
-            if q.leases_max == Some(0) || q.waiters_max == Some(0) {
+            if q.leases_max == Some(0) || q.waiters_max == Some(0) || q.requests_max == Some(0) {
                 return Err(TenancyError::ZeroLimit(t.name.clone()));
             }
             if q.acquire_rate
@@ -115,6 +145,15 @@ impl Tenancy {
                 if p.is_empty() {
                     return Err(TenancyError::EmptyPrefix {
                         tenant: t.name.clone(),
+                    });
+                }
+                // A prefix that is not itself a valid name (a character names may not have,
+                // or too long) would own nothing: a mistake, said at once.
+                if let Err(e) = fencing::ResourceName::validate(p) {
+                    return Err(TenancyError::BadPrefix {
+                        tenant: t.name.clone(),
+                        prefix: p.clone(),
+                        reason: e.to_string(),
                     });
                 }
                 // Sorted, a prefix comes right before the strings it starts, so only the
@@ -165,6 +204,7 @@ impl Tenancy {
 pub(crate) struct Usage {
     pub leases: usize,
     pub waiters: usize,
+    pub requests: usize,
     /// Acquire calls left in the bucket, in thousandths.
     bucket_milli: u64,
     bucket_at: Option<Millis>,
@@ -258,6 +298,13 @@ mod tests {
             ),
             (vec![tenant("a", &[])], "no prefixes"),
             (vec![tenant("a", &[""])], "empty prefix"),
+            (vec![tenant("a", &["t /"])], "can start no resource name"),
+            (vec![tenant("a", &["é/"])], "can start no resource name"),
+            (vec![tenant("a", &["t/\0"])], "can start no resource name"),
+            (
+                vec![tenant("a", &[&"p".repeat(257)])],
+                "can start no resource name",
+            ),
         ];
         for (tenants, expected) in cases {
             let e = Tenancy::new(tenants).unwrap_err().to_string();

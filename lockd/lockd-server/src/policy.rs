@@ -50,6 +50,7 @@ struct TenantEntry {
     prefixes: Vec<String>,
     leases_max: Option<usize>,
     waiters_max: Option<usize>,
+    requests_max: Option<usize>,
     /// Acquire calls a second.
     acquire_rate: Option<u32>,
     /// Calls the bucket holds [default: acquire_rate].
@@ -90,7 +91,7 @@ impl CertName {
             // DNS names compare without regard to case (RFC 4343).
             "dns" => CertName::Dns(value.to_ascii_lowercase()),
             "uri" => CertName::Uri(value.to_string()),
-            "email" => CertName::Email(value.to_string()),
+            "email" => CertName::Email(email(value)),
             "cn" => CertName::CommonName(value.to_string()),
             _ => {
                 return Err(format!(
@@ -100,6 +101,18 @@ impl CertName {
         })
     }
 }
+
+/// An e-mail address with its domain in lower case (the domain compares without regard to
+/// case; the local part exactly, RFC 5280 section 7.5).
+fn email(address: &str) -> String {
+    match address.rsplit_once('@') {
+        Some((local, domain)) => format!("{local}@{}", domain.to_ascii_lowercase()),
+        None => address.to_string(),
+    }
+}
+
+/// Largest policy file lockd reads (a policy of 20,000 tenants is about 2 MiB).
+const POLICY_FILE_MAX: u64 = 16 << 20;
 
 /// One identity of the policy.
 #[derive(Clone, Debug)]
@@ -154,6 +167,16 @@ fn parse_sha256(text: &str) -> Option<[u8; 32]> {
 impl Policy {
     /// Reads and checks the policy file at `path`.
     pub fn load(path: &Path) -> Result<Policy, String> {
+        let meta = std::fs::metadata(path).map_err(|e| format!("cannot read it: {e}"))?;
+        if !meta.is_file() {
+            return Err("not a regular file".to_string());
+        }
+        if meta.len() > POLICY_FILE_MAX {
+            return Err(format!(
+                "{} bytes, more than the {POLICY_FILE_MAX} a policy may have",
+                meta.len()
+            ));
+        }
         let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read it: {e}"))?;
         Policy::parse(&text)
     }
@@ -184,6 +207,7 @@ impl Policy {
                     quota: Quota {
                         leases_max: t.leases_max,
                         waiters_max: t.waiters_max,
+                        requests_max: t.requests_max,
                         acquire_rate,
                     },
                 })
@@ -362,7 +386,7 @@ impl Policy {
                 match n {
                     GeneralName::DNSName(d) => names.push(CertName::Dns(d.to_ascii_lowercase())),
                     GeneralName::URI(u) => names.push(CertName::Uri((*u).to_string())),
-                    GeneralName::RFC822Name(m) => names.push(CertName::Email((*m).to_string())),
+                    GeneralName::RFC822Name(m) => names.push(CertName::Email(email(m))),
                     _ => {}
                 }
             }
@@ -479,6 +503,7 @@ mod tests {
             .map(|s| match s.split_once(':') {
                 Some(("DNS", d)) => rcgen::SanType::DnsName(d.try_into().unwrap()),
                 Some(("URI", u)) => rcgen::SanType::URI(u.try_into().unwrap()),
+                Some(("EMAIL", m)) => rcgen::SanType::Rfc822Name(m.try_into().unwrap()),
                 _ => panic!("{s}"),
             })
             .collect();
@@ -554,6 +579,24 @@ mod tests {
             "by-cn"
         );
         assert!(who(&q, &[], Some(&cert(&["DNS:batch runner"], "x"))).is_err());
+        // An e-mail name: its domain in any case, its local part exactly.
+        let m = Policy::parse(
+            r#"
+            [[tenant]]
+            name = "t"
+            prefixes = ["t/"]
+            [[identity]]
+            name = "ops"
+            tenant = "t"
+            cert = "email:ops@Example.com"
+            "#,
+        )
+        .unwrap();
+        assert_eq!(
+            who(&m, &[], Some(&cert(&["EMAIL:ops@EXAMPLE.COM"], "x"))).unwrap(),
+            "ops"
+        );
+        assert!(who(&m, &[], Some(&cert(&["EMAIL:Ops@example.com"], "x"))).is_err());
     }
 
     #[test]

@@ -238,10 +238,15 @@ impl LockService for LockApi {
             Served::Local(driver, r) => (driver, r),
             Served::Remote(answer) => return Ok(answer),
         };
-        let request_id = match r.request_id.as_str() {
+        let mut request_id = match r.request_id.as_str() {
             "" => None,
             id => Some(RequestId::new(id, &self.limits).map_err(|e| invalid_argument(&e))?),
         };
+        if let (Some(who), Some(id)) = (&who, &request_id) {
+            // Request ids are the caller's own: another identity's retry of the same id is
+            // another request, and learns nothing of the first (identity names have no `/`).
+            request_id = RequestId::from_persisted(&format!("{}/{}", who.name, id.as_str()));
+        }
         let resource = resource(&r.resource)?;
         let mut holder = Holder::new(&r.holder, &self.limits).map_err(|e| invalid_argument(&e))?;
         if let Some(who) = &who {

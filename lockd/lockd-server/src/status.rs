@@ -35,6 +35,7 @@ pub mod codes {
     pub const PERMISSION_DENIED: &str = "permission_denied";
     pub const TENANT_LEASES_EXHAUSTED: &str = "tenant_leases_exhausted";
     pub const TENANT_WAITERS_EXHAUSTED: &str = "tenant_waiters_exhausted";
+    pub const TENANT_REQUESTS_EXHAUSTED: &str = "tenant_requests_exhausted";
     pub const TENANT_RATE_LIMITED: &str = "tenant_rate_limited";
 }
 
@@ -80,6 +81,11 @@ fn from_acquire(a: &AcquireError) -> Status {
         AcquireError::TenantWaitersExhausted { .. } => status(
             Code::ResourceExhausted,
             codes::TENANT_WAITERS_EXHAUSTED,
+            message,
+        ),
+        AcquireError::TenantRequestsExhausted { .. } => status(
+            Code::ResourceExhausted,
+            codes::TENANT_REQUESTS_EXHAUSTED,
             message,
         ),
         AcquireError::TenantRateLimited { .. } => {

@@ -260,6 +260,10 @@ fn bad_policies_are_refused_at_start_up_with_the_reason() {
         ),
         (vec!["--policy".into(), garbage], "not a policy file"),
         (
+            vec!["--policy".into(), "/dev/zero".into()],
+            "not a regular file",
+        ),
+        (
             vec!["--policy".into(), overlap],
             "a resource must have one owner",
         ),

@@ -183,7 +183,7 @@ impl Rig {
 /// renew RES L<n>           release RES L<n>        cancel w<n>        describe RES
 /// tick                     restart                 crash (restart losing unsynced ops)
 /// limits KEY=VALUE...      (only before the first command)
-/// tenant NAME prefixes=P,P [leases=N] [waiters=N] [rate=PER_SECOND/BURST]
+/// tenant NAME prefixes=P,P [leases=N] [waiters=N] [requests=N] [rate=PER_SECOND/BURST]
 /// ```
 /// `tenant` adds a tenant and puts every tenant so far in force; the transcript shows each
 /// tenant's leases and waiters as the core counts them (`usage`).
@@ -308,6 +308,7 @@ fn run(rig: &mut Rig, words: &[&str], fx: &mut Vec<Effect>) -> String {
                 quota: lockd_core::Quota {
                     leases_max: num("leases"),
                     waiters_max: num("waiters"),
+                    requests_max: num("requests"),
                     acquire_rate: rate,
                 },
             });
@@ -335,7 +336,9 @@ fn run(rig: &mut Rig, words: &[&str], fx: &mut Vec<Effect>) -> String {
 
 fn usage(core: &Core) -> String {
     core.tenant_usage()
-        .map(|(name, leases, waiters)| format!("{name}: leases={leases} waiters={waiters}"))
+        .map(|(name, leases, waiters, requests)| {
+            format!("{name}: leases={leases} waiters={waiters} requests={requests}")
+        })
         .collect::<Vec<_>>()
         .join(", ")
 }

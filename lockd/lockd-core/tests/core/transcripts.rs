@@ -525,9 +525,9 @@ fn tenants_quotas_count_leases_and_waiters_of_their_own_resources_only() {
         "#,
         expect![[r#"
             @0 tenant pay prefixes=pay/,ledger/ leases=2 waiters=1
-              => pay: leases=0 waiters=0
+              => pay: leases=0 waiters=0 requests=0
             @0 tenant inv prefixes=inv/
-              => pay: leases=0 waiters=0, inv: leases=0 waiters=0
+              => pay: leases=0 waiters=0 requests=0, inv: leases=0 waiters=0 requests=0
             @0 acquire pay/1 holder=a
               => granted token=1 lease=L1 expires=30000
               ! persist grant pay/1 token=1 lease=L1 holder="a" ttl=30000 req=-
@@ -549,14 +549,14 @@ fn tenants_quotas_count_leases_and_waiters_of_their_own_resources_only() {
             @7 acquire ledger/1 holder=e
               => busy holder="a" token=2 expires=30001 waiters=0
             @7 usage
-              => pay: leases=2 waiters=1, inv: leases=1 waiters=0
+              => pay: leases=2 waiters=1 requests=0, inv: leases=1 waiters=0 requests=0
             @8 release pay/1 L1
               => released token=1
               ! persist remove pay/1 L1
               ! persist grant pay/1 token=5 lease=L5 holder="d" ttl=30000 req=-
               ! hand-off w1: token=5 lease=L5 expires=30008
             @8 usage
-              => pay: leases=2 waiters=0, inv: leases=1 waiters=0
+              => pay: leases=2 waiters=0 requests=0, inv: leases=1 waiters=0 requests=0
             @40000 tick
               => next deadline None
               ! persist remove ledger/1 L2
@@ -568,7 +568,7 @@ fn tenants_quotas_count_leases_and_waiters_of_their_own_resources_only() {
               ! persist remove pay/1 L5
               ! expired pay/1 token=5 holder="d"
             @40000 usage
-              => pay: leases=0 waiters=0, inv: leases=0 waiters=0
+              => pay: leases=0 waiters=0 requests=0, inv: leases=0 waiters=0 requests=0
             @40001 acquire pay/2 holder=a
               => granted token=6 lease=L6 expires=70001
               ! persist grant pay/2 token=6 lease=L6 holder="a" ttl=30000 req=-
@@ -580,17 +580,17 @@ fn tenants_quotas_count_leases_and_waiters_of_their_own_resources_only() {
               => next deadline Some(70001)
               ! wait timed out w2: held with token 6
             @40012 usage
-              => pay: leases=1 waiters=0, inv: leases=0 waiters=0
+              => pay: leases=1 waiters=0 requests=0, inv: leases=0 waiters=0 requests=0
             @40013 acquire pay/2 holder=c wait=1000
               => queued w3 position=1
             @40014 cancel w3
               => cancelled=true
             @40014 usage
-              => pay: leases=1 waiters=0, inv: leases=0 waiters=0
+              => pay: leases=1 waiters=0 requests=0, inv: leases=0 waiters=0 requests=0
             @40014 restart
               => recovered leases=1 requests=0 last_token=Some(6)
             @40014 usage
-              => pay: leases=1 waiters=0, inv: leases=0 waiters=0
+              => pay: leases=1 waiters=0 requests=0, inv: leases=0 waiters=0 requests=0
         "#]],
     );
 }
@@ -614,7 +614,7 @@ fn a_tenants_acquire_rate_refuses_calls_beyond_its_bucket_with_the_wait() {
         "#,
         expect![[r#"
             @0 tenant cron prefixes=cron/ rate=2/2
-              => cron: leases=0 waiters=0
+              => cron: leases=0 waiters=0 requests=0
             @0 acquire cron/a holder=a
               => granted token=1 lease=L1 expires=30000
               ! persist grant cron/a token=1 lease=L1 holder="a" ttl=30000 req=-
@@ -638,6 +638,84 @@ fn a_tenants_acquire_rate_refuses_calls_beyond_its_bucket_with_the_wait() {
               ! persist grant cron/d token=5 lease=L5 holder="a" ttl=30000 req=r2
             @1003 acquire cron/d holder=a req=r2
               => duplicate token=5 lease=L5 expires=31002 held=true
+        "#]],
+    );
+}
+
+#[test]
+fn a_tenant_without_quotas_gets_a_fair_share_and_its_request_ids_are_bounded_too() {
+    check(
+        r#"
+        limits leases_max=10 waiters_total_max=10 requests_max=4
+        # two tenants, no quotas given: each may have 5 leases, 5 waiters and 2 request ids
+        tenant a prefixes=a/
+        tenant b prefixes=b/ leases=1
+        @0 acquire a/1 holder=x req=r1
+        @1 release a/1 L1
+        @2 acquire a/2 holder=x req=r2
+        # a's ids are remembered after release: a third one is refused, not forgotten early
+        @3 acquire a/3 holder=x req=r3
+        # b is not held back by a, and a without a request id is not either
+        @4 acquire b/1 holder=y req=q1
+        @5 acquire b/2 holder=y
+        @6 acquire a/3 holder=x
+        usage
+        # once retention ends, a may remember ids again
+        @600010 tick
+        usage
+        @600011 acquire a/4 holder=x req=r4
+        usage
+        restart
+        usage
+        "#,
+        expect![[r#"
+            @0 tenant a prefixes=a/
+              => a: leases=0 waiters=0 requests=0
+            @0 tenant b prefixes=b/ leases=1
+              => a: leases=0 waiters=0 requests=0, b: leases=0 waiters=0 requests=0
+            @0 acquire a/1 holder=x req=r1
+              => granted token=1 lease=L1 expires=30000
+              ! persist grant a/1 token=1 lease=L1 holder="x" ttl=30000 req=r1
+            @1 release a/1 L1
+              => released token=1
+              ! persist remove a/1 L1
+            @2 acquire a/2 holder=x req=r2
+              => granted token=2 lease=L2 expires=30002
+              ! persist grant a/2 token=2 lease=L2 holder="x" ttl=30000 req=r2
+            @3 acquire a/3 holder=x req=r3
+              => error: tenant a has its maximum of 2 request ids remembered; retry later, or raise the tenant's requests_max in the policy
+            @4 acquire b/1 holder=y req=q1
+              => granted token=3 lease=L3 expires=30004
+              ! persist grant b/1 token=3 lease=L3 holder="y" ttl=30000 req=q1
+            @5 acquire b/2 holder=y
+              => error: tenant b holds its maximum of 1 leases; release unused locks, or raise the tenant's leases_max in the policy
+            @6 acquire a/3 holder=x
+              => granted token=4 lease=L4 expires=30006
+              ! persist grant a/3 token=4 lease=L4 holder="x" ttl=30000 req=-
+            @6 usage
+              => a: leases=2 waiters=0 requests=2, b: leases=1 waiters=0 requests=1
+            @600010 tick
+              => next deadline None
+              ! persist remove a/2 L2
+              ! expired a/2 token=2 holder="x"
+              ! persist remove b/1 L3
+              ! expired b/1 token=3 holder="y"
+              ! persist remove a/3 L4
+              ! expired a/3 token=4 holder="x"
+              ! persist forget r1
+              ! persist forget r2
+              ! persist forget q1
+            @600010 usage
+              => a: leases=0 waiters=0 requests=0, b: leases=0 waiters=0 requests=0
+            @600011 acquire a/4 holder=x req=r4
+              => granted token=5 lease=L5 expires=630011
+              ! persist grant a/4 token=5 lease=L5 holder="x" ttl=30000 req=r4
+            @600011 usage
+              => a: leases=1 waiters=0 requests=1, b: leases=0 waiters=0 requests=0
+            @600011 restart
+              => recovered leases=1 requests=1 last_token=Some(5)
+            @600011 usage
+              => a: leases=1 waiters=0 requests=1, b: leases=0 waiters=0 requests=0
         "#]],
     );
 }
