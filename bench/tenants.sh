@@ -36,7 +36,8 @@ issue bench DNS:bench.internal
 openssl rand -hex 32 > "$OUT/token"
 chmod 600 "$OUT/token"
 HASH=$(target/release/lockd --hash-token < "$OUT/token")
-cat > "$OUT/policy.toml" <<TOML
+# Plaintext lockd takes no certificate identities: the token alone there, both over TLS.
+cat > "$OUT/policy-token.toml" <<TOML
 [[tenant]]
 name = "bench"
 prefixes = ["bench-", "open-", "fill-"]
@@ -44,21 +45,18 @@ prefixes = ["bench-", "open-", "fill-"]
 name = "by-token"
 tenant = "bench"
 $HASH
-[[identity]]
-name = "by-cert"
-tenant = "bench"
-cert = "DNS:bench.internal"
 TOML
+{ cat "$OUT/policy-token.toml"; printf '[[identity]]\nname = "by-cert"\ntenant = "bench"\ncert = "DNS:bench.internal"\n'; } > "$OUT/policy.toml"
 
 TLS=(--tls-cert "$OUT/lockd.pem" --tls-key "$OUT/lockd-key.pem" --tls-client-ca "$OUT/ca.pem")
 start() { # NAME PORT ARGS...
   local name=$1 port=$2; shift 2
-  target/release/lockd --data-dir "$OUT/$name" --listen "127.0.0.1:$port" --log warn "$@" 2>"$OUT/$name.log" &
+  target/release/lockd --data-dir "$OUT/data-$name" --listen "127.0.0.1:$port" --log warn "$@" 2>"$OUT/$name.log" &
   pids+=("$!")
   wait_port "$port"
 }
 start plain 17440
-start token 17441 --policy "$OUT/policy.toml"
+start token 17441 --policy "$OUT/policy-token.toml"
 start mtls 17442 "${TLS[@]}"
 start cert 17443 "${TLS[@]}" --policy "$OUT/policy.toml"
 

@@ -111,6 +111,12 @@ fn email(address: &str) -> String {
     }
 }
 
+/// What a client certificate names: an identity (by index), none, or why it cannot be read.
+type CertAnswer = Result<Option<usize>, String>;
+
+/// Client certificates [`Policy`] remembers what they name.
+const SEEN_MAX: usize = 4096;
+
 /// Largest policy file lockd reads (a policy of 20,000 tenants is about 2 MiB).
 const POLICY_FILE_MAX: u64 = 16 << 20;
 
@@ -132,6 +138,9 @@ pub struct Policy {
     by_token: HashMap<[u8; 32], usize>,
     by_cert: HashMap<CertName, usize>,
     by_name: HashMap<String, usize>,
+    /// What each client certificate seen lately names (its identity, or why none), so that a
+    /// connection's certificate is read once, not at every call; cleared when full.
+    seen: std::sync::Mutex<HashMap<Vec<u8>, CertAnswer>>,
     /// Whether any identity is known by a certificate.
     certs: bool,
 }
@@ -223,6 +232,7 @@ impl Policy {
             by_token: HashMap::new(),
             by_cert: HashMap::new(),
             by_name: HashMap::new(),
+            seen: std::sync::Mutex::new(HashMap::new()),
             certs: false,
         };
         for (ix, e) in file.identity.into_iter().enumerate() {
@@ -376,8 +386,25 @@ impl Policy {
         &self,
         leaf: &tlsconf::rustls::pki_types::CertificateDer<'static>,
     ) -> Result<Option<usize>, Status> {
-        let Ok((_, cert)) = x509_parser::parse_x509_certificate(leaf.as_ref()) else {
-            return Err(unauthenticated("the client certificate cannot be parsed"));
+        let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+        let found = match seen.get(leaf.as_ref()) {
+            Some(found) => found.clone(),
+            None => {
+                let found = self.read_certificate(leaf.as_ref());
+                if seen.len() >= SEEN_MAX {
+                    seen.clear();
+                }
+                seen.insert(leaf.as_ref().to_vec(), found.clone());
+                found
+            }
+        };
+        found.map_err(unauthenticated)
+    }
+
+    /// What the certificate `der` names: [`Policy::by_certificate`] without the memory.
+    fn read_certificate(&self, der: &[u8]) -> CertAnswer {
+        let Ok((_, cert)) = x509_parser::parse_x509_certificate(der) else {
+            return Err("the client certificate cannot be parsed".to_string());
         };
         let mut names = Vec::new();
         if let Ok(Some(san)) = cert.subject_alternative_name() {
@@ -410,10 +437,10 @@ impl Policy {
                     .iter()
                     .map(|&i| self.identities[i].name.as_str())
                     .collect();
-                Err(unauthenticated(format!(
+                Err(format!(
                     "the client certificate names several identities ({}); a certificate must name one",
                     names.join(", ")
-                )))
+                ))
             }
         }
     }
