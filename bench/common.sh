@@ -50,3 +50,18 @@ INI
   chown postgres "$OUT/pgbouncer.ini" "$OUT/users.txt"
   runuser -u postgres -- pgbouncer -q "$OUT/pgbouncer.ini" & pids+=("$!")
 }
+
+# A P-256 CA for this run: $OUT/ca.pem and $OUT/ca-key.pem (OUT set by the caller).
+make_ca() {
+  openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 1 \
+    -subj "/CN=bench CA" -keyout "$OUT/ca-key.pem" -out "$OUT/ca.pem" 2>/dev/null
+}
+
+# A certificate of that CA, common name NAME and subjectAltName SAN (e.g. IP:127.0.0.1):
+# $OUT/NAME.pem and $OUT/NAME-key.pem.
+issue_cert() { # NAME SAN
+  openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -subj "/CN=$1" \
+    -keyout "$OUT/$1-key.pem" -out "$OUT/$1.csr" 2>/dev/null
+  openssl x509 -req -in "$OUT/$1.csr" -CA "$OUT/ca.pem" -CAkey "$OUT/ca-key.pem" -days 1 \
+    -extfile <(printf 'subjectAltName=%s' "$2") -out "$OUT/$1.pem" 2>/dev/null
+}

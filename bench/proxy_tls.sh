@@ -38,12 +38,9 @@ done
 
 # One certificate (for 127.0.0.1) for every TLS listener, made for this run: P-256, as a
 # deployment would pick.
-openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 1 \
-  -subj "/CN=bench CA" -keyout "$OUT/ca-key.pem" -out "$OUT/ca.pem" 2>/dev/null
-openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -subj "/CN=proxy" \
-  -keyout "$OUT/key.pem" -out "$OUT/cert.csr" 2>/dev/null
-openssl x509 -req -in "$OUT/cert.csr" -CA "$OUT/ca.pem" -CAkey "$OUT/ca-key.pem" -days 1 \
-  -extfile <(printf 'subjectAltName=IP:127.0.0.1') -out "$OUT/cert.pem" 2>/dev/null
+make_ca
+issue_cert proxy IP:127.0.0.1
+mv "$OUT/proxy.pem" "$OUT/cert.pem"; mv "$OUT/proxy-key.pem" "$OUT/key.pem"
 chown postgres "$OUT/key.pem" "$OUT/cert.pem"; chmod 600 "$OUT/key.pem"
 
 # --- PostgreSQL -----------------------------------------------------------------------------

@@ -23,16 +23,9 @@ RESULTS="$OUT/results.jsonl"
 . bench/common.sh
 
 # A CA, lockd's certificate (for 127.0.0.1) and lockbench's (DNS:bench.internal).
-openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 1 \
-  -subj "/CN=bench CA" -keyout "$OUT/ca-key.pem" -out "$OUT/ca.pem" 2>/dev/null
-issue() {
-  openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -subj "/CN=$1" \
-    -keyout "$OUT/$1-key.pem" -out "$OUT/$1.csr" 2>/dev/null
-  openssl x509 -req -in "$OUT/$1.csr" -CA "$OUT/ca.pem" -CAkey "$OUT/ca-key.pem" -days 1 \
-    -extfile <(printf 'subjectAltName=%s' "$2") -out "$OUT/$1.pem" 2>/dev/null
-}
-issue lockd IP:127.0.0.1
-issue bench DNS:bench.internal
+make_ca
+issue_cert lockd IP:127.0.0.1
+issue_cert bench DNS:bench.internal
 openssl rand -hex 32 > "$OUT/token"
 chmod 600 "$OUT/token"
 HASH=$(target/release/lockd --hash-token < "$OUT/token")

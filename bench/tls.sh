@@ -20,12 +20,8 @@ RESULTS="$OUT/results.jsonl"
 . bench/common.sh
 
 # A CA and lockd's certificate (for 127.0.0.1), made for this run.
-openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 1 \
-  -subj "/CN=bench CA" -keyout "$OUT/ca-key.pem" -out "$OUT/ca.pem" 2>/dev/null
-openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -subj "/CN=lockd" \
-  -keyout "$OUT/lockd-key.pem" -out "$OUT/lockd.csr" 2>/dev/null
-openssl x509 -req -in "$OUT/lockd.csr" -CA "$OUT/ca.pem" -CAkey "$OUT/ca-key.pem" -days 1 \
-  -extfile <(printf 'subjectAltName=IP:127.0.0.1') -out "$OUT/lockd.pem" 2>/dev/null
+make_ca
+issue_cert lockd IP:127.0.0.1
 
 target/release/lockd --data-dir "$OUT/plain" --listen 127.0.0.1:17430 --log warn 2>"$OUT/plain.log" &
 pids+=("$!")
