@@ -411,6 +411,12 @@ impl Lockd {
         self.process.wait();
     }
 
+    /// The admin listener's address (lockd started with `--admin-listen`).
+    pub fn admin(&self) -> String {
+        let e = self.wait_event("admin listening: /metrics, /healthz, /readyz", |_| true);
+        e["addr"].as_str().expect("the admin address").to_string()
+    }
+
     /// A `lockctl` command aimed at this lockd.
     pub fn lockctl(&self) -> Command {
         let mut cmd = Command::new(bin("lockctl"));
@@ -595,4 +601,37 @@ pub fn sha256_hex(token: &str) -> String {
         .and_then(|r| r.strip_suffix('"'))
         .unwrap_or_else(|| panic!("lockd --hash-token printed {text:?}"))
         .to_string()
+}
+
+/// `GET path` on `addr` over plain HTTP/1.1 (an admin listener): the status and the body.
+pub fn http_get(addr: &str, path: &str) -> (u16, String) {
+    use std::io::{Read, Write};
+    let mut s =
+        std::net::TcpStream::connect(addr).unwrap_or_else(|e| panic!("connecting to {addr}: {e}"));
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .expect("sending the request");
+    let mut raw = String::new();
+    s.read_to_string(&mut raw).expect("reading the answer");
+    let (head, body) = raw.split_once("\r\n\r\n").unwrap_or((&raw, ""));
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or_else(|| panic!("not an HTTP answer: {raw:?}"));
+    (status, body.to_string())
+}
+
+/// The value of the Prometheus sample `series` (name and labels exactly as exposed, e.g.
+/// `lockd_requests_total{method="acquire",outcome="granted"}`) in `text`, if present.
+pub fn sample(text: &str, series: &str) -> Option<f64> {
+    text.lines().filter(|l| !l.starts_with('#')).find_map(|l| {
+        l.strip_prefix(series)?
+            .strip_prefix(' ')?
+            .trim()
+            .parse()
+            .ok()
+    })
 }

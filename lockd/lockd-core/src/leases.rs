@@ -29,6 +29,8 @@ pub(crate) struct Slot {
     pub lease_id: LeaseId,
     pub token: FencingToken,
     pub expires_at: Millis,
+    /// When it was granted (or, after a restart, recovered).
+    pub granted_at: Millis,
     /// Lease length. Fits: `Limits::validate` bounds `ttl_max_ms` by `u32::MAX`.
     ttl_ms: u32,
     held: bool,
@@ -55,6 +57,8 @@ pub(crate) struct Ended {
     pub lease_id: LeaseId,
     pub token: FencingToken,
     pub holder: Holder,
+    pub granted_at: Millis,
+    pub expires_at: Millis,
 }
 
 /// A new lease.
@@ -64,6 +68,7 @@ pub(crate) struct NewLease {
     pub holder: Holder,
     pub ttl_ms: u64,
     pub expires_at: Millis,
+    pub granted_at: Millis,
     pub request: Option<RequestId>,
 }
 
@@ -151,6 +156,7 @@ impl LeaseTable {
             lease_id: lease.lease_id,
             token: lease.token,
             expires_at: lease.expires_at,
+            granted_at: lease.granted_at,
             ttl_ms: u32::try_from(lease.ttl_ms).expect("ttl_ms is bounded by u32::MAX"),
             held: true,
             holder: lease.holder,
@@ -207,6 +213,7 @@ impl LeaseTable {
             lease_id: lease.lease_id,
             token: lease.token,
             expires_at: lease.expires_at,
+            granted_at: lease.granted_at,
             ttl_ms: u32::try_from(lease.ttl_ms).unwrap_or(u32::MAX),
             held: false,
             holder: lease.holder,
@@ -274,6 +281,8 @@ impl LeaseTable {
             lease_id: slot.lease_id,
             token: slot.token,
             holder: slot.holder.clone(),
+            granted_at: slot.granted_at,
+            expires_at: slot.expires_at,
         };
         if slot.request.is_none() {
             self.release_slot(id);

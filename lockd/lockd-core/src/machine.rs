@@ -179,6 +179,7 @@ impl Core {
                 holder: Holder::from_persisted(&rec.holder),
                 ttl_ms: rec.ttl_ms,
                 expires_at: now.saturating_add(rec.ttl_ms),
+                granted_at: now,
                 request: None,
             };
             core.leases.insert(&rec.resource, lease, now);
@@ -207,6 +208,7 @@ impl Core {
                 holder: Holder::from_persisted(&rec.holder),
                 ttl_ms: rec.ttl_ms,
                 expires_at: now,
+                granted_at: now,
                 request: Some(id),
             };
             core.leases.restore_request(&rec.resource, lease, now);
@@ -255,6 +257,18 @@ impl Core {
             .iter()
             .zip(&self.usage)
             .map(|(t, u)| (t.name.as_str(), u.leases, u.waiters, u.requests))
+    }
+
+    /// The `n` resources with the longest queues, longest first (ties by name), for metrics.
+    /// Looks at every queue: meant for a scrape every few seconds, not for every call.
+    pub fn longest_queues(&self, n: usize) -> Vec<(ResourceName, usize)> {
+        let mut all: Vec<(&ResourceName, usize)> =
+            self.queues.iter().map(|(r, q)| (r, q.len())).collect();
+        all.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(b.0)));
+        all.into_iter()
+            .take(n)
+            .map(|(r, len)| (r.clone(), len))
+            .collect()
     }
 
     /// The owner of `resource`, if tenants are in force and one owns it.
@@ -447,7 +461,10 @@ impl Core {
             lease_id: ended.lease_id,
         }));
         self.hand_off(resource, fx);
-        ReleaseOutcome::Released { token: ended.token }
+        ReleaseOutcome::Released {
+            token: ended.token,
+            held_ms: self.now.saturating_sub(ended.granted_at),
+        }
     }
 
     /// Takes a waiter out of its queue (its client cancelled or disconnected). Returns `false`
@@ -530,6 +547,7 @@ impl Core {
             resource: resource.clone(),
             token: ended.token,
             holder: ended.holder,
+            held_ms: ended.expires_at.saturating_sub(ended.granted_at),
         });
         self.hand_off(&resource, fx);
     }
@@ -609,6 +627,7 @@ impl Core {
             holder,
             ttl_ms,
             expires_at,
+            granted_at: self.now,
             request: request_id,
         };
         self.leases.insert(resource, lease, self.now);

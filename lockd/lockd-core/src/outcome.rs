@@ -49,7 +49,8 @@ pub enum AcquireOutcome {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ReleaseOutcome {
     /// The lease was current and has ended.
-    Released { token: FencingToken },
+    /// `held_ms`: from the grant (or the restart that recovered it) to the release.
+    Released { token: FencingToken, held_ms: u64 },
     /// The lease was not current (already released, expired, or never existed); nothing
     /// changed. Releasing is idempotent, so this is not an error.
     NotHeld { current: Option<FencingToken> },
@@ -97,5 +98,7 @@ pub enum Effect {
         resource: ResourceName,
         token: FencingToken,
         holder: Holder,
+        /// From the grant (or the restart that recovered it) to the expiry.
+        held_ms: u64,
     },
 }

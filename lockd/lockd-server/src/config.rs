@@ -121,6 +121,10 @@ pub struct Settings {
     #[arg(long, env = "LOCKD_KEEPALIVE_TIMEOUT_MS", value_name = "MS")]
     pub keepalive_timeout_ms: Option<u64>,
 
+    /// Address of the admin listener (HTTP: /metrics, /healthz, /readyz); off loopback it needs insecure [default: none, off].
+    #[arg(long, env = "LOCKD_ADMIN_LISTEN", value_name = "ADDR")]
+    pub admin_listen: Option<SocketAddr>,
+
     /// Client connections open at once; past it lockd accepts no more until one closes [default: 10000].
     #[arg(long, env = "LOCKD_CONNECTIONS_MAX", value_name = "N")]
     pub connections_max: Option<usize>,
@@ -259,6 +263,8 @@ pub struct Config {
     pub keepalive_interval_ms: u64,
     pub keepalive_timeout_ms: u64,
     pub connections_max: usize,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub admin_listen: Option<SocketAddr>,
     pub backend: Backend,
     pub etcd_endpoints: Vec<String>,
     pub etcd_prefix: String,
@@ -303,6 +309,7 @@ impl Default for Config {
             keepalive_interval_ms: 10_000,
             keepalive_timeout_ms: 20_000,
             connections_max: 10_000,
+            admin_listen: None,
             backend: Backend::Embedded,
             etcd_endpoints: vec!["http://127.0.0.1:2379".to_string()],
             etcd_prefix: "/lockd".to_string(),
@@ -377,6 +384,9 @@ impl Config {
             etcd_max_txn_ops,
             etcd_compact_every_ms
         );
+        if let Some(a) = s.admin_listen {
+            self.admin_listen = Some(a);
+        }
         if let Some(a) = &s.advertise {
             self.advertise = Some(a.clone());
         }
@@ -428,6 +438,14 @@ impl Config {
         }
         if !(1..=4096).contains(&self.journal_size_mb) {
             bail!("journal_size_mb must be 1 ..= 4096");
+        }
+        if let Some(a) = self.admin_listen
+            && !a.ip().to_canonical().is_loopback()
+            && !self.insecure
+        {
+            bail!(
+                "admin_listen {a} is not a loopback address: its plain HTTP shows resource names and counts to anyone who reaches it; put it on loopback behind your scraper's proxy, or set insecure = true"
+            );
         }
         if self.connections_max == 0 {
             bail!("connections_max must be at least 1");
@@ -814,6 +832,7 @@ mod tests {
             tls_key: p.clone(),
             tls_client_ca: p.clone(),
             tls_peer_ca: p,
+            admin_listen: Some(SocketAddr::from(([127, 0, 0, 1], 7421))),
             ..Config::default()
         };
         let value: toml::Value = toml::from_str(&all.to_toml()).unwrap();

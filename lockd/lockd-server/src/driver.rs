@@ -195,6 +195,24 @@ impl Driver {
         self.lock().core.stats()
     }
 
+    /// What the core holds now, for the metrics.
+    pub fn gauges(&self) -> crate::metrics::State {
+        let st = self.lock();
+        let s = st.core.stats();
+        crate::metrics::State {
+            leases: s.leases,
+            waiters: s.waiters,
+            requests: s.requests,
+            last_token: st.core.last_token().map_or(0, |t| t.get()),
+            longest_queues: st
+                .core
+                .longest_queues(crate::metrics::TOP_N)
+                .into_iter()
+                .map(|(r, n)| (r.as_str().to_string(), n))
+                .collect(),
+        }
+    }
+
     fn lock(&self) -> MutexGuard<'_, State> {
         // A panic under the lock means an invariant assertion fired; the state is not to be
         // trusted, so every later call fails loudly too.
@@ -239,8 +257,12 @@ impl Driver {
                         seq,
                     )
                 }
-                AcquireOutcome::Busy(busy) => Step::Reply(AcquireReply::Busy(busy), seq),
+                AcquireOutcome::Busy(busy) => {
+                    crate::metrics::get().contended(resource.as_str());
+                    Step::Reply(AcquireReply::Busy(busy), seq)
+                }
                 AcquireOutcome::Queued { waiter, position } => {
+                    crate::metrics::get().contended(resource.as_str());
                     debug!(%resource, waiter = waiter.0, position, "queued");
                     let (generation, rx) = st.register(waiter);
                     Step::Wait {
@@ -357,7 +379,10 @@ impl Driver {
             (outcome, self.apply(&mut st, fx))
         };
         match outcome {
-            ReleaseOutcome::Released { token } => debug!(%resource, %token, "released"),
+            ReleaseOutcome::Released { token, held_ms } => {
+                crate::metrics::get().lease_ended(held_ms, false);
+                debug!(%resource, %token, "released");
+            }
             ReleaseOutcome::NotHeld { .. } => self.durable(seq).await?,
         }
         self.vouch(outcome)
@@ -377,6 +402,11 @@ impl Driver {
 
     /// Ends every wait with "shutting down" and refuses new calls, so that a graceful shutdown
     /// does not wait minutes for queued Acquires.
+    /// Whether it still takes calls (not shut down, not deposed, the store not failed).
+    pub fn serving(&self) -> bool {
+        !self.closed.load(Ordering::Acquire)
+    }
+
     pub fn shutdown(&self) {
         self.close();
     }
@@ -448,7 +478,9 @@ impl Driver {
                     resource,
                     token,
                     holder,
+                    held_ms,
                 } => {
+                    crate::metrics::get().lease_ended(held_ms, true);
                     info!(%resource, %token, holder = holder.as_str(), "lease expired without renewal");
                 }
             }
@@ -483,6 +515,9 @@ impl Driver {
         let mut fx = Vec::new();
         let was_waiting = st.core.cancel(self.clock.now(), waiter, &mut fx);
         self.apply(&mut st, fx);
+        if was_waiting {
+            crate::metrics::get().call_without_answer("acquire", "cancelled");
+        }
         debug!(
             waiter = waiter.0,
             was_waiting, "waiter left: call cancelled or client disconnected"

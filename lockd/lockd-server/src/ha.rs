@@ -167,6 +167,22 @@ impl Ha {
     }
 
     /// This process's instance id.
+    /// This instance's core, while it leads.
+    pub fn leading(&self) -> Option<Arc<Driver>> {
+        match &*self.role.borrow() {
+            Role::Leader(driver) => Some(Arc::clone(driver)),
+            _ => None,
+        }
+    }
+
+    /// Whether calls can be served now: this instance leads, or follows a known leader.
+    pub fn ready(&self) -> bool {
+        matches!(
+            &*self.role.borrow(),
+            Role::Leader(_) | Role::Follower { .. }
+        )
+    }
+
     pub fn instance_id(&self) -> &str {
         &self.me.id
     }
@@ -423,6 +439,7 @@ impl Ha {
             async move { driver.run_timer().await }
         });
         self.set(Role::Leader(Arc::clone(&driver)));
+        crate::metrics::get().took_over(leader_gone.elapsed());
         info!(
             lease = term.lease(),
             revision = term.revision(),

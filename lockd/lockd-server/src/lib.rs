@@ -9,13 +9,16 @@
 //!   background work;
 //! - `policy`: identities (bearer tokens, client certificates) and tenants; who may use what;
 //! - `tls`: the listener (at most `connections_max` connections) and, with TLS, its handshakes (handshakes bounded in number and time, SIGHUP reloads);
+//! - `admin`: the admin listener (`/metrics`, `/healthz`, `/readyz`); `metrics`: what it shows;
 //! - `status`: the one mapping from domain errors to gRPC statuses;
 //! - `clock`: monotonic time for decisions, wall time for display.
 
+pub mod admin;
 pub mod clock;
 pub mod config;
 pub mod driver;
 pub mod ha;
+pub mod metrics;
 pub mod policy;
 pub mod server;
 pub mod service;

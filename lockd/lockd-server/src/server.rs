@@ -198,6 +198,30 @@ async fn run_etcd(
     Ok(())
 }
 
+/// Keeps `grpc.health.v1` in step with readiness (the overall status and the lock service's):
+/// SERVING when calls can be served, NOT_SERVING otherwise (see `admin::readiness`).
+async fn report_health(health: tonic_health::server::HealthReporter, routes: Routes) {
+    use tonic_health::ServingStatus;
+    let mut last = None;
+    loop {
+        let status = match crate::admin::readiness(&routes) {
+            Ok(()) => ServingStatus::Serving,
+            Err(_) => ServingStatus::NotServing,
+        };
+        if last != Some(status) {
+            health.set_service_status("", status).await;
+            health
+                .set_service_status(
+                    <LockServiceServer<LockApi> as tonic::server::NamedService>::NAME,
+                    status,
+                )
+                .await;
+            last = Some(status);
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
 /// The policy `policy` names, loaded, or `None`.
 fn load_policy(config: &Config) -> Result<Option<Arc<crate::policy::Policy>>, ServeError> {
     Ok(config.policy().map_err(ServeError::Keys)?.map(Arc::new))
@@ -283,6 +307,19 @@ async fn serve(
         ),
         None => {}
     }
+    let (health, health_service) = tonic_health::server::health_reporter();
+    tokio::spawn(report_health(health, routes.clone()));
+    if let Some(admin) = config.admin_listen {
+        let listener = tokio::net::TcpListener::bind(admin)
+            .await
+            .map_err(|source| ServeError::Listen {
+                addr: admin,
+                source,
+            })?;
+        let bound = listener.local_addr().map_err(ServeError::LocalAddr)?;
+        info!(addr = %bound, "admin listening: /metrics, /healthz, /readyz");
+        crate::admin::serve(listener, Arc::new(crate::admin::Admin::new(routes.clone())));
+    }
     let api = LockApi::new(routes, config.limits.clone(), keys.map(Arc::new), policy);
     let service = LockServiceServer::new(api).max_decoding_message_size(MAX_MESSAGE_BYTES);
     let router = Server::builder()
@@ -291,6 +328,7 @@ async fn serve(
             keepalive.map(|_| Duration::from_millis(config.keepalive_timeout_ms)),
         )
         .max_concurrent_streams(MAX_STREAMS_PER_CONNECTION)
+        .add_service(health_service)
         .add_service(service);
     match listener {
         Listener::Plain(socket) => {

@@ -26,6 +26,7 @@ use crate::policy::{FORWARDED_IDENTITY_METADATA, Identity, Policy};
 use crate::status::invalid_argument;
 
 /// Where the service's calls go.
+#[derive(Clone)]
 pub enum Routes {
     /// The core in this process, over the embedded store.
     Single(Arc<Driver>),
@@ -222,12 +223,11 @@ fn lease_id(text: &str) -> Result<LeaseId, Status> {
     })
 }
 
-#[tonic::async_trait]
-impl LockService for LockApi {
-    async fn acquire(
+impl LockApi {
+    async fn acquire_here(
         &self,
         request: Request<pb::AcquireRequest>,
-    ) -> Result<Response<pb::AcquireResponse>, Status> {
+    ) -> Result<(Response<pb::AcquireResponse>, &'static str), Status> {
         let who = self.admit(&request, &request.get_ref().resource)?;
         let (driver, r) = match self
             .serve(request, who.as_ref(), |mut c, r| async move {
@@ -236,7 +236,7 @@ impl LockService for LockApi {
             .await?
         {
             Served::Local(driver, r) => (driver, r),
-            Served::Remote(answer) => return Ok(answer),
+            Served::Remote(answer) => return Ok((answer, "forwarded")),
         };
         let mut request_id = match r.request_id.as_str() {
             "" => None,
@@ -260,7 +260,16 @@ impl LockService for LockApi {
             ttl_ms: r.ttl_ms,
             wait_ms: r.wait_timeout_ms,
         };
-        let response = match driver.acquire(req).await? {
+        let reply = driver.acquire(req).await?;
+        let outcome = match &reply {
+            AcquireReply::Granted {
+                duplicate: false, ..
+            } => "granted",
+            AcquireReply::Granted { .. } => "duplicate",
+            AcquireReply::Busy(_) => "busy",
+            AcquireReply::TimedOut(_) => "wait_timeout",
+        };
+        let response = match reply {
             AcquireReply::Granted {
                 grant,
                 duplicate,
@@ -287,13 +296,13 @@ impl LockService for LockApi {
                 Self::not_granted(&driver, pb::not_granted::Reason::WaitTimeout, busy)
             }
         };
-        Ok(Response::new(response))
+        Ok((Response::new(response), outcome))
     }
 
-    async fn renew(
+    async fn renew_here(
         &self,
         request: Request<pb::RenewRequest>,
-    ) -> Result<Response<pb::RenewResponse>, Status> {
+    ) -> Result<(Response<pb::RenewResponse>, &'static str), Status> {
         let who = self.admit(&request, &request.get_ref().resource)?;
         let (driver, r) = match self
             .serve(
@@ -304,20 +313,21 @@ impl LockService for LockApi {
             .await?
         {
             Served::Local(driver, r) => (driver, r),
-            Served::Remote(answer) => return Ok(answer),
+            Served::Remote(answer) => return Ok((answer, "forwarded")),
         };
         let (resource, lease_id) = (resource(&r.resource)?, lease_id(&r.lease_id)?);
         let renewed = driver.renew(&resource, lease_id).await?;
-        Ok(Response::new(pb::RenewResponse {
+        let answer = Response::new(pb::RenewResponse {
             expires_at_ms: driver.wall_ms(renewed.expires_at),
             ttl_ms: renewed.ttl_ms,
-        }))
+        });
+        Ok((answer, "renewed"))
     }
 
-    async fn release(
+    async fn release_here(
         &self,
         request: Request<pb::ReleaseRequest>,
-    ) -> Result<Response<pb::ReleaseResponse>, Status> {
+    ) -> Result<(Response<pb::ReleaseResponse>, &'static str), Status> {
         let who = self.admit(&request, &request.get_ref().resource)?;
         let (driver, r) = match self
             .serve(request, who.as_ref(), |mut c, r| async move {
@@ -326,27 +336,32 @@ impl LockService for LockApi {
             .await?
         {
             Served::Local(driver, r) => (driver, r),
-            Served::Remote(answer) => return Ok(answer),
+            Served::Remote(answer) => return Ok((answer, "forwarded")),
         };
         let (resource, lease_id) = (resource(&r.resource)?, lease_id(&r.lease_id)?);
-        Ok(Response::new(
-            match driver.release(&resource, lease_id).await? {
-                ReleaseOutcome::Released { .. } => pb::ReleaseResponse {
+        let (answer, outcome) = match driver.release(&resource, lease_id).await? {
+            ReleaseOutcome::Released { .. } => (
+                pb::ReleaseResponse {
                     released: true,
                     current_token: 0,
                 },
-                ReleaseOutcome::NotHeld { current } => pb::ReleaseResponse {
+                "released",
+            ),
+            ReleaseOutcome::NotHeld { current } => (
+                pb::ReleaseResponse {
                     released: false,
                     current_token: current.map_or(0, |t| t.get()),
                 },
-            },
-        ))
+                "not_held",
+            ),
+        };
+        Ok((Response::new(answer), outcome))
     }
 
-    async fn describe(
+    async fn describe_here(
         &self,
         request: Request<pb::DescribeRequest>,
-    ) -> Result<Response<pb::DescribeResponse>, Status> {
+    ) -> Result<(Response<pb::DescribeResponse>, &'static str), Status> {
         // A leader checking that its advertised address reaches it: answered here, by name.
         if let (Routes::Cluster(ha), true) = (
             &self.routes,
@@ -356,7 +371,7 @@ impl LockService for LockApi {
             if let Ok(id) = MetadataValue::try_from(ha.instance_id()) {
                 answer.metadata_mut().insert(INSTANCE_METADATA, id);
             }
-            return Ok(answer);
+            return Ok((answer, "probe"));
         }
         let who = self.admit(&request, &request.get_ref().resource)?;
         let (driver, r) = match self
@@ -366,12 +381,12 @@ impl LockService for LockApi {
             .await?
         {
             Served::Local(driver, r) => (driver, r),
-            Served::Remote(answer) => return Ok(answer),
+            Served::Remote(answer) => return Ok((answer, "forwarded")),
         };
         let resource = resource(&r.resource)?;
         let d = driver.describe(&resource).await?;
         let waiters = u32::try_from(d.waiters).unwrap_or(u32::MAX);
-        Ok(Response::new(match d.held {
+        let answer = Response::new(match d.held {
             Some(h) => pb::DescribeResponse {
                 held: true,
                 holder: h.holder.as_str().to_string(),
@@ -384,6 +399,82 @@ impl LockService for LockApi {
                 waiters,
                 ..Default::default()
             },
-        }))
+        });
+        Ok((answer, "described"))
+    }
+}
+
+/// The outcome label of a refused call, from its stable code (docs/operations.md).
+fn refused(s: &Status) -> &'static str {
+    use crate::status::codes;
+    let code = s
+        .metadata()
+        .get(lockd_proto::ERROR_CODE_METADATA)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default();
+    match code {
+        codes::INVALID_ARGUMENT | codes::REQUEST_ID_REUSED => "invalid",
+        codes::LEASE_NOT_CURRENT => "not_current",
+        codes::QUEUE_FULL => "queue_full",
+        codes::TENANT_WAITERS_EXHAUSTED
+        | codes::TENANT_LEASES_EXHAUSTED
+        | codes::TENANT_REQUESTS_EXHAUSTED
+        | codes::TENANT_RATE_LIMITED => "tenant_quota",
+        codes::WAITERS_EXHAUSTED
+        | codes::LEASES_EXHAUSTED
+        | codes::REQUESTS_EXHAUSTED
+        | codes::TOKENS_EXHAUSTED => "exhausted",
+        codes::UNAUTHENTICATED | codes::PERMISSION_DENIED => "denied",
+        codes::SUPERSEDED => "superseded",
+        _ => "unavailable",
+    }
+}
+
+/// `answer` as the call's result, counted under `method` with its outcome and duration.
+fn counted<R>(
+    method: &'static str,
+    started: std::time::Instant,
+    answer: Result<(Response<R>, &'static str), Status>,
+) -> Result<Response<R>, Status> {
+    let outcome = match &answer {
+        Ok((_, outcome)) => outcome,
+        Err(s) => refused(s),
+    };
+    crate::metrics::get().call(method, outcome, started.elapsed());
+    answer.map(|(r, _)| r)
+}
+
+#[tonic::async_trait]
+impl LockService for LockApi {
+    async fn acquire(
+        &self,
+        request: Request<pb::AcquireRequest>,
+    ) -> Result<Response<pb::AcquireResponse>, Status> {
+        let started = std::time::Instant::now();
+        counted("acquire", started, self.acquire_here(request).await)
+    }
+
+    async fn renew(
+        &self,
+        request: Request<pb::RenewRequest>,
+    ) -> Result<Response<pb::RenewResponse>, Status> {
+        let started = std::time::Instant::now();
+        counted("renew", started, self.renew_here(request).await)
+    }
+
+    async fn release(
+        &self,
+        request: Request<pb::ReleaseRequest>,
+    ) -> Result<Response<pb::ReleaseResponse>, Status> {
+        let started = std::time::Instant::now();
+        counted("release", started, self.release_here(request).await)
+    }
+
+    async fn describe(
+        &self,
+        request: Request<pb::DescribeRequest>,
+    ) -> Result<Response<pb::DescribeResponse>, Status> {
+        let started = std::time::Instant::now();
+        counted("describe", started, self.describe_here(request).await)
     }
 }

@@ -238,9 +238,13 @@ fn commit_queued(
         q.oldest = None;
         (std::mem::take(&mut q.ops), sync, q.submitted)
     };
+    let started = Instant::now();
     if let Err(e) = s.commit(&ops, sync) {
         fail(inner, store, &e);
         return false;
+    }
+    if !ops.is_empty() {
+        crate::metrics::get().committed(ops.len(), started.elapsed());
     }
     {
         let mut q = inner.queue.lock().expect("writer queue lock");

@@ -1,5 +1,6 @@
 //! lockd over a real etcd cluster (Debian `etcd-server`, loopback ports).
 //!
+//! - `admin`: `/readyz`, grpc.health.v1 and the leader metrics as the leader comes and goes;
 //! - `api`: the API conformance suite (`e2e::api`), one lockd over a one-member etcd;
 //! - `store`: the Store conformance suite on `EtcdStore`, and what a replicated store adds
 //!   (a deposed leader's batch, batches beyond etcd's transaction limit, the key layout, the
@@ -16,6 +17,7 @@
 //!
 //! Needs the binaries (`cargo build --bins`) and `etcd` / `etcdctl` on the PATH.
 
+mod admin;
 mod api;
 mod faults;
 mod instances;

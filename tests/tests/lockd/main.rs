@@ -7,6 +7,7 @@
 //!   on drop) and, through the raw API, a cancelled wait and a full queue;
 //! - `server`: start-up refusals, bad input, and a clean shutdown;
 //! - `demo`: README's demo runs to the end.
+//! - `metrics`: the admin listener (metrics after known calls, bounded labels, health);
 //! - `tenants`: identities (certificate, token file) and tenants through lockctl over mTLS.
 //! - `faults`: the fault runner, in both fence-proxy modes and with fencing off.
 //!
@@ -17,6 +18,7 @@ mod cli;
 mod crash;
 mod demo;
 mod faults;
+mod metrics;
 mod sdk;
 mod server;
 mod signed;

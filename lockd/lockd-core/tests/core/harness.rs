@@ -281,7 +281,9 @@ fn run(rig: &mut Rig, words: &[&str], fx: &mut Vec<Effect>) -> String {
             Err(e) => format!("error: {e}"),
         },
         "release" => match rig.core.release(now, &res(1), lease_arg(words[2]), fx) {
-            ReleaseOutcome::Released { token } => format!("released token={token}"),
+            ReleaseOutcome::Released { token, held_ms } => {
+                format!("released token={token} held={held_ms}")
+            }
             ReleaseOutcome::NotHeld { current } => format!("not held (current token {current:?})"),
         },
         "cancel" => {
@@ -421,8 +423,9 @@ pub fn effect(e: &Effect) -> String {
             resource,
             token,
             holder,
+            held_ms,
         } => format!(
-            "expired {resource} token={token} holder={:?}",
+            "expired {resource} token={token} holder={:?} held={held_ms}",
             holder.as_str()
         ),
     }

@@ -91,6 +91,7 @@ struct MLease {
     holder: String,
     ttl: u64,
     expires: u64,
+    granted: u64,
 }
 
 struct MWaiter {
@@ -199,6 +200,7 @@ impl Model {
                     resource: name(&resource),
                     token: l.token,
                     holder: holder(&l.holder),
+                    held_ms: l.expires - l.granted,
                 });
                 self.hand_off(&resource, fx);
             } else {
@@ -301,7 +303,8 @@ impl Model {
                         token,
                         holder: holder_,
                         ttl,
-                        expires
+                        expires,
+                        granted: self.now,
                     }
                 )
                 .is_none()
@@ -470,7 +473,10 @@ impl Model {
                 let l = self.leases.remove(resource).unwrap();
                 self.store_remove(resource, l.lease_id, fx);
                 self.hand_off(resource, fx);
-                ReleaseOutcome::Released { token: l.token }
+                ReleaseOutcome::Released {
+                    token: l.token,
+                    held_ms: self.now - l.granted,
+                }
             }
             other => ReleaseOutcome::NotHeld {
                 current: other.map(|l| l.token),
@@ -512,6 +518,7 @@ impl Model {
                         holder: h.clone(),
                         ttl: *ttl,
                         expires: now + ttl,
+                        granted: now,
                     },
                 )
             })

@@ -27,7 +27,7 @@ fn grant_busy_release_and_regrant_with_a_higher_token() {
             @20 describe inventory:sku-1
               => held holder="a" token=1 expires=1000 ttl=1000 waiters=0
             @30 release inventory:sku-1 L1
-              => released token=1
+              => released token=1 held=30
               ! persist remove inventory:sku-1 L1
             @40 acquire inventory:sku-1 holder=b ttl=1000
               => granted token=2 lease=L2 expires=1040
@@ -65,12 +65,12 @@ fn waiters_are_served_in_fifo_order_on_release() {
             @4 describe r
               => held holder="a" token=1 expires=1000 ttl=1000 waiters=3
             @10 release r L1
-              => released token=1
+              => released token=1 held=10
               ! persist remove r L1
               ! persist grant r token=2 lease=L2 holder="b" ttl=1000 req=-
               ! hand-off w1: token=2 lease=L2 expires=1010
             @20 release r L2
-              => released token=2
+              => released token=2 held=10
               ! persist remove r L2
               ! persist grant r token=3 lease=L3 holder="c" ttl=1000 req=-
               ! hand-off w2: token=3 lease=L3 expires=1020
@@ -99,7 +99,7 @@ fn an_expired_lease_goes_to_the_head_of_the_queue() {
             @100 tick
               => next deadline Some(200)
               ! persist remove r L1
-              ! expired r token=1 holder="a"
+              ! expired r token=1 holder="a" held=100
               ! persist grant r token=2 lease=L2 holder="b" ttl=100 req=-
               ! hand-off w1: token=2 lease=L2 expires=200
             @150 describe r
@@ -132,13 +132,13 @@ fn deadlines_are_processed_in_time_order_even_when_noticed_late() {
             @500 tick
               => next deadline Some(600)
               ! persist remove r L1
-              ! expired r token=1 holder="a"
+              ! expired r token=1 holder="a" held=100
               ! persist grant r token=2 lease=L2 holder="b" ttl=100 req=-
               ! hand-off w1: token=2 lease=L2 expires=600
             @600 tick
               => next deadline Some(700)
               ! persist remove r L2
-              ! expired r token=2 holder="b"
+              ! expired r token=2 holder="b" held=100
               ! persist grant r token=3 lease=L3 holder="c" ttl=100 req=-
               ! hand-off w2: token=3 lease=L3 expires=700
         "#]],
@@ -179,7 +179,7 @@ fn waits_end_on_timeout_and_on_cancellation() {
             @200 describe r
               => held holder="a" token=1 expires=10000 ttl=10000 waiters=1
             @300 release r L1
-              => released token=1
+              => released token=1 held=300
               ! persist remove r L1
               ! persist grant r token=2 lease=L2 holder="d" ttl=30000 req=-
               ! hand-off w3: token=2 lease=L2 expires=30300
@@ -213,7 +213,7 @@ fn renew_extends_only_the_current_lease() {
             @2800 renew r L1
               => error: the lease is not the current lease of r (it expired or was released; it is not held now); stop working under it and acquire again
               ! persist remove r L1
-              ! expired r token=1 holder="a"
+              ! expired r token=1 holder="a" held=2800
             @2800 acquire r holder=b ttl=1000
               => granted token=2 lease=L2 expires=3800
               ! persist grant r token=2 lease=L2 holder="b" ttl=1000 req=-
@@ -241,7 +241,7 @@ fn release_is_idempotent() {
               => granted token=1 lease=L1 expires=30000
               ! persist grant r token=1 lease=L1 holder="a" ttl=30000 req=-
             @1 release r L1
-              => released token=1
+              => released token=1 held=1
               ! persist remove r L1
             @2 release r L1
               => not held (current token None)
@@ -279,7 +279,7 @@ fn a_retried_request_id_returns_the_original_grant() {
             @8 acquire elsewhere holder=a req=req-1
               => error: request_id "req-1" was already used to acquire r; use a new request id for elsewhere
             @9 release r L1
-              => released token=1
+              => released token=1 held=9
               ! persist remove r L1
             @10 acquire r holder=a req=req-1 ttl=1000
               => duplicate token=1 lease=L1 expires=10 held=false
@@ -314,7 +314,7 @@ fn a_retried_waiting_request_keeps_its_place_in_the_queue() {
             @200 tick
               => next deadline Some(1000)
             @300 release r L1
-              => released token=1
+              => released token=1 held=300
               ! persist remove r L1
               ! persist grant r token=2 lease=L2 holder="b" ttl=30000 req=b-1
               ! hand-off w1: token=2 lease=L2 expires=30300
@@ -345,7 +345,7 @@ fn request_ids_are_forgotten_after_retention_unless_still_held() {
             @1000 tick
               => next deadline Some(100000)
               ! persist remove short L1
-              ! expired short token=1 holder=""
+              ! expired short token=1 holder="" held=100
               ! persist forget s
             @1000 acquire short req=s ttl=100
               => granted token=3 lease=L3 expires=1100
@@ -428,7 +428,7 @@ fn restart_keeps_leases_with_a_full_ttl_and_tokens_rising() {
             @100 acquire r holder=c wait=5000
               => queued w1 position=1
             @900 release s L2
-              => released token=2
+              => released token=2 held=900
               ! persist remove s L2
             @900 restart
               => recovered leases=1 requests=1 last_token=Some(2)
@@ -468,7 +468,7 @@ fn a_crash_can_bring_back_a_lazily_released_lease_but_never_lose_a_grant() {
               => granted token=2 lease=L2 expires=1000
               ! persist grant s token=2 lease=L2 holder="b" ttl=1000 req=-
             @10 release s L2
-              => released token=2
+              => released token=2 held=10
               ! persist remove s L2
             @20 crash
               => recovered leases=2 requests=0 last_token=Some(2)
@@ -477,9 +477,9 @@ fn a_crash_can_bring_back_a_lazily_released_lease_but_never_lose_a_grant() {
             @1020 tick
               => next deadline None
               ! persist remove r L1
-              ! expired r token=1 holder="a"
+              ! expired r token=1 holder="a" held=1000
               ! persist remove s L2
-              ! expired s token=2 holder="b"
+              ! expired s token=2 holder="b" held=1000
             @1020 acquire s holder=c
               => granted token=3 lease=L3 expires=31020
               ! persist grant s token=3 lease=L3 holder="c" ttl=30000 req=-
@@ -551,7 +551,7 @@ fn tenants_quotas_count_leases_and_waiters_of_their_own_resources_only() {
             @7 usage
               => pay: leases=2 waiters=1 requests=0, inv: leases=1 waiters=0 requests=0
             @8 release pay/1 L1
-              => released token=1
+              => released token=1 held=8
               ! persist remove pay/1 L1
               ! persist grant pay/1 token=5 lease=L5 holder="d" ttl=30000 req=-
               ! hand-off w1: token=5 lease=L5 expires=30008
@@ -560,13 +560,13 @@ fn tenants_quotas_count_leases_and_waiters_of_their_own_resources_only() {
             @40000 tick
               => next deadline None
               ! persist remove ledger/1 L2
-              ! expired ledger/1 token=2 holder="a"
+              ! expired ledger/1 token=2 holder="a" held=30000
               ! persist remove inv/1 L3
-              ! expired inv/1 token=3 holder="b"
+              ! expired inv/1 token=3 holder="b" held=30000
               ! persist remove other L4
-              ! expired other token=4 holder="c"
+              ! expired other token=4 holder="c" held=30000
               ! persist remove pay/1 L5
-              ! expired pay/1 token=5 holder="d"
+              ! expired pay/1 token=5 holder="d" held=30000
             @40000 usage
               => pay: leases=0 waiters=0 requests=0, inv: leases=0 waiters=0 requests=0
             @40001 acquire pay/2 holder=a
@@ -677,7 +677,7 @@ fn a_tenant_without_quotas_gets_a_fair_share_and_its_request_ids_are_bounded_too
               => granted token=1 lease=L1 expires=30000
               ! persist grant a/1 token=1 lease=L1 holder="x" ttl=30000 req=r1
             @1 release a/1 L1
-              => released token=1
+              => released token=1 held=1
               ! persist remove a/1 L1
             @2 acquire a/2 holder=x req=r2
               => granted token=2 lease=L2 expires=30002
@@ -697,11 +697,11 @@ fn a_tenant_without_quotas_gets_a_fair_share_and_its_request_ids_are_bounded_too
             @600010 tick
               => next deadline None
               ! persist remove a/2 L2
-              ! expired a/2 token=2 holder="x"
+              ! expired a/2 token=2 holder="x" held=30000
               ! persist remove b/1 L3
-              ! expired b/1 token=3 holder="y"
+              ! expired b/1 token=3 holder="y" held=30000
               ! persist remove a/3 L4
-              ! expired a/3 token=4 holder="x"
+              ! expired a/3 token=4 holder="x" held=30000
               ! persist forget r1
               ! persist forget r2
               ! persist forget q1
