@@ -8,6 +8,7 @@
 //! and the only per-resource series are the top [`TOP_N`] by queue length and by contention.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
@@ -17,6 +18,19 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::{Registry, Unit};
+
+/// Whether anything is recorded: only with an admin listener to show it (`enable`), so that
+/// a lockd without one pays nothing.
+static ENABLED: AtomicBool = AtomicBool::new(false);
+
+/// Records metrics from now on.
+pub fn enable() {
+    ENABLED.store(true, Ordering::Release);
+}
+
+fn on() -> bool {
+    ENABLED.load(Ordering::Relaxed)
+}
 
 /// Per-resource series shown at most (waiters, contention).
 pub const TOP_N: usize = 10;
@@ -105,6 +119,9 @@ impl Metrics {
 
     /// One call of `method` ended with `outcome` after `took`.
     pub fn call(&self, method: &'static str, outcome: &'static str, took: Duration) {
+        if !on() {
+            return;
+        }
         self.calls
             .get_or_create(&[("method", method), ("outcome", outcome)])
             .inc();
@@ -115,6 +132,9 @@ impl Metrics {
 
     /// A call that ended without an answer (a waiting Acquire whose client went away).
     pub fn call_without_answer(&self, method: &'static str, outcome: &'static str) {
+        if !on() {
+            return;
+        }
         self.calls
             .get_or_create(&[("method", method), ("outcome", outcome)])
             .inc();
@@ -122,6 +142,9 @@ impl Metrics {
 
     /// An Acquire of `resource` found it held (answered busy, or queued).
     pub fn contended(&self, resource: &str) {
+        if !on() {
+            return;
+        }
         self.contention
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -130,6 +153,9 @@ impl Metrics {
 
     /// A lease ended after `held_ms`; `expired` if it ran out rather than being released.
     pub fn lease_ended(&self, held_ms: u64, expired: bool) {
+        if !on() {
+            return;
+        }
         if expired {
             self.expiries.inc();
         }
@@ -138,12 +164,18 @@ impl Metrics {
 
     /// The store committed a batch of `ops` operations in `took`.
     pub fn committed(&self, ops: usize, took: Duration) {
+        if !on() {
+            return;
+        }
         self.commits.observe(took.as_secs_f64());
         self.batch_ops.observe(ops as f64);
     }
 
     /// This instance took the leadership, `after` the previous leader was last known.
     pub fn took_over(&self, after: Duration) {
+        if !on() {
+            return;
+        }
         self.leader_changes.inc();
         self.failover.observe(after.as_secs_f64());
     }

@@ -61,6 +61,10 @@ pub async fn run(
     config: Config,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServeError> {
+    // Metrics are recorded only where an admin listener shows them.
+    if config.admin_listen.is_some() {
+        crate::metrics::enable();
+    }
     if config.backend == Backend::Etcd {
         return run_etcd(config, shutdown).await;
     }

@@ -43,6 +43,11 @@ fn garbage_configuration_is_refused_before_anything_starts() {
             "connections_max must be at least 1",
         ),
         (
+            vec!["--admin-listen", "0.0.0.0:7421"],
+            None,
+            "admin_listen 0.0.0.0:7421 is not a loopback address",
+        ),
+        (
             vec![],
             Some(("LOCKD_LISTEN", "nowhere")),
             "invalid socket address",
