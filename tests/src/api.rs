@@ -640,6 +640,18 @@ pub fn tenants_are_kept_apart_and_within_their_quotas(b: &dyn Backend) {
     assert!(pay.release("pay/8", &own.lease_id).released);
     assert!(inv.release("inv/2", &by_id.lease_id).released);
     assert_eq!(inv.describe("inv/1").holder, "inv-worker (holder-of-inv/1)");
+    // A listing shows each identity its own tenant's locks only.
+    let listed = |api: &mut Api| -> Result<Vec<String>, Status> {
+        let r = api.call(lockd_proto::v1::ListRequest::default());
+        let page = api.rt.block_on(api.rpc.list(r))?.into_inner();
+        let mut names: Vec<String> = page.locks.into_iter().map(|l| l.resource).collect();
+        names.sort();
+        Ok(names)
+    };
+    assert_eq!(listed(&mut pay).unwrap(), vec!["pay/1".to_string()]);
+    assert_eq!(listed(&mut inv).unwrap(), vec!["inv/1".to_string()]);
+    let err = listed(&mut anonymous).expect_err("an unknown caller lists nothing");
+    assert_refused(&err, Code::Unauthenticated, "unauthenticated");
     // pay's quotas: two leases, one waiter; inv's lease does not count.
     let second = pay.grant("pay/2", 60_000);
     let err = pay

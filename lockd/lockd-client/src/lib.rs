@@ -320,6 +320,25 @@ pub struct Description {
     pub waiters: u32,
 }
 
+/// One held lock, as List reports it.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct HeldLock {
+    pub resource: String,
+    pub holder: String,
+    pub token: u64,
+    pub expires_at_ms: u64,
+    pub ttl_ms: u64,
+    pub held_for_ms: u64,
+    pub waiters: u32,
+}
+
+/// A page of held locks, and the token of the next page (`None`: this was the last).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ListPage {
+    pub locks: Vec<HeldLock>,
+    pub next_page_token: Option<String>,
+}
+
 /// A connection to lockd (cheap to clone; calls are multiplexed on one HTTP/2 connection).
 #[derive(Clone, Debug)]
 pub struct Client {
@@ -571,6 +590,62 @@ impl Client {
             .map_err(|s| self.error(s))?
             .into_inner();
         Ok(r.released)
+    }
+
+    /// One page of the held locks under `prefix` (empty: all the caller may see), from
+    /// `page_token` (`None`: the first page), at most `page_size` (0: lockd's default).
+    pub async fn list_page(
+        &self,
+        prefix: &str,
+        page_size: u32,
+        page_token: Option<&str>,
+    ) -> Result<ListPage, ClientError> {
+        let req = pb::ListRequest {
+            prefix: prefix.to_string(),
+            page_size,
+            page_token: page_token.unwrap_or_default().to_string(),
+        };
+        let r = self
+            .rpc
+            .clone()
+            .list(self.request(req))
+            .await
+            .map_err(|s| self.error(s))?
+            .into_inner();
+        Ok(ListPage {
+            locks: r
+                .locks
+                .into_iter()
+                .map(|l| HeldLock {
+                    resource: l.resource,
+                    holder: l.holder,
+                    token: l.token,
+                    expires_at_ms: l.expires_at_ms,
+                    ttl_ms: l.ttl_ms,
+                    held_for_ms: l.held_for_ms,
+                    waiters: l.waiters,
+                })
+                .collect(),
+            next_page_token: (!r.next_page_token.is_empty()).then_some(r.next_page_token),
+        })
+    }
+
+    /// Every held lock under `prefix`, a page of `page_size` at a time.
+    pub async fn list_all(
+        &self,
+        prefix: &str,
+        page_size: u32,
+    ) -> Result<Vec<HeldLock>, ClientError> {
+        let mut all = Vec::new();
+        let mut token = None;
+        loop {
+            let page = self.list_page(prefix, page_size, token.as_deref()).await?;
+            all.extend(page.locks);
+            match page.next_page_token {
+                Some(t) => token = Some(t),
+                None => return Ok(all),
+            }
+        }
     }
 
     /// Who holds `resource` and how many wait for it.

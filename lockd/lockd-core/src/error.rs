@@ -32,6 +32,8 @@ pub enum InvalidArgument {
     HolderCharacters,
     #[error("lease_id is not a lease id: {0}")]
     LeaseId(String),
+    #[error("{0}")]
+    List(String),
 }
 
 /// Why an Acquire was refused (not: why it was not granted; that is an outcome).

@@ -39,6 +39,10 @@ pub(crate) struct Slot {
 }
 
 impl Slot {
+    pub fn name_str(&self) -> &str {
+        &self.name
+    }
+
     pub fn ttl_ms(&self) -> u64 {
         u64::from(self.ttl_ms)
     }
@@ -131,6 +135,22 @@ impl LeaseTable {
         self.by_request
             .iter()
             .map(|&i| self.slab[i as usize].name.as_str())
+    }
+
+    /// Held slots from slot number `from` on, looking at `budget` slots at most: each with its
+    /// number, and the number to go on from (`None`: the end).
+    pub fn held_from(&self, from: u32, budget: usize) -> (Vec<(u32, &Slot)>, Option<u32>) {
+        let start = from as usize;
+        if start >= self.slab.len() {
+            return (Vec::new(), None);
+        }
+        let end = start.saturating_add(budget).min(self.slab.len());
+        let held = (start..end)
+            .filter(|&i| self.slab[i].held)
+            .map(|i| (i as u32, &self.slab[i]))
+            .collect();
+        let next = (end < self.slab.len()).then(|| end as u32);
+        (held, next)
     }
 
     /// The held lease of `name`.

@@ -29,7 +29,7 @@ pub use error::{AcquireError, InvalidArgument, LimitsError, RecoverError, RenewE
 pub use limits::Limits;
 pub use machine::{AcquireRequest, Core, LeaseIdSource, Stats};
 pub use outcome::{
-    AcquireOutcome, Busy, Description, Effect, Grant, HeldBy, ReleaseOutcome, Renewed,
+    AcquireOutcome, Busy, Description, Effect, Grant, HeldBy, Listed, Page, ReleaseOutcome, Renewed,
 };
 pub use persist::{LeaseRecord, Op, Snapshot};
 pub use tenants::{Quota, Rate, Tenancy, TenancyError, Tenant};

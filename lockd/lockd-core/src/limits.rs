@@ -8,6 +8,12 @@
 use crate::error::{InvalidArgument, LimitsError};
 pub use fencing::RESOURCE_NAME_LEN_MAX;
 
+/// Locks in one page of a listing when the request gives no size.
+pub const LIST_PAGE_DEFAULT: usize = 100;
+/// Locks in one page of a listing at most: a page is built under the core's lock, so it stays
+/// short (lockctl lists everything a page at a time).
+pub const LIST_PAGE_MAX: usize = 1000;
+
 /// Bounds on what clients may ask for and on what lockd holds in memory.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(deny_unknown_fields, default)]

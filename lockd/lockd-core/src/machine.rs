@@ -36,7 +36,7 @@ use crate::error::{AcquireError, RecoverError, RenewError};
 use crate::leases::{LeaseTable, NewLease};
 use crate::limits::Limits;
 use crate::outcome::{
-    AcquireOutcome, Busy, Description, Effect, Grant, HeldBy, ReleaseOutcome, Renewed,
+    AcquireOutcome, Busy, Description, Effect, Grant, HeldBy, Listed, Page, ReleaseOutcome, Renewed,
 };
 use crate::persist::{LeaseRecord, Op, Snapshot};
 use crate::tenants::{Caps, Tenancy, TenantIx, Usage};
@@ -496,6 +496,60 @@ impl Core {
                 ttl_ms: l.ttl_ms(),
             }),
             waiters: self.queues.get(resource).map_or(0, VecDeque::len),
+        }
+    }
+
+    /// Up to `limit` held locks from the place `from` (0: the start; a page's `next` after
+    /// that) on, of those `keep` accepts, looking at `budget` places at most, so that one page
+    /// holds the machine only briefly (it may then have fewer than `limit`, and a `next`). A
+    /// lock held all through a listing appears in it exactly once; one granted meanwhile may
+    /// or may not.
+    pub fn list(
+        &mut self,
+        now: Millis,
+        from: u32,
+        limit: usize,
+        budget: usize,
+        keep: impl Fn(&str) -> bool,
+        fx: &mut Vec<Effect>,
+    ) -> Page {
+        self.advance(now, fx);
+        let mut locks = Vec::new();
+        let mut at = from;
+        loop {
+            let (held, next) = self.leases.held_from(at, budget.min(4096).max(1));
+            for (slot, lease) in held {
+                if !keep(lease.name_str()) {
+                    continue;
+                }
+                if locks.len() == limit {
+                    return Page {
+                        locks,
+                        next: Some(slot),
+                    };
+                }
+                let resource = lease.name();
+                let waiters = self.queues.get(&resource).map_or(0, VecDeque::len);
+                locks.push(Listed {
+                    resource,
+                    holder: lease.holder.clone(),
+                    token: lease.token,
+                    expires_at: lease.expires_at,
+                    ttl_ms: lease.ttl_ms(),
+                    granted_at: lease.granted_at,
+                    waiters,
+                });
+            }
+            match next {
+                Some(n) if (n - from) as usize >= budget => {
+                    return Page {
+                        locks,
+                        next: Some(n),
+                    };
+                }
+                Some(n) => at = n,
+                None => return Page { locks, next: None },
+            }
         }
     }
 

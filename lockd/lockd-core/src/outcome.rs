@@ -56,6 +56,25 @@ pub enum ReleaseOutcome {
     NotHeld { current: Option<FencingToken> },
 }
 
+/// One held lock in a listing.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Listed {
+    pub resource: ResourceName,
+    pub holder: Holder,
+    pub token: FencingToken,
+    pub expires_at: Millis,
+    pub ttl_ms: u64,
+    pub granted_at: Millis,
+    pub waiters: usize,
+}
+
+/// One page of a listing, and where the next one starts (`None`: this was the last).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Page {
+    pub locks: Vec<Listed>,
+    pub next: Option<u32>,
+}
+
 /// The answer to a successful Renew.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Renewed {

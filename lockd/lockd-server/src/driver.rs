@@ -388,6 +388,29 @@ impl Driver {
         self.vouch(outcome)
     }
 
+    /// One page of the held locks (see `Core::list`), the places to look at bounded so that
+    /// the core is held only briefly.
+    pub async fn list(
+        &self,
+        from: u32,
+        limit: usize,
+        keep: impl Fn(&str) -> bool,
+    ) -> Result<lockd_core::Page, DriverError> {
+        self.check_open()?;
+        let (page, seq) = {
+            let mut st = self.lock();
+            let mut fx = Vec::new();
+            // Places looked at per page: a few milliseconds under the lock at most.
+            let budget = limit.saturating_mul(64).max(65_536);
+            let page = st
+                .core
+                .list(self.clock.now(), from, limit, budget, keep, &mut fx);
+            (page, self.apply(&mut st, fx))
+        };
+        self.durable(seq).await?;
+        self.vouch(page)
+    }
+
     pub async fn describe(&self, resource: &ResourceName) -> Result<Description, DriverError> {
         self.check_open()?;
         let (description, seq) = {
@@ -400,13 +423,13 @@ impl Driver {
         self.vouch(description)
     }
 
-    /// Ends every wait with "shutting down" and refuses new calls, so that a graceful shutdown
-    /// does not wait minutes for queued Acquires.
     /// Whether it still takes calls (not shut down, not deposed, the store not failed).
     pub fn serving(&self) -> bool {
         !self.closed.load(Ordering::Acquire)
     }
 
+    /// Ends every wait with "shutting down" and refuses new calls, so that a graceful shutdown
+    /// does not wait minutes for queued Acquires.
     pub fn shutdown(&self) {
         self.close();
     }

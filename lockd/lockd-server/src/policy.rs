@@ -445,6 +445,15 @@ impl Policy {
         }
     }
 
+    /// Whether `who`'s tenant owns `resource` (for listings; `authorize` says why not).
+    pub fn owns(&self, who: &Identity, resource: &str) -> bool {
+        who.tenant.is_some_and(|t| {
+            self.tenancy
+                .owner(resource)
+                .is_some_and(|owner| owner.name == self.tenancy.tenants()[t].name)
+        })
+    }
+
     /// Whether `who` may use `resource`: its tenant owns it.
     pub fn authorize(&self, who: &Identity, resource: &str) -> Result<(), Status> {
         let Some(tenant) = who.tenant else {

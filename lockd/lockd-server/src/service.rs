@@ -125,14 +125,21 @@ impl LockApi {
         }
     }
 
-    /// Who makes `request`, and whether it may use `resource`: `None` without a policy.
-    fn admit<T>(&self, request: &Request<T>, resource: &str) -> Result<Option<Identity>, Status> {
+    /// Who makes `request`, and whether it may use `resource` (a listing names none): `None`
+    /// without a policy.
+    fn admit<T>(
+        &self,
+        request: &Request<T>,
+        resource: Option<&str>,
+    ) -> Result<Option<Identity>, Status> {
         let Some(policy) = &self.policy else {
             return Ok(None);
         };
         let certs = request.peer_certs();
         let who = policy.authenticate(request.metadata(), certs.as_deref().map(Vec::as_slice))?;
-        policy.authorize(who, resource)?;
+        if let Some(resource) = resource {
+            policy.authorize(who, resource)?;
+        }
         Ok(Some(who.clone()))
     }
 
@@ -228,7 +235,7 @@ impl LockApi {
         &self,
         request: Request<pb::AcquireRequest>,
     ) -> Result<(Response<pb::AcquireResponse>, &'static str), Status> {
-        let who = self.admit(&request, &request.get_ref().resource)?;
+        let who = self.admit(&request, Some(&request.get_ref().resource))?;
         let (driver, r) = match self
             .serve(request, who.as_ref(), |mut c, r| async move {
                 c.acquire(r).await
@@ -303,7 +310,7 @@ impl LockApi {
         &self,
         request: Request<pb::RenewRequest>,
     ) -> Result<(Response<pb::RenewResponse>, &'static str), Status> {
-        let who = self.admit(&request, &request.get_ref().resource)?;
+        let who = self.admit(&request, Some(&request.get_ref().resource))?;
         let (driver, r) = match self
             .serve(
                 request,
@@ -328,7 +335,7 @@ impl LockApi {
         &self,
         request: Request<pb::ReleaseRequest>,
     ) -> Result<(Response<pb::ReleaseResponse>, &'static str), Status> {
-        let who = self.admit(&request, &request.get_ref().resource)?;
+        let who = self.admit(&request, Some(&request.get_ref().resource))?;
         let (driver, r) = match self
             .serve(request, who.as_ref(), |mut c, r| async move {
                 c.release(r).await
@@ -373,7 +380,7 @@ impl LockApi {
             }
             return Ok((answer, "probe"));
         }
-        let who = self.admit(&request, &request.get_ref().resource)?;
+        let who = self.admit(&request, Some(&request.get_ref().resource))?;
         let (driver, r) = match self
             .serve(request, who.as_ref(), |mut c, r| async move {
                 c.describe(r).await
@@ -401,6 +408,74 @@ impl LockApi {
             },
         });
         Ok((answer, "described"))
+    }
+}
+
+impl LockApi {
+    async fn list_here(
+        &self,
+        request: Request<pb::ListRequest>,
+    ) -> Result<(Response<pb::ListResponse>, &'static str), Status> {
+        let who = self.admit(&request, None)?;
+        let (driver, r) = match self
+            .serve(
+                request,
+                who.as_ref(),
+                |mut c, r| async move { c.list(r).await },
+            )
+            .await?
+        {
+            Served::Local(driver, r) => (driver, r),
+            Served::Remote(answer) => return Ok((answer, "forwarded")),
+        };
+        let bad = |why: String| invalid_argument(&InvalidArgument::List(why));
+        let limit = match r.page_size as usize {
+            0 => lockd_core::limits::LIST_PAGE_DEFAULT,
+            n if n > lockd_core::limits::LIST_PAGE_MAX => {
+                return Err(bad(format!(
+                    "page_size {n} is above the maximum {}",
+                    lockd_core::limits::LIST_PAGE_MAX
+                )));
+            }
+            n => n,
+        };
+        let from = match r.page_token.as_str() {
+            "" => 0,
+            t => t.parse::<u32>().map_err(|_| {
+                bad("page_token is not one lockd gave (pass next_page_token as it came)".into())
+            })?,
+        };
+        if !r.prefix.is_empty() {
+            ResourceName::validate(&r.prefix).map_err(|e| bad(format!("prefix: {e}")))?;
+        }
+        let (policy, prefix) = (self.policy.clone(), r.prefix.clone());
+        let keep = move |name: &str| {
+            name.starts_with(prefix.as_str())
+                && match (&policy, &who) {
+                    (Some(p), Some(w)) => p.owns(w, name),
+                    _ => true,
+                }
+        };
+        let page = driver.list(from, limit, keep).await?;
+        let now = driver.clock().now();
+        let locks = page
+            .locks
+            .into_iter()
+            .map(|l| pb::HeldLock {
+                resource: l.resource.as_str().to_string(),
+                holder: l.holder.as_str().to_string(),
+                token: l.token.get(),
+                expires_at_ms: driver.wall_ms(l.expires_at),
+                ttl_ms: l.ttl_ms,
+                held_for_ms: now.saturating_sub(l.granted_at),
+                waiters: u32::try_from(l.waiters).unwrap_or(u32::MAX),
+            })
+            .collect();
+        let answer = pb::ListResponse {
+            locks,
+            next_page_token: page.next.map(|n| n.to_string()).unwrap_or_default(),
+        };
+        Ok((Response::new(answer), "listed"))
     }
 }
 
@@ -476,5 +551,13 @@ impl LockService for LockApi {
     ) -> Result<Response<pb::DescribeResponse>, Status> {
         let started = std::time::Instant::now();
         counted("describe", started, self.describe_here(request).await)
+    }
+
+    async fn list(
+        &self,
+        request: Request<pb::ListRequest>,
+    ) -> Result<Response<pb::ListResponse>, Status> {
+        let started = std::time::Instant::now();
+        counted("list", started, self.list_here(request).await)
     }
 }

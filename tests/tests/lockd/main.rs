@@ -7,6 +7,7 @@
 //!   on drop) and, through the raw API, a cancelled wait and a full queue;
 //! - `server`: start-up refusals, bad input, and a clean shutdown;
 //! - `demo`: README's demo runs to the end.
+//! - `list`: the List RPC's pages, `lockctl list` and `lockctl top` over 10,000 locks;
 //! - `metrics`: the admin listener (metrics after known calls, bounded labels, health);
 //! - `tenants`: identities (certificate, token file) and tenants through lockctl over mTLS.
 //! - `faults`: the fault runner, in both fence-proxy modes and with fencing off.
@@ -18,6 +19,7 @@ mod cli;
 mod crash;
 mod demo;
 mod faults;
+mod list;
 mod metrics;
 mod sdk;
 mod server;

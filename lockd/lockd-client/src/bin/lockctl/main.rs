@@ -77,6 +77,24 @@ enum Command {
     Release { resource: String, lease_id: String },
     /// Show who holds a resource, with which token, and how many wait.
     Describe { resource: String },
+    /// List the held locks, the longest held first: holder, token, held for, waiters.
+    List {
+        /// Only resources whose name starts with this.
+        #[arg(long, default_value = "")]
+        prefix: String,
+        /// Locks fetched per call (lockd's maximum is 1000).
+        #[arg(long, default_value_t = 500)]
+        page_size: u32,
+    },
+    /// The hottest resources now: the held locks with the most waiters (then the longest held).
+    Top {
+        /// Only resources whose name starts with this.
+        #[arg(long, default_value = "")]
+        prefix: String,
+        /// How many to show.
+        #[arg(short = 'n', long, default_value_t = 10)]
+        count: usize,
+    },
     /// Run a command while holding the lock; stop it if the lease is lost.
     ///
     /// The command gets FENCING_RESOURCE and FENCING_TOKEN in its environment and runs in its
@@ -232,6 +250,28 @@ async fn dispatch(cli: Cli) -> Result<ExitCode, ClientError> {
             }
             Ok(ExitCode::SUCCESS)
         }
+        Command::List { prefix, page_size } => {
+            let mut locks = client.list_all(&prefix, page_size).await?;
+            locks.sort_by(|a, b| {
+                b.held_for_ms
+                    .cmp(&a.held_for_ms)
+                    .then_with(|| a.resource.cmp(&b.resource))
+            });
+            print_locks(&locks, cli.json);
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Top { prefix, count } => {
+            let mut locks = client.list_all(&prefix, 1000).await?;
+            locks.sort_by(|a, b| {
+                b.waiters
+                    .cmp(&a.waiters)
+                    .then_with(|| b.held_for_ms.cmp(&a.held_for_ms))
+                    .then_with(|| a.resource.cmp(&b.resource))
+            });
+            locks.truncate(count);
+            print_locks(&locks, cli.json);
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Describe { resource } => {
             let d = client.describe(&resource).await?;
             if cli.json {
@@ -286,4 +326,27 @@ fn wall(ms: u64) -> String {
             .min(SystemTime::UNIX_EPOCH + Duration::from_secs(253_402_300_799)),
     )
     .to_string()
+}
+
+/// Held locks as a table (or one JSON object: `{"locks": [...]}`).
+fn print_locks(locks: &[lockd_client::HeldLock], json: bool) {
+    if json {
+        println!("{}", json!({ "locks": locks }));
+        return;
+    }
+    println!(
+        "{:<40} {:>20} {:>12} {:>8}  HOLDER",
+        "RESOURCE", "TOKEN", "HELD FOR", "WAITERS"
+    );
+    for l in locks {
+        let held = humantime::format_duration(Duration::from_secs(l.held_for_ms / 1000));
+        println!(
+            "{:<40} {:>20} {:>12} {:>8}  {}",
+            l.resource,
+            l.token,
+            held.to_string(),
+            l.waiters,
+            l.holder
+        );
+    }
 }
