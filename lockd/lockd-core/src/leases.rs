@@ -149,7 +149,7 @@ impl LeaseTable {
             .filter(|&i| self.slab[i].held)
             .map(|i| (i as u32, &self.slab[i]))
             .collect();
-        let next = (end < self.slab.len()).then(|| end as u32);
+        let next = (end < self.slab.len()).then_some(end as u32);
         (held, next)
     }
 

@@ -517,7 +517,7 @@ impl Core {
         let mut locks = Vec::new();
         let mut at = from;
         loop {
-            let (held, next) = self.leases.held_from(at, budget.min(4096).max(1));
+            let (held, next) = self.leases.held_from(at, budget.clamp(1, 4096));
             for (slot, lease) in held {
                 if !keep(lease.name_str()) {
                     continue;

@@ -16,6 +16,8 @@ const BINARIES: &[(&str, &[&str], &str)] = &[
             "lockctl-renew",
             "lockctl-release",
             "lockctl-describe",
+            "lockctl-list",
+            "lockctl-top",
             "lockctl-run",
         ],
         "--ttl",
