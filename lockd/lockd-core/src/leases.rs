@@ -88,6 +88,10 @@ pub(crate) struct LeaseTable {
     /// (expiry, token, slot) of every held slot. The token orders equal expiries: the lease
     /// granted first expires first.
     expiries: BTreeSet<(Millis, FencingToken, SlotId)>,
+    /// (grant time, token, slot) of every held slot not yet reported as held long, when that
+    /// is asked for (`track_long_holds`).
+    long: BTreeSet<(Millis, FencingToken, SlotId)>,
+    pub track_long_holds: bool,
     /// (retention start, slot) of every remembered request id, oldest first.
     retention: VecDeque<(Millis, SlotId)>,
     held: usize,
@@ -198,6 +202,9 @@ impl LeaseTable {
                 hasher.hash_one(slab[i as usize].name.as_str())
             });
         self.expiries.insert((lease.expires_at, lease.token, id));
+        if self.track_long_holds {
+            self.long.insert((lease.granted_at, lease.token, id));
+        }
         self.held += 1;
         if let Some(request) = request {
             assert!(
@@ -295,6 +302,7 @@ impl LeaseTable {
         }
         let slot = &mut self.slab[id as usize];
         self.expiries.remove(&(slot.expires_at, slot.token, id));
+        self.long.remove(&(slot.granted_at, slot.token, id));
         slot.held = false;
         self.held -= 1;
         let ended = Ended {
@@ -316,6 +324,24 @@ impl LeaseTable {
         slot.holder = Holder::default();
         slot.request = None;
         self.free.push(id);
+    }
+
+    /// When the longest-held lease not yet reported will have been held `after_ms`.
+    pub fn next_long_hold(&self, after_ms: u64) -> Option<Millis> {
+        self.long
+            .first()
+            .map(|&(granted, _, _)| granted.saturating_add(after_ms))
+    }
+
+    /// The held lease granted earliest of those not yet reported, if it has been held
+    /// `after_ms` by `now`: taken off the list (it is reported once).
+    pub fn take_long_hold(&mut self, now: Millis, after_ms: u64) -> Option<&Slot> {
+        let &(granted, _, id) = self.long.first()?;
+        if granted.saturating_add(after_ms) > now {
+            return None;
+        }
+        self.long.pop_first();
+        Some(&self.slab[id as usize])
     }
 
     /// The earliest expiry, if any lease is held.

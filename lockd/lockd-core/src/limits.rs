@@ -48,6 +48,10 @@ pub struct Limits {
     pub request_id_len_max: usize,
     /// Longest holder description, in bytes (host name, process id, purpose).
     pub holder_len_max: usize,
+    /// A lease held longer than this (renewed all along) is reported once: a log line and a
+    /// metric, the specification's inspection of over-long holds. Holds that long are mostly
+    /// holders that renew but never finish. 0 turns it off.
+    pub hold_warn_after_ms: u64,
 }
 
 impl Default for Limits {
@@ -64,6 +68,7 @@ impl Default for Limits {
             requests_max: 4_000_000,
             request_id_len_max: 128,
             holder_len_max: 128,
+            hold_warn_after_ms: 3_600_000,
         }
     }
 }

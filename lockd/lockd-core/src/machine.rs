@@ -113,12 +113,14 @@ pub struct Core {
 impl Core {
     /// An empty machine, as for a new data directory. `limits` must have been validated.
     pub fn new(limits: Limits, ids: Box<dyn LeaseIdSource>) -> Core {
+        let mut leases = LeaseTable::default();
+        leases.track_long_holds = limits.hold_warn_after_ms > 0;
         Core {
             limits,
             ids,
             now: 0,
             last_token: None,
-            leases: LeaseTable::default(),
+            leases,
             queues: HashMap::new(),
             waiters: HashMap::new(),
             waiting_requests: HashMap::new(),
@@ -368,10 +370,11 @@ impl Core {
     pub fn next_deadline(&self) -> Option<Millis> {
         let lease = self.leases.next_expiry();
         let wait = self.wait_deadlines.first().map(|&(at, _)| at);
-        match (lease, wait) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        let long = match self.limits.hold_warn_after_ms {
+            0 => None,
+            after => self.leases.next_long_hold(after),
+        };
+        [lease, wait, long].into_iter().flatten().min()
     }
 
     /// Advances the machine to `now`: expires leases, hands locks to waiters, ends waits.
@@ -574,6 +577,17 @@ impl Core {
             }
         }
         let now = self.now;
+        let after = self.limits.hold_warn_after_ms;
+        while after > 0
+            && let Some(lease) = self.leases.take_long_hold(now, after)
+        {
+            fx.push(Effect::HeldLong {
+                resource: lease.name(),
+                token: lease.token,
+                holder: lease.holder.clone(),
+                held_ms: now.saturating_sub(lease.granted_at),
+            });
+        }
         let mut forgotten = Vec::new();
         let counting = self.tenancy.is_some();
         self.leases

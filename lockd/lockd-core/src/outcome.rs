@@ -120,4 +120,11 @@ pub enum Effect {
         /// From the grant (or the restart that recovered it) to the expiry.
         held_ms: u64,
     },
+    /// A lease has been held `limits.hold_warn_after_ms` (reported once per lease).
+    HeldLong {
+        resource: ResourceName,
+        token: FencingToken,
+        holder: Holder,
+        held_ms: u64,
+    },
 }

@@ -248,6 +248,9 @@ pub struct LimitSettings {
     /// Longest holder description, in bytes [default: 128].
     #[arg(long, env = "LOCKD_HOLDER_LEN_MAX", value_name = "BYTES")]
     pub holder_len_max: Option<usize>,
+    /// A lease held longer than this is logged once and counted, in ms; 0 = off [default: 3600000].
+    #[arg(long, env = "LOCKD_HOLD_WARN_AFTER_MS", value_name = "MS")]
+    pub hold_warn_after_ms: Option<u64>,
 }
 
 /// The effective configuration.
@@ -420,7 +423,8 @@ impl Config {
             request_retention_ms,
             requests_max,
             request_id_len_max,
-            holder_len_max
+            holder_len_max,
+            hold_warn_after_ms
         );
         self
     }

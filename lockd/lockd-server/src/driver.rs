@@ -39,7 +39,7 @@ use lockd_core::{
     LeaseIdSource, Millis, ReleaseOutcome, RenewError, Renewed, Stats, WaiterId,
 };
 use tokio::sync::{Notify, oneshot};
-use tracing::{debug, info};
+use tracing::{debug, info, warn};
 
 use crate::clock::Clock;
 use crate::writer::{Seq, Writer, WriterStopped};
@@ -505,6 +505,15 @@ impl Driver {
                 } => {
                     crate::metrics::get().lease_ended(held_ms, true);
                     info!(%resource, %token, holder = holder.as_str(), "lease expired without renewal");
+                }
+                Effect::HeldLong {
+                    resource,
+                    token,
+                    holder,
+                    held_ms,
+                } => {
+                    crate::metrics::get().held_long();
+                    warn!(%resource, %token, holder = holder.as_str(), held_ms, "lease held longer than hold_warn_after_ms (renewed all along): is its holder stuck?");
                 }
             }
         }

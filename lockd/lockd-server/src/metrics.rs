@@ -47,6 +47,7 @@ pub struct Metrics {
     calls: Family<Labels2, Counter>,
     durations: Family<Labels1, Histogram, fn() -> Histogram>,
     expiries: Counter,
+    held_long: Counter,
     held: Histogram,
     commits: Histogram,
     batch_ops: Histogram,
@@ -107,6 +108,7 @@ impl Metrics {
             calls: Family::default(),
             durations: Family::new_with_constructor(duration_histogram),
             expiries: Counter::default(),
+            held_long: Counter::default(),
             // 10 ms to about 12 days.
             held: Histogram::new(exponential_buckets(0.01, 4.0, 14)),
             commits: Histogram::new(seconds_buckets()),
@@ -162,6 +164,14 @@ impl Metrics {
         self.held.observe(held_ms as f64 / 1000.0);
     }
 
+    /// A lease has been held `hold_warn_after_ms` (once per lease).
+    pub fn held_long(&self) {
+        if !on() {
+            return;
+        }
+        self.held_long.inc();
+    }
+
     /// The store committed a batch of `ops` operations in `took`.
     pub fn committed(&self, ops: usize, took: Duration) {
         if !on() {
@@ -198,6 +208,11 @@ impl Metrics {
             "lease_expiries",
             "Leases that ran out without being released or renewed",
             self.expiries.clone(),
+        );
+        r.register(
+            "lease_long_holds",
+            "Leases held longer than limits.hold_warn_after_ms (each counted once)",
+            self.held_long.clone(),
         );
         r.register_with_unit(
             "lease_held",

@@ -226,3 +226,44 @@ fn label_cardinality_stays_bounded_with_100000_resources() {
         w.abort();
     }
 }
+
+/// A lease renewed past `hold_warn_after_ms` is reported once: a warning naming it, and the
+/// counter.
+#[test]
+fn a_long_hold_is_logged_once_and_counted() {
+    let dir = tempfile::tempdir().unwrap();
+    let lockd = Lockd::start(
+        dir.path(),
+        &[
+            "--admin-listen",
+            "127.0.0.1:0",
+            "--hold-warn-after-ms",
+            "300",
+        ],
+    );
+    let admin = lockd.admin();
+    let mut cmd = lockd.lockctl();
+    cmd.args([
+        "acquire",
+        "nightly",
+        "--ttl",
+        "60s",
+        "--holder",
+        "stuck-job",
+    ]);
+    let (status, _, err) = e2e::output(cmd);
+    assert!(status.success(), "{err}");
+    let e = lockd.wait_event(
+        "lease held longer than hold_warn_after_ms (renewed all along): is its holder stuck?",
+        |_| true,
+    );
+    assert_eq!(e["resource"], "nightly");
+    assert_eq!(e["holder"], "stuck-job");
+    assert!(e["held_ms"].as_u64().unwrap() >= 300, "{e}");
+    let (_, text) = http_get(&admin, "/metrics");
+    assert_eq!(
+        sample(&text, "lockd_lease_long_holds_total"),
+        Some(1.0),
+        "{text}"
+    );
+}

@@ -190,7 +190,11 @@ impl Rig {
 /// ```text
 /// ```
 pub fn check(script: &str, expect: Expect) {
-    let mut limits = Limits::default();
+    // Reports of long holds only where a script asks for them (`limits hold_warn_after_ms=`).
+    let mut limits = Limits {
+        hold_warn_after_ms: 0,
+        ..Limits::default()
+    };
     let mut rig: Option<Rig> = None;
     let mut out = String::new();
     for raw in script.lines() {
@@ -238,6 +242,7 @@ fn set_limit(l: &mut Limits, key: &str, v: u64) {
         "leases_max" => l.leases_max = v as usize,
         "request_retention_ms" => l.request_retention_ms = v,
         "requests_max" => l.requests_max = v as usize,
+        "hold_warn_after_ms" => l.hold_warn_after_ms = v,
         other => panic!("unknown limit {other}"),
     }
 }
@@ -426,6 +431,15 @@ pub fn effect(e: &Effect) -> String {
             held_ms,
         } => format!(
             "expired {resource} token={token} holder={:?} held={held_ms}",
+            holder.as_str()
+        ),
+        Effect::HeldLong {
+            resource,
+            token,
+            holder,
+            held_ms,
+        } => format!(
+            "held long {resource} token={token} holder={:?} held={held_ms}",
             holder.as_str()
         ),
     }

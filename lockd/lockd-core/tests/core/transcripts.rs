@@ -719,3 +719,48 @@ fn a_tenant_without_quotas_gets_a_fair_share_and_its_request_ids_are_bounded_too
         "#]],
     );
 }
+
+#[test]
+fn a_lease_held_past_hold_warn_after_is_reported_once() {
+    check(
+        r#"
+        limits hold_warn_after_ms=1000
+        @0 acquire long holder=a ttl=600
+        @10 acquire short holder=b ttl=600
+        # short is released before the threshold: never reported
+        @500 release short L2
+        @550 renew long L1
+        # the timer wakes for the threshold (1000) before the expiry (1150)
+        @560 tick
+        # the report comes once, when the machine reaches the threshold
+        @1000 tick
+        @1100 renew long L1
+        @1650 renew long L1
+        @2200 tick
+        "#,
+        expect![[r#"
+            @0 acquire long holder=a ttl=600
+              => granted token=1 lease=L1 expires=600
+              ! persist grant long token=1 lease=L1 holder="a" ttl=600 req=-
+            @10 acquire short holder=b ttl=600
+              => granted token=2 lease=L2 expires=610
+              ! persist grant short token=2 lease=L2 holder="b" ttl=600 req=-
+            @500 release short L2
+              => released token=2 held=490
+              ! persist remove short L2
+            @550 renew long L1
+              => renewed expires=1150 ttl=600
+            @560 tick
+              => next deadline Some(1000)
+            @1000 tick
+              => next deadline Some(1150)
+              ! held long long token=1 holder="a" held=1000
+            @1100 renew long L1
+              => renewed expires=1700 ttl=600
+            @1650 renew long L1
+              => renewed expires=2250 ttl=600
+            @2200 tick
+              => next deadline Some(2250)
+        "#]],
+    );
+}
