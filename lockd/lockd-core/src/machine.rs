@@ -583,6 +583,7 @@ impl Core {
         {
             fx.push(Effect::HeldLong {
                 resource: lease.name(),
+                lease_id: lease.lease_id,
                 token: lease.token,
                 holder: lease.holder.clone(),
                 held_ms: now.saturating_sub(lease.granted_at),
@@ -613,6 +614,7 @@ impl Core {
         }));
         fx.push(Effect::Expired {
             resource: resource.clone(),
+            lease_id: ended.lease_id,
             token: ended.token,
             holder: ended.holder,
             held_ms: ended.expires_at.saturating_sub(ended.granted_at),

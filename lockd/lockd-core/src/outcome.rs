@@ -115,6 +115,7 @@ pub enum Effect {
     /// A lease ran out without being renewed (for logs and metrics).
     Expired {
         resource: ResourceName,
+        lease_id: LeaseId,
         token: FencingToken,
         holder: Holder,
         /// From the grant (or the restart that recovered it) to the expiry.
@@ -123,6 +124,7 @@ pub enum Effect {
     /// A lease has been held `limits.hold_warn_after_ms` (reported once per lease).
     HeldLong {
         resource: ResourceName,
+        lease_id: LeaseId,
         token: FencingToken,
         holder: Holder,
         held_ms: u64,

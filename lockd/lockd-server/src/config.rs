@@ -125,6 +125,10 @@ pub struct Settings {
     #[arg(long, env = "LOCKD_ADMIN_LISTEN", value_name = "ADDR")]
     pub admin_listen: Option<SocketAddr>,
 
+    /// Audit log: a file (appended to, reopened on SIGHUP) or `-` for stdout; one JSON object per grant, release, expiry, long hold and refused call [default: none, off].
+    #[arg(long, env = "LOCKD_AUDIT_LOG", value_name = "FILE")]
+    pub audit_log: Option<String>,
+
     /// Client connections open at once; past it lockd accepts no more until one closes [default: 10000].
     #[arg(long, env = "LOCKD_CONNECTIONS_MAX", value_name = "N")]
     pub connections_max: Option<usize>,
@@ -268,6 +272,8 @@ pub struct Config {
     pub connections_max: usize,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub admin_listen: Option<SocketAddr>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub audit_log: Option<String>,
     pub backend: Backend,
     pub etcd_endpoints: Vec<String>,
     pub etcd_prefix: String,
@@ -313,6 +319,7 @@ impl Default for Config {
             keepalive_timeout_ms: 20_000,
             connections_max: 10_000,
             admin_listen: None,
+            audit_log: None,
             backend: Backend::Embedded,
             etcd_endpoints: vec!["http://127.0.0.1:2379".to_string()],
             etcd_prefix: "/lockd".to_string(),
@@ -389,6 +396,9 @@ impl Config {
         );
         if let Some(a) = s.admin_listen {
             self.admin_listen = Some(a);
+        }
+        if let Some(a) = &s.audit_log {
+            self.audit_log = Some(a.clone());
         }
         if let Some(a) = &s.advertise {
             self.advertise = Some(a.clone());
@@ -837,6 +847,7 @@ mod tests {
             tls_client_ca: p.clone(),
             tls_peer_ca: p,
             admin_listen: Some(SocketAddr::from(([127, 0, 0, 1], 7421))),
+            audit_log: Some("-".into()),
             ..Config::default()
         };
         let value: toml::Value = toml::from_str(&all.to_toml()).unwrap();

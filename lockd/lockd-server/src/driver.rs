@@ -499,20 +499,44 @@ impl Driver {
                 }
                 Effect::Expired {
                     resource,
+                    lease_id,
                     token,
                     holder,
                     held_ms,
                 } => {
                     crate::metrics::get().lease_ended(held_ms, true);
+                    crate::audit::record(
+                        "expiry",
+                        serde_json::json!({
+                            "resource": resource.as_str(),
+                            "lease": crate::audit::lease_fingerprint(&lease_id.to_string()),
+                            "token": token.get(),
+                            "holder": holder.as_str(),
+                            "held_ms": held_ms,
+                            "result": "expired",
+                        }),
+                    );
                     info!(%resource, %token, holder = holder.as_str(), "lease expired without renewal");
                 }
                 Effect::HeldLong {
                     resource,
+                    lease_id,
                     token,
                     holder,
                     held_ms,
                 } => {
                     crate::metrics::get().held_long();
+                    crate::audit::record(
+                        "long_hold",
+                        serde_json::json!({
+                            "resource": resource.as_str(),
+                            "lease": crate::audit::lease_fingerprint(&lease_id.to_string()),
+                            "token": token.get(),
+                            "holder": holder.as_str(),
+                            "held_ms": held_ms,
+                            "result": "held_long",
+                        }),
+                    );
                     warn!(%resource, %token, holder = holder.as_str(), held_ms, "lease held longer than hold_warn_after_ms (renewed all along): is its holder stuck?");
                 }
             }

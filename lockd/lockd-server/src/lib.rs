@@ -9,11 +9,13 @@
 //!   background work;
 //! - `policy`: identities (bearer tokens, client certificates) and tenants; who may use what;
 //! - `tls`: the listener (at most `connections_max` connections) and, with TLS, its handshakes (handshakes bounded in number and time, SIGHUP reloads);
+//! - `audit`: the audit log (JSON Lines, lease ids only as fingerprints);
 //! - `admin`: the admin listener (`/metrics`, `/healthz`, `/readyz`); `metrics`: what it shows;
 //! - `status`: the one mapping from domain errors to gRPC statuses;
 //! - `clock`: monotonic time for decisions, wall time for display.
 
 pub mod admin;
+pub mod audit;
 pub mod clock;
 pub mod config;
 pub mod driver;

@@ -54,6 +54,8 @@ pub enum ServeError {
     Keys(#[source] crate::config::ConfigError),
     #[error("TLS: {0}")]
     Tls(#[source] tlsconf::TlsError),
+    #[error("{0}")]
+    Audit(String),
 }
 
 /// Runs lockd until `shutdown` completes. Returns when everything is flushed.
@@ -64,6 +66,9 @@ pub async fn run(
     // Metrics are recorded only where an admin listener shows them.
     if config.admin_listen.is_some() {
         crate::metrics::enable();
+    }
+    if let Some(target) = &config.audit_log {
+        crate::audit::start(target).map_err(ServeError::Audit)?;
     }
     if config.backend == Backend::Etcd {
         return run_etcd(config, shutdown).await;

@@ -236,6 +236,7 @@ impl LockApi {
         request: Request<pb::AcquireRequest>,
     ) -> Result<(Response<pb::AcquireResponse>, &'static str), Status> {
         let who = self.admit(&request, Some(&request.get_ref().resource))?;
+        let peer = request.remote_addr();
         let (driver, r) = match self
             .serve(request, who.as_ref(), |mut c, r| async move {
                 c.acquire(r).await
@@ -260,6 +261,7 @@ impl LockApi {
             // The authenticated identity, then the client's own (checked) description.
             holder = Holder::from_persisted(&who.holder(&r.holder));
         }
+        let holder_text = holder.as_str().to_string();
         let req = AcquireRequest {
             resource,
             request_id,
@@ -276,6 +278,20 @@ impl LockApi {
             AcquireReply::Busy(_) => "busy",
             AcquireReply::TimedOut(_) => "wait_timeout",
         };
+        if let (AcquireReply::Granted { grant, .. }, true) = (&reply, crate::audit::on()) {
+            crate::audit::record(
+                "grant",
+                serde_json::json!({
+                    "resource": grant.resource.as_str(),
+                    "lease": crate::audit::lease_fingerprint(&grant.lease_id.to_string()),
+                    "token": grant.token.get(),
+                    "holder": holder_text.as_str(),
+                    "identity": who.as_ref().map(|w| w.name.as_str()),
+                    "peer": peer.map(|p| p.to_string()),
+                    "result": outcome,
+                }),
+            );
+        }
         let response = match reply {
             AcquireReply::Granted {
                 grant,
@@ -336,6 +352,7 @@ impl LockApi {
         request: Request<pb::ReleaseRequest>,
     ) -> Result<(Response<pb::ReleaseResponse>, &'static str), Status> {
         let who = self.admit(&request, Some(&request.get_ref().resource))?;
+        let peer = request.remote_addr();
         let (driver, r) = match self
             .serve(request, who.as_ref(), |mut c, r| async move {
                 c.release(r).await
@@ -346,7 +363,25 @@ impl LockApi {
             Served::Remote(answer) => return Ok((answer, "forwarded")),
         };
         let (resource, lease_id) = (resource(&r.resource)?, lease_id(&r.lease_id)?);
-        let (answer, outcome) = match driver.release(&resource, lease_id).await? {
+        let released = driver.release(&resource, lease_id).await?;
+        crate::audit::record(
+            "release",
+            serde_json::json!({
+                "resource": resource.as_str(),
+                "lease": crate::audit::lease_fingerprint(&r.lease_id),
+                "token": match &released {
+                    ReleaseOutcome::Released { token, .. } => Some(token.get()),
+                    ReleaseOutcome::NotHeld { .. } => None,
+                },
+                "identity": who.as_ref().map(|w| w.name.as_str()),
+                "peer": peer.map(|p| p.to_string()),
+                "result": match &released {
+                    ReleaseOutcome::Released { .. } => "released",
+                    ReleaseOutcome::NotHeld { .. } => "not_held",
+                },
+            }),
+        );
+        let (answer, outcome) = match released {
             ReleaseOutcome::Released { .. } => (
                 pb::ReleaseResponse {
                     released: true,
@@ -505,15 +540,51 @@ fn refused(s: &Status) -> &'static str {
     }
 }
 
-/// `answer` as the call's result, counted under `method` with its outcome and duration.
-fn counted<R>(
+/// What the audit log says of a call that is refused.
+struct Call {
     method: &'static str,
+    resource: String,
+    peer: Option<std::net::SocketAddr>,
+}
+
+impl Call {
+    fn of<T>(method: &'static str, request: &Request<T>, resource: &str) -> Call {
+        Call {
+            method,
+            resource: if crate::audit::on() {
+                resource.to_string()
+            } else {
+                String::new()
+            },
+            peer: request.remote_addr(),
+        }
+    }
+}
+
+/// `answer` as the call's result, counted under `method` with its outcome and duration, and
+/// a refusal written to the audit log.
+fn counted<R>(
+    call: Call,
     started: std::time::Instant,
     answer: Result<(Response<R>, &'static str), Status>,
 ) -> Result<Response<R>, Status> {
+    let method = call.method;
     let outcome = match &answer {
         Ok((_, outcome)) => outcome,
-        Err(s) => refused(s),
+        Err(s) => {
+            let outcome = refused(s);
+            crate::audit::record(
+                "refusal",
+                serde_json::json!({
+                    "method": method,
+                    "resource": call.resource,
+                    "peer": call.peer.map(|p| p.to_string()),
+                    "result": outcome,
+                    "reason": s.message(),
+                }),
+            );
+            outcome
+        }
     };
     crate::metrics::get().call(method, outcome, started.elapsed());
     answer.map(|(r, _)| r)
@@ -526,7 +597,8 @@ impl LockService for LockApi {
         request: Request<pb::AcquireRequest>,
     ) -> Result<Response<pb::AcquireResponse>, Status> {
         let started = std::time::Instant::now();
-        counted("acquire", started, self.acquire_here(request).await)
+        let call = Call::of("acquire", &request, &request.get_ref().resource);
+        counted(call, started, self.acquire_here(request).await)
     }
 
     async fn renew(
@@ -534,7 +606,8 @@ impl LockService for LockApi {
         request: Request<pb::RenewRequest>,
     ) -> Result<Response<pb::RenewResponse>, Status> {
         let started = std::time::Instant::now();
-        counted("renew", started, self.renew_here(request).await)
+        let call = Call::of("renew", &request, &request.get_ref().resource);
+        counted(call, started, self.renew_here(request).await)
     }
 
     async fn release(
@@ -542,7 +615,8 @@ impl LockService for LockApi {
         request: Request<pb::ReleaseRequest>,
     ) -> Result<Response<pb::ReleaseResponse>, Status> {
         let started = std::time::Instant::now();
-        counted("release", started, self.release_here(request).await)
+        let call = Call::of("release", &request, &request.get_ref().resource);
+        counted(call, started, self.release_here(request).await)
     }
 
     async fn describe(
@@ -550,7 +624,8 @@ impl LockService for LockApi {
         request: Request<pb::DescribeRequest>,
     ) -> Result<Response<pb::DescribeResponse>, Status> {
         let started = std::time::Instant::now();
-        counted("describe", started, self.describe_here(request).await)
+        let call = Call::of("describe", &request, &request.get_ref().resource);
+        counted(call, started, self.describe_here(request).await)
     }
 
     async fn list(
@@ -558,6 +633,7 @@ impl LockService for LockApi {
         request: Request<pb::ListRequest>,
     ) -> Result<Response<pb::ListResponse>, Status> {
         let started = std::time::Instant::now();
-        counted("list", started, self.list_here(request).await)
+        let call = Call::of("list", &request, &request.get_ref().prefix);
+        counted(call, started, self.list_here(request).await)
     }
 }

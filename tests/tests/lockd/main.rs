@@ -1,5 +1,6 @@
 //! lockd and lockctl end to end, through the real binaries.
 //!
+//! - `audit`: the audit log's records of every type, and its reopening on SIGHUP;
 //! - `api`: the API conformance suite (`e2e::api`), on the embedded store;
 //! - `cli`: contention, waiting, FIFO order, de-duplication, waiter removal, describe, `run`;
 //! - `crash`: `kill -9` during a burst of grants, then restart on the same data directory;
@@ -15,6 +16,7 @@
 //! Needs the binaries: `cargo build --bins` first (the harness says so if they are missing).
 
 mod api;
+mod audit;
 mod cli;
 mod crash;
 mod demo;

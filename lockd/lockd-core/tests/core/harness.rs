@@ -426,6 +426,7 @@ pub fn effect(e: &Effect) -> String {
         },
         Effect::Expired {
             resource,
+            lease_id: _,
             token,
             holder,
             held_ms,
@@ -435,6 +436,7 @@ pub fn effect(e: &Effect) -> String {
         ),
         Effect::HeldLong {
             resource,
+            lease_id: _,
             token,
             holder,
             held_ms,

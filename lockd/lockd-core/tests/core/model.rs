@@ -200,6 +200,7 @@ impl Model {
                 self.store_remove(&resource, l.lease_id, fx);
                 fx.push(Effect::Expired {
                     resource: name(&resource),
+                    lease_id: l.lease_id,
                     token: l.token,
                     holder: holder(&l.holder),
                     held_ms: l.expires - l.granted,
