@@ -133,6 +133,36 @@ pub fn record(kind: &str, fields: Value) {
     }
 }
 
+/// A record of what happened to a lease by itself (`expiry`, `long_hold`), with no caller.
+pub fn lease_event(
+    kind: &'static str,
+    resource: &fencing::ResourceName,
+    lease_id: fencing::LeaseId,
+    token: fencing::FencingToken,
+    holder: &lockd_core::Holder,
+    held_ms: u64,
+) {
+    if !on() {
+        return;
+    }
+    let result = if kind == "expiry" {
+        "expired"
+    } else {
+        "held_long"
+    };
+    record(
+        kind,
+        json!({
+            "resource": resource.as_str(),
+            "lease": lease_fingerprint(&lease_id.to_string()),
+            "token": token.get(),
+            "holder": holder.as_str(),
+            "held_ms": held_ms,
+            "result": result,
+        }),
+    );
+}
+
 /// Whether the audit log is on (so that callers skip building records otherwise).
 pub fn on() -> bool {
     AUDIT.get().is_some()

@@ -505,16 +505,8 @@ impl Driver {
                     held_ms,
                 } => {
                     crate::metrics::get().lease_ended(held_ms, true);
-                    crate::audit::record(
-                        "expiry",
-                        serde_json::json!({
-                            "resource": resource.as_str(),
-                            "lease": crate::audit::lease_fingerprint(&lease_id.to_string()),
-                            "token": token.get(),
-                            "holder": holder.as_str(),
-                            "held_ms": held_ms,
-                            "result": "expired",
-                        }),
+                    crate::audit::lease_event(
+                        "expiry", &resource, lease_id, token, &holder, held_ms,
                     );
                     info!(%resource, %token, holder = holder.as_str(), "lease expired without renewal");
                 }
@@ -526,16 +518,13 @@ impl Driver {
                     held_ms,
                 } => {
                     crate::metrics::get().held_long();
-                    crate::audit::record(
+                    crate::audit::lease_event(
                         "long_hold",
-                        serde_json::json!({
-                            "resource": resource.as_str(),
-                            "lease": crate::audit::lease_fingerprint(&lease_id.to_string()),
-                            "token": token.get(),
-                            "holder": holder.as_str(),
-                            "held_ms": held_ms,
-                            "result": "held_long",
-                        }),
+                        &resource,
+                        lease_id,
+                        token,
+                        &holder,
+                        held_ms,
                     );
                     warn!(%resource, %token, holder = holder.as_str(), held_ms, "lease held longer than hold_warn_after_ms (renewed all along): is its holder stuck?");
                 }
