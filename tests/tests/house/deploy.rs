@@ -1,5 +1,6 @@
 //! `deploy/`: every example configuration is accepted by its binary as written (so the
-//! examples cannot rot), and the systemd units verify and keep their hardening.
+//! examples cannot rot), the systemd units verify and keep their hardening, and the alert
+//! rules pass `promtool check rules` and their own `promtool test rules`.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -156,4 +157,50 @@ fn the_systemd_units_verify_and_are_hardened() {
             "systemd-analyze verify {unit}: {status}\n{stdout}\n{stderr}"
         );
     }
+}
+
+/// `promtool ARGS` in `dir`: its output, or why it failed. Fails clearly without promtool.
+fn promtool(dir: &Path, args: &[&str]) -> Result<String, String> {
+    let mut cmd = Command::new("promtool");
+    cmd.current_dir(dir).args(args);
+    let out = cmd.output().unwrap_or_else(|e| {
+        panic!("promtool is missing ({e}): apt-get install prometheus, or run ./x test")
+    });
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    if out.status.success() {
+        Ok(text)
+    } else {
+        Err(text)
+    }
+}
+
+#[test]
+fn the_alert_rules_are_valid_and_fire_as_their_tests_say() {
+    let dir = deploy().join("prometheus");
+    let checked = promtool(&dir, &["check", "rules", "lockd-alerts.yml"])
+        .unwrap_or_else(|e| panic!("promtool check rules: {e}"));
+    assert!(checked.contains("SUCCESS: 4 rules found"), "{checked}");
+    promtool(&dir, &["test", "rules", "lockd-alerts.test.yml"])
+        .unwrap_or_else(|e| panic!("promtool test rules: {e}"));
+    // A rule that no longer fires when it should is caught by the tests.
+    let tmp = tempfile::tempdir().unwrap();
+    let rules = std::fs::read_to_string(dir.join("lockd-alerts.yml")).unwrap();
+    let broken = rules.replace(
+        "max by (job) (lockd_leader) == 0",
+        "max by (job) (lockd_leader) == 2",
+    );
+    assert_ne!(broken, rules);
+    std::fs::write(tmp.path().join("lockd-alerts.yml"), broken).unwrap();
+    std::fs::copy(
+        dir.join("lockd-alerts.test.yml"),
+        tmp.path().join("lockd-alerts.test.yml"),
+    )
+    .unwrap();
+    let err = promtool(tmp.path(), &["test", "rules", "lockd-alerts.test.yml"])
+        .expect_err("a broken rule fails its test");
+    assert!(err.contains("LockdNoLeader"), "{err}");
 }
