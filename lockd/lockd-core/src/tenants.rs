@@ -101,7 +101,7 @@ pub enum TenancyError {
 }
 
 /// Index of a tenant in its [`Tenancy`].
-pub(crate) type TenantIx = usize;
+pub type TenantIx = usize;
 
 /// A validated set of tenants.
 #[derive(Clone, Debug)]
@@ -189,8 +189,14 @@ impl Tenancy {
         self.owner_ix(resource).map(|ix| &self.tenants[ix])
     }
 
-    pub(crate) fn owner_ix(&self, resource: &str) -> Option<TenantIx> {
-        let (prefix, &ix) = self.prefixes.range(..=resource.to_string()).next_back()?;
+    /// The index in [`Tenancy::tenants`] of the tenant that owns `resource`, if any.
+    pub fn owner_ix(&self, resource: &str) -> Option<TenantIx> {
+        use std::ops::Bound;
+        // Looked up on every call: borrowed as `str`, without an allocation.
+        let (prefix, &ix) = self
+            .prefixes
+            .range::<str, _>((Bound::Unbounded, Bound::Included(resource)))
+            .next_back()?;
         resource.starts_with(prefix.as_str()).then_some(ix)
     }
 

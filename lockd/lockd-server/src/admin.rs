@@ -17,7 +17,6 @@ use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
-use tracing::warn;
 
 use crate::metrics::Gauges;
 use crate::service::Routes;
@@ -122,14 +121,7 @@ pub fn serve(listener: TcpListener, admin: Arc<Admin>) {
             let Ok(slot) = Arc::clone(&slots).acquire_owned().await else {
                 return;
             };
-            let (socket, _) = match listener.accept().await {
-                Ok(accepted) => accepted,
-                Err(e) => {
-                    warn!(error = %e, "accepting an admin connection failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            };
+            let (socket, _) = crate::tls::accept(&listener).await;
             let admin = Arc::clone(&admin);
             tokio::spawn(async move {
                 let _slot = slot;

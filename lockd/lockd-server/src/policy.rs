@@ -134,7 +134,8 @@ pub struct Identity {
 #[derive(Debug)]
 pub struct Policy {
     tenancy: Arc<Tenancy>,
-    identities: Vec<Identity>,
+    /// Shared with every call that an identity makes (no copy per call).
+    identities: Vec<Arc<Identity>>,
     by_token: HashMap<[u8; 32], usize>,
     by_cert: HashMap<CertName, usize>,
     by_name: HashMap<String, usize>,
@@ -294,11 +295,11 @@ impl Policy {
             }
             self.by_token.insert(hash, ix);
         }
-        self.identities.push(Identity {
+        self.identities.push(Arc::new(Identity {
             name: e.name,
             tenant,
             peer: e.peer,
-        });
+        }));
         Ok(())
     }
 
@@ -324,8 +325,8 @@ impl Policy {
         &self,
         metadata: &MetadataMap,
         certs: Option<&[tlsconf::rustls::pki_types::CertificateDer<'static>]>,
-    ) -> Result<&Identity, Status> {
-        let by_cert = || -> Result<Option<&Identity>, Status> {
+    ) -> Result<&Arc<Identity>, Status> {
+        let by_cert = || -> Result<Option<&Arc<Identity>>, Status> {
             let Some(leaf) = certs.and_then(<[_]>::first) else {
                 return Ok(None);
             };
@@ -447,11 +448,7 @@ impl Policy {
 
     /// Whether `who`'s tenant owns `resource` (for listings; `authorize` says why not).
     pub fn owns(&self, who: &Identity, resource: &str) -> bool {
-        who.tenant.is_some_and(|t| {
-            self.tenancy
-                .owner(resource)
-                .is_some_and(|owner| owner.name == self.tenancy.tenants()[t].name)
-        })
+        who.tenant.is_some() && self.tenancy.owner_ix(resource) == who.tenant
     }
 
     /// Whether `who` may use `resource`: its tenant owns it.
@@ -462,14 +459,10 @@ impl Policy {
                 who.name
             )));
         };
-        let t = &self.tenancy.tenants()[tenant];
-        if self
-            .tenancy
-            .owner(resource)
-            .is_some_and(|owner| owner.name == t.name)
-        {
+        if self.owns(who, resource) {
             return Ok(());
         }
+        let t = &self.tenancy.tenants()[tenant];
         Err(permission_denied(format!(
             "identity {} (tenant {}) may not use {resource:?}: its tenant's resources start with {}",
             who.name,

@@ -131,7 +131,7 @@ impl LockApi {
         &self,
         request: &Request<T>,
         resource: Option<&str>,
-    ) -> Result<Option<Identity>, Status> {
+    ) -> Result<Option<Arc<Identity>>, Status> {
         let Some(policy) = &self.policy else {
             return Ok(None);
         };
@@ -140,7 +140,7 @@ impl LockApi {
         if let Some(resource) = resource {
             policy.authorize(who, resource)?;
         }
-        Ok(Some(who.clone()))
+        Ok(Some(Arc::clone(who)))
     }
 
     /// Where `request` is served: here (its message, with the driver), or by the leader (its
@@ -238,7 +238,7 @@ impl LockApi {
         let who = self.admit(&request, Some(&request.get_ref().resource))?;
         let peer = request.remote_addr();
         let (driver, r) = match self
-            .serve(request, who.as_ref(), |mut c, r| async move {
+            .serve(request, who.as_deref(), |mut c, r| async move {
                 c.acquire(r).await
             })
             .await?
@@ -328,11 +328,9 @@ impl LockApi {
     ) -> Result<(Response<pb::RenewResponse>, &'static str), Status> {
         let who = self.admit(&request, Some(&request.get_ref().resource))?;
         let (driver, r) = match self
-            .serve(
-                request,
-                who.as_ref(),
-                |mut c, r| async move { c.renew(r).await },
-            )
+            .serve(request, who.as_deref(), |mut c, r| async move {
+                c.renew(r).await
+            })
             .await?
         {
             Served::Local(driver, r) => (driver, r),
@@ -354,7 +352,7 @@ impl LockApi {
         let who = self.admit(&request, Some(&request.get_ref().resource))?;
         let peer = request.remote_addr();
         let (driver, r) = match self
-            .serve(request, who.as_ref(), |mut c, r| async move {
+            .serve(request, who.as_deref(), |mut c, r| async move {
                 c.release(r).await
             })
             .await?
@@ -417,7 +415,7 @@ impl LockApi {
         }
         let who = self.admit(&request, Some(&request.get_ref().resource))?;
         let (driver, r) = match self
-            .serve(request, who.as_ref(), |mut c, r| async move {
+            .serve(request, who.as_deref(), |mut c, r| async move {
                 c.describe(r).await
             })
             .await?
@@ -453,11 +451,9 @@ impl LockApi {
     ) -> Result<(Response<pb::ListResponse>, &'static str), Status> {
         let who = self.admit(&request, None)?;
         let (driver, r) = match self
-            .serve(
-                request,
-                who.as_ref(),
-                |mut c, r| async move { c.list(r).await },
-            )
+            .serve(request, who.as_deref(), |mut c, r| async move {
+                c.list(r).await
+            })
             .await?
         {
             Served::Local(driver, r) => (driver, r),

@@ -113,7 +113,7 @@ impl Slots {
 
 /// Accepts `listener`'s next connection; an accept that fails (out of file descriptors, most
 /// likely) is logged, and the next one tried after a pause.
-async fn accept(listener: &TcpListener) -> (TcpStream, std::net::SocketAddr) {
+pub(crate) async fn accept(listener: &TcpListener) -> (TcpStream, std::net::SocketAddr) {
     loop {
         match listener.accept().await {
             Ok(accepted) => return accepted,
