@@ -19,6 +19,7 @@ use serde_json::Value;
 
 pub mod api;
 pub mod certs;
+pub mod chromium;
 pub mod client;
 pub mod etcd;
 pub mod keys;
@@ -413,7 +414,10 @@ impl Lockd {
 
     /// The admin listener's address (lockd started with `--admin-listen`).
     pub fn admin(&self) -> String {
-        let e = self.wait_event("admin listening: /metrics, /healthz, /readyz", |_| true);
+        let e = self.wait_event(
+            "admin listening: /metrics, /healthz, /readyz, / (status page)",
+            |_| true,
+        );
         e["addr"].as_str().expect("the admin address").to_string()
     }
 
@@ -496,6 +500,65 @@ impl FenceProxy {
     pub fn kill9(&mut self) {
         self.process.signal(libc::SIGKILL);
         self.process.wait();
+    }
+
+    /// The admin listener's address (started with `admin_listen`).
+    pub fn admin(&self) -> String {
+        let e = self.process.wait_events(
+            "admin listening: /metrics, /healthz, /readyz, / (status page)",
+            1,
+            |_| true,
+        );
+        e["addr"].as_str().expect("the admin address").to_string()
+    }
+}
+
+/// `promtool check metrics` of `text`: its complaints, if any (empty: none). Fails clearly
+/// without promtool.
+pub fn promtool(text: &str) -> String {
+    use std::io::Write;
+    let mut child = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| {
+            panic!("promtool is missing ({e}): apt-get install prometheus, or run ./x test")
+        });
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(text.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "promtool failed: {out:?}");
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// The records of the audit log at `path` once `done` says they are complete (its writer is
+/// a thread of its own), or a failure naming what was there after `PATIENCE`.
+pub fn audit_records(path: &Path, done: impl Fn(&[Value]) -> bool) -> Vec<Value> {
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let text = std::fs::read_to_string(path).unwrap_or_default();
+        let records: Vec<Value> = text
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+            .collect();
+        if done(&records) {
+            return records;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the audit log stayed at {records:?}"
+        );
+        std::thread::yield_now();
     }
 }
 

@@ -508,6 +508,8 @@ impl Driver {
                     crate::audit::lease_event(
                         "expiry", &resource, lease_id, token, &holder, held_ms,
                     );
+                    crate::metrics::get()
+                        .lease_news(|| news("expiry", &resource, token, &holder, held_ms));
                     info!(%resource, %token, holder = holder.as_str(), "lease expired without renewal");
                 }
                 Effect::HeldLong {
@@ -518,6 +520,8 @@ impl Driver {
                     held_ms,
                 } => {
                     crate::metrics::get().held_long();
+                    crate::metrics::get()
+                        .lease_news(|| news("long_hold", &resource, token, &holder, held_ms));
                     crate::audit::lease_event(
                         "long_hold",
                         &resource,
@@ -598,6 +602,23 @@ impl Drop for WaitGuard<'_> {
         if self.armed {
             self.driver.abandon(self.waiter, self.generation);
         }
+    }
+}
+
+/// An expiry or a long hold, as the status page lists it.
+fn news(
+    kind: &'static str,
+    resource: &fencing::ResourceName,
+    token: fencing::FencingToken,
+    holder: &lockd_core::Holder,
+    held_ms: u64,
+) -> crate::metrics::LeaseNews {
+    crate::metrics::LeaseNews {
+        kind,
+        resource: resource.as_str().to_string(),
+        token: token.get(),
+        holder: holder.as_str().to_string(),
+        held_ms,
     }
 }
 

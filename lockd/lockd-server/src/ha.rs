@@ -183,6 +183,16 @@ impl Ha {
         )
     }
 
+    /// This instance's part, as the status page says it.
+    pub fn role_text(&self) -> String {
+        match &*self.role.borrow() {
+            Role::Leader(_) => format!("leader (this instance, {})", self.me.id),
+            Role::Follower { leader, .. } => format!("follower of the leader at {leader}"),
+            Role::Candidate => "no leader known: an election is under way".to_string(),
+            Role::Stopped => "stopped".to_string(),
+        }
+    }
+
     pub fn instance_id(&self) -> &str {
         &self.me.id
     }

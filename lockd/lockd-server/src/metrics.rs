@@ -7,11 +7,12 @@
 //! ([`Gauges`]). Every label has a bounded set of values: methods and outcomes are fixed lists,
 //! and the only per-resource series are the top [`TOP_N`] by queue length and by contention.
 
-use std::collections::HashMap;
+use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
+use opskit::recent::Recent;
+use opskit::topn::TopN;
 use prometheus_client::encoding::DescriptorEncoder;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -28,7 +29,7 @@ pub fn enable() {
     ENABLED.store(true, Ordering::Release);
 }
 
-fn on() -> bool {
+pub(crate) fn on() -> bool {
     ENABLED.load(Ordering::Relaxed)
 }
 
@@ -53,53 +54,37 @@ pub struct Metrics {
     batch_ops: Histogram,
     leader_changes: Counter,
     failover: Histogram,
-    contention: Mutex<Contention>,
+    contention: TopN,
+    /// For the status page: the last expiries and long holds, and the last refused calls.
+    pub recent_leases: Recent<LeaseNews>,
+    pub recent_refusals: Recent<Refused>,
 }
 
-/// Counts of busy or queued answers per resource, for the most contended ones only (the
-/// space-saving algorithm: an entry evicted for a newcomer passes its count on, so a count
-/// may be over, never under, the truth by the evicted one's).
-#[derive(Default)]
-struct Contention {
-    counts: HashMap<String, u64>,
+/// Events the status page lists at most, of each kind.
+const RECENT_MAX: usize = 50;
+
+/// An expiry or a long hold, for the status page.
+#[derive(Clone, Debug)]
+pub struct LeaseNews {
+    pub kind: &'static str,
+    pub resource: String,
+    pub token: u64,
+    pub holder: String,
+    pub held_ms: u64,
 }
 
-impl Contention {
-    fn add(&mut self, resource: &str) {
-        if let Some(n) = self.counts.get_mut(resource) {
-            *n += 1;
-            return;
-        }
-        let mut start = 0;
-        if self.counts.len() >= CONTENTION_TRACKED
-            && let Some((least, n)) = self
-                .counts
-                .iter()
-                .min_by_key(|(_, n)| **n)
-                .map(|(k, n)| (k.clone(), *n))
-        {
-            self.counts.remove(&least);
-            start = n;
-        }
-        self.counts.insert(resource.to_string(), start + 1);
-    }
-
-    fn top(&self, n: usize) -> Vec<(String, u64)> {
-        let mut all: Vec<(String, u64)> =
-            self.counts.iter().map(|(k, v)| (k.clone(), *v)).collect();
-        all.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
-        all.truncate(n);
-        all
-    }
-}
-
-fn seconds_buckets() -> impl Iterator<Item = f64> {
-    // 100 µs to about 54 s.
-    exponential_buckets(0.0001, 2.0, 20)
+/// A refused call, for the status page.
+#[derive(Clone, Debug)]
+pub struct Refused {
+    pub method: &'static str,
+    pub resource: String,
+    pub peer: Option<std::net::SocketAddr>,
+    pub outcome: &'static str,
+    pub reason: String,
 }
 
 fn duration_histogram() -> Histogram {
-    Histogram::new(seconds_buckets())
+    Histogram::new(opskit::seconds_buckets())
 }
 
 impl Metrics {
@@ -111,11 +96,13 @@ impl Metrics {
             held_long: Counter::default(),
             // 10 ms to about 12 days.
             held: Histogram::new(exponential_buckets(0.01, 4.0, 14)),
-            commits: Histogram::new(seconds_buckets()),
+            commits: Histogram::new(opskit::seconds_buckets()),
             batch_ops: Histogram::new(exponential_buckets(1.0, 2.0, 14)),
             leader_changes: Counter::default(),
             failover: Histogram::new(exponential_buckets(0.05, 2.0, 12)),
-            contention: Mutex::new(Contention::default()),
+            contention: TopN::new(CONTENTION_TRACKED),
+            recent_leases: Recent::new(RECENT_MAX),
+            recent_refusals: Recent::new(RECENT_MAX),
         }
     }
 
@@ -147,10 +134,7 @@ impl Metrics {
         if !on() {
             return;
         }
-        self.contention
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .add(resource);
+        self.contention.add(resource);
     }
 
     /// A lease ended after `held_ms`; `expired` if it ran out rather than being released.
@@ -162,6 +146,20 @@ impl Metrics {
             self.expiries.inc();
         }
         self.held.observe(held_ms as f64 / 1000.0);
+    }
+
+    /// An expiry or a long hold, kept for the status page.
+    pub fn lease_news(&self, news: impl FnOnce() -> LeaseNews) {
+        if on() {
+            self.recent_leases.push(news());
+        }
+    }
+
+    /// A refused call, kept for the status page.
+    pub fn refused(&self, refused: impl FnOnce() -> Refused) {
+        if on() {
+            self.recent_refusals.push(refused());
+        }
     }
 
     /// A lease has been held `hold_warn_after_ms` (once per lease).
@@ -188,6 +186,11 @@ impl Metrics {
         }
         self.leader_changes.inc();
         self.failover.observe(after.as_secs_f64());
+    }
+
+    /// The `n` most contended resources and their counts.
+    pub fn hot(&self, n: usize) -> Vec<(String, u64)> {
+        self.contention.top(n)
     }
 
     /// The registry of everything above, and the gauges `gauges` reads at each scrape.
@@ -357,8 +360,6 @@ impl prometheus_client::collector::Collector for Scrape {
         let hot: Vec<(String, i64)> = self
             .metrics
             .contention
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
             .top(TOP_N)
             .into_iter()
             .map(|(r, n)| (r, i64::try_from(n).unwrap_or(i64::MAX)))
@@ -376,36 +377,4 @@ impl prometheus_client::collector::Collector for Scrape {
 pub fn get() -> &'static Metrics {
     static METRICS: OnceLock<Metrics> = OnceLock::new();
     METRICS.get_or_init(Metrics::new)
-}
-
-/// The text exposition format (Prometheus 0.0.4) of `registry`.
-pub fn render(registry: &Registry) -> String {
-    let mut out = String::new();
-    prometheus_client::encoding::prometheus_text::encode(&mut out, registry)
-        .expect("writing to a String does not fail");
-    out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_contention_sketch_keeps_the_hot_resources_within_its_bound() {
-        let mut c = Contention::default();
-        for i in 0..10_000 {
-            c.add(&format!("cold-{i}"));
-            if i % 10 == 0 {
-                c.add("hot");
-            }
-            if i % 20 == 0 {
-                c.add("warm");
-            }
-        }
-        assert!(c.counts.len() <= CONTENTION_TRACKED);
-        let top = c.top(2);
-        assert_eq!(top[0].0, "hot");
-        assert_eq!(top[1].0, "warm");
-        assert!(top[0].1 >= 1_000, "never under the truth: {top:?}");
-    }
 }

@@ -326,8 +326,8 @@ async fn serve(
                 source,
             })?;
         let bound = listener.local_addr().map_err(ServeError::LocalAddr)?;
-        info!(addr = %bound, "admin listening: /metrics, /healthz, /readyz");
-        crate::admin::serve(listener, Arc::new(crate::admin::Admin::new(routes.clone())));
+        info!(addr = %bound, "admin listening: /metrics, /healthz, /readyz, / (status page)");
+        opskit::admin::serve(listener, Arc::new(crate::admin::Admin::new(routes.clone())));
     }
     let api = LockApi::new(routes, config.limits.clone(), keys.map(Arc::new), policy);
     let service = LockServiceServer::new(api).max_decoding_message_size(MAX_MESSAGE_BYTES);

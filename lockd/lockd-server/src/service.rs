@@ -547,7 +547,7 @@ impl Call {
     fn of<T>(method: &'static str, request: &Request<T>, resource: &str) -> Call {
         Call {
             method,
-            resource: if crate::audit::on() {
+            resource: if crate::audit::on() || crate::metrics::on() {
                 resource.to_string()
             } else {
                 String::new()
@@ -569,6 +569,13 @@ fn counted<R>(
         Ok((_, outcome)) => outcome,
         Err(s) => {
             let outcome = refused(s);
+            crate::metrics::get().refused(|| crate::metrics::Refused {
+                method,
+                resource: call.resource.clone(),
+                peer: call.peer,
+                outcome,
+                reason: s.message().to_string(),
+            });
             crate::audit::record(
                 "refusal",
                 serde_json::json!({

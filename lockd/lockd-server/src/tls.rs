@@ -111,19 +111,7 @@ impl Slots {
     }
 }
 
-/// Accepts `listener`'s next connection; an accept that fails (out of file descriptors, most
-/// likely) is logged, and the next one tried after a pause.
-pub(crate) async fn accept(listener: &TcpListener) -> (TcpStream, std::net::SocketAddr) {
-    loop {
-        match listener.accept().await {
-            Ok(accepted) => return accepted,
-            Err(e) => {
-                warn!(error = %e, "accepting a connection failed");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-        }
-    }
-}
+use opskit::admin::accept;
 
 /// The plaintext connections accepted on `listener`, at most `connections_max` open at once.
 pub fn incoming_plain(

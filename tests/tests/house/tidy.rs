@@ -31,6 +31,7 @@ const RULES: &[(&str, Option<&[&str]>)] = &[
             "lockd-proto",
             "cli-docs",
             "tlsconf",
+            "opskit",
         ]),
     ),
     (
@@ -42,11 +43,14 @@ const RULES: &[(&str, Option<&[&str]>)] = &[
         Some(&["fencing", "lockd-proto", "lockd-client"]),
     ),
     ("shards", Some(&[])),
-    ("http-relay", Some(&["fencing", "shards", "tlsconf"])),
+    (
+        "http-relay",
+        Some(&["fencing", "shards", "tlsconf", "opskit"]),
+    ),
     ("pg-wire", Some(&[])),
     (
         "pg-relay",
-        Some(&["fencing", "pg-wire", "shards", "tlsconf"]),
+        Some(&["fencing", "pg-wire", "shards", "tlsconf", "opskit"]),
     ),
     (
         "fence-proxy",
@@ -57,11 +61,13 @@ const RULES: &[(&str, Option<&[&str]>)] = &[
             "pg-relay",
             "cli-docs",
             "tlsconf",
+            "opskit",
         ]),
     ),
     ("verifier", Some(&["fencing", "cli-docs"])),
     ("cli-docs", Some(&[])),
     ("tlsconf", Some(&[])),
+    ("opskit", Some(&[])),
     ("e2e", None),
     ("cron-dedup", None),
     ("zombie", None),

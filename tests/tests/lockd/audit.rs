@@ -1,31 +1,10 @@
 //! The audit log: a record of every type (grant, release, expiry, long hold, refusal), none
 //! with a lease id in clear, and the file reopened on SIGHUP (logrotate).
 
-use std::path::Path;
-
-use e2e::{Lockd, PATIENCE};
+use e2e::{Lockd, PATIENCE, audit_records as records_when};
 use serde_json::Value;
 
 use crate::json;
-
-/// The audit records in `path` once `done` says they are complete.
-fn records_when(path: &Path, done: impl Fn(&[Value]) -> bool) -> Vec<Value> {
-    let deadline = std::time::Instant::now() + PATIENCE;
-    loop {
-        let text = std::fs::read_to_string(path).unwrap_or_default();
-        let records: Vec<Value> = text
-            .lines()
-            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
-            .collect();
-        if done(&records) {
-            return records;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the audit log stayed at {records:?}"
-        );
-    }
-}
 
 fn of_type<'a>(records: &'a [Value], kind: &str) -> Vec<&'a Value> {
     records.iter().filter(|r| r["type"] == kind).collect()

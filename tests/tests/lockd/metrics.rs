@@ -2,7 +2,7 @@
 //! label cardinality stays bounded however many resources are used, promtool accepts the
 //! exposition, and /healthz, /readyz and grpc.health.v1 answer.
 
-use e2e::{Lockd, http_get, sample};
+use e2e::{Lockd, http_get, promtool, sample};
 use lockd_proto::v1::acquire_response::Outcome;
 use lockd_proto::v1::lock_service_client::LockServiceClient;
 use lockd_proto::v1::{AcquireRequest, DescribeRequest, ReleaseRequest, RenewRequest};
@@ -15,33 +15,6 @@ fn req(resource: &str, ttl_ms: u64, wait_ms: u64) -> AcquireRequest {
         wait_timeout_ms: wait_ms,
         holder: "metrics-test".to_string(),
     }
-}
-
-/// `promtool check metrics` of `text`: its complaints, if any. Fails clearly without promtool.
-fn promtool(text: &str) -> String {
-    use std::io::Write;
-    let mut child = std::process::Command::new("promtool")
-        .args(["check", "metrics"])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| {
-            panic!("promtool is missing ({e}): apt-get install prometheus, or run ./x test")
-        });
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(text.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(out.status.success(), "promtool failed: {out:?}");
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
 }
 
 #[test]
@@ -146,6 +119,32 @@ fn each_metric_moves_as_the_calls_do() {
     let (status, body) = http_get(&admin, "/nowhere");
     assert_eq!(status, 404);
     assert!(body.contains("/metrics"), "{body}");
+
+    // The status page: the held locks, the longest hold first; the expiry; the refusal.
+    let mut late = rt
+        .block_on(LockServiceClient::connect(lockd.endpoint.clone()))
+        .unwrap();
+    granted(rt.block_on(late.acquire(req("z-late", 60_000, 0))));
+    let (status, page) = http_get(&admin, "/");
+    assert_eq!(status, 200);
+    let at = |needle: &str| {
+        page.find(needle)
+            .unwrap_or_else(|| panic!("{needle:?} not in the status page:\n{page}"))
+    };
+    let held = at("<table id=\"held\"");
+    let b_row = at("<td class=\"wrap\">b</td>");
+    let late_row = at("<td class=\"wrap\">z-late</td>");
+    assert!(held < b_row && b_row < late_row, "b was granted first");
+    assert!(page[held..].contains("metrics-test"), "the holder");
+    let expiries = at("<table id=\"expiries\"");
+    assert!(
+        page[expiries..].contains("<td class=\"wrap\">short</td>"),
+        "{page}"
+    );
+    let refusals = at("<table id=\"refusals\"");
+    assert!(page[refusals..].contains("bad name"), "{page}");
+    assert!(page[refusals..].contains(">invalid<"), "{page}");
+    assert!(page.contains("highest token"), "{page}");
 }
 
 /// 100,000 distinct resources, with waiters on a few hundred of them: the per-resource series

@@ -1,0 +1,547 @@
+//! What fence-proxy records of its fence, in both modes: the metrics (docs/operations.md,
+//! "fence-proxy's metrics"), the audit records of refused writes and ended zombie
+//! transactions, and the recent events its status page lists.
+//!
+//! Nothing is recorded unless [`enable`]d (fence-proxy does when it has an admin listener), so
+//! a proxy without one pays a relaxed load per event. The counters of each mode and outcome
+//! are created once, so a passed check costs an atomic add and a histogram's observation; only
+//! refusals, raises and ended zombies take a lock (the top N and the rings). Every label has a
+//! bounded set of values; the one per-resource series is the top [`TOP_N`] by refusals.
+
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::time::Duration;
+
+use prometheus_client::encoding::DescriptorEncoder;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::{Registry, Unit};
+use serde_json::json;
+
+use crate::recent::Recent;
+use crate::topn::TopN;
+
+static ENABLED: AtomicBool = AtomicBool::new(false);
+
+/// Records metrics and recent events from now on.
+pub fn enable() {
+    ENABLED.store(true, Ordering::Release);
+}
+
+fn on() -> bool {
+    ENABLED.load(Ordering::Relaxed)
+}
+
+/// Whether anything is recorded at all (metrics or audit): callers skip building events
+/// otherwise.
+pub fn observing() -> bool {
+    on() || crate::audit::on()
+}
+
+/// Per-resource series shown at most.
+pub const TOP_N: usize = 10;
+/// Resources whose refusals are counted at once (the sketch behind the top N).
+const REFUSALS_TRACKED: usize = 256;
+/// Events the status page lists at most, of each kind.
+const RECENT_MAX: usize = 100;
+
+/// The proxy mode an event happened in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Mode {
+    Http,
+    Pg,
+}
+
+impl Mode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mode::Http => "http",
+            Mode::Pg => "pg",
+        }
+    }
+    const ALL: [Mode; 2] = [Mode::Http, Mode::Pg];
+}
+
+/// What the fence decided for one fenced request (HTTP) or one check (PostgreSQL).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// Relayed (HTTP), or the check passed (PostgreSQL).
+    Passed,
+    /// The token is below the highest accepted one (409 / FN001).
+    Stale,
+    /// The resource or the token is missing or malformed (400 / FN002).
+    Malformed,
+    /// A signed token that is not lockd's for the resource, or a bare token where a signed one
+    /// is required (403 / FN007).
+    Forged,
+    /// A write to a protected table without a current token (FN005).
+    Unfenced,
+    /// A commit point the fence cannot check (FN006).
+    Uncheckable,
+    /// A token in a database without the check (FN004).
+    NotInstalled,
+    /// Older-token requests were still in flight when the barrier wait ran out (HTTP, 503).
+    BarrierTimeout,
+    /// The fence could not decide: its store failed or is full (HTTP, 503).
+    Unavailable,
+}
+
+impl Outcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Passed => "passed",
+            Outcome::Stale => "stale",
+            Outcome::Malformed => "malformed",
+            Outcome::Forged => "forged",
+            Outcome::Unfenced => "unfenced",
+            Outcome::Uncheckable => "uncheckable",
+            Outcome::NotInstalled => "not_installed",
+            Outcome::BarrierTimeout => "barrier_timeout",
+            Outcome::Unavailable => "unavailable",
+        }
+    }
+    const ALL: [Outcome; 9] = [
+        Outcome::Passed,
+        Outcome::Stale,
+        Outcome::Malformed,
+        Outcome::Forged,
+        Outcome::Unfenced,
+        Outcome::Uncheckable,
+        Outcome::NotInstalled,
+        Outcome::BarrierTimeout,
+        Outcome::Unavailable,
+    ];
+
+    /// The outcome of a SQLSTATE of the fence's (`FN00x`), if it is one of them.
+    pub fn of_sqlstate(code: &[u8]) -> Option<Outcome> {
+        Some(match code {
+            b"FN001" => Outcome::Stale,
+            b"FN002" => Outcome::Malformed,
+            b"FN004" => Outcome::NotInstalled,
+            b"FN005" => Outcome::Unfenced,
+            b"FN006" => Outcome::Uncheckable,
+            b"FN007" => Outcome::Forged,
+            _ => return None,
+        })
+    }
+}
+
+/// Why an upstream exchange failed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum UpstreamError {
+    /// It could not be reached (connect, TLS handshake).
+    Connect,
+    /// It closed the connection, or the connection failed, mid-exchange.
+    Lost,
+    /// It answered something that is not HTTP (HTTP mode).
+    BadResponse,
+    /// It did not answer in time (HTTP mode's `upstream_timeout_ms`).
+    Timeout,
+}
+
+impl UpstreamError {
+    fn as_str(self) -> &'static str {
+        match self {
+            UpstreamError::Connect => "connect",
+            UpstreamError::Lost => "lost",
+            UpstreamError::BadResponse => "bad_response",
+            UpstreamError::Timeout => "timeout",
+        }
+    }
+    const ALL: [UpstreamError; 4] = [
+        UpstreamError::Connect,
+        UpstreamError::Lost,
+        UpstreamError::BadResponse,
+        UpstreamError::Timeout,
+    ];
+}
+
+/// A refused write, as the status page lists it.
+#[derive(Clone, Debug)]
+pub struct Refusal {
+    pub mode: Mode,
+    pub outcome: Outcome,
+    pub resource: String,
+    pub token: String,
+    pub highest: Option<u64>,
+    pub peer: String,
+    /// The database (PostgreSQL mode) or the request's method and path (HTTP mode).
+    pub target: String,
+    /// What the client was told.
+    pub reason: String,
+}
+
+/// A zombie transaction PostgreSQL ended because a newer token waited for it.
+#[derive(Clone, Debug)]
+pub struct Zombie {
+    pub resource: String,
+    pub token: i64,
+    pub newer: Option<i64>,
+    pub peer: String,
+    pub database: String,
+}
+
+/// A mark raised: a newer token accepted for the first time.
+#[derive(Clone, Debug)]
+pub struct Raise {
+    pub mode: Mode,
+    pub resource: String,
+    pub token: u64,
+}
+
+type ModeOutcome = [(&'static str, &'static str); 2];
+type ModeOnly = [(&'static str, &'static str); 1];
+
+pub struct FenceMetrics {
+    checks: Family<ModeOutcome, Counter>,
+    /// `checks`' counters, by mode and outcome, so that counting takes no lookup.
+    check_counters: [[Counter; 9]; 2],
+    durations: Family<ModeOnly, Histogram, fn() -> Histogram>,
+    duration_of: [Histogram; 2],
+    raises: Family<ModeOnly, Counter>,
+    raises_of: [Counter; 2],
+    barrier_waits: Family<ModeOnly, Counter>,
+    barrier_waits_of: [Counter; 2],
+    barrier_timeouts: Family<ModeOnly, Counter>,
+    barrier_timeouts_of: [Counter; 2],
+    zombies: Counter,
+    upstream: Family<ModeOutcome, Counter>,
+    upstream_of: [[Counter; 4]; 2],
+    connections: [AtomicI64; 2],
+    refused_by_resource: TopN,
+    pub recent_refusals: Recent<Refusal>,
+    pub recent_zombies: Recent<Zombie>,
+    pub recent_raises: Recent<Raise>,
+}
+
+fn duration_histogram() -> Histogram {
+    Histogram::new(crate::seconds_buckets())
+}
+
+impl FenceMetrics {
+    fn new() -> FenceMetrics {
+        let checks = Family::<ModeOutcome, Counter>::default();
+        let check_counters = Mode::ALL.map(|m| {
+            Outcome::ALL.map(|o| {
+                checks
+                    .get_or_create(&[("mode", m.as_str()), ("outcome", o.as_str())])
+                    .clone()
+            })
+        });
+        let durations: Family<ModeOnly, Histogram, fn() -> Histogram> =
+            Family::new_with_constructor(duration_histogram);
+        let duration_of =
+            Mode::ALL.map(|m| durations.get_or_create(&[("mode", m.as_str())]).clone());
+        let per_mode = || {
+            let f = Family::<ModeOnly, Counter>::default();
+            let of = Mode::ALL.map(|m| f.get_or_create(&[("mode", m.as_str())]).clone());
+            (f, of)
+        };
+        let (raises, raises_of) = per_mode();
+        let (barrier_waits, barrier_waits_of) = per_mode();
+        let (barrier_timeouts, barrier_timeouts_of) = per_mode();
+        let upstream = Family::<ModeOutcome, Counter>::default();
+        let upstream_of = Mode::ALL.map(|m| {
+            UpstreamError::ALL.map(|e| {
+                upstream
+                    .get_or_create(&[("mode", m.as_str()), ("kind", e.as_str())])
+                    .clone()
+            })
+        });
+        FenceMetrics {
+            checks,
+            check_counters,
+            durations,
+            duration_of,
+            raises,
+            raises_of,
+            barrier_waits,
+            barrier_waits_of,
+            barrier_timeouts,
+            barrier_timeouts_of,
+            zombies: Counter::default(),
+            upstream,
+            upstream_of,
+            connections: [AtomicI64::new(0), AtomicI64::new(0)],
+            refused_by_resource: TopN::new(REFUSALS_TRACKED),
+            recent_refusals: Recent::new(RECENT_MAX),
+            recent_zombies: Recent::new(RECENT_MAX),
+            recent_raises: Recent::new(RECENT_MAX),
+        }
+    }
+
+    /// A fenced request or check that passed, after `took`.
+    pub fn passed(&self, mode: Mode, took: Option<Duration>) {
+        if !on() {
+            return;
+        }
+        self.check_counters[mode as usize][0].inc();
+        if let Some(took) = took {
+            self.duration_of[mode as usize].observe(took.as_secs_f64());
+        }
+    }
+
+    /// A check's duration alone (a refused check's: `refused` counts it).
+    pub fn check_took(&self, mode: Mode, took: Duration) {
+        if on() {
+            self.duration_of[mode as usize].observe(took.as_secs_f64());
+        }
+    }
+
+    /// A write refused with `refusal.outcome` (not `Passed`): counted, listed, and, for a
+    /// stale or forged token, written to the audit log.
+    pub fn refused(&self, refusal: impl FnOnce() -> Refusal, outcome: Outcome, mode: Mode) {
+        let audited = crate::audit::on() && matches!(outcome, Outcome::Stale | Outcome::Forged);
+        if !on() && !audited {
+            return;
+        }
+        let mut r = refusal();
+        // What a client sent may be long (a path, a header): kept bounded, here and in the log.
+        for text in [&mut r.resource, &mut r.token, &mut r.target, &mut r.reason] {
+            clip(text);
+        }
+        if audited {
+            crate::audit::record(
+                "refused_write",
+                json!({
+                    "mode": r.mode.as_str(),
+                    "resource": r.resource,
+                    "token": r.token,
+                    "highest": r.highest,
+                    "caller": r.peer,
+                    "target": r.target,
+                    "result": r.outcome.as_str(),
+                    "reason": r.reason,
+                }),
+            );
+        }
+        if !on() {
+            return;
+        }
+        self.check_counters[mode as usize]
+            [Outcome::ALL.iter().position(|o| *o == outcome).unwrap_or(0)]
+        .inc();
+        if outcome == Outcome::BarrierTimeout {
+            self.barrier_timeouts_of[mode as usize].inc();
+        }
+        if !r.resource.is_empty() {
+            self.refused_by_resource.add(&r.resource);
+        }
+        self.recent_refusals.push(r);
+    }
+
+    /// A mark raised by a newer token.
+    pub fn raised(&self, mode: Mode, resource: &str, token: u64) {
+        if !on() {
+            return;
+        }
+        self.raises_of[mode as usize].inc();
+        self.recent_raises.push(Raise {
+            mode,
+            resource: resource.to_string(),
+            token,
+        });
+    }
+
+    /// A fenced request waited at the barrier for older-token requests in flight.
+    pub fn barrier_wait(&self, mode: Mode) {
+        if on() {
+            self.barrier_waits_of[mode as usize].inc();
+        }
+    }
+
+    /// A zombie transaction ended (PostgreSQL mode): counted, listed and audited.
+    pub fn zombie_ended(&self, zombie: impl FnOnce() -> Zombie) {
+        if !on() && !crate::audit::on() {
+            return;
+        }
+        let mut z = zombie();
+        clip(&mut z.database);
+        crate::audit::record(
+            "zombie_ended",
+            json!({
+                "mode": "pg",
+                "resource": z.resource,
+                "token": z.token,
+                "newer": z.newer,
+                "caller": z.peer,
+                "target": z.database,
+                "result": "ended",
+            }),
+        );
+        if on() {
+            self.zombies.inc();
+            self.recent_zombies.push(z);
+        }
+    }
+
+    pub fn upstream_error(&self, mode: Mode, kind: UpstreamError) {
+        if on() {
+            self.upstream_of[mode as usize][kind as usize].inc();
+        }
+    }
+
+    /// A client connection opened; the guard counts it until dropped.
+    pub fn connection(&'static self, mode: Mode) -> Connection {
+        self.connections[mode as usize].fetch_add(1, Ordering::Relaxed);
+        Connection {
+            metrics: self,
+            mode,
+        }
+    }
+
+    /// Client connections open now.
+    pub fn connections(&self, mode: Mode) -> i64 {
+        self.connections[mode as usize].load(Ordering::Relaxed)
+    }
+
+    /// The count of `outcome` in `mode` since start.
+    pub fn count(&self, mode: Mode, outcome: Outcome) -> u64 {
+        self.check_counters[mode as usize]
+            [Outcome::ALL.iter().position(|o| *o == outcome).unwrap_or(0)]
+        .get()
+    }
+
+    /// Zombie transactions ended since start.
+    pub fn zombies_ended(&self) -> u64 {
+        self.zombies.get()
+    }
+
+    /// The `n` resources with the most refusals.
+    pub fn most_refused(&self, n: usize) -> Vec<(String, u64)> {
+        self.refused_by_resource.top(n)
+    }
+
+    /// Everything above, registered under `fence_proxy_`, with `readiness` read at each
+    /// scrape.
+    pub fn register(&'static self, r: &mut Registry) {
+        let r = r.sub_registry_with_prefix("fence_proxy");
+        r.register(
+            "checks",
+            "Fenced HTTP requests and PostgreSQL checks, by mode and outcome (passed, or refused as stale, malformed, forged...)",
+            self.checks.clone(),
+        );
+        r.register_with_unit(
+            "check_duration",
+            "Time the fence took to decide: HTTP, the admission including any barrier wait; PostgreSQL, from sending the check to its answer",
+            Unit::Seconds,
+            self.durations.clone(),
+        );
+        r.register(
+            "mark_raises",
+            "Newer tokens accepted for the first time (the mark raised)",
+            self.raises.clone(),
+        );
+        r.register(
+            "barrier_waits",
+            "Fenced requests that waited for older-token requests still in flight (HTTP mode)",
+            self.barrier_waits.clone(),
+        );
+        r.register(
+            "barrier_timeouts",
+            "Fenced requests refused because older-token requests were still in flight when the wait ran out (HTTP mode)",
+            self.barrier_timeouts.clone(),
+        );
+        r.register(
+            "zombies_ended",
+            "Transactions with an older token that PostgreSQL ended because a newer token waited for them (FN003)",
+            self.zombies.clone(),
+        );
+        r.register(
+            "upstream_errors",
+            "Exchanges with the upstream that failed, by mode and kind",
+            self.upstream.clone(),
+        );
+        r.register_collector(Box::new(Scrape { metrics: self }));
+    }
+}
+
+/// Longest text of a client's kept in a refusal, in bytes.
+const TEXT_MAX: usize = 300;
+
+/// `text` cut to [`TEXT_MAX`] bytes at a character boundary, with an ellipsis when cut.
+fn clip(text: &mut String) {
+    if text.len() <= TEXT_MAX {
+        return;
+    }
+    let mut end = TEXT_MAX;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    text.truncate(end);
+    text.push('…');
+}
+
+/// A client connection, counted while it lives.
+pub struct Connection {
+    metrics: &'static FenceMetrics,
+    mode: Mode,
+}
+
+impl Drop for Connection {
+    fn drop(&mut self) {
+        self.metrics.connections[self.mode as usize].fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+struct Scrape {
+    metrics: &'static FenceMetrics,
+}
+
+impl std::fmt::Debug for Scrape {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Scrape")
+    }
+}
+
+impl prometheus_client::collector::Collector for Scrape {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        use prometheus_client::encoding::EncodeMetric;
+        use prometheus_client::metrics::MetricType;
+        {
+            let mut family = encoder.encode_descriptor(
+                "connections",
+                "Client connections open now, by mode",
+                None,
+                MetricType::Gauge,
+            )?;
+            for m in Mode::ALL {
+                ConstGauge::new(self.metrics.connections(m))
+                    .encode(family.encode_family(&[("mode", m.as_str())])?)?;
+            }
+        }
+        let mut family = encoder.encode_descriptor(
+            "resource_refusals",
+            "Refused writes since start, for the most refused resources (the top 10 only; approximate above the 256 tracked)",
+            None,
+            MetricType::Gauge,
+        )?;
+        for (resource, n) in self.metrics.most_refused(TOP_N) {
+            ConstGauge::new(i64::try_from(n).unwrap_or(i64::MAX))
+                .encode(family.encode_family(&[("resource", resource.as_str())])?)?;
+        }
+        Ok(())
+    }
+}
+
+/// The process-wide fence metrics.
+pub fn get() -> &'static FenceMetrics {
+    static METRICS: OnceLock<FenceMetrics> = OnceLock::new();
+    METRICS.get_or_init(FenceMetrics::new)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn long_texts_are_clipped_at_a_character_boundary() {
+        let mut long = "é".repeat(400);
+        super::clip(&mut long);
+        assert!(long.len() <= super::TEXT_MAX + '…'.len_utf8());
+        assert!(long.ends_with('…'));
+        let mut short = "inv:a".to_string();
+        super::clip(&mut short);
+        assert_eq!(short, "inv:a");
+    }
+}
