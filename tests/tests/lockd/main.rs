@@ -27,6 +27,7 @@ mod sdk;
 mod server;
 mod signed;
 mod tenants;
+mod timeline;
 mod tls;
 
 use serde_json::Value;
