@@ -75,6 +75,14 @@ pub struct CommonArgs {
     /// without it (logged at start).
     #[arg(long, env = "FENCE_PROXY_INSECURE")]
     pub insecure: bool,
+    /// The admin listener (plain HTTP): /metrics, /healthz, /readyz and the status page at /.
+    /// Off by default; off loopback only with --insecure.
+    #[arg(long, env = "FENCE_PROXY_ADMIN_LISTEN", value_name = "ADDR")]
+    pub admin_listen: Option<std::net::SocketAddr>,
+    /// The audit log: a file (appended to, reopened on SIGHUP), or - for stdout. One JSON
+    /// object per refused stale or forged write and per ended zombie transaction.
+    #[arg(long, env = "FENCE_PROXY_AUDIT_LOG", value_name = "FILE")]
+    pub audit_log: Option<String>,
     /// TLS towards clients: the certificate chain (PEM). Reloaded on SIGHUP.
     #[arg(
         long,

@@ -35,6 +35,12 @@ pub struct Config {
     /// Take plaintext off loopback: listeners without TLS, and upstreams reached without it.
     #[serde(default)]
     pub insecure: bool,
+    /// The admin listener: /metrics, /healthz, /readyz and the status page (none: off).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub admin_listen: Option<SocketAddr>,
+    /// The audit log: a file, or `-` for stdout (none: off).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub audit_log: Option<String>,
     #[serde(default)]
     pub fence: FenceConfig,
     /// Signed tokens: the keys and the resources that need them (none: tokens are unsigned).
@@ -500,6 +506,8 @@ impl Config {
                     log_format: a.common.log_format,
                     workers: a.common.workers,
                     insecure: a.common.insecure,
+                    admin_listen: a.common.admin_listen,
+                    audit_log: a.common.audit_log.clone(),
                     fence: FenceConfig {
                         barrier_wait_ms: a.barrier_wait_ms,
                         store: a.marks_store,
@@ -533,6 +541,8 @@ impl Config {
                     log_format: a.common.log_format,
                     workers: a.common.workers,
                     insecure: a.common.insecure,
+                    admin_listen: a.common.admin_listen,
+                    audit_log: a.common.audit_log.clone(),
                     fence: FenceConfig::default(),
                     signing: a.common.signing(),
                     http: Vec::new(),
@@ -625,6 +635,21 @@ impl Config {
             bail!(
                 "{first}: anyone on the network could read the tokens, passwords and data in transit; use TLS, keep it on loopback (a sidecar), or set insecure = true (--insecure) to go on anyway"
             );
+        }
+        if let Some(a) = self.admin_listen
+            && !a.ip().is_loopback()
+            && !self.insecure
+        {
+            bail!(
+                "admin_listen {a} is not a loopback address: its plain HTTP shows resource names, tokens and peers to anyone who reaches it; put it on loopback behind your scraper's proxy, or set insecure = true"
+            );
+        }
+        if self
+            .audit_log
+            .as_deref()
+            .is_some_and(|a| a.trim().is_empty())
+        {
+            bail!("audit_log must be a file path, or - for stdout");
         }
         if let Some(signing) = &self.signing {
             signing.policy()?;
@@ -886,6 +911,8 @@ mod tests {
         });
         c.http[0].unmatched = Some(Unmatched::Pass);
         c.fence.postgres_url = Some("postgres://localhost/db".into());
+        c.admin_listen = Some("127.0.0.1:8421".parse().unwrap());
+        c.audit_log = Some("-".into());
         let mut pg = PgConfig::new("127.0.0.1:6543".parse().unwrap(), "db:5432".into());
         pg.schema_urls
             .push("postgres://postgres@db:5432/app".into());
@@ -916,6 +943,8 @@ mod tests {
             "--fence-wait-ms",
             "--connections-max",
             "--message-max-bytes",
+            "--admin-listen",
+            "--audit-log",
             "print-schema",
         ] {
             assert!(

@@ -177,8 +177,8 @@ impl PgFence {
         .bind(t)
         .execute(&mut *tx)
         .await;
-        match raised {
-            Ok(_) => {}
+        let rows = match raised {
+            Ok(done) => done.rows_affected(),
             Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some(LOCK_NOT_AVAILABLE) => {
                 return Err(Refusal::Barrier {
                     resource: resource.clone(),
@@ -186,9 +186,12 @@ impl PgFence {
                 });
             }
             Err(e) => return Err(unavailable(e)),
-        }
+        };
         tx.commit().await.map_err(unavailable)?;
         tracing::debug!(%resource, token = t, "mark raised in PostgreSQL");
+        if rows > 0 {
+            opskit::fence::get().raised(opskit::fence::Mode::Http, resource.as_str(), t as u64);
+        }
         Ok(())
     }
 }

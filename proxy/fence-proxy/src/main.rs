@@ -5,6 +5,7 @@ mod cli;
 mod config;
 mod fence_pg;
 mod marks_redb;
+mod ops;
 mod signing;
 mod tls;
 
@@ -90,6 +91,27 @@ async fn run(config: Config) -> anyhow::Result<()> {
     for what in config.plaintext() {
         tracing::warn!(%what, "plaintext off loopback (insecure = true): tokens and data travel unencrypted");
     }
+    if let Some(target) = &config.audit_log {
+        opskit::audit::start(target, "fence-proxy-audit").map_err(anyhow::Error::msg)?;
+        tracing::info!(audit_log = %target, "writing the audit log");
+    }
+    let ops = match config.admin_listen {
+        None => None,
+        Some(addr) => {
+            // Before any listener: every session records from its start.
+            opskit::fence::enable();
+            let ops = Arc::new(ops::Ops::new());
+            let listener = tokio::net::TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("admin_listen: cannot listen on {addr}"))?;
+            tracing::info!(addr = %listener.local_addr()?, "admin listening: /metrics, /healthz, /readyz, / (status page)");
+            opskit::admin::serve(
+                listener,
+                Arc::clone(&ops) as Arc<dyn opskit::admin::Endpoints>,
+            );
+            Some(ops)
+        }
+    };
     // What SIGHUP reads again: every listener's certificate and every upstream's TLS files.
     let mut reloads: Vec<Arc<dyn tlsconf::Reload>> = Vec::new();
     let signing = Arc::new(config.signing_policy()?);
@@ -126,6 +148,9 @@ async fn run(config: Config) -> anyhow::Result<()> {
         let shards = shards::bind(p.listen, workers)
             .with_context(|| format!("cannot listen on {}", p.listen))?;
         let addr = shards[0].local_addr()?;
+        if let Some(ops) = &ops {
+            ops.listening(format!("pg {addr} → {}", p.upstream));
+        }
         tracing::info!(%addr, upstream = %p.upstream, tls = p.tls_cert.is_some(), upstream_tls = ?p.upstream_tls, fence_wait_ms = p.fence_wait_ms, workers, "listening (pg)");
         // One relay (limits, map of marks, cancel keys) for all the listener's threads; each
         // thread runs its own event loop, and a session stays on the thread that accepted it
@@ -149,10 +174,19 @@ async fn run(config: Config) -> anyhow::Result<()> {
     let mut threads = if config.http.is_empty() {
         Vec::new()
     } else {
-        start_http(&config, &stop_rx, &signing, &mut reloads).await?
+        start_http(&config, &stop_rx, &signing, &mut reloads, ops.as_deref()).await?
     };
     threads.extend(pg_threads);
     tlsconf::reload_on_sighup(reloads);
+    if let Some(ops) = &ops {
+        ops.started();
+        let urls = config
+            .pg
+            .iter()
+            .flat_map(|p| p.schema_urls.clone())
+            .collect();
+        ops.probe(urls, std::time::Duration::from_secs(5));
+    }
     shutdown_signal().await;
     tracing::info!("shutting down: finishing requests in progress");
     let _ = stop_tx.send(true);
@@ -174,6 +208,7 @@ async fn start_http(
     stop_rx: &watch::Receiver<bool>,
     signing: &Arc<fencing::signed::Policy>,
     reloads: &mut Vec<Arc<dyn tlsconf::Reload>>,
+    ops: Option<&ops::Ops>,
 ) -> anyhow::Result<Vec<std::thread::JoinHandle<std::io::Result<()>>>> {
     let fence: Arc<dyn Fence> = match config.fence.store {
         MarksStore::Redb => {
@@ -230,6 +265,9 @@ async fn start_http(
                 .iter()
                 .map(|t| Arc::clone(t) as Arc<dyn tlsconf::Reload>),
         );
+        if let Some(ops) = ops {
+            ops.listening(format!("http {addr} → {}", h.upstream));
+        }
         tracing::info!(%addr, upstream = %h.upstream, tls = tls.is_some(), routes = h.routes.len(), workers, "listening (http)");
         let mut limits = h.server();
         limits.connections_max = limits.connections_max.div_ceil(workers);

@@ -184,6 +184,7 @@ impl LocalFence {
     ) -> Result<Permit, Refusal> {
         let deadline = tokio::time::Instant::now() + self.barrier_wait;
         let key = resource.as_str();
+        let mut waited = false;
         loop {
             // Register for wake-ups before looking, so that no change is missed in between.
             let changed = self.changed.notified();
@@ -234,12 +235,17 @@ impl LocalFence {
                 Ok(Step::Wait { older, durable }) => {
                     if older > 0 {
                         tracing::debug!(%resource, %token, older, durable, "waiting for older-token requests in flight");
+                        if !waited {
+                            waited = true;
+                            opskit::fence::get().barrier_wait(opskit::fence::Mode::Http);
+                        }
                     }
                     false
                 }
             };
             if raised {
                 tracing::debug!(%resource, %token, "mark raised");
+                opskit::fence::get().raised(opskit::fence::Mode::Http, key, token.get());
                 self.persist(resource.clone(), token);
                 continue; // look again: the mark may already be durable and nothing older in flight
             }

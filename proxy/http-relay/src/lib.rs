@@ -39,6 +39,7 @@ mod problem;
 mod relay;
 mod routes;
 mod server;
+mod tally;
 mod upstream;
 
 pub use fence::{

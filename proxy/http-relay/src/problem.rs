@@ -134,6 +134,11 @@ impl Problem {
         }
     }
 
+    /// The answer's title (what the client was told, in short).
+    pub fn title(&self) -> &'static str {
+        self.parts().2
+    }
+
     /// The HTTP status of this answer.
     pub fn status(&self) -> StatusCode {
         self.parts().0

@@ -33,6 +33,7 @@ use crate::h1::{self, Decoded, Framing};
 use crate::problem::Problem;
 use crate::routes::{Classification, Routes};
 use crate::upstream::{self, Upstream, alive, kept_readable};
+use opskit::fence::{self as obs, Mode, UpstreamError};
 
 /// Bytes read from a socket at a time.
 pub(crate) const READ_CHUNK: usize = 16 * 1024;
@@ -193,7 +194,7 @@ impl Drop for Conn<'_> {
 }
 
 /// Why an exchange with the upstream failed before a response head arrived.
-enum SendError {
+pub(crate) enum SendError {
     /// The client went away (while its body was read, or while a 1xx was written to it).
     ClientGone,
     /// The request body went above the limit.
@@ -306,14 +307,34 @@ impl Conn<'_> {
             Classification::FenceByHeader => Some(self.fence_args(&req, None)),
             Classification::FenceNamed(name) => Some(self.fence_args(&req, Some(name))),
         };
+        // What a refusal names as its target, taken before the head leaves the buffer.
+        let target = if admission.is_some() && obs::observing() {
+            format!("{} {path}", req.method)
+        } else {
+            String::new()
+        };
         self.input.advance(req.head_len);
         let permit: Option<Permit> = match admission {
             None => None,
-            Some(Err(problem)) => return self.refuse(problem, &req).await,
-            Some(Ok((resource, token))) => match relay.fence.admit(&resource, token).await {
-                Ok(permit) => Some(permit),
-                Err(refusal) => return self.refuse(Problem::Refused(refusal), &req).await,
-            },
+            Some(Err(problem)) => {
+                crate::tally::refused(&problem, self.peer, target);
+                return self.refuse(problem, &req).await;
+            }
+            Some(Ok((resource, token))) => {
+                let started = Instant::now();
+                match relay.fence.admit(&resource, token).await {
+                    Ok(permit) => {
+                        obs::get().passed(Mode::Http, Some(started.elapsed()));
+                        Some(permit)
+                    }
+                    Err(refusal) => {
+                        obs::get().check_took(Mode::Http, started.elapsed());
+                        let problem = Problem::Refused(refusal);
+                        crate::tally::refused(&problem, self.peer, target);
+                        return self.refuse(problem, &req).await;
+                    }
+                }
+            }
         };
         let limit = relay.config.body_max_bytes;
         let mut body = BodyIn {
@@ -344,6 +365,7 @@ impl Conn<'_> {
         let (mut up, response) = match sent {
             Ok(Ok(sent)) => sent,
             Ok(Err(e)) => {
+                crate::tally::send_failed(&e);
                 let problem = match e {
                     SendError::ClientGone => return false,
                     SendError::TooLarge => Problem::BodyTooLarge { limit },
@@ -360,6 +382,7 @@ impl Conn<'_> {
                 return !close;
             }
             Err(_) => {
+                obs::get().upstream_error(Mode::Http, UpstreamError::Timeout);
                 let problem = Problem::UpstreamTimeout {
                     after_ms: timeout.as_millis() as u64,
                 };

@@ -86,7 +86,11 @@ pub async fn serve(
         let header_read_timeout = limits.header_read_timeout;
         let acceptor = tls.as_ref().map(|t| t.acceptor());
         tokio::spawn(async move {
-            let _counted = (permit, load);
+            let _counted = (
+                permit,
+                load,
+                opskit::fence::get().connection(opskit::fence::Mode::Http),
+            );
             let stream = match acceptor {
                 None => Stream::Plain(stream),
                 Some(acceptor) => {

@@ -22,6 +22,7 @@ mod machine;
 pub mod schema;
 mod session;
 pub mod sqlstate;
+mod tally;
 pub mod upstream;
 
 use std::future::Future;

@@ -35,6 +35,7 @@
 //!   client's replies are forwarded, the relay's own are read and hidden.
 
 use std::collections::{HashMap, VecDeque};
+use std::time::{Duration, Instant};
 
 use compact_str::CompactString;
 use pg_wire::WireError;
@@ -293,6 +294,36 @@ struct Check {
     /// The transaction ends right after it ([`Form::Commit`]): before a `COMMIT` (or `END`,
     /// `PREPARE TRANSACTION`), or at the end of an implicit transaction.
     ends: bool,
+    /// When it was queued for PostgreSQL (its duration is a metric).
+    sent: Instant,
+}
+
+/// What a check found, or a refusal of the fence's, for fence-proxy's metrics, status page and
+/// audit log: kept only when the machine observes, and drained by the session after each
+/// message (it knows the peer and the database).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Event {
+    /// A check with a token passed; `raised`: with a token above the mark this relay knew.
+    Passed {
+        took: Duration,
+        raised: Option<(CompactString, i64)>,
+    },
+    /// PostgreSQL refused with one of the fence's SQLSTATEs (`FN00x`): from a check (`took`)
+    /// or from a statement (a protected table's trigger).
+    Refused {
+        code: [u8; 5],
+        took: Option<Duration>,
+        resource: String,
+        token: String,
+        highest: Option<i64>,
+        message: String,
+    },
+    /// PostgreSQL ended this session's open transaction for a newer token (said as FN003).
+    FencedOut {
+        resource: CompactString,
+        token: i64,
+        newer: Option<i64>,
+    },
 }
 
 /// What PostgreSQL will answer next, in order.
@@ -402,6 +433,9 @@ pub(crate) enum Local {
 }
 
 pub(crate) struct Machine {
+    /// What the checks found, while `observe` (see [`Event`]).
+    pub(crate) events: Vec<Event>,
+    observe: bool,
     wait_param: String,
     phase: Phase,
     installed: Installed,
@@ -471,6 +505,8 @@ pub(crate) struct Machine {
 impl Machine {
     pub(crate) fn new(fence_wait_ms: u128) -> Machine {
         Machine {
+            events: Vec::new(),
+            observe: false,
             wait_param: fence_wait_ms.clamp(1, i32::MAX as u128).to_string(),
             phase: Phase::Auth,
             installed: Installed::Unknown,
@@ -504,6 +540,11 @@ impl Machine {
             no_channel_binding: false,
             sasl_asked: false,
         }
+    }
+
+    /// Keeps [`Event`]s in `events` from now on.
+    pub(crate) fn observe(&mut self) {
+        self.observe = true;
     }
 
     /// The client's TLS ends here and PostgreSQL's is another certificate's: a client's
@@ -831,6 +872,7 @@ impl Machine {
             bare: self.installed == Installed::No,
             at_commit: form != Form::Before,
             ends: form == Form::Commit,
+            sent: Instant::now(),
         };
         let wait = self.wait_param.clone();
         let expect = Expect::Check(check);
@@ -1143,6 +1185,7 @@ impl Machine {
             bare: !installed,
             at_commit: false,
             ends: false,
+            sent: Instant::now(),
         };
         let mut new_text = Vec::with_capacity(text.len() + (q.before.len() + 1) * 64);
         let mut units = VecDeque::new();
@@ -1490,6 +1533,13 @@ impl Machine {
     fn check_passed(&mut self, check: Check, marks: &dyn Marks) {
         match self.check_row.take() {
             Some(CheckRow::Token(resource, token)) => {
+                if self.observe {
+                    let raised = marks.mark(&resource).is_none_or(|m| m < token);
+                    self.events.push(Event::Passed {
+                        took: check.sent.elapsed(),
+                        raised: raised.then(|| (resource.clone(), token)),
+                    });
+                }
                 marks.raise(&resource, token);
                 self.hint = Some((resource.clone(), token, check.generation));
                 self.no_token = None;
@@ -1598,6 +1648,22 @@ impl Machine {
                 }),
         };
         let (from_check, check) = self.failed_check();
+        if self.observe
+            && self.phase != Phase::Probing
+            && let Ok(code) = <[u8; 5]>::try_from(fields.code)
+            && code.starts_with(b"FN")
+        {
+            let (resource, token, highest) = sqlstate::parse_refusal_detail(fields.detail);
+            self.events.push(Event::Refused {
+                code,
+                took: check.map(|c| c.sent.elapsed()),
+                resource: resource.to_string(),
+                token: token.to_string(),
+                highest,
+                message: String::from_utf8_lossy(&fields.message[..fields.message.len().min(300)])
+                    .into_owned(),
+            });
+        }
         if self.phase == Phase::Probing {
             // A statement of the probe failed: the check is not usable in this database. The
             // bare form, first, is what remains (if it was prepared).
@@ -1646,6 +1712,13 @@ impl Machine {
                 let newer = marks.mark(resource).filter(|h| h > token);
                 let mut out = Vec::new();
                 sqlstate::fenced_out(&mut out, resource, *token, newer);
+                if self.observe {
+                    self.events.push(Event::FencedOut {
+                        resource: resource.clone(),
+                        token: *token,
+                        newer,
+                    });
+                }
                 return Verdict::Hold(out);
             }
         }

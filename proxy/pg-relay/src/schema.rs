@@ -321,6 +321,36 @@ pub async fn install_waiting(
     }
 }
 
+/// Whether the check is installed in the database `url` names, for fence-proxy's `/readyz`:
+/// `Err` says why not (not installed, or the database cannot be asked).
+pub async fn probe(url: &str, connect_timeout: std::time::Duration) -> Result<(), String> {
+    use sqlx::Connection;
+    let shown = redact(url);
+    let asked = tokio::time::timeout(connect_timeout, async {
+        let mut conn = sqlx::PgConnection::connect(url).await?;
+        let found: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_catalog.pg_proc p \
+             JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace \
+             WHERE n.nspname = 'fencing' AND p.proname = 'check'",
+        )
+        .fetch_one(&mut conn)
+        .await?;
+        let _ = conn.close().await;
+        Ok::<_, sqlx::Error>(found)
+    })
+    .await;
+    match asked {
+        Ok(Ok(0)) => Err(format!(
+            "{shown}: the fence check is not installed (schema fencing has no check)"
+        )),
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(e)) => Err(format!(
+            "{shown}: cannot ask whether the check is installed: {e}"
+        )),
+        Err(_) => Err(format!("{shown}: no answer within {connect_timeout:?}")),
+    }
+}
+
 /// `url` without its password, for messages.
 pub fn redact(url: &str) -> String {
     match (url.find("://"), url.rfind('@')) {

@@ -39,6 +39,7 @@ use tokio::net::TcpStream;
 use tokio::sync::Notify;
 
 use crate::machine::{Local, Machine, Step, Verdict};
+use crate::tally::Who;
 use crate::{ListenerTls, Marks, Relay, sqlstate, upstream};
 
 /// Messages larger than this are streamed rather than held whole, where they may be (CopyData
@@ -59,7 +60,10 @@ pub(crate) const ALPN: &[u8] = b"postgresql";
 pub(crate) async fn run(relay: Arc<Relay>, client: TcpStream, peer: SocketAddr) {
     let _ = client.set_nodelay(true);
     let open = relay.connections.fetch_add(1, Ordering::AcqRel) + 1;
-    let _count = Decrement(&relay);
+    let _count = (
+        Decrement(&relay),
+        opskit::fence::get().connection(opskit::fence::Mode::Pg),
+    );
     let full = open > relay.config.connections_max;
     let Some(starting) = relay.starting.take(peer.ip()) else {
         let max = relay.starting.max();
@@ -338,6 +342,10 @@ async fn session(
         Ok(s) => s,
         Err(m) => {
             tracing::warn!(%peer, error = %m, "cannot open a session with PostgreSQL");
+            opskit::fence::get().upstream_error(
+                opskit::fence::Mode::Pg,
+                opskit::fence::UpstreamError::Connect,
+            );
             return fatal(
                 client,
                 sqlstate::CANNOT_CONNECT,
@@ -350,6 +358,10 @@ async fn session(
     tracing::debug!(%peer, tls = client.is_tls(), upstream_tls = upstream.is_tls(), "session started");
 
     let mut machine = Machine::new(relay.config.fence_wait.as_millis());
+    if opskit::fence::observing() {
+        machine.observe();
+    }
+    let who = Who { peer, database };
     if let Some(ours) = &leaf
         && upstream.is_tls()
         && upstream.peer_certificates().and_then(|c| c.first()) != Some(ours)
@@ -357,9 +369,9 @@ async fn session(
         machine.refuse_channel_binding();
     }
     if let Some(verified) = &relay.config.verified_databases
-        && !verified.contains(&database)
+        && !verified.contains(&who.database)
     {
-        tracing::debug!(%peer, %database, "signed tokens are on and this database has no keys of this proxy: tokens are refused here");
+        tracing::debug!(%peer, database = %who.database, "signed tokens are on and this database has no keys of this proxy: tokens are refused here");
         machine.refuse_tokens();
     }
     let shared = Shared {
@@ -371,7 +383,7 @@ async fn session(
     let (mut client_r, mut client_w) = tokio::io::split(client);
     let (upstream_r, upstream_w) = Half::pair(upstream);
     let c2s = to_server(relay, &marks, &shared, &mut client_r, upstream_w, buf);
-    let s2c = to_client(relay, &marks, &shared, upstream_r, &mut client_w);
+    let s2c = to_client(relay, &marks, &shared, upstream_r, &mut client_w, &who);
     tokio::pin!(c2s, s2c);
     // Polled in this order, the client-to-server direction first: what it queues for the
     // client is then usually written in the same wake-up.
@@ -708,6 +720,7 @@ async fn to_client(
     shared: &Shared,
     mut server: Half,
     client: &mut (impl AsyncWrite + Unpin),
+    who: &Who,
 ) -> std::io::Result<()> {
     let mut buf = BytesMut::with_capacity(32 << 10);
     let mut out = Vec::with_capacity(32 << 10);
@@ -736,6 +749,8 @@ async fn to_client(
                 // take is said after the handshake): the client learns why.
                 let why = tlsconf::client_handshake_error(&e);
                 tracing::warn!(error = %why, "the connection to PostgreSQL failed");
+                opskit::fence::get()
+                    .upstream_error(opskit::fence::Mode::Pg, opskit::fence::UpstreamError::Lost);
                 if !framer.mid_message() {
                     let mut out = Vec::new();
                     sqlstate::fatal(
@@ -784,6 +799,9 @@ async fn to_client(
                         &mut out,
                         &mut cancel,
                     )?;
+                    if !m.events.is_empty() {
+                        crate::tally::record(&mut m.events, who);
+                    }
                     m.wants_progress()
                 };
                 if !out.is_empty() {

@@ -117,6 +117,25 @@ pub fn parse_stale_detail(detail: &[u8]) -> Option<(&str, i64, i64)> {
     Some((resource, token.parse().ok()?, highest.parse().ok()?))
 }
 
+/// The resource, presented token and highest accepted token in the DETAIL of a refusal of
+/// the fence's ("resource: R, presented token: T[, highest accepted token: H]"), as far as it
+/// says them (empty and `None` otherwise).
+pub fn parse_refusal_detail(detail: &[u8]) -> (&str, &str, Option<i64>) {
+    let Some(rest) = std::str::from_utf8(detail)
+        .ok()
+        .and_then(|d| d.strip_prefix("resource: "))
+    else {
+        return ("", "", None);
+    };
+    let Some((resource, rest)) = rest.split_once(", presented token: ") else {
+        return (rest, "", None);
+    };
+    match rest.split_once(", highest accepted token: ") {
+        Some((token, highest)) => (resource, token, highest.parse().ok()),
+        None => (resource, rest, None),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
@@ -129,5 +148,14 @@ mod tests {
             Some(("inv:1", 41, 42))
         );
         assert_eq!(super::parse_stale_detail(b"resource: x"), None);
+        assert_eq!(
+            super::parse_refusal_detail(fields.detail),
+            ("inv:1", "41", Some(42))
+        );
+        assert_eq!(
+            super::parse_refusal_detail(b"resource: a, presented token: 7.k.ff"),
+            ("a", "7.k.ff", None)
+        );
+        assert_eq!(super::parse_refusal_detail(b"no detail"), ("", "", None));
     }
 }

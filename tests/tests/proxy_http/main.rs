@@ -14,9 +14,11 @@
 mod answers;
 mod bypass;
 mod durability;
+mod observe;
 mod ordering;
 mod replicas;
 mod signed;
+mod status_pages;
 mod streaming;
 mod tls;
 

@@ -21,6 +21,7 @@ mod commit_point;
 mod drivers;
 mod fencing;
 mod input;
+mod observe;
 mod protected;
 mod replicas;
 mod signed;

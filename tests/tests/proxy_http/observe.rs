@@ -1,0 +1,174 @@
+//! What the HTTP mode shows operators (issue 18): each metric moves as the requests do, the
+//! audit log records a refused stale write, /readyz, and the status page lists the mark and
+//! the refusal.
+
+use e2e::client::{body, client, send};
+use e2e::upstream::Upstream;
+use e2e::{FenceProxy, audit_records, http_get, promtool, sample};
+
+use crate::{runtime, spawn_put};
+
+#[test]
+fn each_metric_moves_as_the_requests_do_and_a_stale_write_is_audited() {
+    let dir = tempfile::tempdir().unwrap();
+    let upstream = Upstream::start();
+    let audit = dir.path().join("audit.jsonl");
+    // A second listener whose upstream refuses connections: an upstream error.
+    let dead = e2e::free_loopback_addr();
+    let config = format!(
+        "admin_listen = \"127.0.0.1:0\"\naudit_log = \"{}\"\ndata_dir = \"{}\"\n[fence]\nbarrier_wait_ms = 200\n\
+         [[http]]\nlisten = \"127.0.0.1:0\"\nupstream = \"{}\"\n\
+         [[http]]\nlisten = \"127.0.0.1:0\"\nupstream = \"http://{dead}\"\n",
+        audit.display(),
+        dir.path().join("data").display(),
+        upstream.url()
+    );
+    let px = FenceProxy::start(dir.path(), &config, 2);
+    let admin = px.admin();
+    let rt = runtime();
+    let c = client();
+    let url = format!("{}/stock", px.urls[0]);
+    let put =
+        |headers: &[(&str, &str)]| rt.block_on(send(&c, "PUT", &url, headers, body(""))).status;
+    // Two tokens passed (two raises), one stale, two malformed (one missing).
+    assert_eq!(
+        put(&[("fencing-resource", "inv:a"), ("fencing-token", "5")]),
+        200
+    );
+    assert_eq!(
+        put(&[("fencing-resource", "inv:a"), ("fencing-token", "7")]),
+        200
+    );
+    assert_eq!(
+        put(&[("fencing-resource", "inv:a"), ("fencing-token", "5")]),
+        409
+    );
+    assert_eq!(put(&[("fencing-resource", "inv:a")]), 428);
+    assert_eq!(
+        put(&[("fencing-resource", "inv:a"), ("fencing-token", "abc")]),
+        400
+    );
+    // A barrier wait that times out: 8 waits for 7's request held at the upstream.
+    let old = spawn_put(&rt, &url, "inv:b", 7, Some("old"));
+    upstream.wait_until("the old write", |s| {
+        s.iter()
+            .any(|s| s.token == Some(7) && s.resource.as_deref() == Some("inv:b"))
+    });
+    assert_eq!(
+        put(&[("fencing-resource", "inv:b"), ("fencing-token", "8")]),
+        503
+    );
+    upstream.release("old");
+    assert_eq!(rt.block_on(old).unwrap().status, 200);
+    // The upstream that is not there.
+    let down = rt.block_on(send(
+        &c,
+        "PUT",
+        &format!("{}/x", px.urls[1]),
+        &[("fencing-resource", "inv:c"), ("fencing-token", "1")],
+        body(""),
+    ));
+    assert_eq!(down.status, 502);
+
+    let (status, text) = http_get(&admin, "/metrics");
+    assert_eq!(status, 200);
+    let v =
+        |series: &str| sample(&text, series).unwrap_or_else(|| panic!("no {series} in\n{text}"));
+    // inv:a 5 and 7, inv:b 7, inv:c 1 (relayed, then the upstream failed).
+    assert_eq!(
+        v(r#"fence_proxy_checks_total{mode="http",outcome="passed"}"#),
+        4.0
+    );
+    assert_eq!(
+        v(r#"fence_proxy_checks_total{mode="http",outcome="stale"}"#),
+        1.0
+    );
+    assert_eq!(
+        v(r#"fence_proxy_checks_total{mode="http",outcome="malformed"}"#),
+        2.0
+    );
+    assert_eq!(
+        v(r#"fence_proxy_checks_total{mode="http",outcome="barrier_timeout"}"#),
+        1.0
+    );
+    assert_eq!(
+        v(r#"fence_proxy_checks_total{mode="pg",outcome="passed"}"#),
+        0.0
+    );
+    // Raises: inv:a 5, 7; inv:b 7, 8 (raised, then timed out at the barrier); inv:c 1.
+    assert_eq!(v(r#"fence_proxy_mark_raises_total{mode="http"}"#), 5.0);
+    assert_eq!(v(r#"fence_proxy_barrier_waits_total{mode="http"}"#), 1.0);
+    assert_eq!(v(r#"fence_proxy_barrier_timeouts_total{mode="http"}"#), 1.0);
+    assert_eq!(
+        v(r#"fence_proxy_upstream_errors_total{mode="http",kind="connect"}"#),
+        1.0
+    );
+    assert_eq!(
+        v(r#"fence_proxy_check_duration_seconds_count{mode="http"}"#),
+        6.0
+    );
+    assert_eq!(v(r#"fence_proxy_resource_refusals{resource="inv:a"}"#), 1.0);
+    assert_eq!(v(r#"fence_proxy_resource_refusals{resource="inv:b"}"#), 1.0);
+    assert!(v(r#"fence_proxy_connections{mode="http"}"#) >= 0.0);
+    let complaints = promtool(&text);
+    assert!(complaints.trim().is_empty(), "promtool: {complaints}");
+
+    // The refused stale write, in the audit log with everything an auditor needs.
+    let records = audit_records(&audit, |r| r.iter().any(|r| r["result"] == "stale"));
+    let stale = records.iter().find(|r| r["result"] == "stale").unwrap();
+    assert_eq!(stale["type"], "refused_write", "{stale}");
+    assert_eq!(stale["mode"], "http");
+    assert_eq!(stale["resource"], "inv:a");
+    assert_eq!(stale["token"], "5");
+    assert_eq!(stale["highest"], 7);
+    assert_eq!(stale["target"], "PUT /stock");
+    assert!(
+        stale["caller"].as_str().unwrap().starts_with("127.0.0.1:"),
+        "{stale}"
+    );
+    assert!(stale["time"].as_str().unwrap().ends_with('Z'), "{stale}");
+    // Malformed requests are counted, not audited (nothing was at stake).
+    assert!(
+        records.iter().all(|r| r["result"] != "malformed"),
+        "{records:?}"
+    );
+
+    assert_eq!(http_get(&admin, "/readyz"), (200, "ready\n".to_string()));
+    assert_eq!(http_get(&admin, "/healthz").0, 200);
+    let (status, page) = http_get(&admin, "/");
+    assert_eq!(status, 200);
+    assert!(page.contains("<td class=\"wrap\">inv:a</td>"), "{page}");
+    assert!(page.contains("stale write(s) refused"), "{page}");
+    assert_eq!(http_get(&admin, "/nope").0, 404);
+}
+
+#[test]
+fn an_admin_listener_off_loopback_needs_insecure() {
+    let dir = tempfile::tempdir().unwrap();
+    let said = FenceProxy::refused(
+        dir.path(),
+        "admin_listen = \"0.0.0.0:0\"\n[[http]]\nlisten = \"127.0.0.1:0\"\nupstream = \"http://127.0.0.1:1\"\n",
+    );
+    assert!(
+        said.contains("admin_listen 0.0.0.0:0 is not a loopback address"),
+        "{said}"
+    );
+    let said = FenceProxy::refused(
+        dir.path(),
+        "audit_log = \"\"\n[[http]]\nlisten = \"127.0.0.1:0\"\nupstream = \"http://127.0.0.1:1\"\n",
+    );
+    assert!(said.contains("audit_log must be a file path"), "{said}");
+    let mut p = FenceProxy::spawn(
+        dir.path(),
+        &format!(
+            "audit_log = \"{}/no/such/dir/a.jsonl\"\n[[http]]\nlisten = \"127.0.0.1:0\"\nupstream = \"http://127.0.0.1:1\"\n",
+            dir.path().display()
+        ),
+    );
+    assert!(!p.wait().success());
+    let said = p.stderr.text();
+    assert!(
+        said.contains("audit_log") && said.contains("cannot open it"),
+        "{said}"
+    );
+}
