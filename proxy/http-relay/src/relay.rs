@@ -307,30 +307,32 @@ impl Conn<'_> {
             Classification::FenceByHeader => Some(self.fence_args(&req, None)),
             Classification::FenceNamed(name) => Some(self.fence_args(&req, Some(name))),
         };
-        // What a refusal names as its target, taken before the head leaves the buffer.
-        let target = if admission.is_some() && obs::observing() {
-            format!("{} {path}", req.method)
-        } else {
-            String::new()
-        };
-        self.input.advance(req.head_len);
+        // A refusal is tallied before the head (its method and path) leaves the buffer.
         let permit: Option<Permit> = match admission {
-            None => None,
+            None => {
+                self.input.advance(req.head_len);
+                None
+            }
             Some(Err(problem)) => {
-                crate::tally::refused(&problem, self.peer, target);
+                crate::tally::refused(&problem, self.peer, &req.method, path);
+                self.input.advance(req.head_len);
                 return self.refuse(problem, &req).await;
             }
             Some(Ok((resource, token))) => {
                 let started = Instant::now();
-                match relay.fence.admit(&resource, token).await {
+                let admitted = relay.fence.admit(&resource, token).await;
+                let admitted = admitted.map_err(Problem::Refused);
+                if let Err(problem) = &admitted {
+                    crate::tally::refused(problem, self.peer, &req.method, path);
+                }
+                self.input.advance(req.head_len);
+                match admitted {
                     Ok(permit) => {
                         obs::get().passed(Mode::Http, Some(started.elapsed()));
                         Some(permit)
                     }
-                    Err(refusal) => {
+                    Err(problem) => {
                         obs::get().check_took(Mode::Http, started.elapsed());
-                        let problem = Problem::Refused(refusal);
-                        crate::tally::refused(&problem, self.peer, target);
                         return self.refuse(problem, &req).await;
                     }
                 }

@@ -9,9 +9,12 @@ use crate::fence::Refusal;
 use crate::problem::Problem;
 use crate::relay::SendError;
 
-/// A fenced request the proxy refuses, for the metrics, the status page and the audit
-/// log (`target`: its method and path).
-pub(crate) fn refused(problem: &Problem, peer: SocketAddr, target: String) {
+/// A fenced request the proxy refuses (`method`, `path`), for the metrics, the status page and
+/// the audit log.
+pub(crate) fn refused(problem: &Problem, peer: SocketAddr, method: &http::Method, path: &str) {
+    if !obs::observing() {
+        return;
+    }
     let (outcome, resource, token, highest) = match problem {
         Problem::Required { .. } => (Outcome::Malformed, String::new(), String::new(), None),
         Problem::MalformedToken { value, .. } => {
@@ -60,7 +63,7 @@ pub(crate) fn refused(problem: &Problem, peer: SocketAddr, target: String) {
             token,
             highest,
             peer: peer.to_string(),
-            target,
+            target: format!("{method} {path}"),
             reason: problem.title().to_string(),
         },
         outcome,

@@ -16,10 +16,10 @@ use prometheus_client::encoding::DescriptorEncoder;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::ConstGauge;
-use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::{Registry, Unit};
 use serde_json::json;
 
+use crate::hist::AtomicHistogram;
 use crate::recent::Recent;
 use crate::topn::TopN;
 
@@ -198,8 +198,8 @@ pub struct FenceMetrics {
     checks: Family<ModeOutcome, Counter>,
     /// `checks`' counters, by mode and outcome, so that counting takes no lookup.
     check_counters: [[Counter; 9]; 2],
-    durations: Family<ModeOnly, Histogram, fn() -> Histogram>,
-    duration_of: [Histogram; 2],
+    /// The check durations by mode, encoded by [`Scrape`].
+    duration_of: [AtomicHistogram; 2],
     raises: Family<ModeOnly, Counter>,
     raises_of: [Counter; 2],
     barrier_waits: Family<ModeOnly, Counter>,
@@ -216,10 +216,6 @@ pub struct FenceMetrics {
     pub recent_raises: Recent<Raise>,
 }
 
-fn duration_histogram() -> Histogram {
-    Histogram::new(crate::seconds_buckets())
-}
-
 impl FenceMetrics {
     fn new() -> FenceMetrics {
         let checks = Family::<ModeOutcome, Counter>::default();
@@ -230,10 +226,6 @@ impl FenceMetrics {
                     .clone()
             })
         });
-        let durations: Family<ModeOnly, Histogram, fn() -> Histogram> =
-            Family::new_with_constructor(duration_histogram);
-        let duration_of =
-            Mode::ALL.map(|m| durations.get_or_create(&[("mode", m.as_str())]).clone());
         let per_mode = || {
             let f = Family::<ModeOnly, Counter>::default();
             let of = Mode::ALL.map(|m| f.get_or_create(&[("mode", m.as_str())]).clone());
@@ -253,8 +245,7 @@ impl FenceMetrics {
         FenceMetrics {
             checks,
             check_counters,
-            durations,
-            duration_of,
+            duration_of: Default::default(),
             raises,
             raises_of,
             barrier_waits,
@@ -279,14 +270,14 @@ impl FenceMetrics {
         }
         self.check_counters[mode as usize][0].inc();
         if let Some(took) = took {
-            self.duration_of[mode as usize].observe(took.as_secs_f64());
+            self.duration_of[mode as usize].observe(took);
         }
     }
 
     /// A check's duration alone (a refused check's: `refused` counts it).
     pub fn check_took(&self, mode: Mode, took: Duration) {
         if on() {
-            self.duration_of[mode as usize].observe(took.as_secs_f64());
+            self.duration_of[mode as usize].observe(took);
         }
     }
 
@@ -423,12 +414,6 @@ impl FenceMetrics {
             "Fenced HTTP requests and PostgreSQL checks, by mode and outcome (passed, or refused as stale, malformed, forged...)",
             self.checks.clone(),
         );
-        r.register_with_unit(
-            "check_duration",
-            "Time the fence took to decide: HTTP, the admission including any barrier wait; PostgreSQL, from sending the check to its answer",
-            Unit::Seconds,
-            self.durations.clone(),
-        );
         r.register(
             "mark_raises",
             "Newer tokens accepted for the first time (the mark raised)",
@@ -500,6 +485,18 @@ impl prometheus_client::collector::Collector for Scrape {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         use prometheus_client::encoding::EncodeMetric;
         use prometheus_client::metrics::MetricType;
+        {
+            let mut family = encoder.encode_descriptor(
+                "check_duration",
+                "Time the fence took to decide: HTTP, the admission including any barrier wait; PostgreSQL, from sending the check to its answer",
+                Some(&Unit::Seconds),
+                MetricType::Histogram,
+            )?;
+            for m in Mode::ALL {
+                self.metrics.duration_of[m as usize]
+                    .encode(family.encode_family(&[("mode", m.as_str())])?)?;
+            }
+        }
         {
             let mut family = encoder.encode_descriptor(
                 "connections",

@@ -7,12 +7,14 @@
 //! - [`topn`]: the space-saving sketch behind every "top N resources by ..." metric, so that
 //!   per-resource label sets stay bounded;
 //! - [`fence`]: fence-proxy's metrics, audit records and recent events, for both modes;
+//! - [`hist`]: a histogram of durations without a lock, for per-request observations;
 //! - [`recent`]: a bounded ring of recent events, for the status pages;
 //! - [`html`]: the status pages' HTML (server-rendered, no external assets, sortable tables).
 
 pub mod admin;
 pub mod audit;
 pub mod fence;
+pub mod hist;
 pub mod html;
 pub mod recent;
 pub mod topn;
