@@ -186,7 +186,7 @@ fn run_stops_the_command_when_the_lease_is_lost() {
         "--ttl",
         "1s",
         "--grace",
-        "10s",
+        "200ms",
         "--",
         "sh",
         "-c",
@@ -205,7 +205,7 @@ fn run_stops_the_command_when_the_lease_is_lost() {
     lockd.process.signal(libc::SIGCONT);
     assert_eq!(status.code(), Some(4), "{}", run.stderr.text());
     assert!(
-        run.stderr.text().contains("was lost"),
+        run.stderr.text().contains("has not confirmed a renewal"),
         "{}",
         run.stderr.text()
     );
@@ -218,6 +218,87 @@ fn run_stops_the_command_when_the_lease_is_lost() {
     lockd.wait_event("lease expired without renewal", |e| e["resource"] == "lost");
     assert_eq!(describe(&lockd, "lost")["held"], false);
     lockd.kill9();
+}
+
+/// Issue 19: with lockd paused, a command that ignores SIGTERM is dead (SIGKILL, reaped)
+/// before the lease could have expired at lockd: before the last renewal lockd confirmed,
+/// plus the TTL.
+#[test]
+fn run_kills_a_command_that_ignores_sigterm_before_the_lease_could_expire_at_lockd() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut lockd = Lockd::start(dir.path(), &[]);
+    let ttl = std::time::Duration::from_secs(6);
+    let mut cmd = lockd.lockctl();
+    cmd.args([
+        "run",
+        "cron:stubborn",
+        "--ttl",
+        "6s",
+        "--grace",
+        "1s",
+        "--",
+        "sh",
+        "-c",
+        "trap '' TERM; echo pid $$; while :; do sleep 0.1; done",
+    ]);
+    let mut run = Spawned::spawn(cmd);
+    let line = run
+        .stdout
+        .wait_for("the command to start", |l| l.starts_with("pid "));
+    let pid: i32 = line[4..].trim().parse().unwrap();
+    // A renewal confirmed, then lockd stops answering (and logging) for good.
+    lockd.wait_event("renewed", |e| e["resource"] == "cron:stubborn");
+    lockd.process.signal(libc::SIGSTOP);
+    let status = run.wait();
+    let stopped = std::time::SystemTime::now();
+    lockd.process.signal(libc::SIGCONT);
+    assert_eq!(status.code(), Some(4), "{}", run.stderr.text());
+    assert!(!process_exists(pid), "the command outlived its lease");
+    // The last renewal lockd confirmed: logged before its answer was sent.
+    let log = lockd.process.stderr.text();
+    let last = log
+        .lines()
+        .filter_map(e2e::event)
+        .filter(|e| e["message"] == "renewed" && e["resource"] == "cron:stubborn")
+        .filter_map(|e| e["timestamp"].as_str().map(str::to_string))
+        .next_back()
+        .expect("a confirmed renewal");
+    let last = humantime::parse_rfc3339(&last).unwrap();
+    let expiry = last + ttl;
+    assert!(
+        stopped < expiry,
+        "lockctl exited {:?} after the lease could have expired at lockd",
+        stopped.duration_since(expiry).unwrap_or_default()
+    );
+    let said = run.stderr.text();
+    assert!(said.contains("SIGKILL after 1s"), "{said}");
+    lockd.kill9();
+}
+
+#[test]
+fn a_grace_that_does_not_fit_the_ttl_is_refused_before_the_lock_is_taken() {
+    let dir = tempfile::tempdir().unwrap();
+    let lockd = Lockd::start(dir.path(), &[]);
+    let marker = dir.path().join("ran");
+    let mut cmd = lockd.lockctl();
+    cmd.args([
+        "run", "cron:g", "--ttl", "2s", "--grace", "1s", "--", "touch",
+    ])
+    .arg(&marker);
+    let (status, _, stderr) = output(cmd);
+    assert_eq!(status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("must fit in half the TTL"), "{stderr}");
+    assert!(!marker.exists());
+    assert_eq!(describe(&lockd, "cron:g")["held"], false);
+    // Without --ttl, lockd's default (30 s) decides, after the grant, and the lock is released.
+    let mut cmd = lockd.lockctl();
+    cmd.args(["run", "cron:g", "--grace", "20s", "--", "touch"])
+        .arg(&marker);
+    let (status, _, stderr) = output(cmd);
+    assert_eq!(status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("does not fit a lease of 30s"), "{stderr}");
+    assert!(!marker.exists());
+    assert_eq!(describe(&lockd, "cron:g")["held"], false);
 }
 
 #[test]

@@ -98,17 +98,21 @@ enum Command {
     /// Run a command while holding the lock; stop it if the lease is lost.
     ///
     /// The command gets FENCING_RESOURCE and FENCING_TOKEN in its environment and runs in its
-    /// own process group. The lease is renewed while it runs. If the lease is lost, the group
-    /// gets SIGTERM, then SIGKILL after the grace period, and lockctl exits with 4. SIGINT,
+    /// own process group. The lease is renewed while it runs. If the lease is lost, or lockd
+    /// has not confirmed a renewal by the time the whole stop must begin, the group gets
+    /// SIGTERM, then SIGKILL after the grace period, and lockctl exits with 4; the command is
+    /// dead before the lease could expire at lockd, so before anyone else can hold it. SIGINT,
     /// SIGTERM and SIGHUP sent to lockctl are passed on to the command. When the command ends,
     /// the lock is released and lockctl exits with the command's status.
     Run {
         resource: String,
         #[command(flatten)]
         lock: LockArgs,
-        /// Time between SIGTERM and SIGKILL when the lease is lost.
-        #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
-        grace: Duration,
+        /// Time between SIGTERM and SIGKILL when the lease is lost or about to be [default: a
+        /// fifth of the lease's TTL, at most 10s]. The grace and 250ms for SIGKILL must fit in
+        /// half the TTL.
+        #[arg(long, value_parser = humantime::parse_duration)]
+        grace: Option<Duration>,
         /// The command and its arguments.
         #[arg(required = true, last = true, value_name = "CMD")]
         command: Vec<String>,
@@ -295,10 +299,26 @@ async fn dispatch(cli: Cli) -> Result<ExitCode, ClientError> {
             lock,
             grace,
             command,
-        } => match client.acquire(&resource, lock.options(None)).await? {
-            Acquired::Granted(guard) => Ok(run::run(guard, &command, grace).await),
-            Acquired::NotGranted(why) => Ok(not_granted(&resource, &why, cli.json)),
-        },
+        } => {
+            // The TTL given: a grace that cannot fit is refused before anything is taken.
+            if let (Some(g), Some(ttl)) = (grace, lock.ttl)
+                && let Err(e) = run::stop_budget(Some(g), ttl)
+            {
+                eprintln!("lockctl: {e}");
+                return Ok(ExitCode::from(2));
+            }
+            match client.acquire(&resource, lock.options(None)).await? {
+                Acquired::Granted(guard) => match run::stop_budget(grace, guard.lease().ttl) {
+                    Ok(budget) => Ok(run::run(guard, &command, budget).await),
+                    Err(e) => {
+                        eprintln!("lockctl: {e}");
+                        let _ = guard.release().await;
+                        Ok(ExitCode::from(2))
+                    }
+                },
+                Acquired::NotGranted(why) => Ok(not_granted(&resource, &why, cli.json)),
+            }
+        }
     }
 }
 

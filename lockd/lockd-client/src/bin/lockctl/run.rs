@@ -1,14 +1,55 @@
 //! `lockctl run`: hold a lock while a command runs, and stop the command if the lock is lost.
+//!
+//! The stop must be over before anyone else can hold the lock. lockd may grant it to another
+//! once the lease runs out there: no earlier than the last confirmed renewal's sending plus
+//! the TTL. The guard's local deadline is that instant less a tenth of the TTL (for the two
+//! clocks' rates). So the whole stop, SIGTERM, the grace, SIGKILL and the reaping, starts a
+//! [`StopBudget`] before the local deadline, unless a renewal moves the deadline first: the
+//! command is dead at the deadline at the latest, a tenth of the TTL before lockd could let
+//! anyone else in. The budget is at most half the TTL, so that a renewal (every third of it)
+//! and a retry fit before the stop must begin.
 
 use std::process::{ExitCode, ExitStatus};
 use std::time::Duration;
+
+use tokio::time::Instant;
 
 use fencing::wire::{ENV_RESOURCE, ENV_TOKEN, ENV_TOKEN_NUMBER};
 use lockd_client::LockGuard;
 use tokio::signal::unix::{SignalKind, signal};
 
+/// Time allowed for SIGKILL to take the group and for the command to be reaped.
+const KILL_SLACK: Duration = Duration::from_millis(250);
+/// The default grace: a fifth of the TTL, at most this.
+const GRACE_DEFAULT_MAX: Duration = Duration::from_secs(10);
+
+/// How the command is stopped: SIGTERM, `grace`, SIGKILL, all within `total`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StopBudget {
+    pub grace: Duration,
+    pub total: Duration,
+}
+
+/// The stop budget of a lease of `ttl` with the grace `asked` (the default when `None`), or
+/// why that grace does not fit.
+pub fn stop_budget(asked: Option<Duration>, ttl: Duration) -> Result<StopBudget, String> {
+    let grace = asked.unwrap_or_else(|| (ttl / 5).min(GRACE_DEFAULT_MAX));
+    let total = grace + KILL_SLACK;
+    if total > ttl / 2 {
+        return Err(format!(
+            "--grace {} does not fit a lease of {}: the grace and {} for SIGKILL must fit in half the TTL ({}), so that the command is dead before the lease can expire at lockd; give a shorter --grace or a longer --ttl",
+            humantime::format_duration(grace),
+            humantime::format_duration(ttl),
+            humantime::format_duration(KILL_SLACK),
+            humantime::format_duration(ttl / 2),
+        ));
+    }
+    Ok(StopBudget { grace, total })
+}
+
 /// Runs `command` under `guard`. Returns lockctl's exit status.
-pub async fn run(guard: LockGuard, command: &[String], grace: Duration) -> ExitCode {
+pub async fn run(guard: LockGuard, command: &[String], budget: StopBudget) -> ExitCode {
+    let grace = budget.grace;
     let mut cmd = tokio::process::Command::new(&command[0]);
     cmd.args(&command[1..])
         .env(ENV_RESOURCE, guard.resource())
@@ -42,7 +83,13 @@ pub async fn run(guard: LockGuard, command: &[String], grace: Duration) -> ExitC
     let lost = guard.lost();
     tokio::pin!(lost);
     loop {
-        tokio::select! {
+        // The stop must begin by then, unless a renewal moves the deadline first (the deadline
+        // only moves later, so waking at an old one and looking again is safe).
+        let stop_at = guard
+            .deadline()
+            .checked_sub(budget.total)
+            .unwrap_or_else(Instant::now);
+        let reason = tokio::select! {
             status = child.wait() => {
                 let code = exit_code(status);
                 if let Err(e) = guard.release().await {
@@ -50,30 +97,38 @@ pub async fn run(guard: LockGuard, command: &[String], grace: Duration) -> ExitC
                 }
                 return code;
             }
-            reason = &mut lost => {
-                eprintln!(
-                    "lockctl: the lease on {} was lost ({reason}); stopping the command (SIGTERM, then SIGKILL after {})",
-                    guard.resource(),
-                    humantime::format_duration(grace)
-                );
-                signal_group(group, libc::SIGTERM);
-                let status = tokio::select! {
-                    status = child.wait() => status,
-                    () = tokio::time::sleep(grace) => {
-                        signal_group(group, libc::SIGKILL);
-                        child.wait().await
-                    }
-                };
-                match status {
-                    Ok(s) => eprintln!("lockctl: the command stopped ({s})"),
-                    Err(e) => eprintln!("lockctl: waiting for the command failed: {e}"),
+            reason = &mut lost => format!("the lease on {} was lost ({reason})", guard.resource()),
+            () = tokio::time::sleep_until(stop_at) => {
+                if guard.deadline().checked_sub(budget.total).is_some_and(|s| s > Instant::now()) {
+                    continue; // renewed meanwhile
                 }
-                return ExitCode::from(crate::EXIT_LEASE_LOST);
+                format!(
+                    "lockd has not confirmed a renewal of the lease on {}, which could expire there within {}",
+                    guard.resource(),
+                    humantime::format_duration(budget.total + lockd_client::safety_margin(guard.lease().ttl))
+                )
             }
-            _ = int.recv() => signal_group(group, libc::SIGINT),
-            _ = term.recv() => signal_group(group, libc::SIGTERM),
-            _ = hup.recv() => signal_group(group, libc::SIGHUP),
+            _ = int.recv() => { signal_group(group, libc::SIGINT); continue; }
+            _ = term.recv() => { signal_group(group, libc::SIGTERM); continue; }
+            _ = hup.recv() => { signal_group(group, libc::SIGHUP); continue; }
+        };
+        eprintln!(
+            "lockctl: {reason}; stopping the command (SIGTERM, then SIGKILL after {})",
+            humantime::format_duration(grace)
+        );
+        signal_group(group, libc::SIGTERM);
+        let status = tokio::select! {
+            status = child.wait() => status,
+            () = tokio::time::sleep(grace) => {
+                signal_group(group, libc::SIGKILL);
+                child.wait().await
+            }
+        };
+        match status {
+            Ok(s) => eprintln!("lockctl: the command stopped ({s})"),
+            Err(e) => eprintln!("lockctl: waiting for the command failed: {e}"),
         }
+        return ExitCode::from(crate::EXIT_LEASE_LOST);
     }
 }
 
