@@ -172,3 +172,68 @@ fn an_admin_listener_off_loopback_needs_insecure() {
         "{said}"
     );
 }
+
+#[test]
+fn a_forged_token_is_counted_and_audited() {
+    use e2e::keys::{SECRET_A, SECRET_B, sign, write_key_file};
+    use fencing::signed::KeyState;
+    let dir = tempfile::tempdir().unwrap();
+    let upstream = Upstream::start();
+    let audit = dir.path().join("audit.jsonl");
+    let keys = write_key_file(
+        dir.path(),
+        "fence-keys.toml",
+        &[("k1", KeyState::Active, Some(SECRET_A))],
+    );
+    let config = format!(
+        "admin_listen = \"127.0.0.1:0\"\naudit_log = \"{}\"\ndata_dir = \"{}\"\n[signing]\nkeys = \"{}\"\n\
+         [[http]]\nlisten = \"127.0.0.1:0\"\nupstream = \"{}\"\n",
+        audit.display(),
+        dir.path().join("data").display(),
+        keys.display(),
+        upstream.url()
+    );
+    let px = FenceProxy::start(dir.path(), &config, 1);
+    let admin = px.admin();
+    let rt = runtime();
+    let url = format!("{}/stock", px.urls[0]);
+    let put = |token: &str| {
+        rt.block_on(send(
+            &client(),
+            "PUT",
+            &url,
+            &[("fencing-resource", "inv:a"), ("fencing-token", token)],
+            body(""),
+        ))
+        .status
+    };
+    assert_eq!(put(&sign("k1", SECRET_A, "inv:a", 5)), 200);
+    // Signed with a key lockd does not have, and a bare number where a signature is required.
+    let forged = sign("k1", SECRET_B, "inv:a", 9);
+    assert_eq!(put(&forged), 403);
+    assert_eq!(put("9"), 403);
+    let (_, text) = http_get(&admin, "/metrics");
+    assert_eq!(
+        sample(
+            &text,
+            r#"fence_proxy_checks_total{mode="http",outcome="forged"}"#
+        ),
+        Some(2.0),
+        "{text}"
+    );
+    assert_eq!(
+        sample(&text, r#"fence_proxy_mark_raises_total{mode="http"}"#),
+        Some(1.0),
+        "a forged token raises nothing"
+    );
+    let records = audit_records(&audit, |r| r.len() >= 2);
+    assert_eq!(records.len(), 2, "{records:?}");
+    for (r, token) in records.iter().zip([forged.as_str(), "9"]) {
+        assert_eq!(r["type"], "refused_write", "{r}");
+        assert_eq!(r["result"], "forged", "{r}");
+        assert_eq!(r["resource"], "inv:a", "{r}");
+        assert_eq!(r["token"], token, "{r}");
+    }
+    let (_, page) = http_get(&admin, "/");
+    assert!(page.contains("not signed by lockd refused"), "{page}");
+}
