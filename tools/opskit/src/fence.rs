@@ -9,17 +9,18 @@
 //! bounded set of values; the one per-resource series is the top [`TOP_N`] by refusals.
 
 use std::sync::OnceLock;
-use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::time::Duration;
 
 use prometheus_client::encoding::DescriptorEncoder;
+use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::registry::{Registry, Unit};
 use serde_json::json;
 
-use crate::hist::AtomicHistogram;
+use crate::hist::{AtomicHistogram, PerThread};
 use crate::recent::Recent;
 use crate::topn::TopN;
 
@@ -192,14 +193,18 @@ pub struct Raise {
 }
 
 type ModeOutcome = [(&'static str, &'static str); 2];
+
+/// What one thread counted: checks by mode and outcome, and their durations by mode.
+#[derive(Default)]
+struct Tally {
+    checks: [[AtomicU64; 9]; 2],
+    durations: [AtomicHistogram; 2],
+}
 type ModeOnly = [(&'static str, &'static str); 1];
 
 pub struct FenceMetrics {
-    checks: Family<ModeOutcome, Counter>,
-    /// `checks`' counters, by mode and outcome, so that counting takes no lookup.
-    check_counters: [[Counter; 9]; 2],
-    /// The check durations by mode, encoded by [`Scrape`].
-    duration_of: [AtomicHistogram; 2],
+    /// Checks by outcome and their durations, per thread (both encoded by [`Scrape`]).
+    tallies: PerThread<Tally>,
     raises: Family<ModeOnly, Counter>,
     raises_of: [Counter; 2],
     barrier_waits: Family<ModeOnly, Counter>,
@@ -218,14 +223,6 @@ pub struct FenceMetrics {
 
 impl FenceMetrics {
     fn new() -> FenceMetrics {
-        let checks = Family::<ModeOutcome, Counter>::default();
-        let check_counters = Mode::ALL.map(|m| {
-            Outcome::ALL.map(|o| {
-                checks
-                    .get_or_create(&[("mode", m.as_str()), ("outcome", o.as_str())])
-                    .clone()
-            })
-        });
         let per_mode = || {
             let f = Family::<ModeOnly, Counter>::default();
             let of = Mode::ALL.map(|m| f.get_or_create(&[("mode", m.as_str())]).clone());
@@ -243,9 +240,7 @@ impl FenceMetrics {
             })
         });
         FenceMetrics {
-            checks,
-            check_counters,
-            duration_of: Default::default(),
+            tallies: PerThread::default(),
             raises,
             raises_of,
             barrier_waits,
@@ -268,16 +263,17 @@ impl FenceMetrics {
         if !on() {
             return;
         }
-        self.check_counters[mode as usize][0].inc();
+        let tally = self.tallies.local();
+        tally.checks[mode as usize][0].fetch_add(1, Ordering::Relaxed);
         if let Some(took) = took {
-            self.duration_of[mode as usize].observe(took);
+            tally.durations[mode as usize].observe(took);
         }
     }
 
     /// A check's duration alone (a refused check's: `refused` counts it).
     pub fn check_took(&self, mode: Mode, took: Duration) {
         if on() {
-            self.duration_of[mode as usize].observe(took);
+            self.tallies.local().durations[mode as usize].observe(took);
         }
     }
 
@@ -311,13 +307,13 @@ impl FenceMetrics {
         if !on() {
             return;
         }
-        self.check_counters[mode as usize]
-            [Outcome::ALL.iter().position(|o| *o == outcome).unwrap_or(0)]
-        .inc();
+        self.tallies.local().checks[mode as usize][outcome as usize]
+            .fetch_add(1, Ordering::Relaxed);
         if outcome == Outcome::BarrierTimeout {
             self.barrier_timeouts_of[mode as usize].inc();
         }
-        if !r.resource.is_empty() {
+        // A malformed name is no resource: it is listed, not ranked.
+        if !r.resource.is_empty() && outcome != Outcome::Malformed {
             self.refused_by_resource.add(&r.resource);
         }
         self.recent_refusals.push(r);
@@ -390,9 +386,10 @@ impl FenceMetrics {
 
     /// The count of `outcome` in `mode` since start.
     pub fn count(&self, mode: Mode, outcome: Outcome) -> u64 {
-        self.check_counters[mode as usize]
-            [Outcome::ALL.iter().position(|o| *o == outcome).unwrap_or(0)]
-        .get()
+        self.tallies
+            .all()
+            .map(|t| t.checks[mode as usize][outcome as usize].load(Ordering::Relaxed))
+            .sum()
     }
 
     /// Zombie transactions ended since start.
@@ -409,11 +406,6 @@ impl FenceMetrics {
     /// scrape.
     pub fn register(&'static self, r: &mut Registry) {
         let r = r.sub_registry_with_prefix("fence_proxy");
-        r.register(
-            "checks",
-            "Fenced HTTP requests and PostgreSQL checks, by mode and outcome (passed, or refused as stale, malformed, forged...)",
-            self.checks.clone(),
-        );
         r.register(
             "mark_raises",
             "Newer tokens accepted for the first time (the mark raised)",
@@ -487,14 +479,29 @@ impl prometheus_client::collector::Collector for Scrape {
         use prometheus_client::metrics::MetricType;
         {
             let mut family = encoder.encode_descriptor(
+                "checks",
+                "Fenced HTTP requests and PostgreSQL checks, by mode and outcome (passed, or refused as stale, malformed, forged...)",
+                None,
+                MetricType::Counter,
+            )?;
+            for m in Mode::ALL {
+                for o in Outcome::ALL {
+                    let labels = [("mode", m.as_str()), ("outcome", o.as_str())];
+                    ConstCounter::new(self.metrics.count(m, o))
+                        .encode(family.encode_family(&labels)?)?;
+                }
+            }
+        }
+        {
+            let mut family = encoder.encode_descriptor(
                 "check_duration",
                 "Time the fence took to decide: HTTP, the admission including any barrier wait; PostgreSQL, from sending the check to its answer",
                 Some(&Unit::Seconds),
                 MetricType::Histogram,
             )?;
             for m in Mode::ALL {
-                self.metrics.duration_of[m as usize]
-                    .encode(family.encode_family(&[("mode", m.as_str())])?)?;
+                let parts = self.metrics.tallies.all().map(|t| &t.durations[m as usize]);
+                AtomicHistogram::encode(parts, family.encode_family(&[("mode", m.as_str())])?)?;
             }
         }
         {
@@ -531,6 +538,19 @@ pub fn get() -> &'static FenceMetrics {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn the_lists_of_modes_and_outcomes_are_in_declaration_order() {
+        use super::{Mode, Outcome};
+        // Counts are indexed by `as usize`.
+        assert!(
+            Outcome::ALL
+                .iter()
+                .enumerate()
+                .all(|(i, o)| *o as usize == i)
+        );
+        assert!(Mode::ALL.iter().enumerate().all(|(i, m)| *m as usize == i));
+    }
+
     #[test]
     fn long_texts_are_clipped_at_a_character_boundary() {
         let mut long = "é".repeat(400);

@@ -1,7 +1,8 @@
-//! A histogram of durations without a lock: a fixed array of atomic bucket counts, for the
-//! fence's per-request observations (prometheus-client's histogram takes a mutex on every
-//! observation, which the relay's threads would contend on). Buckets are
-//! [`crate::seconds_buckets`]; the sum is kept in nanoseconds.
+//! Per-request counting without contention: a histogram of durations with atomic buckets
+//! (prometheus-client's takes a mutex on every observation), and [`PerThread`], one copy of a
+//! set of counters per thread (on its own cache lines), summed when scraped, so that the
+//! relay's threads never write to the same line. Buckets are [`crate::seconds_buckets`]; the
+//! sum is kept in nanoseconds.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -46,18 +47,64 @@ impl AtomicHistogram {
         self.counts.iter().map(|c| c.load(Ordering::Relaxed)).sum()
     }
 
-    /// Writes the histogram (its buckets, `_sum` and `_count`) to `encoder`.
-    pub fn encode(&self, mut encoder: MetricEncoder<'_>) -> Result<(), std::fmt::Error> {
-        let mut buckets: Vec<(f64, u64)> = self
-            .bounds
-            .iter()
-            .zip(&self.counts)
-            .map(|(b, c)| (*b, c.load(Ordering::Relaxed)))
-            .collect();
-        buckets.push((f64::INFINITY, self.counts[BUCKETS].load(Ordering::Relaxed)));
-        let count = buckets.iter().map(|(_, n)| n).sum();
-        let sum = self.sum_ns.load(Ordering::Relaxed) as f64 / 1e9;
-        encoder.encode_histogram::<NoLabelSet>(sum, count, &buckets, None)
+    /// Writes the sum of `parts` (their buckets, `_sum` and `_count`) to `encoder`.
+    pub fn encode<'a>(
+        parts: impl Iterator<Item = &'a AtomicHistogram>,
+        mut encoder: MetricEncoder<'_>,
+    ) -> Result<(), std::fmt::Error> {
+        let mut counts = [0u64; BUCKETS + 1];
+        let mut sum_ns = 0u64;
+        let mut bounds = [0.0; BUCKETS];
+        for h in parts {
+            bounds = h.bounds;
+            for (total, c) in counts.iter_mut().zip(&h.counts) {
+                *total += c.load(Ordering::Relaxed);
+            }
+            sum_ns = sum_ns.wrapping_add(h.sum_ns.load(Ordering::Relaxed));
+        }
+        let mut buckets: Vec<(f64, u64)> = bounds.iter().copied().zip(counts).collect();
+        buckets.push((f64::INFINITY, counts[BUCKETS]));
+        let count = counts.iter().sum();
+        encoder.encode_histogram::<NoLabelSet>(sum_ns as f64 / 1e9, count, &buckets, None)
+    }
+}
+
+/// Copies of `T` kept apart per thread: a thread writes only to its own (threads beyond
+/// [`SHARDS`] share), and a reader sums them.
+pub struct PerThread<T> {
+    shards: Box<[Padded<T>]>,
+}
+
+/// Copies at most; the relays run one thread per CPU.
+pub const SHARDS: usize = 16;
+
+/// One copy, on cache lines of its own.
+#[repr(align(128))]
+#[derive(Default)]
+struct Padded<T>(T);
+
+impl<T: Default> Default for PerThread<T> {
+    fn default() -> PerThread<T> {
+        PerThread {
+            shards: (0..SHARDS).map(|_| Padded::default()).collect(),
+        }
+    }
+}
+
+impl<T> PerThread<T> {
+    /// This thread's copy.
+    pub fn local(&self) -> &T {
+        use std::sync::atomic::AtomicUsize;
+        static NEXT: AtomicUsize = AtomicUsize::new(0);
+        thread_local! {
+            static INDEX: usize = NEXT.fetch_add(1, Ordering::Relaxed) % SHARDS;
+        }
+        &self.shards[INDEX.with(|i| *i)].0
+    }
+
+    /// Every copy.
+    pub fn all(&self) -> impl Iterator<Item = &T> {
+        self.shards.iter().map(|p| &p.0)
     }
 }
 
