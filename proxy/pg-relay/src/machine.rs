@@ -308,11 +308,12 @@ pub(crate) enum Event {
         took: Duration,
         raised: Option<(CompactString, i64)>,
     },
-    /// PostgreSQL refused with one of the fence's SQLSTATEs (`FN00x`): from a check (`took`)
-    /// or from a statement (a protected table's trigger).
+    /// PostgreSQL refused a check of ours with one of the fence's SQLSTATEs (`FN00x`), after
+    /// `took`. (A refusal inside a client's statement, a protected table's trigger, is not
+    /// one: the client could raise the same SQLSTATE itself.)
     Refused {
         code: [u8; 5],
-        took: Option<Duration>,
+        took: Duration,
         resource: String,
         token: String,
         highest: Option<i64>,
@@ -1648,15 +1649,17 @@ impl Machine {
                 }),
         };
         let (from_check, check) = self.failed_check();
+        // Only the answer to a check of ours is the fence's: any statement of the client's
+        // may raise any SQLSTATE with any DETAIL (`RAISE ... USING ERRCODE = 'FN001'`).
         if self.observe
             && self.phase != Phase::Probing
-            && let Ok(code) = <[u8; 5]>::try_from(fields.code)
-            && code.starts_with(b"FN")
+            && let Some(check) = check
+            && let Some(code) = fence_code(fields.code, check.bare)
         {
             let (resource, token, highest) = sqlstate::parse_refusal_detail(fields.detail);
             self.events.push(Event::Refused {
                 code,
-                took: check.map(|c| c.sent.elapsed()),
+                took: check.sent.elapsed(),
                 resource: resource.to_string(),
                 token: token.to_string(),
                 highest,
@@ -1870,3 +1873,16 @@ fn read_check_row(message: &[u8]) -> Option<CheckRow> {
 #[cfg(test)]
 #[path = "machine_tests.rs"]
 mod tests;
+
+/// The fence's SQLSTATE of a check's error, if it is one: an `FN00x` of the check's own, or
+/// FN004 for a check that is not installed (the bare form's cast error, or the check missing).
+fn fence_code(code: &[u8], bare: bool) -> Option<[u8; 5]> {
+    let code = <[u8; 5]>::try_from(code).ok()?;
+    if code.starts_with(b"FN") {
+        Some(code)
+    } else if NOT_INSTALLED.contains(&&code[..]) || (bare && &code == b"22P02") {
+        Some(*b"FN004")
+    } else {
+        None
+    }
+}

@@ -32,9 +32,7 @@ pub(crate) fn record(events: &mut Vec<Event>, who: &Who) {
                 highest,
                 message,
             } => {
-                if let Some(took) = took {
-                    metrics.check_took(Mode::Pg, took);
-                }
+                metrics.check_took(Mode::Pg, took);
                 let Some(outcome) = Outcome::of_sqlstate(&code) else {
                     continue;
                 };

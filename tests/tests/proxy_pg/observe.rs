@@ -83,8 +83,22 @@ fn each_metric_moves_as_the_checks_do_and_refusals_and_zombies_are_audited() {
         let _ = a_conn.await;
     });
 
+    // A client raising the fence's SQLSTATEs itself is no refusal of the fence's.
+    let (_, _, err) = psql(
+        &addr,
+        "DO $$ BEGIN RAISE EXCEPTION USING ERRCODE = 'FN001', MESSAGE = 'forged', \
+         DETAIL = 'resource: evil:x, presented token: 1, highest accepted token: 999'; END $$;\n\
+         DO $$ BEGIN RAISE EXCEPTION USING ERRCODE = 'FN007', MESSAGE = 'forged'; END $$;\n",
+        &[],
+    );
+    assert!(
+        err.contains("FN001: forged") && err.contains("FN007: forged"),
+        "{err}"
+    );
+
     let (status, text) = http_get(&admin, "/metrics");
     assert_eq!(status, 200);
+    assert!(!text.contains("evil:x"), "{text}");
     let v =
         |series: &str| sample(&text, series).unwrap_or_else(|| panic!("no {series} in\n{text}"));
     assert!(
@@ -94,6 +108,10 @@ fn each_metric_moves_as_the_checks_do_and_refusals_and_zombies_are_audited() {
     assert_eq!(
         v(r#"fence_proxy_checks_total{mode="pg",outcome="stale"}"#),
         1.0
+    );
+    assert_eq!(
+        v(r#"fence_proxy_checks_total{mode="pg",outcome="forged"}"#),
+        0.0
     );
     assert_eq!(
         v(r#"fence_proxy_checks_total{mode="pg",outcome="malformed"}"#),
@@ -155,6 +173,7 @@ fn each_metric_moves_as_the_checks_do_and_refusals_and_zombies_are_audited() {
     for needle in ["inventory:a", "acct:1", "zombie transaction(s) ended"] {
         assert!(page.contains(needle), "{needle} not in {page}");
     }
+    assert!(!page.contains("evil:x"), "{page}");
 }
 
 #[test]
