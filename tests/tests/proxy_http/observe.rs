@@ -140,6 +140,45 @@ fn each_metric_moves_as_the_requests_do_and_a_stale_write_is_audited() {
     assert!(page.contains("<td class=\"wrap\">inv:a</td>"), "{page}");
     assert!(page.contains("stale write(s) refused"), "{page}");
     assert_eq!(http_get(&admin, "/nope").0, 404);
+
+    // DNS rebinding: a request for another host name is not answered.
+    assert_eq!(raw_get(&admin, "rebind.attacker.example"), 421);
+    assert_eq!(raw_get(&admin, "localhost:1"), 200);
+    // 64 idle connections do not lock a probe out: the oldest is closed for it.
+    let idle: Vec<std::net::TcpStream> = (0..64)
+        .map(|_| std::net::TcpStream::connect(&admin).unwrap())
+        .collect();
+    assert_eq!(http_get(&admin, "/healthz").0, 200);
+    let open = idle.iter().filter(|s| still_open(s)).count();
+    assert!(
+        open >= 60,
+        "the probe waited for idle connections to time out: {open} open"
+    );
+}
+
+/// Whether the server has not closed `s` (nothing to read, no end of stream).
+fn still_open(s: &std::net::TcpStream) -> bool {
+    use std::io::Read;
+    s.set_nonblocking(true).unwrap();
+    let mut b = [0u8; 1];
+    matches!((&*s).read(&mut b), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
+}
+
+/// `GET /healthz` on `addr` with `Host: host`: the status.
+fn raw_get(addr: &str, host: &str) -> u16 {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    write!(
+        s,
+        "GET /healthz HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut raw = String::new();
+    s.read_to_string(&mut raw).unwrap();
+    raw.split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap()
 }
 
 #[test]
@@ -212,13 +251,16 @@ fn a_forged_token_is_counted_and_audited() {
     let forged = sign("k1", SECRET_B, "inv:a", 9);
     assert_eq!(put(&forged), 403);
     assert_eq!(put("9"), 403);
+    // lockd's valid token for another resource: refused here, and never shown whole.
+    let elsewhere = sign("k1", SECRET_A, "inv:b", 11);
+    assert_eq!(put(&elsewhere), 403);
     let (_, text) = http_get(&admin, "/metrics");
     assert_eq!(
         sample(
             &text,
             r#"fence_proxy_checks_total{mode="http",outcome="forged"}"#
         ),
-        Some(2.0),
+        Some(3.0),
         "{text}"
     );
     assert_eq!(
@@ -226,14 +268,25 @@ fn a_forged_token_is_counted_and_audited() {
         Some(1.0),
         "a forged token raises nothing"
     );
-    let records = audit_records(&audit, |r| r.len() >= 2);
-    assert_eq!(records.len(), 2, "{records:?}");
-    for (r, token) in records.iter().zip([forged.as_str(), "9"]) {
+    let records = audit_records(&audit, |r| r.len() >= 3);
+    assert_eq!(records.len(), 3, "{records:?}");
+    // A signed form is shown as its number, key id and 8 digits of its MAC.
+    let shown = |t: &str| match t.match_indices('.').nth(1) {
+        Some((i, _)) => format!("{}…", &t[..i + 9]),
+        None => t.to_string(),
+    };
+    for (r, token) in records
+        .iter()
+        .zip([forged.as_str(), "9", elsewhere.as_str()])
+    {
         assert_eq!(r["type"], "refused_write", "{r}");
         assert_eq!(r["result"], "forged", "{r}");
         assert_eq!(r["resource"], "inv:a", "{r}");
-        assert_eq!(r["token"], token, "{r}");
+        assert_eq!(r["token"], shown(token), "{r}");
     }
     let (_, page) = http_get(&admin, "/");
     assert!(page.contains("not signed by lockd refused"), "{page}");
+    let mac = elsewhere.rsplit('.').next().unwrap();
+    assert!(!page.contains(mac), "{page}");
+    assert!(!std::fs::read_to_string(&audit).unwrap().contains(mac));
 }

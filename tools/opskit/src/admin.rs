@@ -6,13 +6,19 @@
 //!   the body;
 //! - every other path is the service's ([`Endpoints::page`]): its status pages.
 //!
-//! Connections are bounded in number, a request head must arrive within a few seconds, and
-//! only GET and HEAD are answered.
+//! Connections are bounded in number: when all are taken, a new one closes the oldest, so
+//! that idle or slow connections cannot lock a health probe out. A request head must arrive
+//! within a few seconds, and only GET and HEAD are answered. On a loopback address only
+//! requests for a loopback host (`localhost`, `127.0.0.1:PORT`, `[::1]`) are answered: a web
+//! page that rebinds its DNS name to 127.0.0.1 cannot read the pages through the operator's
+//! browser.
 
+use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::future::Future;
+use std::net::IpAddr;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use http_body_util::Full;
@@ -20,9 +26,9 @@ use hyper::body::{Bytes, Incoming};
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::Semaphore;
+use tokio::sync::oneshot;
 
-/// Admin connections open at once.
+/// Admin connections open at once; one more closes the oldest.
 const CONNECTIONS_MAX: usize = 64;
 /// Longest a client may take to send its request head.
 const HEAD_TIMEOUT: Duration = Duration::from_secs(5);
@@ -53,7 +59,10 @@ fn reply(status: StatusCode, content_type: &str, body: String) -> Response<Full<
         builder = builder
             .header(
                 "content-security-policy",
-                "default-src 'none'; style-src 'unsafe-inline'; script-src 'unsafe-inline'; img-src data:",
+                format!(
+                    "default-src 'none'; style-src 'unsafe-inline'; script-src {}; img-src data:",
+                    crate::html::script_source()
+                ),
             )
             .header("x-frame-options", "DENY");
     }
@@ -62,14 +71,47 @@ fn reply(status: StatusCode, content_type: &str, body: String) -> Response<Full<
         .expect("a valid response")
 }
 
-/// The answer to `req`.
+/// Whether a request's `Host` names this machine's loopback (`localhost`, `127.0.0.1`,
+/// `[::1]`, with or without a port). No `Host` (HTTP/1.0) counts as loopback.
+pub fn loopback_host(host: Option<&str>) -> bool {
+    let Some(host) = host else {
+        return true;
+    };
+    let name = match host.strip_prefix('[') {
+        Some(rest) => rest.split(']').next().unwrap_or(""),
+        None => match host.rsplit_once(':') {
+            Some((name, port))
+                if !name.contains(':') && port.bytes().all(|b| b.is_ascii_digit()) =>
+            {
+                name
+            }
+            _ => host,
+        },
+    };
+    let name = name.strip_suffix('.').unwrap_or(name);
+    name.eq_ignore_ascii_case("localhost")
+        || name.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback())
+}
+
+/// The answer to a request; `host` is its `Host` header, and `loopback` whether the listener
+/// is on a loopback address.
 pub async fn answer<E: Endpoints + ?Sized>(
     endpoints: &E,
     method: &Method,
     path: &str,
     query: &str,
+    host: Option<&str>,
+    loopback: bool,
 ) -> Response<Full<Bytes>> {
     let text = "text/plain; charset=utf-8";
+    if loopback && !loopback_host(host) {
+        return reply(
+            StatusCode::MISDIRECTED_REQUEST,
+            text,
+            "this admin listener answers only requests for localhost or its loopback address\n"
+                .into(),
+        );
+    }
     if method != Method::GET && method != Method::HEAD {
         return reply(
             StatusCode::METHOD_NOT_ALLOWED,
@@ -116,32 +158,64 @@ pub async fn accept(listener: &TcpListener) -> (TcpStream, std::net::SocketAddr)
     }
 }
 
+/// The admin connections open, oldest first, each with the means to close it.
+type Open = Arc<Mutex<VecDeque<(u64, oneshot::Sender<()>)>>>;
+
 /// Serves `endpoints` on `listener` for as long as the runtime runs.
 pub fn serve(listener: TcpListener, endpoints: Arc<dyn Endpoints>) {
-    let slots = Arc::new(Semaphore::new(CONNECTIONS_MAX));
+    let loopback = listener.local_addr().is_ok_and(|a| a.ip().is_loopback());
+    let open: Open = Arc::default();
     tokio::spawn(async move {
+        let mut next = 0u64;
         loop {
-            let Ok(slot) = Arc::clone(&slots).acquire_owned().await else {
-                return;
-            };
             let (socket, _) = accept(&listener).await;
-            let endpoints = Arc::clone(&endpoints);
+            let (close, closed) = oneshot::channel();
+            let id = next;
+            next += 1;
+            {
+                let mut open = open.lock().unwrap_or_else(|e| e.into_inner());
+                if open.len() >= CONNECTIONS_MAX
+                    && let Some((_, oldest)) = open.pop_front()
+                {
+                    let _ = oldest.send(());
+                }
+                open.push_back((id, close));
+            }
+            let (endpoints, open) = (Arc::clone(&endpoints), Arc::clone(&open));
             tokio::spawn(async move {
-                let _slot = slot;
                 let service = hyper::service::service_fn(move |req: Request<Incoming>| {
                     let endpoints = Arc::clone(&endpoints);
                     async move {
                         let query = req.uri().query().unwrap_or("").to_string();
+                        let host = req
+                            .headers()
+                            .get(hyper::header::HOST)
+                            .map(|h| h.to_str().unwrap_or("\u{fffd}"));
                         Ok::<_, Infallible>(
-                            answer(&*endpoints, req.method(), req.uri().path(), &query).await,
+                            answer(
+                                &*endpoints,
+                                req.method(),
+                                req.uri().path(),
+                                &query,
+                                host,
+                                loopback,
+                            )
+                            .await,
                         )
                     }
                 });
-                let _ = hyper::server::conn::http1::Builder::new()
+                let connection = hyper::server::conn::http1::Builder::new()
                     .timer(TokioTimer::new())
                     .header_read_timeout(HEAD_TIMEOUT)
-                    .serve_connection(TokioIo::new(socket), service)
-                    .await;
+                    .serve_connection(TokioIo::new(socket), service);
+                // Closed by a newer connection when all are taken: dropping it closes it.
+                tokio::select! {
+                    _ = connection => {}
+                    _ = closed => {}
+                }
+                open.lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .retain(|(i, _)| *i != id);
             });
         }
     });
@@ -159,6 +233,34 @@ pub fn query_param<'q>(query: &'q str, key: &str) -> Option<&'q str> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn only_loopback_hosts_pass_on_a_loopback_listener() {
+        use super::loopback_host;
+        for ok in [
+            None,
+            Some("localhost"),
+            Some("LOCALHOST:8421"),
+            Some("localhost."),
+            Some("127.0.0.1:8421"),
+            Some("127.9.9.9"),
+            Some("[::1]:8421"),
+            Some("[::1]"),
+        ] {
+            assert!(loopback_host(ok), "{ok:?}");
+        }
+        for bad in [
+            Some("rebind.attacker.example"),
+            Some("rebind.attacker.example:8421"),
+            Some("localhost.attacker.example"),
+            Some("10.0.0.1:8421"),
+            Some("[::2]:1"),
+            Some(""),
+            Some("127.0.0.1:80:80"),
+        ] {
+            assert!(!loopback_host(bad), "{bad:?}");
+        }
+    }
+
     #[test]
     fn query_params_are_found_by_key() {
         assert_eq!(super::query_param("a=1&b=2", "b"), Some("2"));

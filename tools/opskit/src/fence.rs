@@ -77,8 +77,6 @@ pub enum Outcome {
     /// A signed token that is not lockd's for the resource, or a bare token where a signed one
     /// is required (403 / FN007).
     Forged,
-    /// A write to a protected table without a current token (FN005).
-    Unfenced,
     /// A commit point the fence cannot check (FN006).
     Uncheckable,
     /// A token in a database without the check (FN004).
@@ -96,19 +94,17 @@ impl Outcome {
             Outcome::Stale => "stale",
             Outcome::Malformed => "malformed",
             Outcome::Forged => "forged",
-            Outcome::Unfenced => "unfenced",
             Outcome::Uncheckable => "uncheckable",
             Outcome::NotInstalled => "not_installed",
             Outcome::BarrierTimeout => "barrier_timeout",
             Outcome::Unavailable => "unavailable",
         }
     }
-    const ALL: [Outcome; 9] = [
+    const ALL: [Outcome; 8] = [
         Outcome::Passed,
         Outcome::Stale,
         Outcome::Malformed,
         Outcome::Forged,
-        Outcome::Unfenced,
         Outcome::Uncheckable,
         Outcome::NotInstalled,
         Outcome::BarrierTimeout,
@@ -121,7 +117,6 @@ impl Outcome {
             b"FN001" => Outcome::Stale,
             b"FN002" => Outcome::Malformed,
             b"FN004" => Outcome::NotInstalled,
-            b"FN005" => Outcome::Unfenced,
             b"FN006" => Outcome::Uncheckable,
             b"FN007" => Outcome::Forged,
             _ => return None,
@@ -197,7 +192,7 @@ type ModeOutcome = [(&'static str, &'static str); 2];
 /// What one thread counted: checks by mode and outcome, and their durations by mode.
 #[derive(Default)]
 struct Tally {
-    checks: [[AtomicU64; 9]; 2],
+    checks: [[AtomicU64; 8]; 2],
     durations: [AtomicHistogram; 2],
 }
 type ModeOnly = [(&'static str, &'static str); 1];
@@ -285,7 +280,9 @@ impl FenceMetrics {
             return;
         }
         let mut r = refusal();
-        // What a client sent may be long (a path, a header): kept bounded, here and in the log.
+        // A signed token refused for one resource may be lockd's for another, and valid there:
+        // never shown whole. What a client sent may be long: kept bounded, here and in the log.
+        redact_signature(&mut r.token);
         for text in [&mut r.resource, &mut r.token, &mut r.target, &mut r.reason] {
             clip(text);
         }
@@ -451,6 +448,28 @@ fn clip(text: &mut String) {
     text.push('…');
 }
 
+/// Hex digits of a signed token's MAC that are kept (enough to tell two apart).
+const MAC_SHOWN: usize = 8;
+
+/// `TOKEN.KEY_ID.MAC` cut to its number, key id and the first [`MAC_SHOWN`] characters of
+/// its MAC: what is shown of a presented token (anything with two dots is taken for one).
+fn redact_signature(token: &mut String) {
+    let Some(first) = token.find('.') else {
+        return;
+    };
+    let Some(second) = token[first + 1..].find('.').map(|i| first + 1 + i) else {
+        return;
+    };
+    let mut end = (second + 1 + MAC_SHOWN).min(token.len());
+    while !token.is_char_boundary(end) {
+        end -= 1;
+    }
+    if end < token.len() {
+        token.truncate(end);
+        token.push('…');
+    }
+}
+
 /// A client connection, counted while it lives.
 pub struct Connection {
     metrics: &'static FenceMetrics,
@@ -549,6 +568,20 @@ mod tests {
                 .all(|(i, o)| *o as usize == i)
         );
         assert!(Mode::ALL.iter().enumerate().all(|(i, m)| *m as usize == i));
+    }
+
+    #[test]
+    fn a_signed_token_is_never_shown_whole() {
+        let mac = "ab".repeat(32);
+        let mut t = format!("20.k1.{mac}");
+        super::redact_signature(&mut t);
+        assert_eq!(t, "20.k1.abababab…");
+        let mut plain = "42".to_string();
+        super::redact_signature(&mut plain);
+        assert_eq!(plain, "42");
+        let mut odd = "1.é.éééééééééé".to_string();
+        super::redact_signature(&mut odd);
+        assert!(odd.ends_with('…') && !odd.contains("éééééééé"), "{odd}");
     }
 
     #[test]

@@ -69,6 +69,36 @@ var pre=document.createElement('pre');pre.id='layout-report';pre.hidden=true;pre
 })();
 "#;
 
+/// The Content-Security-Policy source that allows the pages' one script and nothing else:
+/// its SHA-256, `'sha256-BASE64'`.
+pub fn script_source() -> &'static str {
+    use sha2::{Digest, Sha256};
+    static SOURCE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    SOURCE.get_or_init(|| format!("'sha256-{}'", base64(&Sha256::digest(SCRIPT.as_bytes()))))
+}
+
+/// Standard base64 with padding.
+fn base64(bytes: &[u8]) -> String {
+    const ABC: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
+    for chunk in bytes.chunks(3) {
+        let b = [
+            chunk[0],
+            *chunk.get(1).unwrap_or(&0),
+            *chunk.get(2).unwrap_or(&0),
+        ];
+        let n = u32::from(b[0]) << 16 | u32::from(b[1]) << 8 | u32::from(b[2]);
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(ABC[(n >> (18 - 6 * i) & 63) as usize] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
 /// How bad a banner's news is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Level {
@@ -345,6 +375,16 @@ mod tests {
                 .finish("")
                 .contains("http-equiv=\"refresh\"")
         );
+    }
+
+    #[test]
+    fn base64_is_the_standard_one() {
+        assert_eq!(base64(b""), "");
+        assert_eq!(base64(b"f"), "Zg==");
+        assert_eq!(base64(b"fo"), "Zm8=");
+        assert_eq!(base64(b"foo"), "Zm9v");
+        assert_eq!(base64(b"foobar"), "Zm9vYmFy");
+        assert!(script_source().starts_with("'sha256-") && script_source().len() == 54);
     }
 
     #[test]
