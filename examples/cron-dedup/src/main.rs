@@ -49,18 +49,33 @@ fn wait_line(child: &mut Child, needle: &str) -> anyhow::Result<String> {
     }
 }
 
+/// A child killed when dropped: lockd must not outlive the demo when a step fails (it holds
+/// the demo's stdout, and whoever waits for the demo's output would wait for ever).
+struct KillOnDrop(Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        // SAFETY: signalling our own child process; it may be stopped (SIGSTOP) by a step.
+        unsafe { libc::kill(self.0.id() as i32, libc::SIGCONT) };
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 fn main() -> anyhow::Result<()> {
     let data = tempfile::tempdir()?;
     say("starting lockd with a fresh data directory");
-    let mut lockd = Command::new(bin("lockd")?)
-        .arg("--data-dir")
-        .arg(data.path())
-        .args(["--listen", "127.0.0.1:0", "--log-format", "json"])
-        .stderr(Stdio::piped())
-        .spawn()
-        .context("starting lockd")?;
+    let mut lockd = KillOnDrop(
+        Command::new(bin("lockd")?)
+            .arg("--data-dir")
+            .arg(data.path())
+            .args(["--listen", "127.0.0.1:0", "--log-format", "json"])
+            .stderr(Stdio::piped())
+            .spawn()
+            .context("starting lockd")?,
+    );
     let addr = {
-        let err = lockd.stderr.take().context("stderr is piped")?;
+        let err = lockd.0.stderr.take().context("stderr is piped")?;
         let mut lines = BufReader::new(err).lines();
         let line = lines
             .find_map(|l| l.ok().filter(|l| l.contains("\"listening\"")))
@@ -130,7 +145,7 @@ fn main() -> anyhow::Result<()> {
             "--ttl",
             "1s",
             "--grace",
-            "2s",
+            "200ms",
             "--",
             "sh",
             "-c",
@@ -141,7 +156,7 @@ fn main() -> anyhow::Result<()> {
         .spawn()?;
     wait_line(&mut c, "job: running")?;
     // SAFETY: signalling our own child process.
-    unsafe { libc::kill(lockd.id() as i32, libc::SIGSTOP) };
+    unsafe { libc::kill(lockd.0.id() as i32, libc::SIGSTOP) };
     let status = c.wait()?;
     let mut why = String::new();
     std::io::Read::read_to_string(&mut c.stderr.take().context("stderr is piped")?, &mut why)?;
@@ -152,10 +167,7 @@ fn main() -> anyhow::Result<()> {
         "   lockctl exited with {} (4 = lease lost): the job was stopped before lockd could give the lock to anyone else",
         status.code().unwrap_or(-1)
     );
-    // SAFETY: as above.
-    unsafe { libc::kill(lockd.id() as i32, libc::SIGCONT) };
-    let _ = lockd.kill();
-    let _ = lockd.wait();
+    drop(lockd);
     say(
         "done. A job that wrote through fence-proxy would also have had its late writes rejected by token.",
     );

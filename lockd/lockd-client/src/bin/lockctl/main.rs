@@ -109,8 +109,8 @@ enum Command {
         #[command(flatten)]
         lock: LockArgs,
         /// Time between SIGTERM and SIGKILL when the lease is lost or about to be [default: a
-        /// fifth of the lease's TTL, at most 10s]. The grace and 250ms for SIGKILL must fit in
-        /// half the TTL.
+        /// fifth of the lease's TTL, at most 10s, less if that would not fit]. The grace and
+        /// 250ms for SIGKILL must fit in half the TTL.
         #[arg(long, value_parser = humantime::parse_duration)]
         grace: Option<Duration>,
         /// The command and its arguments.

@@ -20,7 +20,7 @@ use tokio::signal::unix::{SignalKind, signal};
 
 /// Time allowed for SIGKILL to take the group and for the command to be reaped.
 const KILL_SLACK: Duration = Duration::from_millis(250);
-/// The default grace: a fifth of the TTL, at most this.
+/// The default grace: a fifth of the TTL (less when that would not fit), at most this.
 const GRACE_DEFAULT_MAX: Duration = Duration::from_secs(10);
 
 /// How the command is stopped: SIGTERM, `grace`, SIGKILL, all within `total`.
@@ -33,7 +33,12 @@ pub struct StopBudget {
 /// The stop budget of a lease of `ttl` with the grace `asked` (the default when `None`), or
 /// why that grace does not fit.
 pub fn stop_budget(asked: Option<Duration>, ttl: Duration) -> Result<StopBudget, String> {
-    let grace = asked.unwrap_or_else(|| (ttl / 5).min(GRACE_DEFAULT_MAX));
+    // The default fits whenever anything does: a fifth of the TTL, less for short ones.
+    let grace = asked.unwrap_or_else(|| {
+        (ttl / 5)
+            .min(GRACE_DEFAULT_MAX)
+            .min((ttl / 2).saturating_sub(KILL_SLACK))
+    });
     let total = grace + KILL_SLACK;
     if total > ttl / 2 {
         return Err(format!(
@@ -153,5 +158,26 @@ fn exit_code(status: std::io::Result<ExitStatus>) -> ExitCode {
             eprintln!("lockctl: waiting for the command failed: {e}");
             ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_default_grace_fits_every_ttl_that_can_fit_a_stop() {
+        for ms in [500u64, 600, 833, 1000, 30_000, 600_000] {
+            let ttl = Duration::from_millis(ms);
+            let b = stop_budget(None, ttl).unwrap();
+            assert!(b.total <= ttl / 2, "{ms} ms: {b:?}");
+        }
+        let at = |s| stop_budget(None, Duration::from_secs(s)).unwrap().grace;
+        assert_eq!(at(30), Duration::from_secs(6));
+        assert_eq!(at(600), Duration::from_secs(10));
+        // Below 500 ms not even SIGKILL's 250 ms fits in half the TTL.
+        assert!(stop_budget(None, Duration::from_millis(400)).is_err());
+        assert!(stop_budget(Some(Duration::from_secs(1)), Duration::from_secs(2)).is_err());
+        assert!(stop_budget(Some(Duration::from_millis(750)), Duration::from_secs(2)).is_ok());
     }
 }
