@@ -121,7 +121,7 @@ pub struct Settings {
     #[arg(long, env = "LOCKD_KEEPALIVE_TIMEOUT_MS", value_name = "MS")]
     pub keepalive_timeout_ms: Option<u64>,
 
-    /// Address of the admin listener (HTTP: /metrics, /healthz, /readyz); off loopback it needs insecure [default: none, off].
+    /// Address of the admin listener (HTTP: /metrics, /healthz, /readyz, the status page at /); off loopback it needs insecure [default: none, off].
     #[arg(long, env = "LOCKD_ADMIN_LISTEN", value_name = "ADDR")]
     pub admin_listen: Option<SocketAddr>,
 
