@@ -319,7 +319,8 @@ impl Conn<'_> {
                 return self.refuse(problem, &req).await;
             }
             Some(Ok((resource, token))) => {
-                let started = Instant::now();
+                // The admission's duration is a metric: the clock is read only when one is kept.
+                let started = obs::observing().then(Instant::now);
                 let admitted = relay.fence.admit(&resource, token).await;
                 let admitted = admitted.map_err(Problem::Refused);
                 if let Err(problem) = &admitted {
@@ -328,11 +329,13 @@ impl Conn<'_> {
                 self.input.advance(req.head_len);
                 match admitted {
                     Ok(permit) => {
-                        obs::get().passed(Mode::Http, Some(started.elapsed()));
+                        obs::get().passed(Mode::Http, started.map(|s| s.elapsed()));
                         Some(permit)
                     }
                     Err(problem) => {
-                        obs::get().check_took(Mode::Http, started.elapsed());
+                        if let Some(s) = started {
+                            obs::get().check_took(Mode::Http, s.elapsed());
+                        }
                         return self.refuse(problem, &req).await;
                     }
                 }

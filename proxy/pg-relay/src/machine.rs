@@ -38,6 +38,7 @@ use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
 use compact_str::CompactString;
+use opskit::fence::Outcome;
 use pg_wire::WireError;
 use pg_wire::backend::Backend;
 use pg_wire::frontend::{Frontend, Target};
@@ -294,8 +295,15 @@ struct Check {
     /// The transaction ends right after it ([`Form::Commit`]): before a `COMMIT` (or `END`,
     /// `PREPARE TRANSACTION`), or at the end of an implicit transaction.
     ends: bool,
-    /// When it was queued for PostgreSQL (its duration is a metric).
-    sent: Instant,
+    /// When it was queued for PostgreSQL, if the machine observes (its duration is a metric).
+    sent: Option<Instant>,
+}
+
+impl Check {
+    /// How long it has been since it was sent (zero when the machine does not observe).
+    fn took(&self) -> Duration {
+        self.sent.map_or(Duration::ZERO, |s| s.elapsed())
+    }
 }
 
 /// What a check found, or a refusal of the fence's, for fence-proxy's metrics, status page and
@@ -312,7 +320,7 @@ pub(crate) enum Event {
     /// `took`. (A refusal inside a client's statement, a protected table's trigger, is not
     /// one: the client could raise the same SQLSTATE itself.)
     Refused {
-        code: [u8; 5],
+        outcome: Outcome,
         took: Duration,
         resource: String,
         token: String,
@@ -873,7 +881,7 @@ impl Machine {
             bare: self.installed == Installed::No,
             at_commit: form != Form::Before,
             ends: form == Form::Commit,
-            sent: Instant::now(),
+            sent: self.observe.then(Instant::now),
         };
         let wait = self.wait_param.clone();
         let expect = Expect::Check(check);
@@ -1186,7 +1194,7 @@ impl Machine {
             bare: !installed,
             at_commit: false,
             ends: false,
-            sent: Instant::now(),
+            sent: self.observe.then(Instant::now),
         };
         let mut new_text = Vec::with_capacity(text.len() + (q.before.len() + 1) * 64);
         let mut units = VecDeque::new();
@@ -1537,7 +1545,7 @@ impl Machine {
                 if self.observe {
                     let raised = marks.mark(&resource).is_none_or(|m| m < token);
                     self.events.push(Event::Passed {
-                        took: check.sent.elapsed(),
+                        took: check.took(),
                         raised: raised.then(|| (resource.clone(), token)),
                     });
                 }
@@ -1654,17 +1662,16 @@ impl Machine {
         if self.observe
             && self.phase != Phase::Probing
             && let Some(check) = check
-            && let Some(code) = fence_code(fields.code, check.bare)
+            && let Some(outcome) = refusal(fields.code, check.bare)
         {
             let (resource, token, highest) = sqlstate::parse_refusal_detail(fields.detail);
             self.events.push(Event::Refused {
-                code,
-                took: check.sent.elapsed(),
+                outcome,
+                took: check.took(),
                 resource: resource.to_string(),
                 token: token.to_string(),
                 highest,
-                message: String::from_utf8_lossy(&fields.message[..fields.message.len().min(300)])
-                    .into_owned(),
+                message: String::from_utf8_lossy(fields.message).into_owned(),
             });
         }
         if self.phase == Phase::Probing {
@@ -1874,15 +1881,19 @@ fn read_check_row(message: &[u8]) -> Option<CheckRow> {
 #[path = "machine_tests.rs"]
 mod tests;
 
-/// The fence's SQLSTATE of a check's error, if it is one: an `FN00x` of the check's own, or
-/// FN004 for a check that is not installed (the bare form's cast error, or the check missing).
-fn fence_code(code: &[u8], bare: bool) -> Option<[u8; 5]> {
-    let code = <[u8; 5]>::try_from(code).ok()?;
-    if code.starts_with(b"FN") {
-        Some(code)
-    } else if NOT_INSTALLED.contains(&&code[..]) || (bare && &code == b"22P02") {
-        Some(*b"FN004")
-    } else {
-        None
-    }
+/// What a check's error with SQLSTATE `code` refused, if it is a refusal of the fence's: one
+/// of the check's own SQLSTATEs, or a check that is not installed (the bare form's cast
+/// error, or the check missing: said as FN004).
+fn refusal(code: &[u8], bare: bool) -> Option<Outcome> {
+    Some(match code {
+        c if c == sqlstate::STALE_TOKEN.as_bytes() => Outcome::Stale,
+        c if c == sqlstate::BAD_SETTING.as_bytes() => Outcome::Malformed,
+        c if c == sqlstate::UNCHECKABLE.as_bytes() => Outcome::Uncheckable,
+        c if c == sqlstate::FORGED.as_bytes() => Outcome::Forged,
+        c if c == sqlstate::NOT_INSTALLED.as_bytes() || NOT_INSTALLED.contains(&c) => {
+            Outcome::NotInstalled
+        }
+        b"22P02" if bare => Outcome::NotInstalled,
+        _ => return None,
+    })
 }

@@ -20,6 +20,9 @@ pub const PROTECTED: &str = "FN005";
 /// A commit point the fence cannot check: the transaction declared a `WITH HOLD` cursor, whose
 /// query PostgreSQL runs at commit (raised by PostgreSQL itself, `fencing.held_cursor`).
 pub const UNCHECKABLE: &str = "FN006";
+/// A token that is not lockd's for the session's resource, or a bare number where a signed
+/// token is required (raised by PostgreSQL itself, `fencing.refuse_signature`).
+pub const FORGED: &str = "FN007";
 pub const PROTOCOL_VIOLATION: &str = "08P01";
 pub const CANNOT_CONNECT: &str = "08001";
 pub const CONNECTION_FAILURE: &str = "08006";

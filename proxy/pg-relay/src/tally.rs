@@ -3,7 +3,7 @@
 
 use std::net::SocketAddr;
 
-use opskit::fence::{self as obs, Mode, Outcome};
+use opskit::fence::{self as obs, Mode};
 
 use crate::machine::Event;
 
@@ -25,7 +25,7 @@ pub(crate) fn record(events: &mut Vec<Event>, who: &Who) {
                 }
             }
             Event::Refused {
-                code,
+                outcome,
                 took,
                 resource,
                 token,
@@ -33,9 +33,6 @@ pub(crate) fn record(events: &mut Vec<Event>, who: &Who) {
                 message,
             } => {
                 metrics.check_took(Mode::Pg, took);
-                let Some(outcome) = Outcome::of_sqlstate(&code) else {
-                    continue;
-                };
                 metrics.refused(
                     || obs::Refusal {
                         mode: Mode::Pg,

@@ -110,18 +110,6 @@ impl Outcome {
         Outcome::BarrierTimeout,
         Outcome::Unavailable,
     ];
-
-    /// The outcome of a SQLSTATE of the fence's (`FN00x`), if it is one of them.
-    pub fn of_sqlstate(code: &[u8]) -> Option<Outcome> {
-        Some(match code {
-            b"FN001" => Outcome::Stale,
-            b"FN002" => Outcome::Malformed,
-            b"FN004" => Outcome::NotInstalled,
-            b"FN006" => Outcome::Uncheckable,
-            b"FN007" => Outcome::Forged,
-            _ => return None,
-        })
-    }
 }
 
 /// Why an upstream exchange failed.
