@@ -3,7 +3,7 @@
 //! backend from the `etcd` tests ([`api_suite!`](crate::api_suite)), so that both keep one
 //! contract: contention, FIFO hand-off, expiry, request-id de-duplication, stale lease ids,
 //! tokens across restarts, the longest fields, cancelled waiters, a retried waiter keeping its
-//! place, queue limits, bad input.
+//! place, queue limits, bad input, tenants, batched renewals and releases.
 //!
 //! Each check panics with a message naming the broken rule. Waits are for states (a queue of
 //! the expected length, a grant), each a round trip, never a sleep.
@@ -14,8 +14,9 @@ use std::time::Instant;
 use lockd_proto::v1::acquire_response::Outcome;
 use lockd_proto::v1::lock_service_client::LockServiceClient;
 use lockd_proto::v1::{
-    AcquireRequest, DescribeRequest, DescribeResponse, Lease, NotGranted, ReleaseRequest,
-    ReleaseResponse, RenewRequest, RenewResponse,
+    AcquireRequest, DescribeRequest, DescribeResponse, Lease, LeaseRef, NotGranted,
+    ReleaseManyRequest, ReleaseRequest, ReleaseResponse, RenewManyRequest, RenewRequest,
+    RenewResponse, RenewResult,
 };
 use tonic::transport::Channel;
 use tonic::{Code, Status};
@@ -79,7 +80,8 @@ macro_rules! api_suite {
             a_retried_waiter_keeps_its_place,
             a_full_queue_is_refused,
             bad_input_is_refused_with_the_reason,
-            tenants_are_kept_apart_and_within_their_quotas
+            tenants_are_kept_apart_and_within_their_quotas,
+            many_leases_are_renewed_and_released_in_one_call
         );
     };
     (@each $make:expr; $($check:ident),*) => {
@@ -192,6 +194,32 @@ impl Api {
             .map(tonic::Response::into_inner)
     }
 
+    fn renew_many(&mut self, leases: &[(&str, &str)]) -> Result<Vec<RenewResult>, Status> {
+        let r = self.call(RenewManyRequest {
+            leases: lease_refs(leases),
+        });
+        let results = self
+            .rt
+            .block_on(self.rpc.renew_many(r))?
+            .into_inner()
+            .results;
+        assert_eq!(results.len(), leases.len(), "one result per lease asked");
+        Ok(results)
+    }
+
+    fn release_many(&mut self, leases: &[(&str, &str)]) -> Result<Vec<ReleaseResponse>, Status> {
+        let r = self.call(ReleaseManyRequest {
+            leases: lease_refs(leases),
+        });
+        let results = self
+            .rt
+            .block_on(self.rpc.release_many(r))?
+            .into_inner()
+            .results;
+        assert_eq!(results.len(), leases.len(), "one result per lease asked");
+        Ok(results)
+    }
+
     fn describe(&mut self, resource: &str) -> DescribeResponse {
         self.try_describe(resource).expect("describe is answered")
     }
@@ -248,6 +276,16 @@ impl Api {
             other => panic!("a queued acquire is granted, not {other:?}"),
         }
     }
+}
+
+fn lease_refs(leases: &[(&str, &str)]) -> Vec<LeaseRef> {
+    leases
+        .iter()
+        .map(|(resource, lease_id)| LeaseRef {
+            resource: resource.to_string(),
+            lease_id: lease_id.to_string(),
+        })
+        .collect()
 }
 
 fn busy(o: Result<Outcome, Status>) -> NotGranted {
@@ -682,4 +720,136 @@ pub fn tenants_are_kept_apart_and_within_their_quotas(b: &dyn Backend) {
     pay.wait_waiters("pay/2", 1);
     assert!(pay.release("pay/2", &second.lease_id).released);
     pay.granted(again);
+}
+
+/// RenewMany and ReleaseMany: each lease served as the single call would, in the order asked;
+/// a lease that is not current is that lease's answer; a bad entry, or another tenant's
+/// resource, refuses the whole batch before anything is done.
+pub fn many_leases_are_renewed_and_released_in_one_call(b: &dyn Backend) {
+    let dir = tempfile::tempdir().unwrap();
+    let token = "many-0123456789abcdef0123456789a";
+    let policy = dir.path().join("policy.toml");
+    std::fs::write(
+        &policy,
+        format!(
+            r#"
+            [[tenant]]
+            name = "work"
+            prefixes = ["job/"]
+            [[tenant]]
+            name = "other"
+            prefixes = ["other/"]
+            [[identity]]
+            name = "worker"
+            tenant = "work"
+            token_sha256 = "{}"
+            "#,
+            crate::sha256_hex(token)
+        ),
+    )
+    .unwrap();
+    let lockd = b.start(
+        &dir.path().join("data"),
+        &["--policy", policy.to_str().unwrap()],
+    );
+    let mut api = Api::with_token(&lockd, token);
+    let (a, b_, c) = (
+        api.grant("job/a", 60_000),
+        api.grant("job/b", 60_000),
+        api.grant("job/c", 60_000),
+    );
+    assert!(api.release("job/c", &c.lease_id).released);
+    let waiting = api.queue(req("job/b", "next", 60_000, 60_000));
+    api.wait_waiters("job/b", 1);
+
+    let renewed = api
+        .renew_many(&[
+            ("job/a", &a.lease_id),
+            ("job/b", &b_.lease_id),
+            ("job/c", &c.lease_id),
+        ])
+        .expect("a batch of renewals is answered");
+    assert!(
+        renewed[0].renewed && renewed[1].renewed && renewed[0].ttl_ms == 60_000,
+        "current leases are renewed: {renewed:?}"
+    );
+    assert!(
+        !renewed[2].renewed && renewed[2].current_token == 0,
+        "a released lease is not renewed, and is only its own answer: {renewed:?}"
+    );
+
+    // Bad batches do nothing at all.
+    let bad = [
+        (vec![], "leases is empty"),
+        (
+            vec![("job/a", a.lease_id.as_str()), ("job/b", "not-a-lease-id")],
+            "leases[1]: lease_id",
+        ),
+        (
+            vec![
+                ("job/a", a.lease_id.as_str()),
+                ("bad name", b_.lease_id.as_str()),
+            ],
+            "leases[1]: invalid resource name",
+        ),
+    ];
+    for (leases, needle) in &bad {
+        for err in [
+            api.release_many(leases).expect_err("a bad batch"),
+            api.renew_many(leases).expect_err("a bad batch"),
+        ] {
+            assert_refused(&err, Code::InvalidArgument, "invalid_argument");
+            assert!(err.message().contains(needle), "{needle}: {err:?}");
+        }
+    }
+    let long: Vec<(&str, &str)> = (0..1001).map(|_| ("job/a", a.lease_id.as_str())).collect();
+    let err = api.release_many(&long).expect_err("1001 leases");
+    assert_refused(&err, Code::InvalidArgument, "invalid_argument");
+    assert!(err.message().contains("limit is 1000"), "{err:?}");
+    let foreign = [
+        ("job/a", a.lease_id.as_str()),
+        ("other/x", a.lease_id.as_str()),
+    ];
+    for err in [
+        api.release_many(&foreign)
+            .expect_err("another tenant's resource"),
+        api.renew_many(&foreign)
+            .expect_err("another tenant's resource"),
+    ] {
+        assert_refused(&err, Code::PermissionDenied, "permission_denied");
+    }
+    let d = api.describe("job/a");
+    assert!(
+        d.held && d.token == a.token,
+        "no refused batch released job/a: {d:?}"
+    );
+
+    let released = api
+        .release_many(&[
+            ("job/a", &a.lease_id),
+            ("job/b", &b_.lease_id),
+            ("job/b", &b_.lease_id),
+            ("job/c", &c.lease_id),
+        ])
+        .expect("a batch of releases is answered");
+    let flags: Vec<bool> = released.iter().map(|r| r.released).collect();
+    assert_eq!(
+        flags,
+        [true, true, false, false],
+        "each lease is released once, in the order asked: {released:?}"
+    );
+    let next = api.granted(waiting);
+    assert!(
+        next.token > b_.token && next.token > c.token,
+        "the waiter was handed job/b with a new token"
+    );
+    assert_eq!(
+        released[2].current_token, next.token,
+        "the repeated release sees the waiter's new lease"
+    );
+    assert!(!api.describe("job/a").held, "job/a is free");
+    assert!(
+        !api.renew_many(&[("job/a", &a.lease_id)]).unwrap()[0].renewed,
+        "a released lease is not renewed"
+    );
 }

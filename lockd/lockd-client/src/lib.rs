@@ -592,6 +592,53 @@ impl Client {
         Ok(r.released)
     }
 
+    /// Renews every lease of `leases` (resource, lease id) in one call: each answer says
+    /// whether that lease was renewed, in the order asked. lockd takes 1 to 1000 leases per
+    /// call; a malformed entry, or one the caller may not use, refuses the whole call.
+    pub async fn renew_many(&self, leases: &[(&str, &str)]) -> Result<Vec<Renewal>, ClientError> {
+        let req = pb::RenewManyRequest {
+            leases: lease_refs(leases),
+        };
+        let r = self
+            .rpc
+            .clone()
+            .renew_many(self.request(req))
+            .await
+            .map_err(|s| self.error(s))?
+            .into_inner();
+        answered_each(leases.len(), r.results.len())?;
+        Ok(r.results
+            .into_iter()
+            .map(|r| match r.renewed {
+                true => Renewal::Renewed(RenewReply {
+                    ttl: Duration::from_millis(r.ttl_ms),
+                    expires_at_ms: r.expires_at_ms,
+                }),
+                false => Renewal::NotCurrent {
+                    current_token: (r.current_token != 0).then_some(r.current_token),
+                },
+            })
+            .collect())
+    }
+
+    /// Releases every lease of `leases` (resource, lease id) in one call and one commit at
+    /// lockd: for each, in the order asked, whether this call ended it (false: it was no longer
+    /// current). Limits as for [`Client::renew_many`].
+    pub async fn release_many(&self, leases: &[(&str, &str)]) -> Result<Vec<bool>, ClientError> {
+        let req = pb::ReleaseManyRequest {
+            leases: lease_refs(leases),
+        };
+        let r = self
+            .rpc
+            .clone()
+            .release_many(self.request(req))
+            .await
+            .map_err(|s| self.error(s))?
+            .into_inner();
+        answered_each(leases.len(), r.results.len())?;
+        Ok(r.results.into_iter().map(|r| r.released).collect())
+    }
+
     /// One page of the held locks under `prefix` (empty: all the caller may see), from
     /// `page_token` (`None`: the first page), at most `page_size` (0: lockd's default).
     pub async fn list_page(
@@ -677,6 +724,39 @@ impl Client {
 pub struct RenewReply {
     pub ttl: Duration,
     pub expires_at_ms: u64,
+}
+
+/// One lease's answer in [`Client::renew_many`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Renewal {
+    Renewed(RenewReply),
+    /// The lease was not current (expired, released, or never held); `current_token` is the
+    /// token of whoever holds the resource now.
+    NotCurrent {
+        current_token: Option<u64>,
+    },
+}
+
+fn lease_refs(leases: &[(&str, &str)]) -> Vec<pb::LeaseRef> {
+    leases
+        .iter()
+        .map(|(resource, lease_id)| pb::LeaseRef {
+            resource: resource.to_string(),
+            lease_id: lease_id.to_string(),
+        })
+        .collect()
+}
+
+/// A batch's answer has one result per lease asked, or it cannot be matched to them.
+fn answered_each(asked: usize, answered: usize) -> Result<(), ClientError> {
+    if asked == answered {
+        return Ok(());
+    }
+    Err(ClientError::Rejected {
+        code: Code::Internal,
+        error_code: None,
+        message: format!("lockd answered {answered} results for {asked} leases"),
+    })
 }
 
 fn not_granted(ng: &pb::NotGranted) -> NotGranted {

@@ -34,6 +34,9 @@ pub enum InvalidArgument {
     LeaseId(String),
     #[error("{0}")]
     List(String),
+    /// A RenewMany or ReleaseMany: empty, too long, or an entry that is malformed.
+    #[error("{0}")]
+    Batch(String),
 }
 
 /// Why an Acquire was refused (not: why it was not granted; that is an outcome).

@@ -13,6 +13,10 @@ pub const LIST_PAGE_DEFAULT: usize = 100;
 /// Locks in one page of a listing at most: a page is built under the core's lock, so it stays
 /// short (lockctl lists everything a page at a time).
 pub const LIST_PAGE_MAX: usize = 1000;
+/// Leases in one RenewMany or ReleaseMany call at most. The batch is decided under the core's
+/// lock in one go, so it stays short (a few milliseconds); a worker with more leases sends
+/// several batches. 1000 leases are about 300 kB on the wire, well within gRPC's 4 MB.
+pub const BATCH_MAX: usize = 1000;
 
 /// Bounds on what clients may ask for and on what lockd holds in memory.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]

@@ -388,6 +388,65 @@ impl Driver {
         self.vouch(outcome)
     }
 
+    /// Renews each of `leases` (see [`Driver::renew`]) under one hold of the core, so that
+    /// a batch costs one lock and one wake-up however long it is. A lease that is not current
+    /// is that lease's answer, not the call's.
+    pub async fn renew_many(
+        &self,
+        leases: &[(ResourceName, LeaseId)],
+    ) -> Result<Vec<Result<Renewed, RenewError>>, DriverError> {
+        self.check_open()?;
+        let (results, seq) = {
+            let mut st = self.lock();
+            let mut fx = Vec::new();
+            let now = self.clock.now();
+            let results: Vec<_> = leases
+                .iter()
+                .map(|(resource, id)| st.core.renew(now, resource, *id, &mut fx))
+                .collect();
+            (results, self.apply(&mut st, fx))
+        };
+        if results.iter().any(Result::is_err) {
+            // A refusal names the current holder's token: shown only once it is durable.
+            self.durable(seq).await?;
+        }
+        self.vouch(results)
+    }
+
+    /// Releases each of `leases` (see [`Driver::release`]) under one hold of the core: their
+    /// removals, and the grants they hand to waiters, go to the store as one batch, one
+    /// commit.
+    pub async fn release_many(
+        &self,
+        leases: &[(ResourceName, LeaseId)],
+    ) -> Result<Vec<ReleaseOutcome>, DriverError> {
+        self.check_open()?;
+        let (outcomes, seq) = {
+            let mut st = self.lock();
+            let mut fx = Vec::new();
+            let now = self.clock.now();
+            let outcomes: Vec<_> = leases
+                .iter()
+                .map(|(resource, id)| st.core.release(now, resource, *id, &mut fx))
+                .collect();
+            (outcomes, self.apply(&mut st, fx))
+        };
+        let mut not_held = false;
+        for ((resource, _), outcome) in leases.iter().zip(&outcomes) {
+            match outcome {
+                ReleaseOutcome::Released { token, held_ms } => {
+                    crate::metrics::get().lease_ended(*held_ms, false);
+                    debug!(%resource, %token, "released");
+                }
+                ReleaseOutcome::NotHeld { .. } => not_held = true,
+            }
+        }
+        if not_held {
+            self.durable(seq).await?;
+        }
+        self.vouch(outcomes)
+    }
+
     /// One page of the held locks (see `Core::list`), the places to look at bounded so that
     /// the core is held only briefly.
     pub async fn list(
@@ -670,8 +729,8 @@ mod tests {
         let resource = ResourceName::new("a").unwrap();
         driver.renew(&resource, grant.lease_id).await.unwrap();
 
-        // The term is over: a renewal, a retried grant, a new grant, a release and a describe
-        // are all refused, though the core could answer each.
+        // The term is over: a renewal, a retried grant, a new grant, a release, a describe and
+        // the batches are all refused, though the core could answer each.
         authority.0.store(false, Ordering::Release);
         let not_leader = |r: Result<(), DriverError>, what: &str| {
             assert!(
@@ -696,6 +755,15 @@ mod tests {
             "a release",
         );
         not_leader(driver.describe(&resource).await.map(drop), "a describe");
+        let batch = [(resource.clone(), grant.lease_id)];
+        not_leader(
+            driver.renew_many(&batch).await.map(drop),
+            "a batch of renewals",
+        );
+        not_leader(
+            driver.release_many(&batch).await.map(drop),
+            "a batch of releases",
+        );
         driver.shutdown();
         driver.close_store();
     }

@@ -143,6 +143,22 @@ impl LockApi {
         Ok(Some(Arc::clone(who)))
     }
 
+    /// Who makes `request`, and whether it may use every one of `resources` (a batch): `None`
+    /// without a policy. One resource it may not use refuses the whole call.
+    fn admit_all<'a, T>(
+        &self,
+        request: &Request<T>,
+        resources: impl Iterator<Item = &'a str>,
+    ) -> Result<Option<Arc<Identity>>, Status> {
+        let who = self.admit(request, None)?;
+        if let (Some(policy), Some(who)) = (&self.policy, &who) {
+            for resource in resources {
+                policy.authorize(who, resource)?;
+            }
+        }
+        Ok(who)
+    }
+
     /// Where `request` is served: here (its message, with the driver), or by the leader (its
     /// answer, passed back unchanged). A forwarded call that does not reach the leader, or
     /// whose leader is replaced while it runs (it died, or was paused), goes once more to
@@ -228,6 +244,37 @@ fn lease_id(text: &str) -> Result<LeaseId, Status> {
     text.parse().map_err(|e: fencing::ParseLeaseIdError| {
         invalid_argument(&InvalidArgument::LeaseId(e.to_string()))
     })
+}
+
+/// The leases of a RenewMany or ReleaseMany, each checked: the first bad entry, named by its
+/// index, refuses the whole batch before anything is done.
+fn batch(leases: &[pb::LeaseRef]) -> Result<Vec<(ResourceName, LeaseId)>, Status> {
+    let bad = |why: String| invalid_argument(&InvalidArgument::Batch(why));
+    let max = lockd_core::limits::BATCH_MAX;
+    if leases.is_empty() {
+        return Err(bad("leases is empty: name at least one lease".to_string()));
+    }
+    if leases.len() > max {
+        return Err(bad(format!(
+            "{} leases in one call; the limit is {max} (send several calls)",
+            leases.len()
+        )));
+    }
+    leases
+        .iter()
+        .enumerate()
+        .map(|(i, l)| {
+            let resource = ResourceName::new(&l.resource)
+                .map_err(|e| bad(format!("leases[{i}]: invalid resource name: {e}")))?;
+            let id = l
+                .lease_id
+                .parse()
+                .map_err(|e: fencing::ParseLeaseIdError| {
+                    bad(format!("leases[{i}]: lease_id is not a lease id: {e}"))
+                })?;
+            Ok((resource, id))
+        })
+        .collect()
 }
 
 impl LockApi {
@@ -362,40 +409,84 @@ impl LockApi {
         };
         let (resource, lease_id) = (resource(&r.resource)?, lease_id(&r.lease_id)?);
         let released = driver.release(&resource, lease_id).await?;
-        crate::audit::record(
-            "release",
-            serde_json::json!({
-                "resource": resource.as_str(),
-                "lease": crate::audit::lease_fingerprint(&r.lease_id),
-                "token": match &released {
-                    ReleaseOutcome::Released { token, .. } => Some(token.get()),
-                    ReleaseOutcome::NotHeld { .. } => None,
-                },
-                "identity": who.as_ref().map(|w| w.name.as_str()),
-                "peer": peer.map(|p| p.to_string()),
-                "result": match &released {
-                    ReleaseOutcome::Released { .. } => "released",
-                    ReleaseOutcome::NotHeld { .. } => "not_held",
-                },
-            }),
-        );
-        let (answer, outcome) = match released {
-            ReleaseOutcome::Released { .. } => (
-                pb::ReleaseResponse {
-                    released: true,
-                    current_token: 0,
-                },
-                "released",
-            ),
-            ReleaseOutcome::NotHeld { current } => (
-                pb::ReleaseResponse {
-                    released: false,
-                    current_token: current.map_or(0, |t| t.get()),
-                },
-                "not_held",
-            ),
+        let asked = pb::LeaseRef {
+            resource: r.resource,
+            lease_id: r.lease_id,
         };
-        Ok((Response::new(answer), outcome))
+        audit_release(&asked, &released, who.as_deref(), peer);
+        let outcome = match released {
+            ReleaseOutcome::Released { .. } => "released",
+            ReleaseOutcome::NotHeld { .. } => "not_held",
+        };
+        Ok((Response::new(release_response(&released)), outcome))
+    }
+
+    async fn renew_many_here(
+        &self,
+        request: Request<pb::RenewManyRequest>,
+    ) -> Result<(Response<pb::RenewManyResponse>, &'static str), Status> {
+        // Checked first, so that a malformed batch is told so, and before any authorising.
+        let leases = batch(&request.get_ref().leases)?;
+        let names = leases.iter().map(|(r, _)| r.as_str());
+        let who = self.admit_all(&request, names)?;
+        let driver = match self
+            .serve(request, who.as_deref(), |mut c, r| async move {
+                c.renew_many(r).await
+            })
+            .await?
+        {
+            Served::Local(driver, _) => driver,
+            Served::Remote(answer) => return Ok((answer, "forwarded")),
+        };
+        let results = driver.renew_many(&leases).await?;
+        let results = results
+            .into_iter()
+            .map(|result| match result {
+                Ok(renewed) => Ok(pb::RenewResult {
+                    renewed: true,
+                    expires_at_ms: driver.wall_ms(renewed.expires_at),
+                    ttl_ms: renewed.ttl_ms,
+                    current_token: 0,
+                }),
+                Err(lockd_core::RenewError::NotCurrent { current, .. }) => Ok(pb::RenewResult {
+                    current_token: current.map_or(0, |t| t.get()),
+                    ..Default::default()
+                }),
+                Err(lockd_core::RenewError::Invalid(e)) => Err(invalid_argument(&e)),
+            })
+            .collect::<Result<_, Status>>()?;
+        let answer = Response::new(pb::RenewManyResponse { results });
+        Ok((answer, "renewed"))
+    }
+
+    async fn release_many_here(
+        &self,
+        request: Request<pb::ReleaseManyRequest>,
+    ) -> Result<(Response<pb::ReleaseManyResponse>, &'static str), Status> {
+        let leases = batch(&request.get_ref().leases)?;
+        let names = leases.iter().map(|(r, _)| r.as_str());
+        let who = self.admit_all(&request, names)?;
+        let peer = request.remote_addr();
+        let (driver, r) = match self
+            .serve(request, who.as_deref(), |mut c, r| async move {
+                c.release_many(r).await
+            })
+            .await?
+        {
+            Served::Local(driver, r) => (driver, r),
+            Served::Remote(answer) => return Ok((answer, "forwarded")),
+        };
+        let outcomes = driver.release_many(&leases).await?;
+        let results = outcomes
+            .iter()
+            .zip(&r.leases)
+            .map(|(outcome, asked)| {
+                audit_release(asked, outcome, who.as_deref(), peer);
+                release_response(outcome)
+            })
+            .collect();
+        let answer = Response::new(pb::ReleaseManyResponse { results });
+        Ok((answer, "released"))
     }
 
     async fn describe_here(
@@ -510,6 +601,45 @@ impl LockApi {
     }
 }
 
+/// The audit record of one release (alone or in a batch).
+fn audit_release(
+    asked: &pb::LeaseRef,
+    outcome: &ReleaseOutcome,
+    who: Option<&Identity>,
+    peer: Option<std::net::SocketAddr>,
+) {
+    crate::audit::record(
+        "release",
+        serde_json::json!({
+            "resource": asked.resource.as_str(),
+            "lease": crate::audit::lease_fingerprint(&asked.lease_id),
+            "token": match outcome {
+                ReleaseOutcome::Released { token, .. } => Some(token.get()),
+                ReleaseOutcome::NotHeld { .. } => None,
+            },
+            "identity": who.map(|w| w.name.as_str()),
+            "peer": peer.map(|p| p.to_string()),
+            "result": match outcome {
+                ReleaseOutcome::Released { .. } => "released",
+                ReleaseOutcome::NotHeld { .. } => "not_held",
+            },
+        }),
+    );
+}
+
+fn release_response(outcome: &ReleaseOutcome) -> pb::ReleaseResponse {
+    match outcome {
+        ReleaseOutcome::Released { .. } => pb::ReleaseResponse {
+            released: true,
+            current_token: 0,
+        },
+        ReleaseOutcome::NotHeld { current } => pb::ReleaseResponse {
+            released: false,
+            current_token: current.map_or(0, |t| t.get()),
+        },
+    }
+}
+
 /// The outcome label of a refused call, from its stable code (docs/operations.md).
 fn refused(s: &Status) -> &'static str {
     use crate::status::codes;
@@ -620,6 +750,24 @@ impl LockService for LockApi {
         let started = std::time::Instant::now();
         let call = Call::of("release", &request, &request.get_ref().resource);
         counted(call, started, self.release_here(request).await)
+    }
+
+    async fn renew_many(
+        &self,
+        request: Request<pb::RenewManyRequest>,
+    ) -> Result<Response<pb::RenewManyResponse>, Status> {
+        let started = std::time::Instant::now();
+        let call = Call::of("renew_many", &request, "");
+        counted(call, started, self.renew_many_here(request).await)
+    }
+
+    async fn release_many(
+        &self,
+        request: Request<pb::ReleaseManyRequest>,
+    ) -> Result<Response<pb::ReleaseManyResponse>, Status> {
+        let started = std::time::Instant::now();
+        let call = Call::of("release_many", &request, "");
+        counted(call, started, self.release_many_here(request).await)
     }
 
     async fn describe(

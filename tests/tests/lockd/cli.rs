@@ -98,6 +98,58 @@ fn contention_waiting_and_fifo_hand_off() {
 }
 
 #[test]
+fn several_leases_are_renewed_and_released_in_one_call() {
+    let dir = tempfile::tempdir().unwrap();
+    let lockd = Lockd::start(dir.path(), &[]);
+    let a = acquire_json(&lockd, &["batch/a", "--ttl", "60s"]);
+    let b = acquire_json(&lockd, &["batch/b", "--ttl", "60s"]);
+    let id = |v: &serde_json::Value| v["lease_id"].as_str().unwrap().to_string();
+    let (a_id, b_id) = (id(&a), id(&b));
+    release(&lockd, "batch/b", &b);
+
+    let mut renew = lockd.lockctl();
+    renew.args(["--json", "renew", "batch/a", &a_id, "batch/b", &b_id]);
+    let (status, stdout, stderr) = output(renew);
+    assert_eq!(
+        status.code(),
+        Some(4),
+        "a lease that is not current is exit 4: {stdout} {stderr}"
+    );
+    let lines: Vec<serde_json::Value> = stdout.lines().map(json).collect();
+    assert_eq!(lines.len(), 2, "a line per lease: {stdout}");
+    assert_eq!(lines[0]["resource"], "batch/a");
+    assert_eq!(lines[0]["renewed"], true);
+    assert_eq!(lines[0]["ttl_ms"], 60_000);
+    assert_eq!(lines[1]["resource"], "batch/b");
+    assert_eq!(lines[1]["renewed"], false);
+
+    let mut odd = lockd.lockctl();
+    odd.args(["release", "batch/a", &a_id, "batch/b"]);
+    let (status, _, stderr) = output(odd);
+    assert_eq!(status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("batch/b has no LEASE_ID"), "{stderr}");
+    assert_eq!(
+        describe(&lockd, "batch/a")["held"],
+        true,
+        "nothing released"
+    );
+
+    let mut both = lockd.lockctl();
+    both.args(["release", "batch/a", &a_id, "batch/b", &b_id]);
+    let (status, stdout, stderr) = output(both);
+    assert!(status.success(), "{stderr}");
+    assert_eq!(
+        stdout.lines().collect::<Vec<_>>(),
+        [
+            "released batch/a",
+            "batch/b: that lease was not current (already released or expired); nothing to do"
+        ],
+        "{stdout}"
+    );
+    assert_eq!(describe(&lockd, "batch/a")["held"], false);
+}
+
+#[test]
 fn a_retried_request_id_returns_the_original_grant() {
     let dir = tempfile::tempdir().unwrap();
     let lockd = Lockd::start(dir.path(), &[]);

@@ -71,10 +71,23 @@ enum Command {
         #[arg(long)]
         request_id: Option<String>,
     },
-    /// Renew a lease once.
-    Renew { resource: String, lease_id: String },
-    /// Release a lease (succeeds, saying so, when it was no longer current).
-    Release { resource: String, lease_id: String },
+    /// Renew a lease once; more leases (further RESOURCE LEASE_ID pairs) in one call.
+    Renew {
+        resource: String,
+        lease_id: String,
+        /// Further RESOURCE LEASE_ID pairs, renewed in the same call (up to 1000 leases).
+        #[arg(value_name = "RESOURCE LEASE_ID")]
+        more: Vec<String>,
+    },
+    /// Release a lease (succeeds, saying so, when it was no longer current); more leases
+    /// (further RESOURCE LEASE_ID pairs) in one call and one commit.
+    Release {
+        resource: String,
+        lease_id: String,
+        /// Further RESOURCE LEASE_ID pairs, released in the same call (up to 1000 leases).
+        #[arg(value_name = "RESOURCE LEASE_ID")]
+        more: Vec<String>,
+    },
     /// Show who holds a resource, with which token, and how many wait.
     Describe { resource: String },
     /// List the held locks, the longest held first: holder, token, held for, waiters.
@@ -225,32 +238,63 @@ async fn dispatch(cli: Cli) -> Result<ExitCode, ClientError> {
             }
             Acquired::NotGranted(why) => Ok(not_granted(&resource, &why, cli.json)),
         },
-        Command::Renew { resource, lease_id } => {
+        Command::Renew {
+            resource,
+            lease_id,
+            more,
+        } if more.is_empty() => {
             let r = client.renew(&resource, &lease_id).await?;
-            if cli.json {
-                println!(
-                    "{}",
-                    json!({"resource": resource, "expires_at_ms": r.expires_at_ms, "ttl_ms": r.ttl.as_millis() as u64})
-                );
-            } else {
-                println!(
-                    "renewed {resource} ttl={} expires_at={}",
-                    humantime::format_duration(r.ttl),
-                    wall(r.expires_at_ms)
-                );
-            }
+            print_renewed(&resource, &r, cli.json);
             Ok(ExitCode::SUCCESS)
         }
-        Command::Release { resource, lease_id } => {
-            let released = client.release(&resource, &lease_id).await?;
-            if cli.json {
-                println!("{}", json!({"resource": resource, "released": released}));
-            } else if released {
-                println!("released {resource}");
-            } else {
-                println!(
-                    "{resource}: that lease was not current (already released or expired); nothing to do"
-                );
+        Command::Renew {
+            resource,
+            lease_id,
+            more,
+        } => {
+            let leases = pairs(&resource, &lease_id, &more)?;
+            let results = client.renew_many(&leases).await?;
+            let mut lost = false;
+            for ((resource, _), result) in leases.iter().zip(&results) {
+                match result {
+                    lockd_client::Renewal::Renewed(r) => print_renewed(resource, r, cli.json),
+                    lockd_client::Renewal::NotCurrent { current_token } => {
+                        lost = true;
+                        if cli.json {
+                            println!(
+                                "{}",
+                                json!({"resource": resource, "renewed": false, "current_token": current_token})
+                            );
+                        } else {
+                            println!(
+                                "{resource}: that lease is not current (expired or released); not renewed"
+                            );
+                        }
+                    }
+                }
+            }
+            Ok(ExitCode::from(if lost { EXIT_LEASE_LOST } else { 0 }))
+        }
+        Command::Release {
+            resource,
+            lease_id,
+            more,
+        } => {
+            let leases = pairs(&resource, &lease_id, &more)?;
+            let released = match leases.len() {
+                1 => vec![client.release(&resource, &lease_id).await?],
+                _ => client.release_many(&leases).await?,
+            };
+            for ((resource, _), released) in leases.iter().zip(released) {
+                if cli.json {
+                    println!("{}", json!({"resource": resource, "released": released}));
+                } else if released {
+                    println!("released {resource}");
+                } else {
+                    println!(
+                        "{resource}: that lease was not current (already released or expired); nothing to do"
+                    );
+                }
             }
             Ok(ExitCode::SUCCESS)
         }
@@ -339,6 +383,38 @@ fn not_granted(resource: &str, why: &NotGranted, json_out: bool) -> ExitCode {
 }
 
 /// Unix milliseconds as RFC 3339 (UTC), for people.
+fn print_renewed(resource: &str, r: &lockd_client::RenewReply, json: bool) {
+    if json {
+        println!(
+            "{}",
+            json!({"resource": resource, "renewed": true, "expires_at_ms": r.expires_at_ms, "ttl_ms": r.ttl.as_millis() as u64})
+        );
+    } else {
+        println!(
+            "renewed {resource} ttl={} expires_at={}",
+            humantime::format_duration(r.ttl),
+            wall(r.expires_at_ms)
+        );
+    }
+}
+
+/// The leases of `renew` or `release`: the first pair, then the further ones.
+fn pairs<'a>(
+    resource: &'a str,
+    lease_id: &'a str,
+    more: &'a [String],
+) -> Result<Vec<(&'a str, &'a str)>, ClientError> {
+    if more.len() % 2 != 0 {
+        return Err(ClientError::InvalidArgument(format!(
+            "{} has no LEASE_ID after it: give leases as RESOURCE LEASE_ID pairs",
+            more[more.len() - 1]
+        )));
+    }
+    let mut leases = vec![(resource, lease_id)];
+    leases.extend(more.chunks(2).map(|p| (p[0].as_str(), p[1].as_str())));
+    Ok(leases)
+}
+
 fn wall(ms: u64) -> String {
     let t = UNIX_EPOCH + Duration::from_millis(ms);
     humantime::format_rfc3339_millis(
