@@ -3,7 +3,7 @@
 //! backend from the `etcd` tests ([`api_suite!`](crate::api_suite)), so that both keep one
 //! contract: contention, FIFO hand-off, expiry, request-id de-duplication, stale lease ids,
 //! tokens across restarts, the longest fields, cancelled waiters, a retried waiter keeping its
-//! place, queue limits, bad input, tenants, batched renewals and releases.
+//! place, queue limits, bad input, tenants, batched renewals and releases, reentrant locks.
 //!
 //! Each check panics with a message naming the broken rule. Waits are for states (a queue of
 //! the expected length, a grant), each a round trip, never a sleep.
@@ -81,7 +81,8 @@ macro_rules! api_suite {
             a_full_queue_is_refused,
             bad_input_is_refused_with_the_reason,
             tenants_are_kept_apart_and_within_their_quotas,
-            many_leases_are_renewed_and_released_in_one_call
+            many_leases_are_renewed_and_released_in_one_call,
+            a_reentrant_owner_holds_the_lease_as_often_as_it_acquired_it
         );
     };
     (@each $make:expr; $($check:ident),*) => {
@@ -121,6 +122,15 @@ fn req(resource: &str, request_id: &str, ttl_ms: u64, wait_ms: u64) -> AcquireRe
         ttl_ms,
         wait_timeout_ms: wait_ms,
         holder: format!("holder-of-{resource}"),
+        owner: String::new(),
+    }
+}
+
+/// `req` for a reentrant lock of `owner`.
+fn owned(resource: &str, request_id: &str, owner: &str) -> AcquireRequest {
+    AcquireRequest {
+        owner: owner.to_string(),
+        ..req(resource, request_id, 60_000, 0)
     }
 }
 
@@ -852,4 +862,108 @@ pub fn many_leases_are_renewed_and_released_in_one_call(b: &dyn Backend) {
         !api.renew_many(&[("job/a", &a.lease_id)]).unwrap()[0].renewed,
         "a released lease is not renewed"
     );
+}
+
+/// A reentrant lease: its owner acquires it again and gets the same lease and token with one
+/// more hold, a retry of that re-entry is not counted twice, others are busy, each release
+/// ends one hold, the holds survive a kill -9 (a re-entry is answered once durable), and with
+/// a policy an owner is the identity's own.
+pub fn a_reentrant_owner_holds_the_lease_as_often_as_it_acquired_it(b: &dyn Backend) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut lockd = b.start(&dir.path().join("data"), &[]);
+    let first = {
+        let mut api = Api::new(&lockd);
+        let first = api.granted_now(owned("nest", "", "o1"), "a free lock");
+        assert_eq!(first.holds, 1, "{first:?}");
+        let inner = api.granted_now(owned("nest", "in-1", "o1"), "its owner re-enters");
+        assert_eq!(
+            (&inner.lease_id, inner.token, inner.holds, inner.duplicate),
+            (&first.lease_id, first.token, 2, false),
+            "the same lease, one more hold"
+        );
+        let retry = api.granted_now(owned("nest", "in-1", "o1"), "a retried re-entry");
+        assert_eq!(
+            (retry.holds, retry.duplicate),
+            (2, true),
+            "a retried re-entry is not counted twice"
+        );
+        for other in [owned("nest", "", "o2"), req("nest", "", 60_000, 0)] {
+            let ng = busy(api.acquire(other));
+            assert_eq!(ng.token, first.token, "another owner, or none, is busy");
+        }
+        let third = api.granted_now(owned("nest", "", "o1"), "a third hold");
+        assert_eq!(third.holds, 3);
+        let d = api.describe("nest");
+        assert!(d.held && d.holds == 3 && d.token == first.token, "{d:?}");
+        let r = api.release("nest", &first.lease_id);
+        assert!(r.released && r.holds == 2, "one hold ended: {r:?}");
+        first
+    };
+    lockd.kill9();
+    let lockd = b.start(&dir.path().join("data"), &[]);
+    {
+        let mut api = Api::new(&lockd);
+        // The release of a hold may be lost in a crash (it costs waiting, not safety), an
+        // answered re-entry never.
+        let d = api.describe("nest");
+        assert!(d.held && d.token == first.token, "{d:?}");
+        assert!(d.holds == 2 || d.holds == 3, "holds after a kill -9: {d:?}");
+        for left in (0..d.holds).rev() {
+            let r = api.release("nest", &first.lease_id);
+            assert!(r.released && r.holds == left, "{left} left: {r:?}");
+        }
+        assert!(
+            !api.describe("nest").held,
+            "the last release ended the lease"
+        );
+        let again = api.granted_now(owned("nest", "", "o1"), "free again");
+        assert!(again.token > first.token && again.holds == 1, "{again:?}");
+        let err = api
+            .acquire(owned("nest", "", "has space"))
+            .expect_err("a bad owner");
+        assert_refused(&err, Code::InvalidArgument, "invalid_argument");
+        assert!(err.message().contains("owner"), "{err:?}");
+    }
+    drop(lockd);
+
+    // With a policy, the same owner string from another identity is another owner.
+    let (a, b_) = (
+        "team-a-0123456789abcdef012345678",
+        "team-b-0123456789abcdef012345678",
+    );
+    let policy = dir.path().join("policy.toml");
+    std::fs::write(
+        &policy,
+        format!(
+            r#"
+            [[tenant]]
+            name = "team"
+            prefixes = ["team/"]
+            [[identity]]
+            name = "a"
+            tenant = "team"
+            token_sha256 = "{}"
+            [[identity]]
+            name = "b"
+            tenant = "team"
+            token_sha256 = "{}"
+            "#,
+            crate::sha256_hex(a),
+            crate::sha256_hex(b_)
+        ),
+    )
+    .unwrap();
+    let lockd = b.start(
+        &dir.path().join("data"),
+        &["--policy", policy.to_str().unwrap()],
+    );
+    let (mut ia, mut ib) = (Api::with_token(&lockd, a), Api::with_token(&lockd, b_));
+    let held = ia.granted_now(owned("team/x", "", "shared"), "a free lock");
+    let ng = busy(ib.acquire(owned("team/x", "", "shared")));
+    assert_eq!(
+        ng.token, held.token,
+        "b cannot re-enter a's lease by naming its owner"
+    );
+    let inner = ia.granted_now(owned("team/x", "", "shared"), "a re-enters");
+    assert_eq!((inner.lease_id, inner.holds), (held.lease_id, 2));
 }

@@ -120,6 +120,7 @@ async fn main_loop(args: Args) -> anyhow::Result<()> {
             wait: Duration::from_secs(3),
             holder: name.clone(),
             request_id: None,
+            owner: None,
         };
         let lease = match lockd.acquire(&resource, opts).await {
             Ok(Acquired::Granted(guard)) => {

@@ -159,6 +159,7 @@ impl Backend {
                     ttl_ms,
                     wait_timeout_ms: 0,
                     holder: "lockbench".to_string(),
+                    owner: String::new(),
                 };
                 match Self::pick(v)
                     .acquire(authed(req))

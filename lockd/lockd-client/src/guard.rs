@@ -131,6 +131,51 @@ impl LockGuard {
         }
     }
 
+    /// Takes the lock once more, nested in this hold (a reentrant lease: acquired with an
+    /// [`AcquireOptions::owner`](crate::AcquireOptions::owner)): the same lease and token,
+    /// one more hold at lockd, and a guard of its own that renews it and releases that one
+    /// hold when released or dropped. The lease ends when every guard has released.
+    ///
+    /// `LeaseNotCurrent` when the lease has ended meanwhile (an ended lease is never renewed
+    /// into a new one: a new lease, if granted, is released at once), `InvalidArgument` for a
+    /// lease that is not reentrant.
+    pub async fn reenter(&self) -> Result<LockGuard, ClientError> {
+        let Some(owner) = self.lease.owner.clone() else {
+            return Err(ClientError::InvalidArgument(format!(
+                "the lease of {} has no owner: acquire it with an owner to nest it",
+                self.lease.resource
+            )));
+        };
+        let opts = crate::AcquireOptions {
+            ttl: Some(self.lease.ttl),
+            owner: Some(owner),
+            ..crate::AcquireOptions::default()
+        };
+        let lost = || {
+            ClientError::LeaseNotCurrent(format!(
+                "the lease of {} with token {} has ended: it cannot be re-entered",
+                self.lease.resource, self.lease.token
+            ))
+        };
+        match self.client.acquire(&self.lease.resource, opts).await? {
+            crate::Acquired::Granted(inner) if inner.lease.lease_id == self.lease.lease_id => {
+                Ok(inner)
+            }
+            crate::Acquired::Granted(other) => {
+                // Free again, and granted anew: not the hold this guard nests in.
+                let _ = other.release().await;
+                Err(lost())
+            }
+            crate::Acquired::NotGranted(_) => Err(lost()),
+        }
+    }
+
+    /// How many times the owner held the lease when this guard got it (1, or more for a
+    /// guard from [`LockGuard::reenter`]).
+    pub fn holds(&self) -> u32 {
+        self.lease.holds
+    }
+
     /// Stops renewing and releases the lease. `Ok(false)`: it was no longer current.
     pub async fn release(mut self) -> Result<bool, ClientError> {
         self.stop_renewing().await;

@@ -191,6 +191,12 @@ pub struct AcquireOptions {
     pub holder: String,
     /// Makes the acquire idempotent across retries; a random id when `None`.
     pub request_id: Option<String>,
+    /// Makes the lock reentrant for this owner: an acquire naming the owner of the current
+    /// lease gets that lease (same lease id and token) with one more hold, and each release
+    /// ends one hold. Any printable ASCII id without spaces, up to 128 bytes, e.g. from
+    /// [`new_owner_id`]; with a policy, owners are the identity's own. See
+    /// [`LockGuard::reenter`].
+    pub owner: Option<String>,
 }
 
 impl Default for AcquireOptions {
@@ -200,6 +206,7 @@ impl Default for AcquireOptions {
             wait: Duration::ZERO,
             holder: default_holder(),
             request_id: None,
+            owner: None,
         }
     }
 }
@@ -222,6 +229,12 @@ pub fn new_request_id() -> String {
     (0..22)
         .map(|i| ALPHABET[((bits >> (6 * i)) & 63) as usize] as char)
         .collect()
+}
+
+/// A fresh random owner id for [`AcquireOptions::owner`] (one per logical owner: a process,
+/// a job, a thread of work).
+pub fn new_owner_id() -> String {
+    new_request_id()
 }
 
 /// The result of an acquire.
@@ -295,6 +308,10 @@ pub struct Lease {
     pub expires_at_ms: u64,
     /// The grant answers a retry of an earlier request id.
     pub duplicate: bool,
+    /// How many times the owner holds the lease: 1, or more after re-entries.
+    pub holds: u32,
+    /// The owner it was acquired for (a reentrant lease), if any.
+    pub owner: Option<String>,
 }
 
 impl Lease {
@@ -317,6 +334,8 @@ pub struct Description {
     pub token: Option<u64>,
     pub expires_at_ms: Option<u64>,
     pub ttl_ms: Option<u64>,
+    /// How many times its owner holds it (1 unless a reentrant lease was re-entered).
+    pub holds: Option<u32>,
     pub waiters: u32,
 }
 
@@ -482,6 +501,7 @@ impl Client {
                 ttl_ms,
                 wait_timeout_ms: call_wait.as_millis() as u64,
                 holder: opts.holder.clone(),
+                owner: opts.owner.clone().unwrap_or_default(),
             };
             // A fresh grant in the reply to this attempt was made after this moment, so its
             // lease ends no earlier than `sent + ttl` on lockd's clock.
@@ -502,6 +522,8 @@ impl Client {
                             ttl: Duration::from_millis(l.ttl_ms),
                             expires_at_ms: l.expires_at_ms,
                             duplicate: l.duplicate,
+                            holds: l.holds.max(1),
+                            owner: opts.owner.clone(),
                         };
                         if !l.duplicate {
                             return Ok(Acquired::Granted(LockGuard::start(
@@ -578,6 +600,16 @@ impl Client {
 
     /// Releases a lease; `Ok(false)` when it was no longer current (releasing is idempotent).
     pub async fn release(&self, resource: &str, lease_id: &str) -> Result<bool, ClientError> {
+        Ok(self.release_hold(resource, lease_id).await?.is_some())
+    }
+
+    /// Releases a lease, or one hold of a reentrant lease: the holds left (`Some(0)`: the
+    /// lease ended), or `None` when it was no longer current.
+    pub async fn release_hold(
+        &self,
+        resource: &str,
+        lease_id: &str,
+    ) -> Result<Option<u32>, ClientError> {
         let req = pb::ReleaseRequest {
             resource: resource.to_string(),
             lease_id: lease_id.to_string(),
@@ -589,7 +621,7 @@ impl Client {
             .await
             .map_err(|s| self.error(s))?
             .into_inner();
-        Ok(r.released)
+        Ok(r.released.then_some(r.holds))
     }
 
     /// Renews every lease of `leases` (resource, lease id) in one call: each answer says
@@ -622,9 +654,13 @@ impl Client {
     }
 
     /// Releases every lease of `leases` (resource, lease id) in one call and one commit at
-    /// lockd: for each, in the order asked, whether this call ended it (false: it was no longer
-    /// current). Limits as for [`Client::renew_many`].
-    pub async fn release_many(&self, leases: &[(&str, &str)]) -> Result<Vec<bool>, ClientError> {
+    /// lockd: for each, in the order asked, what [`Client::release_hold`] would answer (the
+    /// holds left, `Some(0)` when the lease ended; `None` when it was no longer current).
+    /// Limits as for [`Client::renew_many`].
+    pub async fn release_many(
+        &self,
+        leases: &[(&str, &str)],
+    ) -> Result<Vec<Option<u32>>, ClientError> {
         let req = pb::ReleaseManyRequest {
             leases: lease_refs(leases),
         };
@@ -636,7 +672,10 @@ impl Client {
             .map_err(|s| self.error(s))?
             .into_inner();
         answered_each(leases.len(), r.results.len())?;
-        Ok(r.results.into_iter().map(|r| r.released).collect())
+        Ok(r.results
+            .into_iter()
+            .map(|r| r.released.then_some(r.holds))
+            .collect())
     }
 
     /// One page of the held locks under `prefix` (empty: all the caller may see), from
@@ -714,6 +753,7 @@ impl Client {
             token: d.held.then_some(d.token),
             expires_at_ms: d.held.then_some(d.expires_at_ms),
             ttl_ms: d.held.then_some(d.ttl_ms),
+            holds: d.held.then_some(d.holds.max(1)),
             waiters: d.waiters,
         })
     }

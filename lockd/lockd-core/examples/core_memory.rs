@@ -35,6 +35,7 @@ fn main() {
             holder: Holder::new("lockbench", &limits).unwrap(),
             ttl_ms: 3_600_000,
             wait_ms: 0,
+            owner: None,
         };
         core.acquire(1, req, &mut fx).unwrap();
         fx.clear();

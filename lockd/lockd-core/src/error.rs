@@ -34,6 +34,14 @@ pub enum InvalidArgument {
     LeaseId(String),
     #[error("{0}")]
     List(String),
+    #[error("owner is {len} bytes long; the limit is {max} bytes")]
+    OwnerTooLong { len: usize, max: usize },
+    #[error("owner must be printable ASCII without spaces (a UUID is a good choice)")]
+    OwnerCharacters,
+    #[error(
+        "the owner holds the lease of {resource} {max} times, the most lockd counts; release a hold first"
+    )]
+    HoldsExceeded { resource: ResourceName, max: u32 },
     /// A RenewMany or ReleaseMany: empty, too long, or an entry that is malformed.
     #[error("{0}")]
     Batch(String),

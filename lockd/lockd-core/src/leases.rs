@@ -19,7 +19,17 @@ use compact_str::CompactString;
 use fencing::{FencingToken, LeaseId, ResourceName};
 use hashbrown::HashTable;
 
-use crate::types::{Holder, Millis, RequestId};
+use crate::types::{Holder, Millis, Owner, RequestId};
+
+/// The reentrant part of a held lease (boxed in its slot: most leases have none, and pay 8
+/// bytes for it).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Reentry {
+    pub owner: Owner,
+    pub holds: u32,
+    /// The latest re-entry's request id: its retry is answered without counting again.
+    pub last_request: Option<RequestId>,
+}
 
 type SlotId = u32;
 
@@ -36,6 +46,7 @@ pub(crate) struct Slot {
     held: bool,
     pub holder: Holder,
     pub request: Option<RequestId>,
+    pub reentry: Option<Box<Reentry>>,
 }
 
 impl Slot {
@@ -74,6 +85,7 @@ pub(crate) struct NewLease {
     pub expires_at: Millis,
     pub granted_at: Millis,
     pub request: Option<RequestId>,
+    pub reentry: Option<Box<Reentry>>,
 }
 
 #[derive(Default)]
@@ -185,6 +197,7 @@ impl LeaseTable {
             held: true,
             holder: lease.holder,
             request: lease.request,
+            reentry: lease.reentry,
         };
         let id = match self.free.pop() {
             Some(id) => {
@@ -245,6 +258,7 @@ impl LeaseTable {
             held: false,
             holder: lease.holder,
             request: Some(request.clone()),
+            reentry: None,
         });
         self.remember(id, &request, now);
     }
@@ -286,6 +300,12 @@ impl LeaseTable {
         Ok((slot.expires_at, u64::from(slot.ttl_ms)))
     }
 
+    /// The reentrant part of the held lease of `name`, if it has one, to count its holds.
+    pub fn reentry_mut(&mut self, name: &str) -> Option<&mut Reentry> {
+        let id = self.find_held(name)?;
+        self.slab[id as usize].reentry.as_deref_mut()
+    }
+
     /// Ends the held lease of `name` (which must be held).
     pub fn end(&mut self, name: &str) -> Ended {
         let id = self.find_held(name).expect("end of a held lease");
@@ -304,6 +324,7 @@ impl LeaseTable {
         self.expiries.remove(&(slot.expires_at, slot.token, id));
         self.long.remove(&(slot.granted_at, slot.token, id));
         slot.held = false;
+        slot.reentry = None;
         self.held -= 1;
         let ended = Ended {
             lease_id: slot.lease_id,
@@ -323,6 +344,7 @@ impl LeaseTable {
         slot.name = CompactString::default();
         slot.holder = Holder::default();
         slot.request = None;
+        slot.reentry = None;
         self.free.push(id);
     }
 

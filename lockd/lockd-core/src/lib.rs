@@ -31,6 +31,6 @@ pub use machine::{AcquireRequest, Core, LeaseIdSource, Stats};
 pub use outcome::{
     AcquireOutcome, Busy, Description, Effect, Grant, HeldBy, Listed, Page, ReleaseOutcome, Renewed,
 };
-pub use persist::{LeaseRecord, Op, Snapshot};
+pub use persist::{LeaseRecord, Op, Reentrant, Snapshot};
 pub use tenants::{Quota, Rate, Tenancy, TenancyError, Tenant};
-pub use types::{Holder, Millis, RequestId, WaiterId};
+pub use types::{Holder, Millis, Owner, RequestId, WaiterId};

@@ -13,6 +13,12 @@ pub const LIST_PAGE_DEFAULT: usize = 100;
 /// Locks in one page of a listing at most: a page is built under the core's lock, so it stays
 /// short (lockctl lists everything a page at a time).
 pub const LIST_PAGE_MAX: usize = 1000;
+/// Holds of one reentrant lease at most: an owner that re-enters deeper than this is far more
+/// likely looping than nesting, and the count must stay small enough to persist as a `u32`.
+pub const HOLDS_MAX: u32 = 1000;
+/// Longest owner id of a reentrant Acquire, in bytes (a UUID is 36; with a policy lockd puts
+/// the identity's name before it).
+pub const OWNER_LEN_MAX: usize = 128;
 /// Leases in one RenewMany or ReleaseMany call at most. The batch is decided under the core's
 /// lock in one go, so it stays short (a few milliseconds); a worker with more leases sends
 /// several batches. 1000 leases are about 300 kB on the wire, well within gRPC's 4 MB.

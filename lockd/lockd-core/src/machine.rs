@@ -32,13 +32,13 @@ use std::sync::Arc;
 
 use fencing::{FencingToken, LeaseId, ResourceName};
 
-use crate::error::{AcquireError, RecoverError, RenewError};
-use crate::leases::{LeaseTable, NewLease};
+use crate::error::{AcquireError, InvalidArgument, RecoverError, RenewError};
+use crate::leases::{LeaseTable, NewLease, Reentry};
 use crate::limits::Limits;
 use crate::outcome::{
     AcquireOutcome, Busy, Description, Effect, Grant, HeldBy, Listed, Page, ReleaseOutcome, Renewed,
 };
-use crate::persist::{LeaseRecord, Op, Snapshot};
+use crate::persist::{LeaseRecord, Op, Reentrant, Snapshot};
 use crate::tenants::{Caps, Tenancy, TenantIx, Usage};
 
 /// What a tenant's usage counts.
@@ -48,7 +48,7 @@ enum Counted {
     Waiters,
     Requests,
 }
-use crate::types::{Holder, Millis, RequestId, WaiterId};
+use crate::types::{Holder, Millis, Owner, RequestId, WaiterId};
 
 /// Where lease ids come from. The server draws them from the operating system's CSPRNG
 /// (invariant 5: unguessable); tests use a counter so that transcripts are stable.
@@ -72,6 +72,8 @@ pub struct AcquireRequest {
     pub ttl_ms: u64,
     /// 0 = try-lock.
     pub wait_ms: u64,
+    /// Makes the lease reentrant for this owner (see [`AcquireOutcome::Reentered`]).
+    pub owner: Option<Owner>,
 }
 
 /// Sizes, for metrics and tests.
@@ -88,6 +90,7 @@ struct Waiter {
     holder: Holder,
     ttl_ms: u64,
     deadline: Millis,
+    owner: Option<Owner>,
 }
 
 /// The lock state machine. See the module documentation.
@@ -175,6 +178,23 @@ impl Core {
             {
                 return Err(invalid("bad request id"));
             }
+            let reentry = match &rec.reentrant {
+                None => None,
+                Some(r) => Some(Box::new(Reentry {
+                    owner: Owner::from_persisted(&r.owner).ok_or_else(|| invalid("bad owner"))?,
+                    holds: match r.holds {
+                        1..=crate::limits::HOLDS_MAX => r.holds,
+                        _ => return Err(invalid("holds is 0 or above limits::HOLDS_MAX")),
+                    },
+                    last_request: match r.reentry_request.as_deref() {
+                        None => None,
+                        Some(id) => Some(
+                            RequestId::from_persisted(id)
+                                .ok_or_else(|| invalid("bad re-entry request id"))?,
+                        ),
+                    },
+                })),
+            };
             let lease = NewLease {
                 lease_id: rec.lease_id,
                 token: rec.token,
@@ -183,6 +203,7 @@ impl Core {
                 expires_at: now.saturating_add(rec.ttl_ms),
                 granted_at: now,
                 request: None,
+                reentry,
             };
             core.leases.insert(&rec.resource, lease, now);
         }
@@ -212,6 +233,7 @@ impl Core {
                 expires_at: now,
                 granted_at: now,
                 request: Some(id),
+                reentry: None,
             };
             core.leases.restore_request(&rec.resource, lease, now);
         }
@@ -402,6 +424,9 @@ impl Core {
         }
         let owner = self.owner(&req.resource);
         self.take_call(owner)?;
+        if let Some(reentered) = self.reenter(&req, fx)? {
+            return Ok(reentered);
+        }
         if self.leases.held(req.resource.as_str()).is_some() {
             if wait_ms == 0 {
                 return Ok(AcquireOutcome::Busy(
@@ -418,7 +443,14 @@ impl Core {
         }
         self.check_quota(owner, Counted::Leases)?;
         self.check_request_room(&req)?;
-        let grant = self.grant(&req.resource, req.request_id, req.holder, ttl_ms, fx)?;
+        let grant = self.grant(
+            &req.resource,
+            req.request_id,
+            req.holder,
+            req.owner,
+            ttl_ms,
+            fx,
+        )?;
         Ok(AcquireOutcome::Granted(grant))
     }
 
@@ -456,6 +488,19 @@ impl Core {
                     current: other.map(|l| l.token),
                 };
             }
+        }
+        if let Some(r) = self.leases.reentry_mut(resource.as_str())
+            && r.holds > 1
+        {
+            r.holds -= 1;
+            let holds = r.holds;
+            fx.push(Effect::Persist(Op::Unhold {
+                resource: resource.clone(),
+                lease_id,
+                holds,
+            }));
+            let token = self.leases.held(resource.as_str()).expect("held").token;
+            return ReleaseOutcome::Unheld { token, holds };
         }
         let ended = self.leases.end(resource.as_str());
         self.count(resource.as_str(), Counted::Leases, -1);
@@ -497,6 +542,7 @@ impl Core {
                 token: l.token,
                 expires_at: l.expires_at,
                 ttl_ms: l.ttl_ms(),
+                holds: l.reentry.as_ref().map_or(1, |r| r.holds),
             }),
             waiters: self.queues.get(resource).map_or(0, VecDeque::len),
         }
@@ -643,7 +689,7 @@ impl Core {
             .remove(&waiter)
             .expect("queued waiters are known");
         self.forget_waiter(waiter, &w);
-        match self.grant(resource, w.request_id, w.holder, w.ttl_ms, fx) {
+        match self.grant(resource, w.request_id, w.holder, w.owner, w.ttl_ms, fx) {
             Ok(grant) => fx.push(Effect::Granted { waiter, grant }),
             Err(_) => {
                 // Only token exhaustion can fail a grant: nobody can be granted any more, so
@@ -670,6 +716,7 @@ impl Core {
         resource: &ResourceName,
         request_id: Option<RequestId>,
         holder: Holder,
+        owner: Option<Owner>,
         ttl_ms: u64,
         fx: &mut Vec<Effect>,
     ) -> Result<Grant, AcquireError> {
@@ -688,6 +735,11 @@ impl Core {
             holder: holder.as_str().to_string(),
             ttl_ms,
             request_id: request_id.as_ref().map(|id| id.as_str().to_string()),
+            reentrant: owner.as_ref().map(|o| Reentrant {
+                owner: o.as_str().to_string(),
+                holds: 1,
+                reentry_request: None,
+            }),
         })));
         // Invariant 1 (single holder): the table asserts the resource is free. A breach is a
         // bug: stop rather than hand out a second lock.
@@ -699,6 +751,13 @@ impl Core {
             expires_at,
             granted_at: self.now,
             request: request_id,
+            reentry: owner.map(|owner| {
+                Box::new(Reentry {
+                    owner,
+                    holds: 1,
+                    last_request: None,
+                })
+            }),
         };
         self.leases.insert(resource, lease, self.now);
         self.count(resource.as_str(), Counted::Leases, 1);
@@ -711,7 +770,66 @@ impl Core {
             token,
             ttl_ms,
             expires_at,
+            holds: 1,
         })
+    }
+
+    /// A re-entry: `req` names the owner of the resource's current, reentrant lease. `None`
+    /// when it does not (the lock is free, not reentrant, or another owner's).
+    fn reenter(
+        &mut self,
+        req: &AcquireRequest,
+        fx: &mut Vec<Effect>,
+    ) -> Result<Option<AcquireOutcome>, AcquireError> {
+        let (Some(owner), name) = (&req.owner, req.resource.as_str()) else {
+            return Ok(None);
+        };
+        let Some(r) = self.leases.reentry_mut(name) else {
+            return Ok(None);
+        };
+        if r.owner != *owner {
+            return Ok(None);
+        }
+        let retried = req.request_id.is_some() && r.last_request == req.request_id;
+        if !retried {
+            if r.holds >= crate::limits::HOLDS_MAX {
+                return Err(AcquireError::Invalid(InvalidArgument::HoldsExceeded {
+                    resource: req.resource.clone(),
+                    max: crate::limits::HOLDS_MAX,
+                }));
+            }
+            r.holds += 1;
+            r.last_request = req.request_id.clone();
+        }
+        let holds = r.holds;
+        let (lease_id, token) = {
+            let l = self
+                .leases
+                .held(name)
+                .expect("a lease with a reentry is held");
+            (l.lease_id, l.token)
+        };
+        let (expires_at, ttl_ms) = self
+            .leases
+            .renew(name, lease_id, self.now)
+            .expect("the current lease renews");
+        if !retried {
+            fx.push(Effect::Persist(Op::Reenter {
+                resource: req.resource.clone(),
+                lease_id,
+                holds,
+                request_id: req.request_id.as_ref().map(|id| id.as_str().to_string()),
+            }));
+        }
+        let grant = Grant {
+            resource: req.resource.clone(),
+            lease_id,
+            token,
+            ttl_ms,
+            expires_at,
+            holds,
+        };
+        Ok(Some(AcquireOutcome::Reentered { grant, retried }))
     }
 
     /// The original answer to a retried request id, if it is remembered.
@@ -735,6 +853,7 @@ impl Core {
             token: rem.token,
             ttl_ms: rem.ttl_ms(),
             expires_at: if rem.held() { rem.expires_at } else { self.now },
+            holds: rem.reentry.as_ref().map_or(1, |r| r.holds),
         };
         Some(Ok(AcquireOutcome::Duplicate {
             grant,
@@ -768,6 +887,7 @@ impl Core {
         w.deadline = self.now.saturating_add(wait_ms);
         w.ttl_ms = ttl_ms;
         w.holder = req.holder;
+        w.owner = req.owner;
         self.wait_deadlines.insert((w.deadline, waiter));
         let position = self.position(&req.resource, waiter);
         Ok(AcquireOutcome::Rejoined { waiter, position })
@@ -811,6 +931,7 @@ impl Core {
                 holder: req.holder,
                 ttl_ms,
                 deadline,
+                owner: req.owner,
             },
         );
         Ok(AcquireOutcome::Queued { waiter, position })

@@ -14,6 +14,8 @@ pub struct Grant {
     pub ttl_ms: u64,
     /// When the lease ends unless renewed, on the core's clock.
     pub expires_at: Millis,
+    /// How many times its owner holds it: 1, or more for a re-entered reentrant lease.
+    pub holds: u32,
 }
 
 /// Who holds a lock that was asked for.
@@ -34,6 +36,11 @@ pub enum AcquireOutcome {
     /// A retry of a request id that was granted before: the original grant, unchanged. `held`
     /// says whether that lease is still the current one (it may have expired or been released).
     Duplicate { grant: Grant, held: bool },
+    /// The owner of the current (reentrant) lease asked again: the same lease, with one more
+    /// hold and its TTL from now. The driver must make the `Op::Reenter` effect durable before
+    /// answering. `retried`: a retry of the latest re-entry's request id, answered as it was
+    /// (not counted again, nothing to persist).
+    Reentered { grant: Grant, retried: bool },
     /// Try-lock on a held resource.
     Busy(Busy),
     /// The request waits in the resource's FIFO queue at `position` (1 = next). Its answer comes
@@ -51,6 +58,9 @@ pub enum ReleaseOutcome {
     /// The lease was current and has ended.
     /// `held_ms`: from the grant (or the restart that recovered it) to the release.
     Released { token: FencingToken, held_ms: u64 },
+    /// The lease is reentrant and was held more than once: one hold ended, `holds` are left,
+    /// and the lease goes on.
+    Unheld { token: FencingToken, holds: u32 },
     /// The lease was not current (already released, expired, or never existed); nothing
     /// changed. Releasing is idempotent, so this is not an error.
     NotHeld { current: Option<FencingToken> },
@@ -97,6 +107,8 @@ pub struct HeldBy {
     pub token: FencingToken,
     pub expires_at: Millis,
     pub ttl_ms: u64,
+    /// 1, or more for a re-entered reentrant lease.
+    pub holds: u32,
 }
 
 /// Something the driver must do as a consequence of a core call, in order.

@@ -18,6 +18,18 @@ pub struct LeaseRecord {
     pub holder: String,
     pub ttl_ms: u64,
     pub request_id: Option<String>,
+    /// Set when the grant named an owner: the lease is reentrant.
+    pub reentrant: Option<Reentrant>,
+}
+
+/// The reentrant part of a lease: who owns it, how many times it is held.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Reentrant {
+    pub owner: String,
+    /// 1 ..= `limits::HOLDS_MAX`; 1 at the grant.
+    pub holds: u32,
+    /// The request id of the latest re-entry, so that its retry is not counted twice.
+    pub reentry_request: Option<String>,
 }
 
 /// A change to persisted state, in decision order.
@@ -34,12 +46,48 @@ pub enum Op {
     },
     /// The request id's retention ended: forget it.
     ForgetRequest { request_id: String },
+    /// The owner of the reentrant lease of `resource` re-entered it: it holds it `holds`
+    /// times now, the latest time under `request_id`. It must be the stored lease (the core
+    /// emits it only for reentrant ones). Must be durable before the re-entry is answered: a lost one would let an
+    /// inner release end a lease its outer holder still counts on.
+    Reenter {
+        resource: ResourceName,
+        lease_id: LeaseId,
+        holds: u32,
+        request_id: Option<String>,
+    },
+    /// A hold of the reentrant lease of `resource` was released; `holds` (at least 1) are
+    /// left. It must be the stored lease. Lazily synced: a lost one only keeps the lease held
+    /// until its TTL runs out.
+    Unhold {
+        resource: ResourceName,
+        lease_id: LeaseId,
+        holds: u32,
+    },
 }
 
 impl Op {
+    /// A stored lease record as a `Reenter` or `Unhold` leaves it (other ops, and a record
+    /// without a reentrant part, are left as they are).
+    pub fn apply_holds(&self, rec: &mut LeaseRecord) {
+        let Some(r) = rec.reentrant.as_mut() else {
+            return;
+        };
+        match self {
+            Op::Reenter {
+                holds, request_id, ..
+            } => {
+                r.holds = *holds;
+                r.reentry_request.clone_from(request_id);
+            }
+            Op::Unhold { holds, .. } => r.holds = *holds,
+            _ => {}
+        }
+    }
+
     /// Whether the op must be on disk before the decision it records is made known.
     pub fn needs_sync(&self) -> bool {
-        matches!(self, Op::Grant(_))
+        matches!(self, Op::Grant(_) | Op::Reenter { .. })
     }
 }
 

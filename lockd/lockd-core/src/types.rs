@@ -94,6 +94,43 @@ impl fmt::Debug for Holder {
     }
 }
 
+/// Who may re-enter a lock: an Acquire that names the owner of the current lease gets that
+/// lease back with one more hold. Chosen by the client (an id per process, or per logical
+/// owner); with a policy, the server puts the caller's identity before it, so that owners are
+/// never shared across identities. Printable ASCII without spaces, bounded length.
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct Owner(CompactString);
+
+impl Owner {
+    pub fn new(owner: &str) -> Result<Owner, InvalidArgument> {
+        let max = crate::limits::OWNER_LEN_MAX;
+        if owner.len() > max {
+            return Err(InvalidArgument::OwnerTooLong {
+                len: owner.len(),
+                max,
+            });
+        }
+        Owner::from_persisted(owner).ok_or(InvalidArgument::OwnerCharacters)
+    }
+
+    /// Rebuilds an owner read back from the store, or made by the server (the identity's name,
+    /// `/`, the client's owner): only the alphabet is checked.
+    pub fn from_persisted(owner: &str) -> Option<Owner> {
+        (!owner.is_empty() && owner.bytes().all(|b| b.is_ascii_graphic()))
+            .then(|| Owner(CompactString::new(owner)))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Owner {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&*self.0, f)
+    }
+}
+
 /// Names one queued Acquire inside one core instance (not persisted, never reused).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct WaiterId(pub u64);
@@ -122,6 +159,25 @@ mod tests {
         assert_eq!(
             RequestId::new(&long, &l),
             Err(InvalidArgument::RequestIdTooLong { len: 129, max: 128 })
+        );
+    }
+
+    #[test]
+    fn owners_are_bounded_printable_ascii() {
+        assert!(Owner::new("worker-7f3c").is_ok());
+        assert_eq!(Owner::new("").err(), Some(InvalidArgument::OwnerCharacters));
+        assert_eq!(
+            Owner::new("a b").err(),
+            Some(InvalidArgument::OwnerCharacters)
+        );
+        assert_eq!(
+            Owner::new("é").err(),
+            Some(InvalidArgument::OwnerCharacters)
+        );
+        assert!(Owner::new(&"o".repeat(128)).is_ok());
+        assert_eq!(
+            Owner::new(&"o".repeat(129)).err(),
+            Some(InvalidArgument::OwnerTooLong { len: 129, max: 128 })
         );
     }
 

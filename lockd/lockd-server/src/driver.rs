@@ -246,6 +246,18 @@ impl Driver {
                     },
                     seq,
                 ),
+                AcquireOutcome::Reentered { grant, retried } => {
+                    debug!(%resource, token = %grant.token, holds = grant.holds, retried, "re-entered");
+                    // Answered once the re-entry (and all before it) is durable, as a grant.
+                    Step::Reply(
+                        AcquireReply::Granted {
+                            grant,
+                            duplicate: retried,
+                            held: true,
+                        },
+                        seq,
+                    )
+                }
                 AcquireOutcome::Duplicate { grant, held } => {
                     debug!(%resource, token = %grant.token, held, "duplicate request");
                     Step::Reply(
@@ -369,23 +381,8 @@ impl Driver {
         resource: &ResourceName,
         lease_id: LeaseId,
     ) -> Result<ReleaseOutcome, DriverError> {
-        self.check_open()?;
-        let (outcome, seq) = {
-            let mut st = self.lock();
-            let mut fx = Vec::new();
-            let outcome = st
-                .core
-                .release(self.clock.now(), resource, lease_id, &mut fx);
-            (outcome, self.apply(&mut st, fx))
-        };
-        match outcome {
-            ReleaseOutcome::Released { token, held_ms } => {
-                crate::metrics::get().lease_ended(held_ms, false);
-                debug!(%resource, %token, "released");
-            }
-            ReleaseOutcome::NotHeld { .. } => self.durable(seq).await?,
-        }
-        self.vouch(outcome)
+        let mut outcomes = self.release_many(&[(resource.clone(), lease_id)]).await?;
+        Ok(outcomes.pop().expect("one outcome per lease"))
     }
 
     /// Renews each of `leases` (see [`Driver::renew`]) under one hold of the core, so that
@@ -438,6 +435,10 @@ impl Driver {
                     crate::metrics::get().lease_ended(*held_ms, false);
                     debug!(%resource, %token, "released");
                 }
+                ReleaseOutcome::Unheld { token, holds } => {
+                    debug!(%resource, %token, holds, "released one hold");
+                }
+                // It names the current holder's token: shown only once it is durable.
                 ReleaseOutcome::NotHeld { .. } => not_held = true,
             }
         }
@@ -708,6 +709,7 @@ mod tests {
             holder: Holder::new("test", &limits).unwrap(),
             ttl_ms: 10_000,
             wait_ms: 0,
+            owner: None,
         }
     }
 

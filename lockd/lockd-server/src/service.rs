@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use fencing::{LeaseId, ResourceName};
 use lockd_core::{
-    AcquireRequest, Busy, Holder, InvalidArgument, Limits, ReleaseOutcome, RequestId,
+    AcquireRequest, Busy, Holder, InvalidArgument, Limits, Owner, ReleaseOutcome, RequestId,
 };
 use lockd_proto::v1 as pb;
 use lockd_proto::v1::lock_service_server::LockService;
@@ -309,15 +309,30 @@ impl LockApi {
             holder = Holder::from_persisted(&who.holder(&r.holder));
         }
         let holder_text = holder.as_str().to_string();
+        let mut owner = match r.owner.as_str() {
+            "" => None,
+            o => Some(Owner::new(o).map_err(|e| invalid_argument(&e))?),
+        };
+        if let (Some(who), Some(o)) = (&who, &owner) {
+            // Owners are the caller's own, as request ids are: another identity naming the
+            // same owner is another owner, and cannot re-enter (identity names have no `/`).
+            owner = Owner::from_persisted(&format!("{}/{}", who.name, o.as_str()));
+        }
         let req = AcquireRequest {
             resource,
             request_id,
             holder,
             ttl_ms: r.ttl_ms,
             wait_ms: r.wait_timeout_ms,
+            owner,
         };
         let reply = driver.acquire(req).await?;
         let outcome = match &reply {
+            AcquireReply::Granted {
+                duplicate: false,
+                grant,
+                ..
+            } if grant.holds > 1 => "reentered",
             AcquireReply::Granted {
                 duplicate: false, ..
             } => "granted",
@@ -357,6 +372,7 @@ impl LockApi {
                     ttl_ms: grant.ttl_ms,
                     duplicate,
                     held,
+                    holds: grant.holds,
                 })),
             },
             AcquireReply::Busy(busy) => {
@@ -416,6 +432,7 @@ impl LockApi {
         audit_release(&asked, &released, who.as_deref(), peer);
         let outcome = match released {
             ReleaseOutcome::Released { .. } => "released",
+            ReleaseOutcome::Unheld { .. } => "unheld",
             ReleaseOutcome::NotHeld { .. } => "not_held",
         };
         Ok((Response::new(release_response(&released)), outcome))
@@ -525,6 +542,7 @@ impl LockApi {
                 expires_at_ms: driver.wall_ms(h.expires_at),
                 ttl_ms: h.ttl_ms,
                 waiters,
+                holds: h.holds,
             },
             None => pb::DescribeResponse {
                 waiters,
@@ -614,14 +632,21 @@ fn audit_release(
             "resource": asked.resource.as_str(),
             "lease": crate::audit::lease_fingerprint(&asked.lease_id),
             "token": match outcome {
-                ReleaseOutcome::Released { token, .. } => Some(token.get()),
+                ReleaseOutcome::Released { token, .. } | ReleaseOutcome::Unheld { token, .. } => {
+                    Some(token.get())
+                }
                 ReleaseOutcome::NotHeld { .. } => None,
             },
             "identity": who.map(|w| w.name.as_str()),
             "peer": peer.map(|p| p.to_string()),
             "result": match outcome {
                 ReleaseOutcome::Released { .. } => "released",
+                ReleaseOutcome::Unheld { .. } => "unheld",
                 ReleaseOutcome::NotHeld { .. } => "not_held",
+            },
+            "holds_left": match outcome {
+                ReleaseOutcome::Unheld { holds, .. } => Some(*holds),
+                _ => None,
             },
         }),
     );
@@ -632,10 +657,17 @@ fn release_response(outcome: &ReleaseOutcome) -> pb::ReleaseResponse {
         ReleaseOutcome::Released { .. } => pb::ReleaseResponse {
             released: true,
             current_token: 0,
+            holds: 0,
+        },
+        ReleaseOutcome::Unheld { token, holds } => pb::ReleaseResponse {
+            released: true,
+            current_token: token.get(),
+            holds: *holds,
         },
         ReleaseOutcome::NotHeld { current } => pb::ReleaseResponse {
             released: false,
             current_token: current.map_or(0, |t| t.get()),
+            holds: 0,
         },
     }
 }

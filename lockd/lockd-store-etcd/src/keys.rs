@@ -82,6 +82,37 @@ pub struct LockRecord {
     pub ttl_ms: u64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub request_id: Option<String>,
+    /// A reentrant lease's owner and holds (absent for the others, and in records written
+    /// before reentrant leases existed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reentrant: Option<ReentrantRecord>,
+}
+
+/// The reentrant part of a [`LockRecord`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReentrantRecord {
+    pub owner: String,
+    pub holds: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reentry_request_id: Option<String>,
+}
+
+impl ReentrantRecord {
+    pub fn of(r: &lockd_core::Reentrant) -> ReentrantRecord {
+        ReentrantRecord {
+            owner: r.owner.clone(),
+            holds: r.holds,
+            reentry_request_id: r.reentry_request.clone(),
+        }
+    }
+
+    pub fn to_core(&self) -> lockd_core::Reentrant {
+        lockd_core::Reentrant {
+            owner: self.owner.clone(),
+            holds: self.holds,
+            reentry_request: self.reentry_request_id.clone(),
+        }
+    }
 }
 
 /// A remembered request id (kept for `limits.request_retention_ms` after its grant).

@@ -13,7 +13,7 @@ use lockd_store::StoreError;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use crate::keys::{Keys, LockRecord, RequestRecord};
+use crate::keys::{Keys, LockRecord, ReentrantRecord, RequestRecord};
 use crate::{Cluster, decimal};
 
 /// Keys read per page when the state is read (about 3 MiB of records with the default
@@ -48,6 +48,10 @@ impl Stored {
                 r.ttl_ms,
                 r.request_id,
             )?;
+            let record = LeaseRecord {
+                reentrant: r.reentrant.as_ref().map(ReentrantRecord::to_core),
+                ..record
+            };
             self.locks.insert(key.to_string(), record);
         } else if let Some(request_id) = key.strip_prefix(keys.requests()) {
             let r: RequestRecord = parse(key, value)?;
@@ -116,6 +120,7 @@ fn lease_record(
         holder,
         ttl_ms,
         request_id,
+        reentrant: None,
     })
 }
 

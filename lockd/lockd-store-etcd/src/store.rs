@@ -13,7 +13,7 @@ use tracing::error;
 use crate::Cluster;
 use crate::election::Term;
 use crate::highwater::MARGIN;
-use crate::keys::{LockRecord, RequestRecord};
+use crate::keys::{LockRecord, ReentrantRecord, RequestRecord};
 use crate::state::Stored;
 
 /// Most bytes of keys and values in one transaction: well under etcd's default
@@ -25,6 +25,8 @@ pub const MAX_TXN_BYTES: usize = 1 << 20;
 #[derive(Default)]
 struct Mirror {
     leases: HashMap<ResourceName, LeaseId>,
+    /// The stored record of every reentrant lease: a change of its holds rewrites it whole.
+    reentrant: HashMap<ResourceName, LockRecord>,
     requests: HashSet<String>,
     last_token: Option<FencingToken>,
 }
@@ -50,14 +52,51 @@ impl Mirror {
                 if let Some(id) = &r.request_id {
                     self.requests.insert(id.clone());
                 }
+                if r.reentrant.is_some() {
+                    self.reentrant.insert(r.resource.clone(), lock_record(r));
+                }
             }
             Op::Remove { resource, .. } => {
                 self.leases.remove(resource);
+                self.reentrant.remove(resource);
             }
             Op::ForgetRequest { request_id } => {
                 self.requests.remove(request_id);
             }
+            Op::Reenter { resource, .. } | Op::Unhold { resource, .. } => {
+                if let Some(rec) = self.reentrant.get_mut(resource) {
+                    with_holds(rec, op);
+                }
+            }
         }
+    }
+}
+
+fn lock_record(r: &lockd_core::LeaseRecord) -> LockRecord {
+    LockRecord {
+        lease_id: r.lease_id.to_string(),
+        token: r.token.get(),
+        holder: r.holder.clone(),
+        ttl_ms: r.ttl_ms,
+        request_id: r.request_id.clone(),
+        reentrant: r.reentrant.as_ref().map(ReentrantRecord::of),
+    }
+}
+
+/// `rec` with the holds a `Reenter` or `Unhold` sets.
+fn with_holds(rec: &mut LockRecord, op: &Op) {
+    let Some(r) = rec.reentrant.as_mut() else {
+        return;
+    };
+    match op {
+        Op::Reenter {
+            holds, request_id, ..
+        } => {
+            r.holds = *holds;
+            r.reentry_request_id.clone_from(request_id);
+        }
+        Op::Unhold { holds, .. } => r.holds = *holds,
+        _ => {}
     }
 }
 
@@ -133,6 +172,12 @@ impl EtcdStore {
                 .iter()
                 .filter_map(|r| r.request_id.clone())
                 .collect(),
+            reentrant: snapshot
+                .leases
+                .iter()
+                .filter(|r| r.reentrant.is_some())
+                .map(|r| (r.resource.clone(), lock_record(r)))
+                .collect(),
             last_token: snapshot.last_token,
         };
         self.cluster.high_water().saw(last);
@@ -178,18 +223,18 @@ impl EtcdStore {
     }
 
     /// The key changes of `op`, merged into `changes` (a later change of a key replaces an
-    /// earlier one: etcd allows one operation per key in a transaction).
-    fn changes_of(&self, op: &Op, changes: &mut BTreeMap<String, Change>) {
+    /// earlier one: etcd allows one operation per key in a transaction). `before` holds the
+    /// changes of the ops before it that the mirror does not show yet.
+    fn changes_of(
+        &self,
+        op: &Op,
+        before: &BTreeMap<String, Change>,
+        changes: &mut BTreeMap<String, Change>,
+    ) {
         let keys = self.cluster.keys();
         match op {
             Op::Grant(r) => {
-                let lock = LockRecord {
-                    lease_id: r.lease_id.to_string(),
-                    token: r.token.get(),
-                    holder: r.holder.clone(),
-                    ttl_ms: r.ttl_ms,
-                    request_id: r.request_id.clone(),
-                };
+                let lock = lock_record(r);
                 changes.insert(
                     keys.lock(r.resource.as_str()),
                     Change::Put(serde_json::to_string(&lock).expect("a lock record serialises")),
@@ -220,6 +265,25 @@ impl EtcdStore {
             Op::ForgetRequest { request_id } => {
                 changes.insert(keys.request(request_id), Change::Delete);
             }
+            Op::Reenter { resource, .. } | Op::Unhold { resource, .. } => {
+                // The record as the batch left it so far: put earlier in this transaction, or
+                // as the mirror has it (check_batch made sure it is the stored lease).
+                let key = keys.lock(resource.as_str());
+                let earlier = match before.get(&key) {
+                    Some(Change::Put(v)) => serde_json::from_str(v).ok(),
+                    _ => None,
+                };
+                let Some(mut rec) =
+                    earlier.or_else(|| self.mirror.reentrant.get(resource).cloned())
+                else {
+                    return;
+                };
+                with_holds(&mut rec, op);
+                changes.insert(
+                    key,
+                    Change::Put(serde_json::to_string(&rec).expect("a lock record serialises")),
+                );
+            }
         }
     }
 
@@ -236,7 +300,7 @@ impl EtcdStore {
             let (mut end, mut bytes) = (start, 0);
             while end < ops.len() {
                 let mut next = BTreeMap::new();
-                self.changes_of(&ops[end], &mut next);
+                self.changes_of(&ops[end], &changes, &mut next);
                 let fresh = next.keys().filter(|k| !changes.contains_key(*k)).count();
                 let more: usize = next.iter().map(|(k, c)| k.len() + c.bytes()).sum();
                 if end > start && (changes.len() + fresh > max || bytes + more > MAX_TXN_BYTES) {

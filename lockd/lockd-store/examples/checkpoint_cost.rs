@@ -12,6 +12,7 @@ fn rec(i: u64) -> LeaseRecord {
         holder: "lockbench".into(),
         ttl_ms: 30000,
         request_id: Some(format!("{:022}", i)),
+        reentrant: None,
     }
 }
 fn main() {

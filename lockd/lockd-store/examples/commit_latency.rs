@@ -16,6 +16,7 @@ fn main() {
             holder: "lockbench".into(),
             ttl_ms: 30000,
             request_id: Some(format!("{:032x}", i)),
+            reentrant: None,
         };
         let t = Instant::now();
         s.commit(&[Op::Grant(rec.clone())], true).unwrap();

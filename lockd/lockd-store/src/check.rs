@@ -67,6 +67,23 @@ pub fn check_batch(view: &impl View, ops: &[Op]) -> Result<Option<FencingToken>,
                 }
                 leases.insert(resource, None);
             }
+            Op::Reenter {
+                resource, lease_id, ..
+            }
+            | Op::Unhold {
+                resource, lease_id, ..
+            } => {
+                let current = match leases.get(resource) {
+                    Some(l) => *l,
+                    None => view.lease(resource)?,
+                };
+                if current != Some(*lease_id) {
+                    return Err(StoreError::HoldsNotStored {
+                        resource: resource.clone(),
+                        lease_id: *lease_id,
+                    });
+                }
+            }
             Op::ForgetRequest { request_id } => {
                 let known = match requests.get(request_id.as_str()) {
                     Some(k) => *k,

@@ -14,7 +14,7 @@
 use std::collections::BTreeMap;
 
 use fencing::{FencingToken, LeaseId, RESOURCE_NAME_LEN_MAX, ResourceName};
-use lockd_core::{LeaseRecord, Op, Snapshot};
+use lockd_core::{LeaseRecord, Op, Reentrant, Snapshot};
 
 use crate::{Store, StoreError};
 
@@ -44,6 +44,7 @@ macro_rules! conformance_tests {
             synced_batches_survive_a_crash,
             a_sync_makes_earlier_lazy_batches_durable,
             longest_fields_round_trip,
+            reentrant_holds_are_stored,
             random_history_matches_a_model
         );
     };
@@ -83,6 +84,36 @@ fn rec(resource: &str, token: u64, request_id: Option<&str>) -> LeaseRecord {
         holder: format!("holder-{token}"),
         ttl_ms: 1_000 + token,
         request_id: request_id.map(str::to_string),
+        reentrant: None,
+    }
+}
+
+/// A reentrant lease's record, held `holds` times.
+fn owned(resource: &str, token: u64, holds: u32, reentry: Option<&str>) -> LeaseRecord {
+    LeaseRecord {
+        reentrant: Some(Reentrant {
+            owner: format!("owner-{token}"),
+            holds,
+            reentry_request: reentry.map(str::to_string),
+        }),
+        ..rec(resource, token, None)
+    }
+}
+
+fn reenter(resource: &str, token: u64, holds: u32, request_id: Option<&str>) -> Op {
+    Op::Reenter {
+        resource: res(resource),
+        lease_id: lid(token),
+        holds,
+        request_id: request_id.map(str::to_string),
+    }
+}
+
+fn unhold(resource: &str, token: u64, holds: u32) -> Op {
+    Op::Unhold {
+        resource: res(resource),
+        lease_id: lid(token),
+        holds,
     }
 }
 
@@ -370,6 +401,7 @@ pub fn longest_fields_round_trip<H: Harness>(h: &mut H) {
         holder: "ü".repeat(512),
         ttl_ms: u64::from(u32::MAX),
         request_id: Some("~".repeat(1024)),
+        reentrant: None,
     };
     commit(&mut s, &[Op::Grant(record.clone())], true);
     let mut s = reopen(h, s);
@@ -377,6 +409,56 @@ pub fn longest_fields_round_trip<H: Harness>(h: &mut H) {
     assert_eq!(snap.leases, vec![record.clone()]);
     assert_eq!(snap.requests, vec![record]);
     assert_eq!(snap.last_token, Some(FencingToken::MAX));
+}
+
+/// A reentrant lease's holds and latest re-entry are stored with it, in the batch order; a
+/// change of the holds of a lease that is not the stored one is refused; a remembered request
+/// id keeps the grant without the reentrant part.
+pub fn reentrant_holds_are_stored<H: Harness>(h: &mut H) {
+    let mut s = h.open();
+    let mut granted = owned("a", 1, 1, None);
+    granted.request_id = Some("q1".to_string());
+    commit(&mut s, &[Op::Grant(granted.clone())], true);
+    commit(
+        &mut s,
+        &[reenter("a", 1, 2, Some("in-1")), reenter("a", 1, 3, None)],
+        true,
+    );
+    commit(&mut s, &[unhold("a", 1, 2)], false);
+    let mut s = reopen(h, s);
+    let snap = load(&mut s);
+    let mut held = owned("a", 1, 2, None);
+    held.request_id = Some("q1".to_string());
+    assert_eq!(
+        snap.leases,
+        vec![held.clone()],
+        "holds as the last op left them"
+    );
+    assert_eq!(
+        snap.requests,
+        vec![rec("a", 1, Some("q1"))],
+        "the remembered grant, without its reentrant part"
+    );
+    for (op, what) in [
+        (reenter("a", 2, 4, None), "another lease of the resource"),
+        (unhold("zzz", 1, 1), "a resource without a lease"),
+    ] {
+        let refused = s.commit(&[op], true);
+        assert!(
+            matches!(refused, Err(StoreError::HoldsNotStored { .. })),
+            "{what}: {refused:?}"
+        );
+    }
+    commit(
+        &mut s,
+        &[reenter("a", 1, 3, Some("in-2")), remove("a", 1)],
+        true,
+    );
+    let mut s = reopen(h, s);
+    assert!(
+        load(&mut s).leases.is_empty(),
+        "the removal ended every hold"
+    );
 }
 
 /// A long random history of batches, syncs, reopens and crashes, against a model.
@@ -466,7 +548,11 @@ impl Model {
                 self.last_token = Some(r.token);
                 self.leases.insert(r.resource.clone(), r.clone());
                 if let Some(id) = &r.request_id {
-                    self.requests.insert(id.clone(), r.clone());
+                    let remembered = LeaseRecord {
+                        reentrant: None,
+                        ..r.clone()
+                    };
+                    self.requests.insert(id.clone(), remembered);
                 }
             }
             Op::Remove { resource, .. } => {
@@ -475,13 +561,17 @@ impl Model {
             Op::ForgetRequest { request_id } => {
                 self.requests.remove(request_id);
             }
+            Op::Reenter { resource, .. } | Op::Unhold { resource, .. } => {
+                let rec = self.leases.get_mut(resource).expect("a stored lease");
+                op.apply_holds(rec);
+            }
         }
     }
 
     /// A valid op for the current state, if the dice find one.
     fn random_op(&self, rng: &mut XorShift, token: &mut u64) -> Option<Op> {
         let resource = format!("res-{}", rng.below(12));
-        match rng.below(3) {
+        match rng.below(4) {
             0 => {
                 if self.leases.contains_key(resource.as_str()) {
                     return None;
@@ -491,7 +581,29 @@ impl Model {
                 let request_id = format!("req-{}", rng.below(30));
                 let request = (rng.below(2) == 0 && !self.requests.contains_key(&request_id))
                     .then_some(request_id);
-                Some(grant(&resource, *token, request.as_deref()))
+                let mut r = rec(&resource, *token, request.as_deref());
+                if rng.below(3) == 0 {
+                    r.reentrant = owned(&resource, *token, 1, None).reentrant;
+                }
+                Some(Op::Grant(r))
+            }
+            3 => {
+                let r = self.leases.get(resource.as_str())?;
+                let holds = r.reentrant.as_ref()?.holds;
+                let (resource, lease_id) = (r.resource.clone(), r.lease_id);
+                Some(match rng.below(2) {
+                    0 if holds > 1 => Op::Unhold {
+                        resource,
+                        lease_id,
+                        holds: holds - 1,
+                    },
+                    _ => Op::Reenter {
+                        resource,
+                        lease_id,
+                        holds: holds + 1,
+                        request_id: (rng.below(2) == 0).then(|| format!("in-{}", rng.below(100))),
+                    },
+                })
             }
             1 => self.leases.get(resource.as_str()).map(|r| Op::Remove {
                 resource: r.resource.clone(),

@@ -10,19 +10,35 @@
 //! u8   0 = no request id | 1 = u16 length, then the bytes
 //! ```
 //!
+//! A reentrant lease's record is version 2: the same, then
+//!
+//! ```text
+//! u16  owner length, then the bytes
+//! u32  holds
+//! u8   0 = no re-entry request id | 1 = u16 length, then the bytes
+//! ```
+//!
+//! A lease without an owner is still written as version 1, so that files written before
+//! reentrant leases existed, and the leases that are not reentrant, read the same.
+//!
 //! Decoding is strict: every field is validated and the record must end exactly where its last
 //! field does, so that a torn or foreign value is reported as corruption, not misread.
 
 use fencing::{FencingToken, LeaseId, ResourceName};
-use lockd_core::LeaseRecord;
+use lockd_core::{LeaseRecord, Reentrant};
 
 use crate::StoreError;
 
 const RECORD_VERSION: u8 = 1;
+/// With the reentrant part.
+const RECORD_VERSION_REENTRANT: u8 = 2;
 
 pub(crate) fn encode(rec: &LeaseRecord) -> Vec<u8> {
     let mut out = Vec::with_capacity(64 + rec.resource.as_str().len() + rec.holder.len());
-    out.push(RECORD_VERSION);
+    out.push(match rec.reentrant {
+        None => RECORD_VERSION,
+        Some(_) => RECORD_VERSION_REENTRANT,
+    });
     out.extend_from_slice(rec.lease_id.as_bytes());
     out.extend_from_slice(&rec.token.get().to_be_bytes());
     out.extend_from_slice(&rec.ttl_ms.to_be_bytes());
@@ -33,6 +49,17 @@ pub(crate) fn encode(rec: &LeaseRecord) -> Vec<u8> {
         Some(id) => {
             out.push(1);
             put_str(&mut out, id);
+        }
+    }
+    if let Some(r) = &rec.reentrant {
+        put_str(&mut out, &r.owner);
+        out.extend_from_slice(&r.holds.to_be_bytes());
+        match &r.reentry_request {
+            None => out.push(0),
+            Some(id) => {
+                out.push(1);
+                put_str(&mut out, id);
+            }
         }
     }
     out
@@ -48,9 +75,9 @@ fn put_str(out: &mut Vec<u8>, s: &str) {
 pub(crate) fn decode(bytes: &[u8]) -> Result<LeaseRecord, StoreError> {
     let mut r = Reader { bytes, at: 0 };
     let version = r.u8()?;
-    if version != RECORD_VERSION {
+    if version != RECORD_VERSION && version != RECORD_VERSION_REENTRANT {
         return Err(corrupt(format!(
-            "lease record version {version}, expected {RECORD_VERSION}"
+            "lease record version {version}, expected {RECORD_VERSION} or {RECORD_VERSION_REENTRANT}"
         )));
     }
     let lease_id = LeaseId::from_bytes(r.take(16)?.try_into().expect("16 bytes"));
@@ -63,6 +90,18 @@ pub(crate) fn decode(bytes: &[u8]) -> Result<LeaseRecord, StoreError> {
         0 => None,
         1 => Some(r.str()?.to_string()),
         other => return Err(corrupt(format!("request id flag {other}"))),
+    };
+    let reentrant = match version {
+        RECORD_VERSION_REENTRANT => Some(Reentrant {
+            owner: r.str()?.to_string(),
+            holds: u32::from_be_bytes(r.take(4)?.try_into().expect("4 bytes")),
+            reentry_request: match r.u8()? {
+                0 => None,
+                1 => Some(r.str()?.to_string()),
+                other => return Err(corrupt(format!("re-entry request id flag {other}"))),
+            },
+        }),
+        _ => None,
     };
     if r.at != bytes.len() {
         return Err(corrupt(format!(
@@ -77,6 +116,7 @@ pub(crate) fn decode(bytes: &[u8]) -> Result<LeaseRecord, StoreError> {
         holder,
         ttl_ms,
         request_id,
+        reentrant,
     })
 }
 
@@ -124,14 +164,44 @@ mod tests {
             holder: "web-1 pid 7 ünïcode".into(),
             ttl_ms: 30_000,
             request_id: request_id.map(str::to_string),
+            reentrant: None,
+        }
+    }
+
+    fn reentrant(request_id: Option<&str>, reentry: Option<&str>) -> LeaseRecord {
+        LeaseRecord {
+            reentrant: Some(Reentrant {
+                owner: "worker-7".into(),
+                holds: 3,
+                reentry_request: reentry.map(str::to_string),
+            }),
+            ..record(request_id)
         }
     }
 
     #[test]
     fn round_trips() {
-        for rec in [record(None), record(Some("req-1"))] {
+        for rec in [
+            record(None),
+            record(Some("req-1")),
+            reentrant(None, None),
+            reentrant(Some("req-1"), Some("in-2")),
+        ] {
             assert_eq!(decode(&encode(&rec)).unwrap(), rec);
         }
+    }
+
+    #[test]
+    fn a_reentrant_record_is_version_2_and_appends_its_part() {
+        let plain = encode(&record(Some("q")));
+        let bytes = encode(&reentrant(Some("q"), Some("i")));
+        assert_eq!(bytes[0], 2);
+        assert_eq!(bytes[1..plain.len()], plain[1..]);
+        let mut tail = vec![0, 8];
+        tail.extend(b"worker-7");
+        tail.extend(3u32.to_be_bytes());
+        tail.extend([1, 0, 1, b'i']);
+        assert_eq!(bytes[plain.len()..], tail);
     }
 
     #[test]
@@ -153,6 +223,13 @@ mod tests {
     #[test]
     fn every_truncation_and_extension_is_reported_as_corruption() {
         let bytes = encode(&record(Some("req-1")));
+        let owned = encode(&reentrant(Some("req-1"), Some("in-2")));
+        for len in 0..owned.len() {
+            assert!(
+                matches!(decode(&owned[..len]), Err(StoreError::Corrupt(_))),
+                "prefix of {len} bytes of a reentrant record"
+            );
+        }
         for len in 0..bytes.len() {
             assert!(
                 matches!(decode(&bytes[..len]), Err(StoreError::Corrupt(_))),

@@ -23,6 +23,13 @@ pub enum StoreError {
         lease_id: LeaseId,
     },
     #[error(
+        "refused a change of the holds of lease {lease_id} of {resource}: it is not the stored lease"
+    )]
+    HoldsNotStored {
+        resource: ResourceName,
+        lease_id: LeaseId,
+    },
+    #[error(
         "refused a grant remembered under request id {request_id:?}: that id is remembered already"
     )]
     RequestRemembered { request_id: String },

@@ -311,8 +311,24 @@ fn op_len(op: &Op) -> usize {
                 + rec.resource.as_str().len()
                 + rec.holder.len()
                 + rec.request_id.as_ref().map_or(0, String::len)
+                + rec.reentrant.as_ref().map_or(0, |r| {
+                    2 + r.owner.len() + 4 + 3 + r.reentry_request.as_ref().map_or(0, String::len)
+                })
         }
         Op::Remove { resource, .. } => 1 + 2 + resource.as_str().len() + 16,
+        Op::Reenter {
+            resource,
+            request_id,
+            ..
+        } => {
+            1 + 2
+                + resource.as_str().len()
+                + 16
+                + 4
+                + 3
+                + request_id.as_ref().map_or(0, String::len)
+        }
+        Op::Unhold { resource, .. } => 1 + 2 + resource.as_str().len() + 16 + 4,
         Op::ForgetRequest { request_id } => 1 + 2 + request_id.len(),
     }
 }
@@ -353,6 +369,34 @@ fn encode_op(out: &mut Vec<u8>, op: &Op) {
             out.push(3);
             put_str16(out, request_id);
         }
+        Op::Reenter {
+            resource,
+            lease_id,
+            holds,
+            request_id,
+        } => {
+            out.push(4);
+            put_str16(out, resource.as_str());
+            out.extend_from_slice(lease_id.as_bytes());
+            out.extend_from_slice(&holds.to_be_bytes());
+            match request_id {
+                None => out.push(0),
+                Some(id) => {
+                    out.push(1);
+                    put_str16(out, id);
+                }
+            }
+        }
+        Op::Unhold {
+            resource,
+            lease_id,
+            holds,
+        } => {
+            out.push(5);
+            put_str16(out, resource.as_str());
+            out.extend_from_slice(lease_id.as_bytes());
+            out.extend_from_slice(&holds.to_be_bytes());
+        }
     }
 }
 
@@ -376,13 +420,42 @@ fn decode_ops(payload: &[u8]) -> Result<Vec<Op>, String> {
                 let len = u32::from_be_bytes(take(4)?.try_into().expect("4 bytes")) as usize;
                 Op::Grant(decode(take(len)?).map_err(|e| e.to_string())?)
             }
-            2 => {
+            2 | 4 | 5 => {
                 let len = u16::from_be_bytes(take(2)?.try_into().expect("2 bytes")) as usize;
                 let name =
                     std::str::from_utf8(take(len)?).map_err(|_| "resource name is not UTF-8")?;
                 let resource = ResourceName::new(name).map_err(|e| e.to_string())?;
                 let lease_id = LeaseId::from_bytes(take(16)?.try_into().expect("16 bytes"));
-                Op::Remove { resource, lease_id }
+                if tag == 2 {
+                    Op::Remove { resource, lease_id }
+                } else {
+                    let holds = u32::from_be_bytes(take(4)?.try_into().expect("4 bytes"));
+                    if tag == 5 {
+                        Op::Unhold {
+                            resource,
+                            lease_id,
+                            holds,
+                        }
+                    } else {
+                        let request_id = match take(1)?[0] {
+                            0 => None,
+                            1 => {
+                                let len = u16::from_be_bytes(take(2)?.try_into().expect("2 bytes"))
+                                    as usize;
+                                let id = std::str::from_utf8(take(len)?)
+                                    .map_err(|_| "request id is not UTF-8")?;
+                                Some(id.to_string())
+                            }
+                            other => return Err(format!("request id flag {other}")),
+                        };
+                        Op::Reenter {
+                            resource,
+                            lease_id,
+                            holds,
+                            request_id,
+                        }
+                    }
+                }
             }
             3 => {
                 let len = u16::from_be_bytes(take(2)?.try_into().expect("2 bytes")) as usize;

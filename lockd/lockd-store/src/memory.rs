@@ -28,7 +28,11 @@ impl Tables {
                 self.last_token = Some(rec.token);
                 self.leases.insert(rec.resource.clone(), rec.clone());
                 if let Some(id) = &rec.request_id {
-                    self.requests.insert(id.clone(), rec.clone());
+                    let remembered = LeaseRecord {
+                        reentrant: None,
+                        ..rec.clone()
+                    };
+                    self.requests.insert(id.clone(), remembered);
                 }
             }
             Op::Remove { resource, .. } => {
@@ -36,6 +40,11 @@ impl Tables {
             }
             Op::ForgetRequest { request_id } => {
                 self.requests.remove(request_id);
+            }
+            Op::Reenter { resource, .. } | Op::Unhold { resource, .. } => {
+                if let Some(rec) = self.leases.get_mut(resource) {
+                    op.apply_holds(rec);
+                }
             }
         }
     }

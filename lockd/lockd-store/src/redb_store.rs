@@ -18,7 +18,7 @@
 use std::path::{Path, PathBuf};
 
 use fencing::{FencingToken, LeaseId, ResourceName};
-use lockd_core::{Op, Snapshot};
+use lockd_core::{LeaseRecord, Op, Snapshot};
 use redb::{
     Database, DatabaseError, Durability, ReadableDatabase, ReadableTable, ReadableTableMetadata,
     TableDefinition,
@@ -208,7 +208,16 @@ impl RedbStore {
                         let bytes = encode(rec);
                         leases.insert(rec.resource.as_str(), bytes.as_slice())?;
                         if let Some(id) = &rec.request_id {
-                            requests.insert(id.as_str(), bytes.as_slice())?;
+                            // Remembered as granted, without the reentrant part (only the
+                            // lease keeps its holds).
+                            let remembered = match rec.reentrant {
+                                None => bytes,
+                                Some(_) => encode(&LeaseRecord {
+                                    reentrant: None,
+                                    ..rec.clone()
+                                }),
+                            };
+                            requests.insert(id.as_str(), remembered.as_slice())?;
                         }
                         last_token = Some(rec.token);
                     }
@@ -217,6 +226,14 @@ impl RedbStore {
                     }
                     Op::ForgetRequest { request_id } => {
                         requests.remove(request_id.as_str())?;
+                    }
+                    Op::Reenter { resource, .. } | Op::Unhold { resource, .. } => {
+                        let stored = leases.get(resource.as_str())?.map(|v| v.value().to_vec());
+                        if let Some(bytes) = stored {
+                            let mut rec = decode(&bytes)?;
+                            op.apply_holds(&mut rec);
+                            leases.insert(resource.as_str(), encode(&rec).as_slice())?;
+                        }
                     }
                 }
             }

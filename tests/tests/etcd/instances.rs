@@ -17,6 +17,7 @@ fn opts(ttl_s: u64, wait_s: u64, request_id: Option<&str>) -> AcquireOptions {
         wait: Duration::from_secs(wait_s),
         holder: "test".to_string(),
         request_id: request_id.map(str::to_string),
+        owner: Default::default(),
     }
 }
 
@@ -289,6 +290,7 @@ fn a_paused_lockd_leader_neither_grants_nor_renews_when_it_wakes() {
             ttl_ms: 30_000,
             wait_timeout_ms: 0,
             holder: "late".to_string(),
+            owner: Default::default(),
         });
         r.set_timeout(Duration::from_secs(30));
         stale.acquire(r).await
@@ -539,6 +541,7 @@ fn calls_in_flight_through_a_follower_when_the_leader_is_killed_end_in_lockds_an
                         ttl_ms: 30_000,
                         wait_timeout_ms: 0,
                         holder: "raw".to_string(),
+                        owner: Default::default(),
                     });
                     r.set_timeout(Duration::from_secs(30));
                     match rpc.acquire(r).await {

@@ -128,6 +128,7 @@ impl Load {
                         wait: Duration::from_secs(5),
                         holder: name.clone(),
                         request_id: None,
+                        owner: Default::default(),
                     };
                     let lease = match client.acquire(&resource, opts).await {
                         Ok(Acquired::Granted(guard)) => {

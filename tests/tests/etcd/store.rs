@@ -111,6 +111,7 @@ fn record(resource: &str, token: u64) -> LeaseRecord {
         holder: format!("h{token}"),
         ttl_ms: 5_000,
         request_id: Some(format!("q{token}")),
+        reentrant: None,
     }
 }
 

@@ -43,6 +43,7 @@ fn try_lock(holder: &str) -> AcquireOptions {
         wait: std::time::Duration::ZERO,
         holder: holder.into(),
         request_id: None,
+        owner: Default::default(),
     }
 }
 
@@ -252,6 +253,7 @@ fn lockd_talks_to_etcd_over_mutual_tls_and_names_what_is_wrong() {
         wait: std::time::Duration::ZERO,
         holder: "app".into(),
         request_id: None,
+        owner: Default::default(),
     };
     assert!(matches!(
         rt.block_on(client.acquire("job", opts)).unwrap(),

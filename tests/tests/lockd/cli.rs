@@ -150,6 +150,41 @@ fn several_leases_are_renewed_and_released_in_one_call() {
 }
 
 #[test]
+fn a_reentrant_lock_is_acquired_again_by_its_owner_and_released_hold_by_hold() {
+    let dir = tempfile::tempdir().unwrap();
+    let lockd = Lockd::start(dir.path(), &[]);
+    let first = acquire_json(&lockd, &["nightly", "--owner", "job-7", "--ttl", "60s"]);
+    let again = acquire_json(&lockd, &["nightly", "--owner", "job-7", "--ttl", "60s"]);
+    assert_eq!(first["holds"], 1);
+    assert_eq!(again["holds"], 2, "{again}");
+    assert_eq!(again["lease_id"], first["lease_id"]);
+    assert_eq!(token(&again), token(&first));
+    assert_eq!(describe(&lockd, "nightly")["holds"], 2);
+    let mut other = lockd.lockctl();
+    other.args(["acquire", "nightly", "--owner", "job-8"]);
+    let (status, _, stderr) = output(other);
+    assert_eq!(status.code(), Some(3), "another owner is busy: {stderr}");
+
+    let id = first["lease_id"].as_str().unwrap();
+    let mut release = lockd.lockctl();
+    release.args(["release", "nightly", id]);
+    let (status, stdout, stderr) = output(release);
+    assert!(status.success(), "{stderr}");
+    assert_eq!(stdout.trim(), "released one hold of nightly; 1 left");
+    assert_eq!(describe(&lockd, "nightly")["held"], true);
+    release_text(&lockd, "nightly", id, "released nightly");
+    assert_eq!(describe(&lockd, "nightly")["held"], false);
+}
+
+fn release_text(lockd: &Lockd, resource: &str, lease_id: &str, expected: &str) {
+    let mut cmd = lockd.lockctl();
+    cmd.args(["release", resource, lease_id]);
+    let (status, stdout, stderr) = output(cmd);
+    assert!(status.success(), "{stderr}");
+    assert_eq!(stdout.trim(), expected);
+}
+
+#[test]
 fn a_retried_request_id_returns_the_original_grant() {
     let dir = tempfile::tempdir().unwrap();
     let lockd = Lockd::start(dir.path(), &[]);

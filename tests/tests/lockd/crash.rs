@@ -41,6 +41,7 @@ fn acquire(resource: &str, request_id: &str) -> AcquireRequest {
         ttl_ms: 600_000,
         wait_timeout_ms: 0,
         holder: "crash-test".to_string(),
+        owner: Default::default(),
     }
 }
 

@@ -16,6 +16,7 @@ fn req(resource: &str, wait_ms: u64) -> AcquireRequest {
         ttl_ms: 600_000,
         wait_timeout_ms: wait_ms,
         holder: format!("holder-of-{resource}"),
+        owner: Default::default(),
     }
 }
 

@@ -159,3 +159,75 @@ fn a_cancelled_call_leaves_the_queue_and_full_queues_are_refused() {
         0
     );
 }
+
+#[test]
+fn a_reentrant_guard_nests_and_the_lease_ends_with_the_last_hold() {
+    let dir = tempfile::tempdir().unwrap();
+    let lockd = Lockd::start(dir.path(), &[]);
+    let rt = runtime();
+    let _in_runtime = rt.enter();
+    let client = Client::connect(&lockd.endpoint).unwrap();
+    let owned = AcquireOptions {
+        owner: Some(lockd_client::new_owner_id()),
+        ..opts(30_000)
+    };
+    let Acquired::Granted(outer) = rt.block_on(client.acquire("nested", owned)).unwrap() else {
+        panic!("a free resource is granted")
+    };
+    assert_eq!(outer.holds(), 1);
+    let inner = rt.block_on(outer.reenter()).expect("the owner re-enters");
+    assert_eq!(
+        (inner.lease_id(), inner.token(), inner.holds()),
+        (outer.lease_id(), outer.token(), 2),
+        "the same lease and token, one more hold"
+    );
+    let deeper = rt.block_on(inner.reenter()).expect("nested again");
+    assert_eq!(deeper.holds(), 3);
+    let holds = |c: &Client| rt.block_on(c.describe("nested")).unwrap().holds;
+    assert_eq!(holds(&client), Some(3));
+    assert!(rt.block_on(deeper.release()).unwrap());
+    drop(inner);
+    // The dropped guard releases its hold in the background: wait for lockd to say so.
+    let deadline = std::time::Instant::now() + e2e::PATIENCE;
+    while holds(&client) != Some(1) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the inner hold was not released"
+        );
+        std::thread::yield_now();
+    }
+    assert!(!outer.is_lost(), "the outer hold goes on");
+    assert!(rt.block_on(outer.release()).unwrap());
+    assert!(!rt.block_on(client.describe("nested")).unwrap().held);
+
+    // A lease without an owner cannot be nested; an ended one cannot be re-entered.
+    let Acquired::Granted(plain) = rt.block_on(client.acquire("plain", opts(30_000))).unwrap()
+    else {
+        panic!("a free resource is granted")
+    };
+    let err = rt.block_on(plain.reenter()).expect_err("no owner");
+    assert!(
+        matches!(err, lockd_client::ClientError::InvalidArgument(ref m) if m.contains("no owner")),
+        "{err}"
+    );
+    let owned = AcquireOptions {
+        owner: Some("job-7".to_string()),
+        ..opts(30_000)
+    };
+    let Acquired::Granted(gone) = rt.block_on(client.acquire("gone", owned)).unwrap() else {
+        panic!("a free resource is granted")
+    };
+    assert!(
+        rt.block_on(client.release("gone", gone.lease_id()))
+            .unwrap()
+    );
+    let err = rt.block_on(gone.reenter()).expect_err("an ended lease");
+    assert!(
+        matches!(err, lockd_client::ClientError::LeaseNotCurrent(_)),
+        "{err}"
+    );
+    assert!(
+        !rt.block_on(client.describe("gone")).unwrap().held,
+        "the new lease a failed re-entry got was released"
+    );
+}

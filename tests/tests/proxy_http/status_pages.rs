@@ -74,6 +74,7 @@ fn the_status_pages_show_a_held_lock_and_a_refused_stale_write() {
                 ttl_ms: 600_000,
                 wait_timeout_ms: 0,
                 holder: holder.into(),
+                owner: Default::default(),
             }))
             .unwrap()
             .into_inner();

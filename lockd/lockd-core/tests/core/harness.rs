@@ -8,7 +8,7 @@ use expect_test::Expect;
 use fencing::{FencingToken, LeaseId, ResourceName};
 use lockd_core::{
     AcquireOutcome, AcquireRequest, Core, Description, Effect, Holder, LeaseRecord, Limits, Millis,
-    Op, ReleaseOutcome, RequestId, Snapshot, WaiterId,
+    Op, Owner, Reentrant, ReleaseOutcome, RequestId, Snapshot, WaiterId,
 };
 
 /// Lease ids for tests: a counter in the last bytes, printed as `L<n>`.
@@ -71,7 +71,31 @@ impl MemStore {
                     .remove(request_id)
                     .expect("forget of a remembered request");
             }
+            Op::Reenter {
+                resource,
+                lease_id,
+                holds,
+                request_id,
+            } => {
+                let r = self.reentrant(resource, *lease_id);
+                r.holds = *holds;
+                r.reentry_request = request_id.clone();
+            }
+            Op::Unhold {
+                resource,
+                lease_id,
+                holds,
+            } => self.reentrant(resource, *lease_id).holds = *holds,
         }
+    }
+
+    fn reentrant(&mut self, resource: &ResourceName, lease_id: LeaseId) -> &mut Reentrant {
+        let rec = self
+            .leases
+            .get_mut(resource)
+            .expect("holds of a stored lease");
+        assert_eq!(rec.lease_id, lease_id);
+        rec.reentrant.as_mut().expect("holds of a reentrant lease")
     }
 
     pub fn snapshot(&self) -> Snapshot {
@@ -155,7 +179,7 @@ impl Rig {
         &mut self,
         resource: &str,
         holder: &str,
-        request_id: Option<&str>,
+        (request_id, owner): (Option<&str>, Option<&str>),
         ttl_ms: u64,
         wait_ms: u64,
         fx: &mut Vec<Effect>,
@@ -166,6 +190,7 @@ impl Rig {
             holder: Holder::new(holder, &self.limits).unwrap(),
             ttl_ms,
             wait_ms,
+            owner: owner.map(|o| Owner::new(o).unwrap()),
         };
         self.core.acquire(self.now, req, fx)
     }
@@ -179,7 +204,7 @@ impl Rig {
 ///
 /// ```text
 /// @T                       set the time to T (ms); may prefix a command: `@T acquire ...`
-/// acquire RES [holder=H] [req=ID] [ttl=MS] [wait=MS]
+/// acquire RES [holder=H] [req=ID] [owner=O] [ttl=MS] [wait=MS]
 /// renew RES L<n>           release RES L<n>        cancel w<n>        describe RES
 /// tick                     restart                 crash (restart losing unsynced ops)
 /// limits KEY=VALUE...      (only before the first command)
@@ -271,7 +296,7 @@ fn run(rig: &mut Rig, words: &[&str], fx: &mut Vec<Effect>) -> String {
             let outcome = rig.acquire(
                 words[1],
                 arg(words, "holder").unwrap_or(""),
-                arg(words, "req"),
+                (arg(words, "req"), arg(words, "owner")),
                 num("ttl"),
                 num("wait"),
                 fx,
@@ -288,6 +313,9 @@ fn run(rig: &mut Rig, words: &[&str], fx: &mut Vec<Effect>) -> String {
         "release" => match rig.core.release(now, &res(1), lease_arg(words[2]), fx) {
             ReleaseOutcome::Released { token, held_ms } => {
                 format!("released token={token} held={held_ms}")
+            }
+            ReleaseOutcome::Unheld { token, holds } => {
+                format!("unheld token={token} holds={holds}")
             }
             ReleaseOutcome::NotHeld { current } => format!("not held (current token {current:?})"),
         },
@@ -366,6 +394,13 @@ pub fn acquire_outcome(o: &AcquireOutcome) -> String {
             lease_name(g.lease_id),
             g.expires_at
         ),
+        AcquireOutcome::Reentered { grant: g, retried } => format!(
+            "reentered token={} lease={} expires={} holds={} retried={retried}",
+            g.token,
+            lease_name(g.lease_id),
+            g.expires_at,
+            g.holds
+        ),
         AcquireOutcome::Busy(b) => {
             format!(
                 "busy holder={:?} token={} expires={} waiters={}",
@@ -387,12 +422,16 @@ pub fn acquire_outcome(o: &AcquireOutcome) -> String {
 fn describe(d: &Description) -> String {
     match &d.held {
         Some(h) => format!(
-            "held holder={:?} token={} expires={} ttl={} waiters={}",
+            "held holder={:?} token={} expires={} ttl={} waiters={}{}",
             h.holder.as_str(),
             h.token,
             h.expires_at,
             h.ttl_ms,
-            d.waiters
+            d.waiters,
+            match h.holds {
+                1 => String::new(),
+                n => format!(" holds={n}"),
+            }
         ),
         None => format!("free waiters={}", d.waiters),
     }
@@ -401,13 +440,35 @@ fn describe(d: &Description) -> String {
 pub fn effect(e: &Effect) -> String {
     match e {
         Effect::Persist(Op::Grant(r)) => format!(
-            "persist grant {} token={} lease={} holder={:?} ttl={} req={}",
+            "persist grant {} token={} lease={} holder={:?} ttl={} req={}{}",
             r.resource,
             r.token,
             lease_name(r.lease_id),
             r.holder,
             r.ttl_ms,
-            r.request_id.as_deref().unwrap_or("-")
+            r.request_id.as_deref().unwrap_or("-"),
+            match &r.reentrant {
+                None => String::new(),
+                Some(re) => format!(" owner={} holds={}", re.owner, re.holds),
+            }
+        ),
+        Effect::Persist(Op::Reenter {
+            resource,
+            lease_id,
+            holds,
+            request_id,
+        }) => format!(
+            "persist reenter {resource} {} holds={holds} req={}",
+            lease_name(*lease_id),
+            request_id.as_deref().unwrap_or("-")
+        ),
+        Effect::Persist(Op::Unhold {
+            resource,
+            lease_id,
+            holds,
+        }) => format!(
+            "persist unhold {resource} {} holds={holds}",
+            lease_name(*lease_id)
         ),
         Effect::Persist(Op::Remove { resource, lease_id }) => {
             format!("persist remove {resource} {}", lease_name(*lease_id))

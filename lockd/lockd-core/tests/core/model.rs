@@ -1,5 +1,6 @@
 //! The core against a simple reference model, over random interleavings of acquire, renew,
-//! release, expiry (time passing), cancellation (disconnect) and restart (clean or crash).
+//! release, expiry (time passing), cancellation (disconnect) and restart (clean or crash), with
+//! and without an owner (reentrant leases).
 //!
 //! The model is written for obviousness, not speed: leases in a map, all waiters in one list in
 //! arrival order (a resource's queue is that list filtered by resource), deadlines found by a
@@ -7,13 +8,15 @@
 //! across the whole run:
 //! - at most one lease per resource (the model's map cannot hold two, and the core must agree);
 //! - every grant's token is above every earlier grant's, restarts included;
-//! - hand-offs go to waiters in FIFO order (the model grants the first waiter of the list).
+//! - hand-offs go to waiters in FIFO order (the model grants the first waiter of the list);
+//! - a reentrant lease is released only by as many releases as it was acquired, and a crash
+//!   never loses a re-entry that was answered (it is synced), only a release of a hold.
 
 use std::collections::BTreeMap;
 
 use fencing::{FencingToken, LeaseId, ResourceName};
 use lockd_core::{
-    AcquireError, AcquireOutcome, Busy, Effect, Grant, Holder, LeaseRecord, Limits, Op,
+    AcquireError, AcquireOutcome, Busy, Effect, Grant, Holder, LeaseRecord, Limits, Op, Reentrant,
     ReleaseOutcome, RenewError, Renewed, WaiterId,
 };
 use proptest::prelude::*;
@@ -45,6 +48,7 @@ enum Step {
         resource: usize,
         holder: u8,
         request: Option<u8>,
+        owner: Option<u8>,
         ttl_ms: u64,
         wait_ms: u64,
     },
@@ -72,9 +76,9 @@ enum Step {
 
 fn step() -> impl Strategy<Value = Step> {
     prop_oneof![
-        6 => (0..RESOURCES.len(), 0u8..4, proptest::option::of(0u8..8), prop_oneof![Just(0u64), Just(100), Just(250), Just(600)],
+        6 => (0..RESOURCES.len(), 0u8..4, proptest::option::of(0u8..8), proptest::option::of(0u8..2), prop_oneof![Just(0u64), Just(100), Just(250), Just(600)],
               prop_oneof![Just(0u64), Just(50), Just(300), Just(1000)])
-            .prop_map(|(resource, holder, request, ttl_ms, wait_ms)| Step::Acquire { resource, holder, request, ttl_ms, wait_ms }),
+            .prop_map(|(resource, holder, request, owner, ttl_ms, wait_ms)| Step::Acquire { resource, holder, request, owner, ttl_ms, wait_ms }),
         3 => (0..RESOURCES.len(), any::<usize>()).prop_map(|(resource, pick)| Step::Renew { resource, pick }),
         3 => (0..RESOURCES.len(), any::<usize>()).prop_map(|(resource, pick)| Step::Release { resource, pick }),
         1 => any::<usize>().prop_map(|pick| Step::Cancel { pick }),
@@ -94,6 +98,8 @@ struct MLease {
     ttl: u64,
     expires: u64,
     granted: u64,
+    /// (owner, holds, the latest re-entry's request id) of a reentrant lease.
+    owned: Option<(String, u32, Option<String>)>,
 }
 
 struct MWaiter {
@@ -103,6 +109,7 @@ struct MWaiter {
     holder: String,
     ttl: u64,
     deadline: u64,
+    owner: Option<String>,
 }
 
 #[derive(Clone)]
@@ -115,10 +122,19 @@ struct MRequest {
     seq: u64,
 }
 
+/// lease id, token, holder, TTL, and the reentrant part.
+type StoredLease = (
+    LeaseId,
+    FencingToken,
+    String,
+    u64,
+    Option<(String, u32, Option<String>)>,
+);
+
 #[derive(Clone, Default)]
 struct MStore {
     last_token: Option<FencingToken>,
-    leases: BTreeMap<String, (LeaseId, FencingToken, String, u64)>,
+    leases: BTreeMap<String, StoredLease>,
     requests: BTreeMap<String, (String, LeaseId, FencingToken, u64)>,
 }
 
@@ -259,6 +275,7 @@ impl Model {
         resource: &str,
         request: Option<String>,
         holder_: String,
+        owner: Option<String>,
         ttl: u64,
         fx: &mut Vec<Effect>,
     ) -> Grant {
@@ -285,9 +302,11 @@ impl Model {
                 .insert(id.clone(), (resource.to_string(), lid, token, ttl));
         }
         self.latest.last_token = Some(token);
-        self.latest
-            .leases
-            .insert(resource.to_string(), (lid, token, holder_.clone(), ttl));
+        let owned = owner.map(|o| (o, 1, None));
+        self.latest.leases.insert(
+            resource.to_string(),
+            (lid, token, holder_.clone(), ttl, owned.clone()),
+        );
         self.durable = self.latest.clone();
         fx.push(Effect::Persist(Op::Grant(LeaseRecord {
             resource: name(resource),
@@ -296,6 +315,11 @@ impl Model {
             holder: holder_.clone(),
             ttl_ms: ttl,
             request_id: request,
+            reentrant: owned.as_ref().map(|(o, _, _)| Reentrant {
+                owner: o.clone(),
+                holds: 1,
+                reentry_request: None,
+            }),
         })));
         assert!(
             self.leases
@@ -308,6 +332,7 @@ impl Model {
                         ttl,
                         expires,
                         granted: self.now,
+                        owned,
                     }
                 )
                 .is_none()
@@ -318,13 +343,14 @@ impl Model {
             token,
             ttl_ms: ttl,
             expires_at: expires,
+            holds: 1,
         }
     }
 
     fn hand_off(&mut self, resource: &str, fx: &mut Vec<Effect>) {
         if let Some(at) = self.waiters.iter().position(|w| w.resource == resource) {
             let w = self.waiters.remove(at);
-            let grant = self.grant(resource, w.request, w.holder, w.ttl, fx);
+            let grant = self.grant(resource, w.request, w.holder, w.owner, w.ttl, fx);
             fx.push(Effect::Granted {
                 waiter: WaiterId(w.id),
                 grant,
@@ -336,7 +362,7 @@ impl Model {
         &mut self,
         resource: &str,
         holder_: String,
-        request: Option<String>,
+        (request, owner): (Option<String>, Option<String>),
         ttl: u64,
         wait: u64,
         fx: &mut Vec<Effect>,
@@ -363,6 +389,7 @@ impl Model {
                     token: r.token,
                     ttl_ms: r.ttl,
                     expires_at: current.map_or(self.now, |l| l.expires),
+                    holds: current.and_then(|l| l.owned.as_ref()).map_or(1, |o| o.1),
                 };
                 return Ok(AcquireOutcome::Duplicate {
                     grant,
@@ -385,6 +412,7 @@ impl Model {
                 w.deadline = self.now + wait;
                 w.ttl = ttl;
                 w.holder = holder_;
+                w.owner = owner;
                 let id = w.id;
                 let position = self.waiters[..=at]
                     .iter()
@@ -395,6 +423,41 @@ impl Model {
                     position,
                 });
             }
+        }
+        let now = self.now;
+        if let Some(l) = self.leases.get_mut(resource)
+            && let Some((o, holds, last)) = &mut l.owned
+            && Some(&*o) == owner.as_ref()
+        {
+            // A re-entry: the same lease, one more hold (unless it retries the latest one),
+            // its TTL from now. Synced, like a grant.
+            let retried = request.is_some() && *last == request;
+            if !retried {
+                *holds += 1;
+                last.clone_from(&request);
+            }
+            l.expires = now + l.ttl;
+            let (lid, holds) = (l.lease_id, *holds);
+            let grant = Grant {
+                resource: name(resource),
+                lease_id: lid,
+                token: l.token,
+                ttl_ms: l.ttl,
+                expires_at: l.expires,
+                holds,
+            };
+            if !retried {
+                let stored = self.latest.leases.get_mut(resource).unwrap();
+                stored.4 = l.owned.clone();
+                self.durable = self.latest.clone();
+                fx.push(Effect::Persist(Op::Reenter {
+                    resource: name(resource),
+                    lease_id: lid,
+                    holds,
+                    request_id: request,
+                }));
+            }
+            return Ok(AcquireOutcome::Reentered { grant, retried });
         }
         if self.leases.contains_key(resource) {
             if wait == 0 {
@@ -425,6 +488,7 @@ impl Model {
                 holder: holder_,
                 ttl,
                 deadline: self.now + wait,
+                owner,
             });
             return Ok(AcquireOutcome::Queued {
                 waiter: WaiterId(id),
@@ -442,7 +506,7 @@ impl Model {
             });
         }
         Ok(AcquireOutcome::Granted(
-            self.grant(resource, request, holder_, ttl, fx),
+            self.grant(resource, request, holder_, owner, ttl, fx),
         ))
     }
 
@@ -471,7 +535,23 @@ impl Model {
 
     fn release(&mut self, resource: &str, lid: LeaseId, fx: &mut Vec<Effect>) -> ReleaseOutcome {
         self.advance(self.now, fx);
-        match self.leases.get(resource) {
+        match self.leases.get_mut(resource) {
+            Some(l) if l.lease_id == lid && l.owned.as_ref().is_some_and(|o| o.1 > 1) => {
+                let o = l.owned.as_mut().unwrap();
+                o.1 -= 1;
+                let holds = o.1;
+                // Lazily synced: a crash may bring the hold back.
+                self.latest.leases.get_mut(resource).unwrap().4 = l.owned.clone();
+                fx.push(Effect::Persist(Op::Unhold {
+                    resource: name(resource),
+                    lease_id: lid,
+                    holds,
+                }));
+                ReleaseOutcome::Unheld {
+                    token: l.token,
+                    holds,
+                }
+            }
             Some(l) if l.lease_id == lid => {
                 let l = self.leases.remove(resource).unwrap();
                 self.store_remove(resource, l.lease_id, fx);
@@ -512,7 +592,7 @@ impl Model {
             .latest
             .leases
             .iter()
-            .map(|(r, (lid, token, h, ttl))| {
+            .map(|(r, (lid, token, h, ttl, owned))| {
                 (
                     r.clone(),
                     MLease {
@@ -522,6 +602,7 @@ impl Model {
                         ttl: *ttl,
                         expires: now + ttl,
                         granted: now,
+                        owned: owned.clone(),
                     },
                 )
             })
@@ -567,14 +648,17 @@ fn run(steps: Vec<Step>) -> Result<(), TestCaseError> {
                 resource,
                 holder: h,
                 request,
+                owner,
                 ttl_ms,
                 wait_ms,
             } => {
                 let r = RESOURCES[*resource];
                 let h = format!("c{h}");
                 let req = request.map(|q| format!("q{q}"));
-                let core = rig.acquire(r, &h, req.as_deref(), *ttl_ms, *wait_ms, &mut fx_core);
-                let model = model.acquire(r, h, req, *ttl_ms, *wait_ms, &mut fx_model);
+                let owner = owner.map(|o| format!("o{o}"));
+                let ids = (req.as_deref(), owner.as_deref());
+                let core = rig.acquire(r, &h, ids, *ttl_ms, *wait_ms, &mut fx_core);
+                let model = model.acquire(r, h, (req, owner), *ttl_ms, *wait_ms, &mut fx_model);
                 prop_assert_eq!(core, model, "step {}: {:?}", i, step);
             }
             Step::Renew { resource, pick } => {
@@ -606,8 +690,12 @@ fn run(steps: Vec<Step>) -> Result<(), TestCaseError> {
                 let d = rig.core.describe(now, &name(r), &mut fx_core);
                 model.advance(now, &mut fx_model);
                 prop_assert_eq!(
-                    d.held.map(|h| (h.token, h.expires_at)),
-                    model.leases.get(r).map(|l| (l.token, l.expires))
+                    d.held.map(|h| (h.token, h.expires_at, h.holds)),
+                    model.leases.get(r).map(|l| (
+                        l.token,
+                        l.expires,
+                        l.owned.as_ref().map_or(1, |o| o.1)
+                    ))
                 );
                 prop_assert_eq!(d.waiters, model.queue_len(r));
             }

@@ -764,3 +764,154 @@ fn a_lease_held_past_hold_warn_after_is_reported_once() {
         "#]],
     );
 }
+
+#[test]
+fn a_reentrant_lease_counts_its_holds_and_ends_with_the_last_release() {
+    check(
+        r#"
+        @0 acquire r holder=a owner=o1 ttl=1000
+        # the owner again: the same lease and token, one more hold, its TTL from now
+        @100 acquire r holder=a owner=o1 ttl=1000 req=in1
+        # a retry of that re-entry is not counted twice
+        @110 acquire r holder=a owner=o1 ttl=1000 req=in1
+        @120 describe r
+        # another owner, or none, is busy or waits like anyone else
+        @130 acquire r holder=b owner=o2 ttl=1000
+        @140 acquire r holder=c ttl=1000 wait=5000
+        @200 release r L1
+        @210 describe r
+        @300 release r L1
+        # a release after the last hold changes nothing
+        @310 release r L1
+        "#,
+        expect![[r#"
+            @0 acquire r holder=a owner=o1 ttl=1000
+              => granted token=1 lease=L1 expires=1000
+              ! persist grant r token=1 lease=L1 holder="a" ttl=1000 req=- owner=o1 holds=1
+            @100 acquire r holder=a owner=o1 ttl=1000 req=in1
+              => reentered token=1 lease=L1 expires=1100 holds=2 retried=false
+              ! persist reenter r L1 holds=2 req=in1
+            @110 acquire r holder=a owner=o1 ttl=1000 req=in1
+              => reentered token=1 lease=L1 expires=1110 holds=2 retried=true
+            @120 describe r
+              => held holder="a" token=1 expires=1110 ttl=1000 waiters=0 holds=2
+            @130 acquire r holder=b owner=o2 ttl=1000
+              => busy holder="a" token=1 expires=1110 waiters=0
+            @140 acquire r holder=c ttl=1000 wait=5000
+              => queued w1 position=1
+            @200 release r L1
+              => unheld token=1 holds=1
+              ! persist unhold r L1 holds=1
+            @210 describe r
+              => held holder="a" token=1 expires=1110 ttl=1000 waiters=1
+            @300 release r L1
+              => released token=1 held=300
+              ! persist remove r L1
+              ! persist grant r token=2 lease=L2 holder="c" ttl=1000 req=-
+              ! hand-off w1: token=2 lease=L2 expires=1300
+            @310 release r L1
+              => not held (current token Some(FencingToken(2)))
+        "#]],
+    );
+}
+
+#[test]
+fn expiry_ends_every_hold_and_a_crash_keeps_every_answered_reentry() {
+    check(
+        r#"
+        @0 acquire r holder=a owner=o1 ttl=1000
+        @10 acquire r holder=a owner=o1 ttl=1000
+        @20 acquire r holder=a owner=o1 ttl=1000
+        @30 release r L1
+        # the re-entries were synced; the release of a hold may be lost
+        @40 crash
+        @50 describe r
+        @60 release r L1
+        @70 release r L1
+        @80 acquire s holder=a owner=o1 ttl=1000
+        @90 acquire s holder=a owner=o1 ttl=1000
+        # expiry ends the lease however many holds it had
+        @2000 tick
+        @2000 describe s
+        @2001 acquire s holder=a owner=o1 ttl=1000
+        "#,
+        expect![[r#"
+            @0 acquire r holder=a owner=o1 ttl=1000
+              => granted token=1 lease=L1 expires=1000
+              ! persist grant r token=1 lease=L1 holder="a" ttl=1000 req=- owner=o1 holds=1
+            @10 acquire r holder=a owner=o1 ttl=1000
+              => reentered token=1 lease=L1 expires=1010 holds=2 retried=false
+              ! persist reenter r L1 holds=2 req=-
+            @20 acquire r holder=a owner=o1 ttl=1000
+              => reentered token=1 lease=L1 expires=1020 holds=3 retried=false
+              ! persist reenter r L1 holds=3 req=-
+            @30 release r L1
+              => unheld token=1 holds=2
+              ! persist unhold r L1 holds=2
+            @40 crash
+              => recovered leases=1 requests=0 last_token=Some(1)
+            @50 describe r
+              => held holder="a" token=1 expires=1040 ttl=1000 waiters=0 holds=3
+            @60 release r L1
+              => unheld token=1 holds=2
+              ! persist unhold r L1 holds=2
+            @70 release r L1
+              => unheld token=1 holds=1
+              ! persist unhold r L1 holds=1
+            @80 acquire s holder=a owner=o1 ttl=1000
+              => granted token=2 lease=L2 expires=1080
+              ! persist grant s token=2 lease=L2 holder="a" ttl=1000 req=- owner=o1 holds=1
+            @90 acquire s holder=a owner=o1 ttl=1000
+              => reentered token=2 lease=L2 expires=1090 holds=2 retried=false
+              ! persist reenter s L2 holds=2 req=-
+            @2000 tick
+              => next deadline None
+              ! persist remove r L1
+              ! expired r token=1 holder="a" held=1000
+              ! persist remove s L2
+              ! expired s token=2 holder="a" held=1010
+            @2000 describe s
+              => free waiters=0
+            @2001 acquire s holder=a owner=o1 ttl=1000
+              => granted token=3 lease=L3 expires=3001
+              ! persist grant s token=3 lease=L3 holder="a" ttl=1000 req=- owner=o1 holds=1
+        "#]],
+    );
+}
+
+/// The hold count is bounded (`limits::HOLDS_MAX`): one more re-entry is a clear
+/// INVALID_ARGUMENT, and changes nothing.
+#[test]
+fn a_reentrant_lease_holds_at_most_holds_max() {
+    use lockd_core::{AcquireError, AcquireOutcome, InvalidArgument, Limits, limits::HOLDS_MAX};
+    let mut rig = crate::harness::Rig::new(Limits::default());
+    let mut fx = Vec::new();
+    for n in 1..=HOLDS_MAX {
+        match rig.acquire("deep", "a", (None, Some("o")), 60_000, 0, &mut fx) {
+            Ok(AcquireOutcome::Granted(g)) if n == 1 => assert_eq!(g.holds, 1),
+            Ok(AcquireOutcome::Reentered { grant, .. }) => assert_eq!(grant.holds, n),
+            other => panic!("hold {n}: {other:?}"),
+        }
+    }
+    fx.clear();
+    let err = rig
+        .acquire("deep", "a", (None, Some("o")), 60_000, 0, &mut fx)
+        .expect_err("one hold too many");
+    assert!(
+        matches!(
+            err,
+            AcquireError::Invalid(InvalidArgument::HoldsExceeded { max: HOLDS_MAX, .. })
+        ),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("1000 times"), "{err}");
+    assert!(
+        fx.iter()
+            .all(|e| !matches!(e, lockd_core::Effect::Persist(_))),
+        "{fx:?}"
+    );
+    let d = rig
+        .core
+        .describe(0, &fencing::ResourceName::new("deep").unwrap(), &mut fx);
+    assert_eq!(d.held.unwrap().holds, HOLDS_MAX);
+}

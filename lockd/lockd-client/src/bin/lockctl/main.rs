@@ -143,6 +143,10 @@ struct LockArgs {
     /// Who is asking, shown by describe [default: host:pid].
     #[arg(long)]
     holder: Option<String>,
+    /// Make the lock reentrant for this owner id: an acquire (or run) with the owner of the
+    /// current lease gets that lease with one more hold; each release ends one hold.
+    #[arg(long, value_name = "ID")]
+    owner: Option<String>,
 }
 
 impl LockArgs {
@@ -151,6 +155,7 @@ impl LockArgs {
             ttl: self.ttl,
             wait: self.wait,
             request_id,
+            owner: self.owner.clone(),
             ..AcquireOptions::default()
         };
         if let Some(h) = &self.holder {
@@ -218,13 +223,17 @@ async fn dispatch(cli: Cli) -> Result<ExitCode, ClientError> {
                             "expires_at_ms": lease.expires_at_ms,
                             "ttl_ms": lease.ttl.as_millis() as u64,
                             "duplicate": lease.duplicate,
+                            "holds": lease.holds,
                         })
                     );
                 } else {
-                    let signed = match &lease.signed_token {
+                    let mut signed = match &lease.signed_token {
                         Some(s) => format!(" signed_token={s}"),
                         None => String::new(),
                     };
+                    if lease.holds > 1 {
+                        signed.push_str(&format!(" holds={}", lease.holds));
+                    }
                     println!(
                         "granted {} token={} lease_id={} ttl={} expires_at={}{signed}",
                         lease.resource,
@@ -282,18 +291,23 @@ async fn dispatch(cli: Cli) -> Result<ExitCode, ClientError> {
         } => {
             let leases = pairs(&resource, &lease_id, &more)?;
             let released = match leases.len() {
-                1 => vec![client.release(&resource, &lease_id).await?],
+                1 => vec![client.release_hold(&resource, &lease_id).await?],
                 _ => client.release_many(&leases).await?,
             };
             for ((resource, _), released) in leases.iter().zip(released) {
                 if cli.json {
-                    println!("{}", json!({"resource": resource, "released": released}));
-                } else if released {
-                    println!("released {resource}");
-                } else {
                     println!(
-                        "{resource}: that lease was not current (already released or expired); nothing to do"
+                        "{}",
+                        json!({"resource": resource, "released": released.is_some(), "holds": released.unwrap_or(0)})
                     );
+                    continue;
+                }
+                match released {
+                    Some(0) => println!("released {resource}"),
+                    Some(left) => println!("released one hold of {resource}; {left} left"),
+                    None => println!(
+                        "{resource}: that lease was not current (already released or expired); nothing to do"
+                    ),
                 }
             }
             Ok(ExitCode::SUCCESS)
