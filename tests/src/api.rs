@@ -288,6 +288,21 @@ impl Api {
     }
 }
 
+/// Writes a policy under `dir`: the `tenants` TOML, and an identity for each (name, tenant,
+/// bearer token). Returns lockd's arguments that put it in force.
+fn policy(dir: &Path, tenants: &str, identities: &[(&str, &str, &str)]) -> Vec<String> {
+    let mut toml = tenants.to_string();
+    for (name, tenant, token) in identities {
+        toml.push_str(&format!(
+            "\n[[identity]]\nname = \"{name}\"\ntenant = \"{tenant}\"\ntoken_sha256 = \"{}\"\n",
+            crate::sha256_hex(token)
+        ));
+    }
+    let path = dir.join("policy.toml");
+    std::fs::write(&path, toml).unwrap();
+    vec!["--policy".to_string(), path.to_str().unwrap().to_string()]
+}
+
 fn lease_refs(leases: &[(&str, &str)]) -> Vec<LeaseRef> {
     leases
         .iter()
@@ -572,42 +587,26 @@ pub fn tenants_are_kept_apart_and_within_their_quotas(b: &dyn Backend) {
         "inv-0123456789abcdef0123456789ab",
         "batch-0123456789abcdef0123456789",
     );
-    let policy = dir.path().join("policy.toml");
-    std::fs::write(
-        &policy,
-        format!(
-            r#"
-            [[tenant]]
-            name = "pay"
-            prefixes = ["pay/"]
-            leases_max = 2
-            waiters_max = 1
-            [[tenant]]
-            name = "inv"
-            prefixes = ["inv/"]
-            [[identity]]
-            name = "pay-api"
-            tenant = "pay"
-            token_sha256 = "{}"
-            [[identity]]
-            name = "inv-worker"
-            tenant = "inv"
-            token_sha256 = "{}"
-            [[identity]]
-            name = "pay-batch"
-            tenant = "pay"
-            token_sha256 = "{}"
-            "#,
-            crate::sha256_hex(pay_token),
-            crate::sha256_hex(inv_token),
-            crate::sha256_hex(batch_token)
-        ),
-    )
-    .unwrap();
-    let lockd = b.start(
-        &dir.path().join("data"),
-        &["--policy", policy.to_str().unwrap()],
+    let args = policy(
+        dir.path(),
+        r#"
+        [[tenant]]
+        name = "pay"
+        prefixes = ["pay/"]
+        leases_max = 2
+        waiters_max = 1
+        [[tenant]]
+        name = "inv"
+        prefixes = ["inv/"]
+        "#,
+        &[
+            ("pay-api", "pay", pay_token),
+            ("inv-worker", "inv", inv_token),
+            ("pay-batch", "pay", batch_token),
+        ],
     );
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let lockd = b.start(&dir.path().join("data"), &args);
     let (mut pay, mut inv) = (
         Api::with_token(&lockd, pay_token),
         Api::with_token(&lockd, inv_token),
@@ -738,30 +737,20 @@ pub fn tenants_are_kept_apart_and_within_their_quotas(b: &dyn Backend) {
 pub fn many_leases_are_renewed_and_released_in_one_call(b: &dyn Backend) {
     let dir = tempfile::tempdir().unwrap();
     let token = "many-0123456789abcdef0123456789a";
-    let policy = dir.path().join("policy.toml");
-    std::fs::write(
-        &policy,
-        format!(
-            r#"
-            [[tenant]]
-            name = "work"
-            prefixes = ["job/"]
-            [[tenant]]
-            name = "other"
-            prefixes = ["other/"]
-            [[identity]]
-            name = "worker"
-            tenant = "work"
-            token_sha256 = "{}"
-            "#,
-            crate::sha256_hex(token)
-        ),
-    )
-    .unwrap();
-    let lockd = b.start(
-        &dir.path().join("data"),
-        &["--policy", policy.to_str().unwrap()],
+    let args = policy(
+        dir.path(),
+        r#"
+        [[tenant]]
+        name = "work"
+        prefixes = ["job/"]
+        [[tenant]]
+        name = "other"
+        prefixes = ["other/"]
+        "#,
+        &[("worker", "work", token)],
     );
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let lockd = b.start(&dir.path().join("data"), &args);
     let mut api = Api::with_token(&lockd, token);
     let (a, b_, c) = (
         api.grant("job/a", 60_000),
@@ -931,32 +920,13 @@ pub fn a_reentrant_owner_holds_the_lease_as_often_as_it_acquired_it(b: &dyn Back
         "team-a-0123456789abcdef012345678",
         "team-b-0123456789abcdef012345678",
     );
-    let policy = dir.path().join("policy.toml");
-    std::fs::write(
-        &policy,
-        format!(
-            r#"
-            [[tenant]]
-            name = "team"
-            prefixes = ["team/"]
-            [[identity]]
-            name = "a"
-            tenant = "team"
-            token_sha256 = "{}"
-            [[identity]]
-            name = "b"
-            tenant = "team"
-            token_sha256 = "{}"
-            "#,
-            crate::sha256_hex(a),
-            crate::sha256_hex(b_)
-        ),
-    )
-    .unwrap();
-    let lockd = b.start(
-        &dir.path().join("data"),
-        &["--policy", policy.to_str().unwrap()],
+    let args = policy(
+        dir.path(),
+        "[[tenant]]\nname = \"team\"\nprefixes = [\"team/\"]\n",
+        &[("a", "team", a), ("b", "team", b_)],
     );
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let lockd = b.start(&dir.path().join("data"), &args);
     let (mut ia, mut ib) = (Api::with_token(&lockd, a), Api::with_token(&lockd, b_));
     let held = ia.granted_now(owned("team/x", "", "shared"), "a free lock");
     let ng = busy(ib.acquire(owned("team/x", "", "shared")));
