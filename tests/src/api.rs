@@ -897,6 +897,12 @@ pub fn a_reentrant_owner_holds_the_lease_as_often_as_it_acquired_it(b: &dyn Back
         let d = api.describe("nest");
         assert!(d.held && d.token == first.token, "{d:?}");
         assert!(d.holds == 2 || d.holds == 3, "holds after a kill -9: {d:?}");
+        // A re-entry's request id is remembered as a grant's is: across the restart, ...
+        let retry = api.granted_now(owned("nest", "in-1", "o1"), "a re-entry retried");
+        assert!(
+            retry.duplicate && retry.held && retry.holds == d.holds,
+            "{retry:?}"
+        );
         for left in (0..d.holds).rev() {
             let r = api.release("nest", &first.lease_id);
             assert!(r.released && r.holds == left, "{left} left: {r:?}");
@@ -905,6 +911,16 @@ pub fn a_reentrant_owner_holds_the_lease_as_often_as_it_acquired_it(b: &dyn Back
             !api.describe("nest").held,
             "the last release ended the lease"
         );
+        // ... after the lease has ended (no new lease for a late retry), and for one resource.
+        let late = api.granted_now(owned("nest", "in-1", "o1"), "a late re-entry retried");
+        assert!(
+            late.duplicate && !late.held && late.token == first.token,
+            "{late:?}"
+        );
+        let err = api
+            .acquire(req("elsewhere", "in-1", 60_000, 0))
+            .expect_err("a re-entry's request id is bound to its resource");
+        assert_refused(&err, Code::InvalidArgument, "request_id_reused");
         let again = api.granted_now(owned("nest", "", "o1"), "free again");
         assert!(again.token > first.token && again.holds == 1, "{again:?}");
         let err = api

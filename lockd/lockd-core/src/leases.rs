@@ -7,7 +7,9 @@
 //!
 //! A slot lives while its lease is held *or* its request id is remembered: a retried request
 //! must find its original grant after the lease has ended. So a slot is freed when the lease
-//! has ended and its request id (if any) has been forgotten.
+//! has ended and its request id (if any) has been forgotten. A re-entry's request id is
+//! remembered in a slot of its own, a copy of the lease's that is not held: the lease's own
+//! slot has room for one request id, a reentrant lease is asked for under many.
 //!
 //! The table enforces no policy; `machine` decides. It does keep its own consistency: one held
 //! slot per name, one slot per remembered request id, one expiry entry per held slot.
@@ -27,8 +29,6 @@ use crate::types::{Holder, Millis, Owner, RequestId};
 pub(crate) struct Reentry {
     pub owner: Owner,
     pub holds: u32,
-    /// The latest re-entry's request id: its retry is answered without counting again.
-    pub last_request: Option<RequestId>,
 }
 
 type SlotId = u32;
@@ -56,10 +56,6 @@ impl Slot {
 
     pub fn ttl_ms(&self) -> u64 {
         u64::from(self.ttl_ms)
-    }
-
-    pub fn held(&self) -> bool {
-        self.held
     }
 
     pub fn name(&self) -> ResourceName {
@@ -199,16 +195,7 @@ impl LeaseTable {
             request: lease.request,
             reentry: lease.reentry,
         };
-        let id = match self.free.pop() {
-            Some(id) => {
-                self.slab[id as usize] = slot;
-                id
-            }
-            None => {
-                self.slab.push(slot);
-                SlotId::try_from(self.slab.len() - 1).expect("fewer than 2^32 slots")
-            }
-        };
+        let id = self.put(slot);
         let (slab, hasher) = (&self.slab, &self.hasher);
         self.by_name
             .insert_unique(hasher.hash_one(name.as_str()), id, |&i| {
@@ -247,8 +234,7 @@ impl LeaseTable {
             self.remember(id, &request, now);
             return;
         }
-        let id = SlotId::try_from(self.slab.len()).expect("fewer than 2^32 slots");
-        self.slab.push(Slot {
+        let id = self.put(Slot {
             name: CompactString::new(name.as_str()),
             lease_id: lease.lease_id,
             token: lease.token,
@@ -261,6 +247,60 @@ impl LeaseTable {
             reentry: None,
         });
         self.remember(id, &request, now);
+    }
+
+    /// Remembers `request`, which must not be remembered, as a re-entry of the held lease of
+    /// `name`, from `now`: in a slot of its own, not held, a copy of the lease's.
+    pub fn remember_reentry(&mut self, name: &str, request: &RequestId, now: Millis) {
+        assert!(
+            self.find_request(request).is_none(),
+            "request id {request} remembered twice"
+        );
+        let held = self.slot(self.find_held(name).expect("a re-entry of a held lease"));
+        let copy = Slot {
+            name: held.name.clone(),
+            lease_id: held.lease_id,
+            token: held.token,
+            expires_at: held.expires_at,
+            granted_at: held.granted_at,
+            ttl_ms: held.ttl_ms,
+            held: false,
+            holder: held.holder.clone(),
+            request: Some(request.clone()),
+            reentry: None,
+        };
+        let id = self.put(copy);
+        self.remember(id, request, now);
+    }
+
+    /// Whether the slot's lease is the held lease of its name: the slot itself, or a copy
+    /// remembered for a re-entry.
+    fn lease_held(&self, id: SlotId) -> bool {
+        let slot = self.slot(id);
+        slot.held
+            || self
+                .find_held(&slot.name)
+                .is_some_and(|h| self.slot(h).lease_id == slot.lease_id)
+    }
+
+    /// The held lease a remembered slot is (or is a copy of), if it is still held.
+    pub fn current(&self, remembered: &Slot) -> Option<&Slot> {
+        self.held(&remembered.name)
+            .filter(|h| h.lease_id == remembered.lease_id)
+    }
+
+    /// Stores `slot` in a free slot or a new one.
+    fn put(&mut self, slot: Slot) -> SlotId {
+        match self.free.pop() {
+            Some(id) => {
+                self.slab[id as usize] = slot;
+                id
+            }
+            None => {
+                self.slab.push(slot);
+                SlotId::try_from(self.slab.len() - 1).expect("fewer than 2^32 slots")
+            }
+        }
     }
 
     fn remember(&mut self, id: SlotId, request: &RequestId, now: Millis) {
@@ -382,7 +422,8 @@ impl LeaseTable {
     }
 
     /// Forgets request ids whose retention started `retention_ms` before `now`, except those
-    /// whose lease is still held (their retention starts over). Calls `forgotten` for each.
+    /// whose lease is still held, re-entries' included (their retention starts over). Calls
+    /// `forgotten` for each.
     pub fn forget_requests(
         &mut self,
         now: Millis,
@@ -394,7 +435,7 @@ impl LeaseTable {
                 break;
             }
             self.retention.pop_front();
-            if self.slab[id as usize].held {
+            if self.lease_held(id) {
                 self.retention.push_back((now, id));
                 continue;
             }

@@ -186,13 +186,6 @@ impl Core {
                         1..=crate::limits::HOLDS_MAX => r.holds,
                         _ => return Err(invalid("holds is 0 or above limits::HOLDS_MAX")),
                     },
-                    last_request: match r.reentry_request.as_deref() {
-                        None => None,
-                        Some(id) => Some(
-                            RequestId::from_persisted(id)
-                                .ok_or_else(|| invalid("bad re-entry request id"))?,
-                        ),
-                    },
                 })),
             };
             let lease = NewLease {
@@ -738,7 +731,6 @@ impl Core {
             reentrant: owner.as_ref().map(|o| Reentrant {
                 owner: o.as_str().to_string(),
                 holds: 1,
-                reentry_request: None,
             }),
         })));
         // Invariant 1 (single holder): the table asserts the resource is free. A breach is a
@@ -751,13 +743,7 @@ impl Core {
             expires_at,
             granted_at: self.now,
             request: request_id,
-            reentry: owner.map(|owner| {
-                Box::new(Reentry {
-                    owner,
-                    holds: 1,
-                    last_request: None,
-                })
-            }),
+            reentry: owner.map(|owner| Box::new(Reentry { owner, holds: 1 })),
         };
         self.leases.insert(resource, lease, self.now);
         self.count(resource.as_str(), Counted::Leases, 1);
@@ -775,7 +761,8 @@ impl Core {
     }
 
     /// A re-entry: `req` names the owner of the resource's current, reentrant lease. `None`
-    /// when it does not (the lock is free, not reentrant, or another owner's).
+    /// when it does not (the lock is free, not reentrant, or another owner's). A retried
+    /// re-entry does not come here: its request id is remembered, and answered as a duplicate.
     fn reenter(
         &mut self,
         req: &AcquireRequest,
@@ -784,23 +771,23 @@ impl Core {
         let (Some(owner), name) = (&req.owner, req.resource.as_str()) else {
             return Ok(None);
         };
-        let Some(r) = self.leases.reentry_mut(name) else {
-            return Ok(None);
-        };
-        if r.owner != *owner {
-            return Ok(None);
-        }
-        let retried = req.request_id.is_some() && r.last_request == req.request_id;
-        if !retried {
-            if r.holds >= crate::limits::HOLDS_MAX {
-                return Err(AcquireError::Invalid(InvalidArgument::HoldsExceeded {
-                    resource: req.resource.clone(),
-                    max: crate::limits::HOLDS_MAX,
-                }));
+        match self.leases.held(name).and_then(|l| l.reentry.as_deref()) {
+            Some(r) if r.owner == *owner => {
+                if r.holds >= crate::limits::HOLDS_MAX {
+                    return Err(AcquireError::Invalid(InvalidArgument::HoldsExceeded {
+                        resource: req.resource.clone(),
+                        max: crate::limits::HOLDS_MAX,
+                    }));
+                }
             }
-            r.holds += 1;
-            r.last_request = req.request_id.clone();
+            _ => return Ok(None),
         }
+        self.check_request_room(req)?;
+        let r = self
+            .leases
+            .reentry_mut(name)
+            .expect("checked: a reentrant lease");
+        r.holds += 1;
         let holds = r.holds;
         let (lease_id, token) = {
             let l = self
@@ -813,14 +800,16 @@ impl Core {
             .leases
             .renew(name, lease_id, self.now)
             .expect("the current lease renews");
-        if !retried {
-            fx.push(Effect::Persist(Op::Reenter {
-                resource: req.resource.clone(),
-                lease_id,
-                holds,
-                request_id: req.request_id.as_ref().map(|id| id.as_str().to_string()),
-            }));
+        if let Some(id) = &req.request_id {
+            self.leases.remember_reentry(name, id, self.now);
+            self.count(name, Counted::Requests, 1);
         }
+        fx.push(Effect::Persist(Op::Reenter {
+            resource: req.resource.clone(),
+            lease_id,
+            holds,
+            request_id: req.request_id.as_ref().map(|id| id.as_str().to_string()),
+        }));
         let grant = Grant {
             resource: req.resource.clone(),
             lease_id,
@@ -829,10 +818,11 @@ impl Core {
             expires_at,
             holds,
         };
-        Ok(Some(AcquireOutcome::Reentered { grant, retried }))
+        Ok(Some(AcquireOutcome::Reentered(grant)))
     }
 
-    /// The original answer to a retried request id, if it is remembered.
+    /// The original answer to a retried request id, if it is remembered: a grant's or a
+    /// re-entry's, with the lease as it is now if it is still held.
     fn duplicate(
         &self,
         id: &RequestId,
@@ -847,17 +837,20 @@ impl Core {
                 requested: resource.clone(),
             }));
         }
+        let current = self.leases.current(rem);
         let grant = Grant {
             resource: original,
             lease_id: rem.lease_id,
             token: rem.token,
             ttl_ms: rem.ttl_ms(),
-            expires_at: if rem.held() { rem.expires_at } else { self.now },
-            holds: rem.reentry.as_ref().map_or(1, |r| r.holds),
+            expires_at: current.map_or(self.now, |l| l.expires_at),
+            holds: current
+                .and_then(|l| l.reentry.as_ref())
+                .map_or(1, |r| r.holds),
         };
         Some(Ok(AcquireOutcome::Duplicate {
             grant,
-            held: rem.held(),
+            held: current.is_some(),
         }))
     }
 

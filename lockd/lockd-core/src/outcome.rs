@@ -38,9 +38,8 @@ pub enum AcquireOutcome {
     Duplicate { grant: Grant, held: bool },
     /// The owner of the current (reentrant) lease asked again: the same lease, with one more
     /// hold and its TTL from now. The driver must make the `Op::Reenter` effect durable before
-    /// answering. `retried`: a retry of the latest re-entry's request id, answered as it was
-    /// (not counted again, nothing to persist).
-    Reentered { grant: Grant, retried: bool },
+    /// answering. A retry of the re-entry's request id is a `Duplicate`: not counted again.
+    Reentered(Grant),
     /// Try-lock on a held resource.
     Busy(Busy),
     /// The request waits in the resource's FIFO queue at `position` (1 = next). Its answer comes

@@ -28,8 +28,18 @@ pub struct Reentrant {
     pub owner: String,
     /// 1 ..= `limits::HOLDS_MAX`; 1 at the grant.
     pub holds: u32,
-    /// The request id of the latest re-entry, so that its retry is not counted twice.
-    pub reentry_request: Option<String>,
+}
+
+impl LeaseRecord {
+    /// The record a store remembers under `request_id`: the grant a retry is answered with,
+    /// without the holds (they are the lease's, and counted there while it is held).
+    pub fn remembered_as(&self, request_id: &str) -> LeaseRecord {
+        LeaseRecord {
+            request_id: Some(request_id.to_string()),
+            reentrant: None,
+            ..self.clone()
+        }
+    }
 }
 
 /// A change to persisted state, in decision order.
@@ -47,9 +57,12 @@ pub enum Op {
     /// The request id's retention ended: forget it.
     ForgetRequest { request_id: String },
     /// The owner of the reentrant lease of `resource` re-entered it: it holds it `holds`
-    /// times now, the latest time under `request_id`. It must be the stored lease (the core
-    /// emits it only for reentrant ones). Must be durable before the re-entry is answered: a lost one would let an
-    /// inner release end a lease its outer holder still counts on.
+    /// times now. It must be the stored lease (the core emits it only for reentrant ones).
+    /// When `request_id` is set, the store remembers the lease's record under it too
+    /// ([`LeaseRecord::remembered_as`]), as for a grant: a retried re-entry is answered as a
+    /// duplicate, even after the lease has ended. Must be durable before the re-entry is
+    /// answered: a lost one would let an inner release end a lease its outer holder still
+    /// counts on.
     Reenter {
         resource: ResourceName,
         lease_id: LeaseId,
@@ -74,13 +87,7 @@ impl Op {
             return;
         };
         match self {
-            Op::Reenter {
-                holds, request_id, ..
-            } => {
-                r.holds = *holds;
-                r.reentry_request.clone_from(request_id);
-            }
-            Op::Unhold { holds, .. } => r.holds = *holds,
+            Op::Reenter { holds, .. } | Op::Unhold { holds, .. } => r.holds = *holds,
             _ => {}
         }
     }

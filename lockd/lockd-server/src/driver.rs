@@ -246,13 +246,13 @@ impl Driver {
                     },
                     seq,
                 ),
-                AcquireOutcome::Reentered { grant, retried } => {
-                    debug!(%resource, token = %grant.token, holds = grant.holds, retried, "re-entered");
+                AcquireOutcome::Reentered(grant) => {
+                    debug!(%resource, token = %grant.token, holds = grant.holds, "re-entered");
                     // Answered once the re-entry (and all before it) is durable, as a grant.
                     Step::Reply(
                         AcquireReply::Granted {
                             grant,
-                            duplicate: retried,
+                            duplicate: false,
                             held: true,
                         },
                         seq,

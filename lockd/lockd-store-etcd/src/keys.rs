@@ -93,8 +93,6 @@ pub struct LockRecord {
 pub struct ReentrantRecord {
     pub owner: String,
     pub holds: u32,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub reentry_request_id: Option<String>,
 }
 
 impl ReentrantRecord {
@@ -102,7 +100,6 @@ impl ReentrantRecord {
         ReentrantRecord {
             owner: r.owner.clone(),
             holds: r.holds,
-            reentry_request_id: r.reentry_request.clone(),
         }
     }
 
@@ -110,12 +107,12 @@ impl ReentrantRecord {
         lockd_core::Reentrant {
             owner: self.owner.clone(),
             holds: self.holds,
-            reentry_request: self.reentry_request_id.clone(),
         }
     }
 }
 
-/// A remembered request id (kept for `limits.request_retention_ms` after its grant).
+/// A remembered request id, a grant's or a re-entry's (kept for
+/// `limits.request_retention_ms` after the lease ends).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RequestRecord {
     pub resource: String,

@@ -67,6 +67,13 @@ impl Mirror {
                 if let Some(rec) = self.reentrant.get_mut(resource) {
                     with_holds(rec, op);
                 }
+                if let Op::Reenter {
+                    request_id: Some(id),
+                    ..
+                } = op
+                {
+                    self.requests.insert(id.clone());
+                }
             }
         }
     }
@@ -88,16 +95,21 @@ fn with_holds(rec: &mut LockRecord, op: &Op) {
     let Some(r) = rec.reentrant.as_mut() else {
         return;
     };
-    match op {
-        Op::Reenter {
-            holds, request_id, ..
-        } => {
-            r.holds = *holds;
-            r.reentry_request_id.clone_from(request_id);
-        }
-        Op::Unhold { holds, .. } => r.holds = *holds,
-        _ => {}
+    if let Op::Reenter { holds, .. } | Op::Unhold { holds, .. } = op {
+        r.holds = *holds;
     }
+}
+
+/// The request record remembering the grant of `lock` (a lock record of `resource`).
+fn request_change(resource: &str, lock: &LockRecord) -> Change {
+    let request = RequestRecord {
+        resource: resource.to_string(),
+        lease_id: lock.lease_id.clone(),
+        token: lock.token,
+        holder: lock.holder.clone(),
+        ttl_ms: lock.ttl_ms,
+    };
+    Change::Put(serde_json::to_string(&request).expect("a request record serialises"))
 }
 
 /// The state of one term in etcd. See the crate documentation.
@@ -240,19 +252,7 @@ impl EtcdStore {
                     Change::Put(serde_json::to_string(&lock).expect("a lock record serialises")),
                 );
                 if let Some(id) = &r.request_id {
-                    let request = RequestRecord {
-                        resource: r.resource.as_str().to_string(),
-                        lease_id: r.lease_id.to_string(),
-                        token: r.token.get(),
-                        holder: r.holder.clone(),
-                        ttl_ms: r.ttl_ms,
-                    };
-                    changes.insert(
-                        keys.request(id),
-                        Change::Put(
-                            serde_json::to_string(&request).expect("a request record serialises"),
-                        ),
-                    );
+                    changes.insert(keys.request(id), request_change(r.resource.as_str(), &lock));
                 }
                 changes.insert(
                     keys.high_water().to_string(),
@@ -279,6 +279,14 @@ impl EtcdStore {
                     return;
                 };
                 with_holds(&mut rec, op);
+                if let Op::Reenter {
+                    request_id: Some(id),
+                    ..
+                } = op
+                {
+                    // Remembered as a grant's is: a retried re-entry is a duplicate.
+                    changes.insert(keys.request(id), request_change(resource.as_str(), &rec));
+                }
                 changes.insert(
                     key,
                     Change::Put(serde_json::to_string(&rec).expect("a lock record serialises")),

@@ -42,16 +42,7 @@ pub fn check_batch(view: &impl View, ops: &[Op]) -> Result<Option<FencingToken>,
                 last = Some(rec.token);
                 leases.insert(&rec.resource, Some(rec.lease_id));
                 if let Some(id) = &rec.request_id {
-                    let known = match requests.get(id.as_str()) {
-                        Some(k) => *k,
-                        None => view.has_request(id)?,
-                    };
-                    if known {
-                        return Err(StoreError::RequestRemembered {
-                            request_id: id.clone(),
-                        });
-                    }
-                    requests.insert(id, true);
+                    remember(view, &mut requests, id)?;
                 }
             }
             Op::Remove { resource, lease_id } => {
@@ -83,6 +74,13 @@ pub fn check_batch(view: &impl View, ops: &[Op]) -> Result<Option<FencingToken>,
                         lease_id: *lease_id,
                     });
                 }
+                if let Op::Reenter {
+                    request_id: Some(id),
+                    ..
+                } = op
+                {
+                    remember(view, &mut requests, id)?;
+                }
             }
             Op::ForgetRequest { request_id } => {
                 let known = match requests.get(request_id.as_str()) {
@@ -99,4 +97,23 @@ pub fn check_batch(view: &impl View, ops: &[Op]) -> Result<Option<FencingToken>,
         }
     }
     Ok(last)
+}
+
+/// A grant or re-entry remembers `id`: it must not be remembered already.
+fn remember<'a>(
+    view: &impl View,
+    requests: &mut HashMap<&'a str, bool>,
+    id: &'a str,
+) -> Result<(), StoreError> {
+    let known = match requests.get(id) {
+        Some(k) => *k,
+        None => view.has_request(id)?,
+    };
+    if known {
+        return Err(StoreError::RequestRemembered {
+            request_id: id.to_string(),
+        });
+    }
+    requests.insert(id, true);
+    Ok(())
 }

@@ -89,12 +89,11 @@ fn rec(resource: &str, token: u64, request_id: Option<&str>) -> LeaseRecord {
 }
 
 /// A reentrant lease's record, held `holds` times.
-fn owned(resource: &str, token: u64, holds: u32, reentry: Option<&str>) -> LeaseRecord {
+fn owned(resource: &str, token: u64, holds: u32) -> LeaseRecord {
     LeaseRecord {
         reentrant: Some(Reentrant {
             owner: format!("owner-{token}"),
             holds,
-            reentry_request: reentry.map(str::to_string),
         }),
         ..rec(resource, token, None)
     }
@@ -411,12 +410,13 @@ pub fn longest_fields_round_trip<H: Harness>(h: &mut H) {
     assert_eq!(snap.last_token, Some(FencingToken::MAX));
 }
 
-/// A reentrant lease's holds and latest re-entry are stored with it, in the batch order; a
-/// change of the holds of a lease that is not the stored one is refused; a remembered request
-/// id keeps the grant without the reentrant part.
+/// A reentrant lease's holds are stored with it, in the batch order; a change of the holds of
+/// a lease that is not the stored one is refused; a remembered request id, a grant's or a
+/// re-entry's, keeps the grant without the reentrant part, after the lease has ended too; a
+/// re-entry under a request id already remembered is refused.
 pub fn reentrant_holds_are_stored<H: Harness>(h: &mut H) {
     let mut s = h.open();
-    let mut granted = owned("a", 1, 1, None);
+    let mut granted = owned("a", 1, 1);
     granted.request_id = Some("q1".to_string());
     commit(&mut s, &[Op::Grant(granted.clone())], true);
     commit(
@@ -427,7 +427,7 @@ pub fn reentrant_holds_are_stored<H: Harness>(h: &mut H) {
     commit(&mut s, &[unhold("a", 1, 2)], false);
     let mut s = reopen(h, s);
     let snap = load(&mut s);
-    let mut held = owned("a", 1, 2, None);
+    let mut held = owned("a", 1, 2);
     held.request_id = Some("q1".to_string());
     assert_eq!(
         snap.leases,
@@ -436,8 +436,8 @@ pub fn reentrant_holds_are_stored<H: Harness>(h: &mut H) {
     );
     assert_eq!(
         snap.requests,
-        vec![rec("a", 1, Some("q1"))],
-        "the remembered grant, without its reentrant part"
+        vec![rec("a", 1, Some("in-1")), rec("a", 1, Some("q1"))],
+        "the remembered grant and re-entry, without the reentrant part"
     );
     for (op, what) in [
         (reenter("a", 2, 4, None), "another lease of the resource"),
@@ -449,15 +449,29 @@ pub fn reentrant_holds_are_stored<H: Harness>(h: &mut H) {
             "{what}: {refused:?}"
         );
     }
+    for id in ["q1", "in-1"] {
+        let refused = s.commit(&[reenter("a", 1, 3, Some(id))], true);
+        assert!(
+            matches!(refused, Err(StoreError::RequestRemembered { .. })),
+            "a re-entry under {id}, remembered already: {refused:?}"
+        );
+    }
     commit(
         &mut s,
         &[reenter("a", 1, 3, Some("in-2")), remove("a", 1)],
         true,
     );
     let mut s = reopen(h, s);
-    assert!(
-        load(&mut s).leases.is_empty(),
-        "the removal ended every hold"
+    let snap = load(&mut s);
+    assert!(snap.leases.is_empty(), "the removal ended every hold");
+    assert_eq!(
+        snap.requests,
+        vec![
+            rec("a", 1, Some("in-1")),
+            rec("a", 1, Some("in-2")),
+            rec("a", 1, Some("q1"))
+        ],
+        "the re-entries' request ids outlive the lease, as the grant's does"
     );
 }
 
@@ -548,11 +562,7 @@ impl Model {
                 self.last_token = Some(r.token);
                 self.leases.insert(r.resource.clone(), r.clone());
                 if let Some(id) = &r.request_id {
-                    let remembered = LeaseRecord {
-                        reentrant: None,
-                        ..r.clone()
-                    };
-                    self.requests.insert(id.clone(), remembered);
+                    self.requests.insert(id.clone(), r.remembered_as(id));
                 }
             }
             Op::Remove { resource, .. } => {
@@ -564,6 +574,13 @@ impl Model {
             Op::Reenter { resource, .. } | Op::Unhold { resource, .. } => {
                 let rec = self.leases.get_mut(resource).expect("a stored lease");
                 op.apply_holds(rec);
+                if let Op::Reenter {
+                    request_id: Some(id),
+                    ..
+                } = op
+                {
+                    self.requests.insert(id.clone(), rec.remembered_as(id));
+                }
             }
         }
     }
@@ -583,7 +600,7 @@ impl Model {
                     .then_some(request_id);
                 let mut r = rec(&resource, *token, request.as_deref());
                 if rng.below(3) == 0 {
-                    r.reentrant = owned(&resource, *token, 1, None).reentrant;
+                    r.reentrant = owned(&resource, *token, 1).reentrant;
                 }
                 Some(Op::Grant(r))
             }
@@ -601,7 +618,10 @@ impl Model {
                         resource,
                         lease_id,
                         holds: holds + 1,
-                        request_id: (rng.below(2) == 0).then(|| format!("in-{}", rng.below(100))),
+                        // From the grants' pool of ids: a re-entry remembers its id as a
+                        // grant does.
+                        request_id: Some(format!("req-{}", rng.below(30)))
+                            .filter(|id| rng.below(2) == 0 && !self.requests.contains_key(id)),
                     },
                 })
             }

@@ -54,13 +54,6 @@ pub(crate) fn encode(rec: &LeaseRecord) -> Vec<u8> {
     if let Some(r) = &rec.reentrant {
         put_str(&mut out, &r.owner);
         out.extend_from_slice(&r.holds.to_be_bytes());
-        match &r.reentry_request {
-            None => out.push(0),
-            Some(id) => {
-                out.push(1);
-                put_str(&mut out, id);
-            }
-        }
     }
     out
 }
@@ -95,11 +88,6 @@ pub(crate) fn decode(bytes: &[u8]) -> Result<LeaseRecord, StoreError> {
         RECORD_VERSION_REENTRANT => Some(Reentrant {
             owner: r.str()?.to_string(),
             holds: u32::from_be_bytes(r.take(4)?.try_into().expect("4 bytes")),
-            reentry_request: match r.u8()? {
-                0 => None,
-                1 => Some(r.str()?.to_string()),
-                other => return Err(corrupt(format!("re-entry request id flag {other}"))),
-            },
         }),
         _ => None,
     };
@@ -168,12 +156,11 @@ mod tests {
         }
     }
 
-    fn reentrant(request_id: Option<&str>, reentry: Option<&str>) -> LeaseRecord {
+    fn reentrant(request_id: Option<&str>) -> LeaseRecord {
         LeaseRecord {
             reentrant: Some(Reentrant {
                 owner: "worker-7".into(),
                 holds: 3,
-                reentry_request: reentry.map(str::to_string),
             }),
             ..record(request_id)
         }
@@ -184,8 +171,8 @@ mod tests {
         for rec in [
             record(None),
             record(Some("req-1")),
-            reentrant(None, None),
-            reentrant(Some("req-1"), Some("in-2")),
+            reentrant(None),
+            reentrant(Some("req-1")),
         ] {
             assert_eq!(decode(&encode(&rec)).unwrap(), rec);
         }
@@ -194,13 +181,12 @@ mod tests {
     #[test]
     fn a_reentrant_record_is_version_2_and_appends_its_part() {
         let plain = encode(&record(Some("q")));
-        let bytes = encode(&reentrant(Some("q"), Some("i")));
+        let bytes = encode(&reentrant(Some("q")));
         assert_eq!(bytes[0], 2);
         assert_eq!(bytes[1..plain.len()], plain[1..]);
         let mut tail = vec![0, 8];
         tail.extend(b"worker-7");
         tail.extend(3u32.to_be_bytes());
-        tail.extend([1, 0, 1, b'i']);
         assert_eq!(bytes[plain.len()..], tail);
     }
 
@@ -223,7 +209,7 @@ mod tests {
     #[test]
     fn every_truncation_and_extension_is_reported_as_corruption() {
         let bytes = encode(&record(Some("req-1")));
-        let owned = encode(&reentrant(Some("req-1"), Some("in-2")));
+        let owned = encode(&reentrant(Some("req-1")));
         for len in 0..owned.len() {
             assert!(
                 matches!(decode(&owned[..len]), Err(StoreError::Corrupt(_))),

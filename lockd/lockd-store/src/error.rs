@@ -30,7 +30,7 @@ pub enum StoreError {
         lease_id: LeaseId,
     },
     #[error(
-        "refused a grant remembered under request id {request_id:?}: that id is remembered already"
+        "refused to remember a grant or re-entry under request id {request_id:?}: that id is remembered already"
     )]
     RequestRemembered { request_id: String },
     #[error("refused to forget request id {request_id:?}: it is not remembered")]

@@ -311,9 +311,7 @@ fn op_len(op: &Op) -> usize {
                 + rec.resource.as_str().len()
                 + rec.holder.len()
                 + rec.request_id.as_ref().map_or(0, String::len)
-                + rec.reentrant.as_ref().map_or(0, |r| {
-                    2 + r.owner.len() + 4 + 3 + r.reentry_request.as_ref().map_or(0, String::len)
-                })
+                + rec.reentrant.as_ref().map_or(0, |r| 2 + r.owner.len() + 4)
         }
         Op::Remove { resource, .. } => 1 + 2 + resource.as_str().len() + 16,
         Op::Reenter {

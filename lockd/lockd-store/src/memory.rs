@@ -28,11 +28,7 @@ impl Tables {
                 self.last_token = Some(rec.token);
                 self.leases.insert(rec.resource.clone(), rec.clone());
                 if let Some(id) = &rec.request_id {
-                    let remembered = LeaseRecord {
-                        reentrant: None,
-                        ..rec.clone()
-                    };
-                    self.requests.insert(id.clone(), remembered);
+                    self.requests.insert(id.clone(), rec.remembered_as(id));
                 }
             }
             Op::Remove { resource, .. } => {
@@ -44,6 +40,13 @@ impl Tables {
             Op::Reenter { resource, .. } | Op::Unhold { resource, .. } => {
                 if let Some(rec) = self.leases.get_mut(resource) {
                     op.apply_holds(rec);
+                    if let Op::Reenter {
+                        request_id: Some(id),
+                        ..
+                    } = op
+                    {
+                        self.requests.insert(id.clone(), rec.remembered_as(id));
+                    }
                 }
             }
         }

@@ -18,7 +18,7 @@
 use std::path::{Path, PathBuf};
 
 use fencing::{FencingToken, LeaseId, ResourceName};
-use lockd_core::{LeaseRecord, Op, Snapshot};
+use lockd_core::{Op, Snapshot};
 use redb::{
     Database, DatabaseError, Durability, ReadableDatabase, ReadableTable, ReadableTableMetadata,
     TableDefinition,
@@ -212,10 +212,7 @@ impl RedbStore {
                             // lease keeps its holds).
                             let remembered = match rec.reentrant {
                                 None => bytes,
-                                Some(_) => encode(&LeaseRecord {
-                                    reentrant: None,
-                                    ..rec.clone()
-                                }),
+                                Some(_) => encode(&rec.remembered_as(id)),
                             };
                             requests.insert(id.as_str(), remembered.as_slice())?;
                         }
@@ -233,6 +230,14 @@ impl RedbStore {
                             let mut rec = decode(&bytes)?;
                             op.apply_holds(&mut rec);
                             leases.insert(resource.as_str(), encode(&rec).as_slice())?;
+                            if let Op::Reenter {
+                                request_id: Some(id),
+                                ..
+                            } = op
+                            {
+                                let remembered = encode(&rec.remembered_as(id));
+                                requests.insert(id.as_str(), remembered.as_slice())?;
+                            }
                         }
                     }
                 }

@@ -77,9 +77,14 @@ impl MemStore {
                 holds,
                 request_id,
             } => {
-                let r = self.reentrant(resource, *lease_id);
-                r.holds = *holds;
-                r.reentry_request = request_id.clone();
+                self.reentrant(resource, *lease_id).holds = *holds;
+                if let Some(id) = request_id {
+                    let rec = self.leases[resource].remembered_as(id);
+                    assert!(
+                        self.requests.insert(id.clone(), rec).is_none(),
+                        "a re-entry's request id remembered twice"
+                    );
+                }
             }
             Op::Unhold {
                 resource,
@@ -394,8 +399,8 @@ pub fn acquire_outcome(o: &AcquireOutcome) -> String {
             lease_name(g.lease_id),
             g.expires_at
         ),
-        AcquireOutcome::Reentered { grant: g, retried } => format!(
-            "reentered token={} lease={} expires={} holds={} retried={retried}",
+        AcquireOutcome::Reentered(g) => format!(
+            "reentered token={} lease={} expires={} holds={}",
             g.token,
             lease_name(g.lease_id),
             g.expires_at,

@@ -16,8 +16,8 @@ use std::collections::BTreeMap;
 
 use fencing::{FencingToken, LeaseId, ResourceName};
 use lockd_core::{
-    AcquireError, AcquireOutcome, Busy, Effect, Grant, Holder, LeaseRecord, Limits, Op, Reentrant,
-    ReleaseOutcome, RenewError, Renewed, WaiterId,
+    AcquireError, AcquireOutcome, Busy, Effect, Grant, Holder, InvalidArgument, LeaseRecord,
+    Limits, Op, Reentrant, ReleaseOutcome, RenewError, Renewed, WaiterId,
 };
 use proptest::prelude::*;
 
@@ -98,8 +98,8 @@ struct MLease {
     ttl: u64,
     expires: u64,
     granted: u64,
-    /// (owner, holds, the latest re-entry's request id) of a reentrant lease.
-    owned: Option<(String, u32, Option<String>)>,
+    /// (owner, holds) of a reentrant lease.
+    owned: Option<(String, u32)>,
 }
 
 struct MWaiter {
@@ -123,13 +123,7 @@ struct MRequest {
 }
 
 /// lease id, token, holder, TTL, and the reentrant part.
-type StoredLease = (
-    LeaseId,
-    FencingToken,
-    String,
-    u64,
-    Option<(String, u32, Option<String>)>,
-);
+type StoredLease = (LeaseId, FencingToken, String, u64, Option<(String, u32)>);
 
 #[derive(Clone, Default)]
 struct MStore {
@@ -302,7 +296,7 @@ impl Model {
                 .insert(id.clone(), (resource.to_string(), lid, token, ttl));
         }
         self.latest.last_token = Some(token);
-        let owned = owner.map(|o| (o, 1, None));
+        let owned = owner.map(|o| (o, 1));
         self.latest.leases.insert(
             resource.to_string(),
             (lid, token, holder_.clone(), ttl, owned.clone()),
@@ -315,10 +309,9 @@ impl Model {
             holder: holder_.clone(),
             ttl_ms: ttl,
             request_id: request,
-            reentrant: owned.as_ref().map(|(o, _, _)| Reentrant {
+            reentrant: owned.as_ref().map(|(o, _)| Reentrant {
                 owner: o.clone(),
                 holds: 1,
-                reentry_request: None,
             }),
         })));
         assert!(
@@ -426,38 +419,61 @@ impl Model {
         }
         let now = self.now;
         if let Some(l) = self.leases.get_mut(resource)
-            && let Some((o, holds, last)) = &mut l.owned
+            && let Some((o, holds)) = &mut l.owned
             && Some(&*o) == owner.as_ref()
         {
-            // A re-entry: the same lease, one more hold (unless it retries the latest one),
-            // its TTL from now. Synced, like a grant.
-            let retried = request.is_some() && *last == request;
-            if !retried {
-                *holds += 1;
-                last.clone_from(&request);
+            // A re-entry: the same lease, one more hold, its TTL from now; its request id
+            // remembered as a grant's is. Synced, like a grant.
+            if *holds >= lockd_core::limits::HOLDS_MAX {
+                return Err(AcquireError::Invalid(InvalidArgument::HoldsExceeded {
+                    resource: name(resource),
+                    max: lockd_core::limits::HOLDS_MAX,
+                }));
             }
+            if request.is_some() && self.requests.len() >= self.limits.requests_max {
+                return Err(AcquireError::RequestsExhausted {
+                    max: self.limits.requests_max,
+                });
+            }
+            *holds += 1;
             l.expires = now + l.ttl;
-            let (lid, holds) = (l.lease_id, *holds);
+            let (lid, token, ttl, holds) = (l.lease_id, l.token, l.ttl, *holds);
             let grant = Grant {
                 resource: name(resource),
                 lease_id: lid,
-                token: l.token,
-                ttl_ms: l.ttl,
+                token,
+                ttl_ms: ttl,
                 expires_at: l.expires,
                 holds,
             };
-            if !retried {
-                let stored = self.latest.leases.get_mut(resource).unwrap();
-                stored.4 = l.owned.clone();
-                self.durable = self.latest.clone();
-                fx.push(Effect::Persist(Op::Reenter {
-                    resource: name(resource),
-                    lease_id: lid,
-                    holds,
-                    request_id: request,
-                }));
+            let owned = l.owned.clone();
+            let stored = self.latest.leases.get_mut(resource).unwrap();
+            stored.4 = owned;
+            if let Some(id) = &request {
+                let seq = self.seq();
+                self.requests.insert(
+                    id.clone(),
+                    MRequest {
+                        resource: resource.to_string(),
+                        lease_id: lid,
+                        token,
+                        ttl,
+                        since: now,
+                        seq,
+                    },
+                );
+                self.latest
+                    .requests
+                    .insert(id.clone(), (resource.to_string(), lid, token, ttl));
             }
-            return Ok(AcquireOutcome::Reentered { grant, retried });
+            self.durable = self.latest.clone();
+            fx.push(Effect::Persist(Op::Reenter {
+                resource: name(resource),
+                lease_id: lid,
+                holds,
+                request_id: request,
+            }));
+            return Ok(AcquireOutcome::Reentered(grant));
         }
         if self.leases.contains_key(resource) {
             if wait == 0 {

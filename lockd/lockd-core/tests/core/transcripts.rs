@@ -789,21 +789,21 @@ fn a_reentrant_lease_counts_its_holds_and_ends_with_the_last_release() {
               => granted token=1 lease=L1 expires=1000
               ! persist grant r token=1 lease=L1 holder="a" ttl=1000 req=- owner=o1 holds=1
             @100 acquire r holder=a owner=o1 ttl=1000 req=in1
-              => reentered token=1 lease=L1 expires=1100 holds=2 retried=false
+              => reentered token=1 lease=L1 expires=1100 holds=2
               ! persist reenter r L1 holds=2 req=in1
             @110 acquire r holder=a owner=o1 ttl=1000 req=in1
-              => reentered token=1 lease=L1 expires=1110 holds=2 retried=true
+              => duplicate token=1 lease=L1 expires=1100 held=true
             @120 describe r
-              => held holder="a" token=1 expires=1110 ttl=1000 waiters=0 holds=2
+              => held holder="a" token=1 expires=1100 ttl=1000 waiters=0 holds=2
             @130 acquire r holder=b owner=o2 ttl=1000
-              => busy holder="a" token=1 expires=1110 waiters=0
+              => busy holder="a" token=1 expires=1100 waiters=0
             @140 acquire r holder=c ttl=1000 wait=5000
               => queued w1 position=1
             @200 release r L1
               => unheld token=1 holds=1
               ! persist unhold r L1 holds=1
             @210 describe r
-              => held holder="a" token=1 expires=1110 ttl=1000 waiters=1
+              => held holder="a" token=1 expires=1100 ttl=1000 waiters=1
             @300 release r L1
               => released token=1 held=300
               ! persist remove r L1
@@ -811,6 +811,55 @@ fn a_reentrant_lease_counts_its_holds_and_ends_with_the_last_release() {
               ! hand-off w1: token=2 lease=L2 expires=1300
             @310 release r L1
               => not held (current token Some(FencingToken(2)))
+        "#]],
+    );
+}
+
+/// A re-entry's request id is remembered as a grant's is (invariant 6): every retry is a
+/// duplicate, an earlier re-entry's as much as the latest's, after a crash, and after the lease
+/// has ended (it then says so, rather than granting a new lease); and the id cannot be used
+/// again for another resource.
+#[test]
+fn a_reentrys_request_id_is_remembered_like_a_grants() {
+    check(
+        r#"
+        @0 acquire r holder=a owner=o1 ttl=1000 req=g
+        @10 acquire r holder=a owner=o1 ttl=1000 req=in1
+        @20 acquire r holder=a owner=o1 ttl=1000 req=in2
+        @30 acquire r holder=a owner=o1 ttl=1000 req=in1
+        @40 acquire s holder=a ttl=1000 req=in2
+        @50 crash
+        @60 acquire r holder=a owner=o1 ttl=1000 req=in2
+        @2000 tick
+        @2010 acquire r holder=a owner=o1 ttl=1000 req=in1
+        @2020 acquire r holder=b ttl=1000 req=in2
+        "#,
+        expect![[r#"
+            @0 acquire r holder=a owner=o1 ttl=1000 req=g
+              => granted token=1 lease=L1 expires=1000
+              ! persist grant r token=1 lease=L1 holder="a" ttl=1000 req=g owner=o1 holds=1
+            @10 acquire r holder=a owner=o1 ttl=1000 req=in1
+              => reentered token=1 lease=L1 expires=1010 holds=2
+              ! persist reenter r L1 holds=2 req=in1
+            @20 acquire r holder=a owner=o1 ttl=1000 req=in2
+              => reentered token=1 lease=L1 expires=1020 holds=3
+              ! persist reenter r L1 holds=3 req=in2
+            @30 acquire r holder=a owner=o1 ttl=1000 req=in1
+              => duplicate token=1 lease=L1 expires=1020 held=true
+            @40 acquire s holder=a ttl=1000 req=in2
+              => error: request_id "in2" was already used to acquire r; use a new request id for s
+            @50 crash
+              => recovered leases=1 requests=3 last_token=Some(1)
+            @60 acquire r holder=a owner=o1 ttl=1000 req=in2
+              => duplicate token=1 lease=L1 expires=1050 held=true
+            @2000 tick
+              => next deadline None
+              ! persist remove r L1
+              ! expired r token=1 holder="a" held=1000
+            @2010 acquire r holder=a owner=o1 ttl=1000 req=in1
+              => duplicate token=1 lease=L1 expires=2010 held=false
+            @2020 acquire r holder=b ttl=1000 req=in2
+              => duplicate token=1 lease=L1 expires=2020 held=false
         "#]],
     );
 }
@@ -840,10 +889,10 @@ fn expiry_ends_every_hold_and_a_crash_keeps_every_answered_reentry() {
               => granted token=1 lease=L1 expires=1000
               ! persist grant r token=1 lease=L1 holder="a" ttl=1000 req=- owner=o1 holds=1
             @10 acquire r holder=a owner=o1 ttl=1000
-              => reentered token=1 lease=L1 expires=1010 holds=2 retried=false
+              => reentered token=1 lease=L1 expires=1010 holds=2
               ! persist reenter r L1 holds=2 req=-
             @20 acquire r holder=a owner=o1 ttl=1000
-              => reentered token=1 lease=L1 expires=1020 holds=3 retried=false
+              => reentered token=1 lease=L1 expires=1020 holds=3
               ! persist reenter r L1 holds=3 req=-
             @30 release r L1
               => unheld token=1 holds=2
@@ -862,7 +911,7 @@ fn expiry_ends_every_hold_and_a_crash_keeps_every_answered_reentry() {
               => granted token=2 lease=L2 expires=1080
               ! persist grant s token=2 lease=L2 holder="a" ttl=1000 req=- owner=o1 holds=1
             @90 acquire s holder=a owner=o1 ttl=1000
-              => reentered token=2 lease=L2 expires=1090 holds=2 retried=false
+              => reentered token=2 lease=L2 expires=1090 holds=2
               ! persist reenter s L2 holds=2 req=-
             @2000 tick
               => next deadline None
@@ -889,7 +938,7 @@ fn a_reentrant_lease_holds_at_most_holds_max() {
     for n in 1..=HOLDS_MAX {
         match rig.acquire("deep", "a", (None, Some("o")), 60_000, 0, &mut fx) {
             Ok(AcquireOutcome::Granted(g)) if n == 1 => assert_eq!(g.holds, 1),
-            Ok(AcquireOutcome::Reentered { grant, .. }) => assert_eq!(grant.holds, n),
+            Ok(AcquireOutcome::Reentered(grant)) => assert_eq!(grant.holds, n),
             other => panic!("hold {n}: {other:?}"),
         }
     }
