@@ -19,9 +19,13 @@ use crate::service::{LockApi, Routes};
 use crate::writer::Writer;
 use lockd_store_etcd::{Cluster, EtcdOptions, Member};
 
-/// Largest gRPC message lockd accepts. The largest valid request (names, ids and holders at
-/// their limits) is well under 4 KiB; anything bigger is garbage and is refused unread.
-pub const MAX_MESSAGE_BYTES: usize = 64 * 1024;
+/// Largest gRPC message lockd accepts: room for the largest valid request, a RenewMany or
+/// ReleaseMany of `limits::BATCH_MAX` entries with names at their limit (each entry is the
+/// name, the 32-digit lease id and at most 8 bytes of protobuf framing; every other request
+/// is under 4 KiB). Anything bigger is garbage and is refused unread: about 293 KiB.
+pub const MAX_MESSAGE_BYTES: usize = 4096
+    + lockd_core::limits::BATCH_MAX
+        * (fencing::RESOURCE_NAME_LEN_MAX + fencing::LeaseId::HEX_LEN + 8);
 
 /// Concurrent calls per client connection. Each waiting Acquire is one stream; the total is
 /// bounded separately by `limits.waiters_total_max`.

@@ -13,14 +13,15 @@ use std::time::Duration;
 
 use fencing::{LeaseId, ResourceName};
 use lockd_core::{
-    AcquireRequest, Busy, Holder, InvalidArgument, Limits, Owner, ReleaseOutcome, RequestId,
+    AcquireError, AcquireRequest, Busy, Holder, InvalidArgument, Limits, Owner, ReleaseOutcome,
+    RequestId,
 };
 use lockd_proto::v1 as pb;
 use lockd_proto::v1::lock_service_server::LockService;
 use tonic::metadata::MetadataValue;
 use tonic::{Request, Response, Status};
 
-use crate::driver::{AcquireReply, Driver};
+use crate::driver::{AcquireReply, Driver, DriverError};
 use crate::ha::{FORWARDED_METADATA, Ha, INSTANCE_METADATA, PROBE_METADATA, Route};
 use crate::policy::{FORWARDED_IDENTITY_METADATA, Identity, Policy};
 use crate::status::invalid_argument;
@@ -297,10 +298,11 @@ impl LockApi {
             "" => None,
             id => Some(RequestId::new(id, &self.limits).map_err(|e| invalid_argument(&e))?),
         };
-        if let (Some(who), Some(id)) = (&who, &request_id) {
-            // Request ids are the caller's own: another identity's retry of the same id is
-            // another request, and learns nothing of the first (identity names have no `/`).
-            request_id = RequestId::from_persisted(&format!("{}/{}", who.name, id.as_str()));
+        // Request ids are the caller's own: another identity's retry of the same id is another
+        // request, and learns nothing of the first (identity names have no `/`).
+        let scope = who.as_ref().map_or("", |w| w.name.as_str());
+        if let Some(id) = &request_id {
+            request_id = RequestId::from_persisted(&scoped(scope, id.as_str()));
         }
         let resource = resource(&r.resource)?;
         let mut holder = Holder::new(&r.holder, &self.limits).map_err(|e| invalid_argument(&e))?;
@@ -313,10 +315,10 @@ impl LockApi {
             "" => None,
             o => Some(Owner::new(o).map_err(|e| invalid_argument(&e))?),
         };
-        if let (Some(who), Some(o)) = (&who, &owner) {
+        if let Some(o) = &owner {
             // Owners are the caller's own, as request ids are: another identity naming the
-            // same owner is another owner, and cannot re-enter (identity names have no `/`).
-            owner = Owner::from_persisted(&format!("{}/{}", who.name, o.as_str()));
+            // same owner is another owner, and cannot re-enter.
+            owner = Owner::from_persisted(&scoped(scope, o.as_str()));
         }
         let req = AcquireRequest {
             resource,
@@ -326,7 +328,19 @@ impl LockApi {
             wait_ms: r.wait_timeout_ms,
             owner,
         };
-        let reply = driver.acquire(req).await?;
+        let reply = driver.acquire(req).await.map_err(|e| match e {
+            // Named as the caller spelled it, not as lockd keeps it.
+            DriverError::Acquire(AcquireError::RequestIdReused {
+                original,
+                requested,
+                ..
+            }) => DriverError::Acquire(AcquireError::RequestIdReused {
+                request_id: r.request_id.clone(),
+                original,
+                requested,
+            }),
+            e => e,
+        })?;
         let outcome = match &reply {
             AcquireReply::Granted {
                 duplicate: false,
@@ -819,4 +833,12 @@ impl LockService for LockApi {
         let call = Call::of("list", &request, &request.get_ref().prefix);
         counted(call, started, self.list_here(request).await)
     }
+}
+
+/// A caller's request id or owner as lockd keeps it: `identity/id`, and `/id` without a policy
+/// (an anonymous caller). Identity names are not empty and have no `/`, so no two callers'
+/// spellings meet, across a change of policy too: an anonymous `a/x` is `/a/x`, identity a's
+/// `x` is `a/x`.
+fn scoped(identity: &str, id: &str) -> String {
+    format!("{identity}/{id}")
 }
