@@ -262,10 +262,15 @@ fn interleaved_tokens_never_commit_out_of_order_and_nothing_acknowledged_is_lost
          CREATE TABLE log (id int, v bigint, token bigint, PRIMARY KEY (id, v));",
     );
     let next = Arc::new(AtomicI64::new(1));
+    // However the scheduler runs the workers, one write is stale: worker 0's first token is
+    // taken before any other, and it writes only after some other worker's write committed.
+    let zombie = next.fetch_add(1, Ordering::SeqCst);
+    let committed = Arc::new(tokio::sync::Notify::new());
     let acked = runtime().block_on(async {
         let mut tasks = Vec::new();
         for w in 0..8 {
             let next = Arc::clone(&next);
+            let committed = Arc::clone(&committed);
             let addr = s.addr().to_string();
             tasks.push(tokio::spawn(async move {
                 let mut acked = Vec::new();
@@ -273,7 +278,12 @@ fn interleaved_tokens_never_commit_out_of_order_and_nothing_acknowledged_is_lost
                 let mut c = connect(&addr).await;
                 for i in 0..25 {
                     let row = 1 + (w + i) % 2;
-                    let token = next.fetch_add(1, Ordering::SeqCst);
+                    let token = if w == 0 && i == 0 {
+                        committed.notified().await;
+                        zombie
+                    } else {
+                        next.fetch_add(1, Ordering::SeqCst)
+                    };
                     if c.is_closed() {
                         c = connect(&addr).await;
                     }
@@ -299,7 +309,10 @@ fn interleaved_tokens_never_commit_out_of_order_and_nothing_acknowledged_is_lost
                     }
                     .await;
                     match r {
-                        Ok(w) => acked.push(w),
+                        Ok(w) => {
+                            acked.push(w);
+                            committed.notify_one();
+                        }
                         Err(e) => {
                             // Refused (stale) or fenced out (connection ended): both expected.
                             if let Some(db) = e.as_db_error() {
@@ -327,7 +340,7 @@ fn interleaved_tokens_never_commit_out_of_order_and_nothing_acknowledged_is_lost
         }
         assert!(
             refused > 0,
-            "no write was refused: the test did not interleave"
+            "no write was refused, not even worker 0's first, whose token is older than a committed one"
         );
         all
     });
