@@ -45,6 +45,9 @@ pub enum InvalidArgument {
     /// A RenewMany or ReleaseMany: empty, too long, or an entry that is malformed.
     #[error("{0}")]
     Batch(String),
+    /// An AcquireAll's set: empty, too large, or naming a resource twice.
+    #[error("{0}")]
+    Set(String),
 }
 
 /// Why an Acquire was refused (not: why it was not granted; that is an outcome).

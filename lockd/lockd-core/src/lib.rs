@@ -11,6 +11,7 @@
 //! - every grant's token above every earlier one, across [`Core::recover`] (invariant 2);
 //! - renew and release only with the current lease id (invariant 5);
 //! - a retried request id returns its original grant (invariant 6);
+//! - an AcquireAll's set is granted whole or not at all, in one atomic store op;
 //! - FIFO hand-off to waiters when a lease is released or expires.
 //!
 //! What it does not do: durability (the driver must make each `Op::Grant` durable before
@@ -27,7 +28,9 @@ mod types;
 
 pub use error::{AcquireError, InvalidArgument, LimitsError, RecoverError, RenewError};
 pub use limits::Limits;
-pub use machine::{AcquireRequest, Core, LeaseIdSource, Stats};
+pub use machine::{
+    AcquireAllOutcome, AcquireAllRequest, AcquireRequest, Core, LeaseIdSource, Stats,
+};
 pub use outcome::{
     AcquireOutcome, Busy, Description, Effect, Grant, HeldBy, Listed, Page, ReleaseOutcome, Renewed,
 };

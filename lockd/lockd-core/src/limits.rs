@@ -23,6 +23,15 @@ pub const OWNER_LEN_MAX: usize = 128;
 /// lock in one go, so it stays short (a few milliseconds); a worker with more leases sends
 /// several batches. 1000 leases are about 300 kB on the wire, well within gRPC's 4 MB.
 pub const BATCH_MAX: usize = 1000;
+/// Resources in one atomic AcquireAll at most. Its grants land in one store transaction, and
+/// etcd's transactions carry at most `--max-txn-ops` operations (128 by default): a set takes
+/// two per resource (the lock and its request record) and one for the token high-water, so
+/// 32 fit with room to spare. Sets larger than this are rarely all-or-none by nature; take
+/// them in order instead (the SDK's ordered helper).
+pub const SET_MAX: usize = 32;
+/// The fewest operations per etcd transaction lockd can work with: an atomic set of
+/// [`SET_MAX`] resources is one transaction.
+pub const TXN_OPS_MIN: usize = 2 * SET_MAX + 1;
 
 /// Bounds on what clients may ask for and on what lockd holds in memory.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]

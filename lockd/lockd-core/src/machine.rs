@@ -50,6 +50,9 @@ enum Counted {
 }
 use crate::types::{Holder, Millis, Owner, RequestId, WaiterId};
 
+mod multi;
+pub use multi::{AcquireAllOutcome, AcquireAllRequest};
+
 /// Where lease ids come from. The server draws them from the operating system's CSPRNG
 /// (invariant 5: unguessable); tests use a counter so that transcripts are stable.
 pub trait LeaseIdSource: Send {
@@ -311,27 +314,32 @@ impl Core {
             })
     }
 
-    /// Whether the owner may have one more of `what`.
-    fn check_quota(&self, owner: Option<TenantIx>, what: Counted) -> Result<(), AcquireError> {
+    /// Whether the owner may have `n` more of `what`.
+    fn check_quota(
+        &self,
+        owner: Option<TenantIx>,
+        what: Counted,
+        n: usize,
+    ) -> Result<(), AcquireError> {
         let (Some(ix), Some(t)) = (owner, &self.tenancy) else {
             return Ok(());
         };
         let (tenant, usage, caps) = (t.tenant(ix), &self.usage[ix], &self.caps[ix]);
         let name = || tenant.name.clone();
         match what {
-            Counted::Leases if usage.leases >= caps.leases => {
+            Counted::Leases if usage.leases + n > caps.leases => {
                 Err(AcquireError::TenantLeasesExhausted {
                     tenant: name(),
                     max: caps.leases,
                 })
             }
-            Counted::Waiters if usage.waiters >= caps.waiters => {
+            Counted::Waiters if usage.waiters + n > caps.waiters => {
                 Err(AcquireError::TenantWaitersExhausted {
                     tenant: name(),
                     max: caps.waiters,
                 })
             }
-            Counted::Requests if usage.requests >= caps.requests => {
+            Counted::Requests if usage.requests + n > caps.requests => {
                 Err(AcquireError::TenantRequestsExhausted {
                     tenant: name(),
                     max: caps.requests,
@@ -426,7 +434,7 @@ impl Core {
                     self.busy(&req.resource).expect("held"),
                 ));
             }
-            self.check_quota(owner, Counted::Waiters)?;
+            self.check_quota(owner, Counted::Waiters, 1)?;
             return self.enqueue(req, ttl_ms, wait_ms);
         }
         if self.leases.held_count() >= self.limits.leases_max {
@@ -434,7 +442,7 @@ impl Core {
                 max: self.limits.leases_max,
             });
         }
-        self.check_quota(owner, Counted::Leases)?;
+        self.check_quota(owner, Counted::Leases, 1)?;
         self.check_request_room(&req)?;
         let grant = self.grant(
             &req.resource,
@@ -942,7 +950,7 @@ impl Core {
                 max: self.limits.requests_max,
             });
         }
-        self.check_quota(self.owner(&req.resource), Counted::Requests)
+        self.check_quota(self.owner(&req.resource), Counted::Requests, 1)
     }
 
     /// Removes every trace of a waiter that has already been taken out of `waiters`.

@@ -77,6 +77,13 @@ pub enum Op {
         lease_id: LeaseId,
         holds: u32,
     },
+    /// Grants that land together or not at all: the leases of one atomic AcquireAll. Only
+    /// [`Op::Grant`]s, at least one, never nested; each part's preconditions are a grant's,
+    /// checked in order. A store commits the op in one transaction and never splits it (the
+    /// journal writes it in one record, the etcd store in one transaction), so after a crash
+    /// either every lease of the set is stored or none is. Must be durable before the grants
+    /// are answered.
+    Atomic(Vec<Op>),
 }
 
 impl Op {
@@ -94,7 +101,16 @@ impl Op {
 
     /// Whether the op must be on disk before the decision it records is made known.
     pub fn needs_sync(&self) -> bool {
-        matches!(self, Op::Grant(_) | Op::Reenter { .. })
+        matches!(self, Op::Grant(_) | Op::Reenter { .. } | Op::Atomic(_))
+    }
+
+    /// The ops this one applies, in order: an [`Op::Atomic`]'s parts, or the op itself. A
+    /// store applies these; only its commit has to know that an atomic op is one unit.
+    pub fn parts(&self) -> &[Op] {
+        match self {
+            Op::Atomic(parts) => parts,
+            one => std::slice::from_ref(one),
+        }
     }
 }
 

@@ -35,11 +35,22 @@ impl RequestId {
         Ok(RequestId(CompactString::new(id)))
     }
 
-    /// Rebuilds an id read back from the store. Only the alphabet is checked: the length limit
-    /// may have been lowered since the id was accepted, and a remembered id must stay usable.
+    /// Rebuilds an id read back from the store. Only the alphabet is checked (a member id's
+    /// space included, see [`RequestId::member`]): the length limit may have been lowered
+    /// since the id was accepted, and a remembered id must stay usable.
     pub fn from_persisted(id: &str) -> Option<RequestId> {
-        (!id.is_empty() && id.bytes().all(|b| b.is_ascii_graphic()))
+        (!id.is_empty() && id.bytes().all(|b| b.is_ascii_graphic() || b == b' '))
             .then(|| RequestId(CompactString::new(id)))
+    }
+
+    /// The id under which the `k`th lease of an AcquireAll with this id is remembered: the id
+    /// itself for the first, `"{id} {k}"` for the others. A caller's id has no space, so no
+    /// caller can name a member id of another request.
+    pub(crate) fn member(&self, k: usize) -> RequestId {
+        match k {
+            0 => self.clone(),
+            k => RequestId(compact_str::format_compact!("{} {k}", self.0)),
+        }
     }
 
     pub fn as_str(&self) -> &str {

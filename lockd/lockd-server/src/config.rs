@@ -531,9 +531,12 @@ impl Config {
                     "etcd_leader_ttl_ms must be 2000 ..= 60000 (etcd's shortest lease is about 2 s)"
                 );
             }
-            if !(8..=100_000).contains(&self.etcd_max_txn_ops) {
+            // An atomic AcquireAll's grants are one transaction: the largest set must fit.
+            let fewest = lockd_core::limits::TXN_OPS_MIN;
+            if !(fewest..=100_000).contains(&self.etcd_max_txn_ops) {
                 bail!(
-                    "etcd_max_txn_ops must be 8 ..= 100000 (etcd's default --max-txn-ops is 128)"
+                    "etcd_max_txn_ops must be {fewest} ..= 100000, so that an AcquireAll of {} resources fits in one transaction (etcd's default --max-txn-ops is 128)",
+                    lockd_core::limits::SET_MAX
                 );
             }
             if self.etcd_compact_every_ms != 0
@@ -758,6 +761,10 @@ mod tests {
             (
                 "backend = \"etcd\"\netcd_max_txn_ops = 1",
                 "etcd_max_txn_ops must be",
+            ),
+            (
+                "backend = \"etcd\"\netcd_max_txn_ops = 64",
+                "etcd_max_txn_ops must be 65 ..= 100000, so that an AcquireAll of 32",
             ),
             (
                 "backend = \"etcd\"\netcd_compact_every_ms = 10",

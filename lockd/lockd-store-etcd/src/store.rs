@@ -46,6 +46,7 @@ impl View for Mirror {
 impl Mirror {
     fn apply(&mut self, op: &Op) {
         match op {
+            Op::Atomic(parts) => parts.iter().for_each(|p| self.apply(p)),
             Op::Grant(r) => {
                 self.last_token = Some(r.token);
                 self.leases.insert(r.resource.clone(), r.lease_id);
@@ -245,6 +246,14 @@ impl EtcdStore {
     ) {
         let keys = self.cluster.keys();
         match op {
+            // One op, so one transaction: its grants' keys are distinct (check_batch made
+            // sure every part is a grant of another free resource), and a set of SET_MAX fits
+            // in TXN_OPS_MIN operations, the fewest lockd is configured with.
+            Op::Atomic(parts) => {
+                for part in parts {
+                    self.changes_of(part, before, changes);
+                }
+            }
             Op::Grant(r) => {
                 let lock = lock_record(r);
                 changes.insert(

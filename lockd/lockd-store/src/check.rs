@@ -22,7 +22,15 @@ pub fn check_batch(view: &impl View, ops: &[Op]) -> Result<Option<FencingToken>,
     let mut requests: HashMap<&str, bool> = HashMap::new();
     let mut last = view.last_token()?;
     for op in ops {
+        if let Op::Atomic(parts) = op
+            && (parts.is_empty() || !parts.iter().all(|p| matches!(p, Op::Grant(_))))
+        {
+            return Err(StoreError::AtomicNotGrants);
+        }
+    }
+    for op in ops.iter().flat_map(Op::parts) {
         match op {
+            Op::Atomic(_) => unreachable!("parts are never atomic ops"),
             Op::Grant(rec) => {
                 let current = match leases.get(&rec.resource) {
                     Some(l) => *l,

@@ -45,6 +45,7 @@ macro_rules! conformance_tests {
             a_sync_makes_earlier_lazy_batches_durable,
             longest_fields_round_trip,
             reentrant_holds_are_stored,
+            an_atomic_set_lands_whole_or_not_at_all,
             random_history_matches_a_model
         );
     };
@@ -474,6 +475,89 @@ pub fn reentrant_holds_are_stored<H: Harness>(h: &mut H) {
         "the re-entries' request ids outlive the lease, as the grant's does"
     );
 }
+/// An atomic op (an AcquireAll's grants) lands whole: every lease and request record of it,
+/// across a reopen and a crash. One with a grant that breaks a precondition lands not at all,
+/// and one that is empty or holds anything but grants is refused.
+pub fn an_atomic_set_lands_whole_or_not_at_all<H: Harness>(h: &mut H) {
+    let mut s = h.open();
+    commit(&mut s, &[grant("held", 1, None)], true);
+    let set: Vec<Op> = (0..32u64)
+        .map(|k| {
+            let id = match k {
+                0 => "set".to_string(),
+                k => format!("set {k}"),
+            };
+            let mut r = rec(&format!("m{k}"), 2 + k, Some(&id));
+            r.holder = "h".repeat(1024);
+            Op::Grant(r)
+        })
+        .collect();
+    commit(&mut s, &[Op::Atomic(set.clone())], false);
+    let whole = load(&mut s);
+    assert_eq!(whole.leases.len(), 33, "every lease of the set is stored");
+    assert_eq!(
+        whole.requests.len(),
+        32,
+        "every member's request id is remembered"
+    );
+    assert!(
+        whole
+            .requests
+            .iter()
+            .any(|r| r.request_id.as_deref() == Some("set 31"))
+    );
+    assert_eq!(whole.last_token, Some(tok(33)));
+    h.crash(s);
+    let mut s = h.open();
+    let after = load(&mut s);
+    let before: Vec<_> = whole
+        .leases
+        .iter()
+        .filter(|l| l.resource.as_str() == "held")
+        .cloned()
+        .collect();
+    assert!(
+        after == whole || (after.leases == before && after.requests.is_empty()),
+        "after a crash an unsynced atomic set is stored whole or not at all, found {} of its 32 leases",
+        after.leases.len() - 1
+    );
+    let mut s = reopen(h, s);
+    if after != whole {
+        commit(&mut s, &[Op::Atomic(set)], true);
+    }
+    assert_eq!(load(&mut s), whole);
+    let mut s = reopen(h, s);
+    assert_eq!(load(&mut s), whole, "a synced atomic set survives a reopen");
+    let refused = s.commit(
+        &[Op::Atomic(vec![
+            grant("fresh", 40, Some("set2")),
+            grant("held", 41, None),
+        ])],
+        true,
+    );
+    assert!(
+        matches!(refused, Err(StoreError::GrantWhileHeld { .. })),
+        "a set with a held member: {refused:?}"
+    );
+    for bad in [
+        vec![],
+        vec![remove("held", 1)],
+        vec![grant("x", 42, None), forget("set")],
+    ] {
+        let refused = s.commit(&[Op::Atomic(bad.clone())], true);
+        assert!(
+            matches!(refused, Err(StoreError::AtomicNotGrants)),
+            "atomic {bad:?}: {refused:?}"
+        );
+    }
+    assert_eq!(load(&mut s), whole, "a refused set changes nothing");
+    let mut s = reopen(h, s);
+    assert_eq!(
+        load(&mut s),
+        whole,
+        "a refused set changes nothing, on disk either"
+    );
+}
 
 /// A long random history of batches, syncs, reopens and crashes, against a model.
 pub fn random_history_matches_a_model<H: Harness>(h: &mut H) {
@@ -558,6 +642,7 @@ impl Model {
 
     fn apply(&mut self, op: &Op) {
         match op {
+            Op::Atomic(parts) => parts.iter().for_each(|p| self.apply(p)),
             Op::Grant(r) => {
                 self.last_token = Some(r.token);
                 self.leases.insert(r.resource.clone(), r.clone());
@@ -602,7 +687,29 @@ impl Model {
                 if rng.below(3) == 0 {
                     r.reentrant = owned(&resource, *token, 1).reentrant;
                 }
-                Some(Op::Grant(r))
+                if rng.below(4) > 0 {
+                    return Some(Op::Grant(r));
+                }
+                // An AcquireAll's grants: this one and up to two more free resources, their
+                // request ids the set's member ids.
+                let mut parts = vec![Op::Grant(r)];
+                for k in 1..=rng.below(3) {
+                    let more = format!("res-{}-{k}", rng.below(12));
+                    if self.leases.contains_key(more.as_str())
+                        || parts
+                            .iter()
+                            .any(|p| matches!(p, Op::Grant(g) if g.resource.as_str() == more))
+                    {
+                        continue;
+                    }
+                    *token += 1;
+                    let id = request
+                        .as_ref()
+                        .map(|id| format!("{id} {k}"))
+                        .filter(|id| !self.requests.contains_key(id));
+                    parts.push(grant(&more, *token, id.as_deref()));
+                }
+                Some(Op::Atomic(parts))
             }
             3 => {
                 let r = self.leases.get(resource.as_str())?;

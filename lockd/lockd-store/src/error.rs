@@ -36,6 +36,10 @@ pub enum StoreError {
     #[error("refused to forget request id {request_id:?}: it is not remembered")]
     ForgetUnknown { request_id: String },
     #[error(
+        "refused an atomic op that is empty or holds something other than grants (atomic-set check)"
+    )]
+    AtomicNotGrants,
+    #[error(
         "the data directory {path} is in use by another lockd process (or another program); stop it first"
     )]
     Locked { path: String },

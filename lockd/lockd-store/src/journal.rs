@@ -19,6 +19,11 @@
 //!   1 Grant:  u32 length, then the lease record (see `encoding`)
 //!   2 Remove: u16 length, resource name, 16-byte lease id
 //!   3 Forget: u16 length, request id
+//!   4 Reenter: u16 length, resource name, 16-byte lease id, u32 holds, u8 has-request-id,
+//!              then u16 length, request id
+//!   5 Unhold: u16 length, resource name, 16-byte lease id, u32 holds
+//!   6 Atomic: u16 part count, then each part as a tagged op (grants only, never nested);
+//!             never split across records, so a torn tail keeps all of it or none
 //! ```
 //!
 //! # Reading it back
@@ -305,6 +310,7 @@ fn put_record(buf: &mut Vec<u8>, seq: u64, synced: u64, payload: &[u8]) {
 
 fn op_len(op: &Op) -> usize {
     match op {
+        Op::Atomic(parts) => 1 + 2 + parts.iter().map(op_len).sum::<usize>(),
         Op::Grant(rec) => {
             1 + 4
                 + 64
@@ -348,6 +354,14 @@ fn put_str16(out: &mut Vec<u8>, s: &str) {
 
 fn encode_op(out: &mut Vec<u8>, op: &Op) {
     match op {
+        Op::Atomic(parts) => {
+            out.push(6);
+            let n = u16::try_from(parts.len()).expect("a set is at most SET_MAX grants");
+            out.extend_from_slice(&n.to_be_bytes());
+            for part in parts {
+                encode_op(out, part);
+            }
+        }
         Op::Grant(rec) => {
             out.push(1);
             let bytes = encode(rec);
@@ -398,78 +412,101 @@ fn encode_op(out: &mut Vec<u8>, op: &Op) {
     }
 }
 
-fn decode_ops(payload: &[u8]) -> Result<Vec<Op>, String> {
-    let mut at = 0usize;
-    let mut take = |n: usize| -> Result<&[u8], String> {
-        let end = at
+/// Reads a payload from its start.
+struct Reader<'p> {
+    payload: &'p [u8],
+    at: usize,
+}
+
+impl<'p> Reader<'p> {
+    fn take(&mut self, n: usize) -> Result<&'p [u8], String> {
+        let end = self
+            .at
             .checked_add(n)
-            .filter(|&e| e <= payload.len())
+            .filter(|&e| e <= self.payload.len())
             .ok_or("truncated op")?;
-        let s = &payload[at..end];
-        at = end;
+        let s = &self.payload[self.at..end];
+        self.at = end;
         Ok(s)
-    };
-    let count = u32::from_be_bytes(take(4)?.try_into().expect("4 bytes"));
+    }
+}
+
+fn decode_ops(payload: &[u8]) -> Result<Vec<Op>, String> {
+    let mut r = Reader { payload, at: 0 };
+    let count = u32::from_be_bytes(r.take(4)?.try_into().expect("4 bytes"));
     let mut ops = Vec::with_capacity(count.min(1 << 16) as usize);
     for _ in 0..count {
-        let tag = take(1)?[0];
-        let op = match tag {
-            1 => {
-                let len = u32::from_be_bytes(take(4)?.try_into().expect("4 bytes")) as usize;
-                Op::Grant(decode(take(len)?).map_err(|e| e.to_string())?)
-            }
-            2 | 4 | 5 => {
-                let len = u16::from_be_bytes(take(2)?.try_into().expect("2 bytes")) as usize;
-                let name =
-                    std::str::from_utf8(take(len)?).map_err(|_| "resource name is not UTF-8")?;
-                let resource = ResourceName::new(name).map_err(|e| e.to_string())?;
-                let lease_id = LeaseId::from_bytes(take(16)?.try_into().expect("16 bytes"));
-                if tag == 2 {
-                    Op::Remove { resource, lease_id }
-                } else {
-                    let holds = u32::from_be_bytes(take(4)?.try_into().expect("4 bytes"));
-                    if tag == 5 {
-                        Op::Unhold {
-                            resource,
-                            lease_id,
-                            holds,
-                        }
-                    } else {
-                        let request_id = match take(1)?[0] {
-                            0 => None,
-                            1 => {
-                                let len = u16::from_be_bytes(take(2)?.try_into().expect("2 bytes"))
-                                    as usize;
-                                let id = std::str::from_utf8(take(len)?)
-                                    .map_err(|_| "request id is not UTF-8")?;
-                                Some(id.to_string())
-                            }
-                            other => return Err(format!("request id flag {other}")),
-                        };
-                        Op::Reenter {
-                            resource,
-                            lease_id,
-                            holds,
-                            request_id,
-                        }
-                    }
-                }
-            }
-            3 => {
-                let len = u16::from_be_bytes(take(2)?.try_into().expect("2 bytes")) as usize;
-                let id = std::str::from_utf8(take(len)?).map_err(|_| "request id is not UTF-8")?;
-                Op::ForgetRequest {
-                    request_id: id.to_string(),
-                }
-            }
-            other => return Err(format!("unknown op tag {other}")),
-        };
-        ops.push(op);
+        ops.push(decode_op(&mut r, true)?);
     }
-    if at != payload.len() {
+    if r.at != payload.len() {
         return Err("trailing bytes after the ops".into());
     }
     Ok(ops)
+}
+
+/// One op; an atomic one (tag 6) only where `atomic_allowed` (never inside another).
+fn decode_op(r: &mut Reader<'_>, atomic_allowed: bool) -> Result<Op, String> {
+    let tag = r.take(1)?[0];
+    let op = match tag {
+        6 if atomic_allowed => {
+            let n = u16::from_be_bytes(r.take(2)?.try_into().expect("2 bytes"));
+            let mut parts = Vec::with_capacity(usize::from(n));
+            for _ in 0..n {
+                parts.push(decode_op(r, false)?);
+            }
+            Op::Atomic(parts)
+        }
+        1 => {
+            let len = u32::from_be_bytes(r.take(4)?.try_into().expect("4 bytes")) as usize;
+            Op::Grant(decode(r.take(len)?).map_err(|e| e.to_string())?)
+        }
+        2 | 4 | 5 => {
+            let len = u16::from_be_bytes(r.take(2)?.try_into().expect("2 bytes")) as usize;
+            let name =
+                std::str::from_utf8(r.take(len)?).map_err(|_| "resource name is not UTF-8")?;
+            let resource = ResourceName::new(name).map_err(|e| e.to_string())?;
+            let lease_id = LeaseId::from_bytes(r.take(16)?.try_into().expect("16 bytes"));
+            if tag == 2 {
+                Op::Remove { resource, lease_id }
+            } else {
+                let holds = u32::from_be_bytes(r.take(4)?.try_into().expect("4 bytes"));
+                if tag == 5 {
+                    Op::Unhold {
+                        resource,
+                        lease_id,
+                        holds,
+                    }
+                } else {
+                    let request_id = match r.take(1)?[0] {
+                        0 => None,
+                        1 => {
+                            let len = u16::from_be_bytes(r.take(2)?.try_into().expect("2 bytes"))
+                                as usize;
+                            let id = std::str::from_utf8(r.take(len)?)
+                                .map_err(|_| "request id is not UTF-8")?;
+                            Some(id.to_string())
+                        }
+                        other => return Err(format!("request id flag {other}")),
+                    };
+                    Op::Reenter {
+                        resource,
+                        lease_id,
+                        holds,
+                        request_id,
+                    }
+                }
+            }
+        }
+        3 => {
+            let len = u16::from_be_bytes(r.take(2)?.try_into().expect("2 bytes")) as usize;
+            let id = std::str::from_utf8(r.take(len)?).map_err(|_| "request id is not UTF-8")?;
+            Op::ForgetRequest {
+                request_id: id.to_string(),
+            }
+        }
+        other => return Err(format!("unknown op tag {other}")),
+    };
+    Ok(op)
 }
 
 #[cfg(test)]
@@ -595,6 +632,50 @@ mod tests {
         assert_eq!(
             back.into_iter().flat_map(|r| r.ops).collect::<Vec<_>>(),
             ops
+        );
+    }
+
+    #[test]
+    fn an_atomic_op_is_never_split_so_a_torn_tail_keeps_all_of_it_or_none() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("j");
+        // Where a batch of plain grants is cut into records.
+        let (mut j, _) = Journal::open(&path, 64 << 20).unwrap();
+        let probe: Vec<Op> = (1..=30_000).map(grant).collect();
+        j.append(1, &probe).unwrap();
+        j.sync().unwrap();
+        let first = Journal::open(&path, 64 << 20).unwrap().1[0].ops.len();
+        drop(j);
+        std::fs::remove_file(&path).unwrap();
+        // A set that starts a few grants before that cut.
+        let set = Op::Atomic((1..=32).map(|k| grant(100_000 + k)).collect());
+        let mut ops: Vec<Op> = (1..first as u64 - 4).map(grant).collect();
+        ops.push(set.clone());
+        ops.extend((50_000..50_010).map(grant));
+        let (mut j, _) = Journal::open(&path, 64 << 20).unwrap();
+        assert!(j.append(1, &ops).unwrap() > 1, "split into several records");
+        j.sync().unwrap();
+        drop(j);
+        // A crash tore every record after the first.
+        let file = OpenOptions::new().read(true).write(true).open(&path).unwrap();
+        let mut len = [0u8; 4];
+        file.read_exact_at(&mut len, 4).unwrap();
+        let end = HEADER as u64 + u64::from(u32::from_be_bytes(len));
+        file.write_all_at(&vec![0; 4 << 20], end).unwrap();
+        let back: Vec<Op> = Journal::open(&path, 64 << 20)
+            .unwrap()
+            .1
+            .into_iter()
+            .flat_map(|r| r.ops)
+            .collect();
+        let members = back
+            .iter()
+            .flat_map(Op::parts)
+            .filter(|op| matches!(op, Op::Grant(r) if r.token.get() > 100_000))
+            .count();
+        assert!(
+            members == 0 || (members == 32 && back.contains(&set)),
+            "a torn tail kept {members} of the set's 32 grants"
         );
     }
 }

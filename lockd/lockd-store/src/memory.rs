@@ -24,6 +24,7 @@ struct Tables {
 impl Tables {
     fn apply(&mut self, op: &Op) {
         match op {
+            Op::Atomic(parts) => parts.iter().for_each(|p| self.apply(p)),
             Op::Grant(rec) => {
                 self.last_token = Some(rec.token);
                 self.leases.insert(rec.resource.clone(), rec.clone());

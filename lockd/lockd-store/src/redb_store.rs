@@ -202,8 +202,9 @@ impl RedbStore {
             let mut requests = tx.open_table(REQUESTS)?;
             let mut meta = tx.open_table(META)?;
             let mut last_token = None;
-            for op in &ops {
+            for op in ops.iter().flat_map(Op::parts) {
                 match op {
+                    Op::Atomic(_) => unreachable!("parts are never atomic ops"),
                     Op::Grant(rec) => {
                         let bytes = encode(rec);
                         leases.insert(rec.resource.as_str(), bytes.as_slice())?;

@@ -7,8 +7,9 @@ use std::fmt::Write;
 use expect_test::Expect;
 use fencing::{FencingToken, LeaseId, ResourceName};
 use lockd_core::{
-    AcquireOutcome, AcquireRequest, Core, Description, Effect, Holder, LeaseRecord, Limits, Millis,
-    Op, Owner, Reentrant, ReleaseOutcome, RequestId, Snapshot, WaiterId,
+    AcquireAllOutcome, AcquireAllRequest, AcquireOutcome, AcquireRequest, Core, Description,
+    Effect, Holder, LeaseRecord, Limits, Millis, Op, Owner, Reentrant, ReleaseOutcome, RequestId,
+    Snapshot, WaiterId,
 };
 
 /// Lease ids for tests: a counter in the last bytes, printed as `L<n>`.
@@ -43,6 +44,13 @@ pub struct MemStore {
 impl MemStore {
     pub fn apply(&mut self, op: &Op) {
         match op {
+            Op::Atomic(parts) => {
+                assert!(!parts.is_empty(), "an empty atomic op");
+                for part in parts {
+                    assert!(matches!(part, Op::Grant(_)), "an atomic op of grants only");
+                    self.apply(part);
+                }
+            }
             Op::Grant(rec) => {
                 assert!(
                     Some(rec.token) > self.last_token,
@@ -148,9 +156,12 @@ impl Rig {
                 if op.needs_sync() {
                     self.durable = self.latest.clone();
                 }
-                if let Op::Grant(rec) = op {
-                    let n = u64::from_be_bytes(rec.lease_id.as_bytes()[8..].try_into().unwrap());
-                    self.ids_issued = self.ids_issued.max(n);
+                for part in op.parts() {
+                    if let Op::Grant(rec) = part {
+                        let n =
+                            u64::from_be_bytes(rec.lease_id.as_bytes()[8..].try_into().unwrap());
+                        self.ids_issued = self.ids_issued.max(n);
+                    }
                 }
             }
         }
@@ -210,6 +221,7 @@ impl Rig {
 /// ```text
 /// @T                       set the time to T (ms); may prefix a command: `@T acquire ...`
 /// acquire RES [holder=H] [req=ID] [owner=O] [ttl=MS] [wait=MS]
+/// acquire-all RES,RES... [holder=H] [req=ID] [ttl=MS]   atomic, try-only; `-` is no resource
 /// renew RES L<n>           release RES L<n>        cancel w<n>        describe RES
 /// tick                     restart                 crash (restart losing unsynced ops)
 /// limits KEY=VALUE...      (only before the first command)
@@ -308,6 +320,23 @@ fn run(rig: &mut Rig, words: &[&str], fx: &mut Vec<Effect>) -> String {
             );
             match outcome {
                 Ok(o) => acquire_outcome(&o),
+                Err(e) => format!("error: {e}"),
+            }
+        }
+        "acquire-all" => {
+            let req = AcquireAllRequest {
+                // `-` is the empty set.
+                resources: words[1]
+                    .split(',')
+                    .filter(|r| *r != "-")
+                    .map(|r| ResourceName::new(r).unwrap())
+                    .collect(),
+                request_id: arg(words, "req").map(|id| RequestId::new(id, &rig.limits).unwrap()),
+                holder: Holder::new(arg(words, "holder").unwrap_or(""), &rig.limits).unwrap(),
+                ttl_ms: arg(words, "ttl").map_or(0, |v| v.parse().unwrap()),
+            };
+            match rig.core.acquire_all(now, req, fx) {
+                Ok(o) => acquire_all_outcome(&o),
                 Err(e) => format!("error: {e}"),
             }
         }
@@ -424,6 +453,38 @@ pub fn acquire_outcome(o: &AcquireOutcome) -> String {
     }
 }
 
+pub fn acquire_all_outcome(o: &AcquireAllOutcome) -> String {
+    let grant = |g: &lockd_core::Grant| {
+        format!(
+            "{} token={} lease={} expires={}",
+            g.resource,
+            g.token,
+            lease_name(g.lease_id),
+            g.expires_at
+        )
+    };
+    match o {
+        AcquireAllOutcome::Granted(gs) => format!(
+            "granted all [{}]",
+            gs.iter().map(grant).collect::<Vec<_>>().join("; ")
+        ),
+        AcquireAllOutcome::Duplicate(gs) => format!(
+            "duplicate [{}]",
+            gs.iter()
+                .map(|(g, held)| format!("{} held={held}", grant(g)))
+                .collect::<Vec<_>>()
+                .join("; ")
+        ),
+        AcquireAllOutcome::Busy { resource, busy } => format!(
+            "busy {resource} holder={:?} token={} expires={} waiters={}",
+            busy.holder.as_str(),
+            busy.token,
+            busy.expires_at,
+            busy.waiters
+        ),
+    }
+}
+
 fn describe(d: &Description) -> String {
     match &d.held {
         Some(h) => format!(
@@ -442,10 +503,15 @@ fn describe(d: &Description) -> String {
     }
 }
 
-pub fn effect(e: &Effect) -> String {
-    match e {
-        Effect::Persist(Op::Grant(r)) => format!(
-            "persist grant {} token={} lease={} holder={:?} ttl={} req={}{}",
+/// An op as the transcripts show it.
+fn op(op: &Op) -> String {
+    match op {
+        Op::Atomic(parts) => format!(
+            "atomic [{}]",
+            parts.iter().map(self::op).collect::<Vec<_>>().join("; ")
+        ),
+        Op::Grant(r) => format!(
+            "grant {} token={} lease={} holder={:?} ttl={} req={}{}",
             r.resource,
             r.token,
             lease_name(r.lease_id),
@@ -457,28 +523,31 @@ pub fn effect(e: &Effect) -> String {
                 Some(re) => format!(" owner={} holds={}", re.owner, re.holds),
             }
         ),
-        Effect::Persist(Op::Reenter {
+        Op::Reenter {
             resource,
             lease_id,
             holds,
             request_id,
-        }) => format!(
-            "persist reenter {resource} {} holds={holds} req={}",
+        } => format!(
+            "reenter {resource} {} holds={holds} req={}",
             lease_name(*lease_id),
             request_id.as_deref().unwrap_or("-")
         ),
-        Effect::Persist(Op::Unhold {
+        Op::Unhold {
             resource,
             lease_id,
             holds,
-        }) => format!(
-            "persist unhold {resource} {} holds={holds}",
-            lease_name(*lease_id)
-        ),
-        Effect::Persist(Op::Remove { resource, lease_id }) => {
-            format!("persist remove {resource} {}", lease_name(*lease_id))
+        } => format!("unhold {resource} {} holds={holds}", lease_name(*lease_id)),
+        Op::Remove { resource, lease_id } => {
+            format!("remove {resource} {}", lease_name(*lease_id))
         }
-        Effect::Persist(Op::ForgetRequest { request_id }) => format!("persist forget {request_id}"),
+        Op::ForgetRequest { request_id } => format!("forget {request_id}"),
+    }
+}
+
+pub fn effect(e: &Effect) -> String {
+    match e {
+        Effect::Persist(o) => format!("persist {}", op(o)),
         Effect::Granted { waiter, grant: g } => format!(
             "hand-off w{}: token={} lease={} expires={}",
             waiter.0,

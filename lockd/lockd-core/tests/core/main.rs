@@ -1,8 +1,10 @@
 //! Tests of the core state machine, from data.
 //!
 //! - `transcripts`: scripted calls in, outcomes and effects out, through one `check` helper;
+//!   `sets`: the same, for the atomic AcquireAll;
 //! - `model`: random interleavings against a simple reference model (proptest).
 
 mod harness;
 mod model;
+mod sets;
 mod transcripts;

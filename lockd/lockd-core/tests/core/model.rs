@@ -1,4 +1,4 @@
-//! The core against a simple reference model, over random interleavings of acquire, renew,
+//! The core against a simple reference model, over random interleavings of acquire, AcquireAll, renew,
 //! release, expiry (time passing), cancellation (disconnect) and restart (clean or crash), with
 //! and without an owner (reentrant leases).
 //!
@@ -10,14 +10,17 @@
 //! - every grant's token is above every earlier grant's, restarts included;
 //! - hand-offs go to waiters in FIFO order (the model grants the first waiter of the list);
 //! - a reentrant lease is released only by as many releases as it was acquired, and a crash
-//!   never loses a re-entry that was answered (it is synced), only a release of a hold.
+//!   never loses a re-entry that was answered (it is synced), only a release of a hold;
+//! - an atomic AcquireAll grants every resource of its set or none, its grants one atomic op,
+//!   and a retry of its request id gets every member's original grant.
 
 use std::collections::BTreeMap;
 
 use fencing::{FencingToken, LeaseId, ResourceName};
 use lockd_core::{
-    AcquireError, AcquireOutcome, Busy, Effect, Grant, Holder, InvalidArgument, LeaseRecord,
-    Limits, Op, Reentrant, ReleaseOutcome, RenewError, Renewed, WaiterId,
+    AcquireAllOutcome, AcquireAllRequest, AcquireError, AcquireOutcome, Busy, Effect, Grant,
+    Holder, InvalidArgument, LeaseRecord, Limits, Op, Reentrant, ReleaseOutcome, RenewError,
+    Renewed, RequestId, WaiterId,
 };
 use proptest::prelude::*;
 
@@ -52,6 +55,12 @@ enum Step {
         ttl_ms: u64,
         wait_ms: u64,
     },
+    AcquireAll {
+        resources: Vec<usize>,
+        holder: u8,
+        request: Option<u8>,
+        ttl_ms: u64,
+    },
     Renew {
         resource: usize,
         pick: usize,
@@ -79,6 +88,8 @@ fn step() -> impl Strategy<Value = Step> {
         6 => (0..RESOURCES.len(), 0u8..4, proptest::option::of(0u8..8), proptest::option::of(0u8..2), prop_oneof![Just(0u64), Just(100), Just(250), Just(600)],
               prop_oneof![Just(0u64), Just(50), Just(300), Just(1000)])
             .prop_map(|(resource, holder, request, owner, ttl_ms, wait_ms)| Step::Acquire { resource, holder, request, owner, ttl_ms, wait_ms }),
+        2 => (proptest::collection::vec(0..RESOURCES.len(), 1..4), 0u8..4, proptest::option::of(0u8..8), prop_oneof![Just(0u64), Just(250)])
+            .prop_map(|(resources, holder, request, ttl_ms)| Step::AcquireAll { resources, holder, request, ttl_ms }),
         3 => (0..RESOURCES.len(), any::<usize>()).prop_map(|(resource, pick)| Step::Renew { resource, pick }),
         3 => (0..RESOURCES.len(), any::<usize>()).prop_map(|(resource, pick)| Step::Release { resource, pick }),
         1 => any::<usize>().prop_map(|pick| Step::Cancel { pick }),
@@ -526,6 +537,115 @@ impl Model {
         ))
     }
 
+    /// The atomic AcquireAll, as the core's module documentation says it: checked whole,
+    /// then granted whole, the grants in one atomic op.
+    fn acquire_all(
+        &mut self,
+        resources: &[&str],
+        holder_: String,
+        request: Option<String>,
+        ttl: u64,
+        fx: &mut Vec<Effect>,
+    ) -> Result<AcquireAllOutcome, AcquireError> {
+        self.advance(self.now, fx);
+        let ttl = if ttl == 0 {
+            self.limits.ttl_default_ms
+        } else {
+            ttl
+        };
+        let twice = resources
+            .iter()
+            .enumerate()
+            .find(|(k, r)| resources[..*k].contains(r));
+        if let Some((_, r)) = twice {
+            return Err(AcquireError::Invalid(InvalidArgument::Set(format!(
+                "the set names {r} twice; name each resource once"
+            ))));
+        }
+        let member = |id: &str, k: usize| match k {
+            0 => id.to_string(),
+            k => format!("{id} {k}"),
+        };
+        let reused = |id: &str, original: &str, requested: &str| AcquireError::RequestIdReused {
+            request_id: id.to_string(),
+            original: name(original),
+            requested: name(requested),
+        };
+        if let Some(id) = &request {
+            if let Some(first) = self.requests.get(id) {
+                let mut out = Vec::new();
+                for (k, r) in resources.iter().enumerate() {
+                    let Some(rem) = self.requests.get(&member(id, k)) else {
+                        return Err(reused(id, &first.resource, r));
+                    };
+                    if rem.resource != *r {
+                        return Err(reused(id, &rem.resource, r));
+                    }
+                    let current = self.leases.get(*r).filter(|l| l.token == rem.token);
+                    out.push((
+                        Grant {
+                            resource: name(r),
+                            lease_id: rem.lease_id,
+                            token: rem.token,
+                            ttl_ms: rem.ttl,
+                            expires_at: current.map_or(self.now, |l| l.expires),
+                            holds: 1,
+                        },
+                        current.is_some(),
+                    ));
+                }
+                if let Some(more) = self.requests.get(&member(id, resources.len())) {
+                    return Err(reused(id, &more.resource, resources[0]));
+                }
+                return Ok(AcquireAllOutcome::Duplicate(out));
+            }
+            if let Some(w) = self.waiters.iter().find(|w| w.request.as_ref() == Some(id)) {
+                return Err(reused(id, &w.resource, resources[0]));
+            }
+        }
+        if let Some(r) = resources.iter().find(|r| self.leases.contains_key(**r)) {
+            return Ok(AcquireAllOutcome::Busy {
+                resource: name(r),
+                busy: self.busy(r),
+            });
+        }
+        if self.leases.len() + resources.len() > self.limits.leases_max {
+            return Err(AcquireError::LeasesExhausted {
+                max: self.limits.leases_max,
+            });
+        }
+        if let Some(id) = &request {
+            if self.requests.len() + resources.len() > self.limits.requests_max {
+                return Err(AcquireError::RequestsExhausted {
+                    max: self.limits.requests_max,
+                });
+            }
+            for k in 1..=lockd_core::limits::SET_MAX {
+                if let Some(rem) = self.requests.get(&member(id, k)) {
+                    return Err(reused(id, &rem.resource, resources[0]));
+                }
+            }
+        }
+        let start = fx.len();
+        let grants = resources
+            .iter()
+            .enumerate()
+            .map(|(k, r)| {
+                let req = request.as_deref().map(|id| member(id, k));
+                self.grant(r, req, holder_.clone(), None, ttl, fx)
+            })
+            .collect();
+        let parts = fx
+            .drain(start..)
+            .map(|e| match e {
+                Effect::Persist(op) => op,
+                other => panic!("a grant's effect: {other:?}"),
+            })
+            .collect();
+        fx.push(Effect::Persist(Op::Atomic(parts)));
+        Ok(AcquireAllOutcome::Granted(grants))
+    }
+
     fn renew(
         &mut self,
         resource: &str,
@@ -677,6 +797,46 @@ fn run(steps: Vec<Step>) -> Result<(), TestCaseError> {
                 let model = model.acquire(r, h, (req, owner), *ttl_ms, *wait_ms, &mut fx_model);
                 prop_assert_eq!(core, model, "step {}: {:?}", i, step);
             }
+            Step::AcquireAll {
+                resources,
+                holder: h,
+                request,
+                ttl_ms,
+            } => {
+                let set: Vec<&str> = resources.iter().map(|&r| RESOURCES[r]).collect();
+                let before: Vec<Option<LeaseId>> = set.iter().map(|r| current(&model, r)).collect();
+                let req = AcquireAllRequest {
+                    resources: set.iter().map(|r| name(r)).collect(),
+                    request_id: request
+                        .map(|q| RequestId::new(&format!("q{q}"), &rig.limits).unwrap()),
+                    holder: holder(&format!("c{h}")),
+                    ttl_ms: *ttl_ms,
+                };
+                let core = rig.core.acquire_all(now, req, &mut fx_core);
+                let req = request.map(|q| format!("q{q}"));
+                let ours = model.acquire_all(&set, format!("c{h}"), req, *ttl_ms, &mut fx_model);
+                prop_assert_eq!(&core, &ours, "step {}: {:?}", i, step);
+                // All or none: every member held by its new lease, or nothing of the set
+                // changed hands (a member's lease may only have expired on the way).
+                match core {
+                    Ok(AcquireAllOutcome::Granted(grants)) => {
+                        for (g, r) in grants.iter().zip(&set) {
+                            prop_assert_eq!(current(&model, r), Some(g.lease_id));
+                        }
+                    }
+                    _ => {
+                        for (was, r) in before.iter().zip(&set) {
+                            let now_held = current(&model, r);
+                            prop_assert!(
+                                now_held.is_none() || now_held == *was,
+                                "step {}: {} changed hands",
+                                i,
+                                r
+                            );
+                        }
+                    }
+                }
+            }
             Step::Renew { resource, pick } => {
                 let r = RESOURCES[*resource];
                 let lid = pick_lease(&model, r, *pick, &seen_leases);
@@ -727,8 +887,12 @@ fn run(steps: Vec<Step>) -> Result<(), TestCaseError> {
         }
         prop_assert_eq!(&fx_core, &fx_model, "effects of step {}: {:?}", i, step);
         rig.persist(&fx_core);
-        for e in &fx_core {
-            if let Effect::Persist(Op::Grant(rec)) = e {
+        let persisted = fx_core.iter().filter_map(|e| match e {
+            Effect::Persist(op) => Some(op.parts()),
+            _ => None,
+        });
+        for op in persisted.flatten() {
+            if let Op::Grant(rec) = op {
                 prop_assert!(
                     Some(rec.token) > last_granted,
                     "token {} after {:?}",
