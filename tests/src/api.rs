@@ -3,7 +3,7 @@
 //! backend from the `etcd` tests ([`api_suite!`](crate::api_suite)), so that both keep one
 //! contract: contention, FIFO hand-off, expiry, request-id de-duplication, stale lease ids,
 //! tokens across restarts, the longest fields, cancelled waiters, a retried waiter keeping its
-//! place, queue limits, bad input, tenants, batched renewals and releases, reentrant locks.
+//! place, queue limits, bad input, tenants, batched renewals and releases, reentrant locks, atomic sets.
 //!
 //! Each check panics with a message naming the broken rule. Waits are for states (a queue of
 //! the expected length, a grant), each a round trip, never a sleep.
@@ -25,10 +25,12 @@ use crate::etcd::EtcdCluster;
 use crate::{Lockd, PATIENCE};
 
 mod kinds;
+mod sets;
 pub use kinds::{
     a_reentrant_owner_holds_the_lease_as_often_as_it_acquired_it,
     many_leases_are_renewed_and_released_in_one_call,
 };
+pub use sets::a_set_is_granted_whole_or_not_at_all;
 
 /// How a check starts lockd.
 pub trait Backend {
@@ -88,7 +90,8 @@ macro_rules! api_suite {
             bad_input_is_refused_with_the_reason,
             tenants_are_kept_apart_and_within_their_quotas,
             many_leases_are_renewed_and_released_in_one_call,
-            a_reentrant_owner_holds_the_lease_as_often_as_it_acquired_it
+            a_reentrant_owner_holds_the_lease_as_often_as_it_acquired_it,
+            a_set_is_granted_whole_or_not_at_all
         );
     };
     (@each $make:expr; $($check:ident),*) => {

@@ -17,3 +17,7 @@ pub const ENV_RESOURCE: &str = "FENCING_RESOURCE";
 pub const ENV_TOKEN: &str = "FENCING_TOKEN";
 /// Environment variable `lockctl run` gives the command: the token's number alone.
 pub const ENV_TOKEN_NUMBER: &str = "FENCING_TOKEN_NUMBER";
+/// Environment variable `lockctl run` gives the command: every lock it holds, as
+/// `RESOURCE=TOKEN` pairs joined by commas, in the order they were taken (neither a resource
+/// name nor a token, signed or not, has a `,` or a `=`).
+pub const ENV_TOKENS: &str = "FENCING_TOKENS";

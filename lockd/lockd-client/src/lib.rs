@@ -40,6 +40,7 @@
 
 mod backoff;
 mod guard;
+mod sets;
 
 use std::fmt;
 use std::time::{Duration, Instant};
@@ -52,6 +53,7 @@ use tonic::{Code, Status};
 
 pub use backoff::{BACKOFF_MAX, BACKOFF_MIN, Backoff};
 pub use guard::{LockGuard, LostReason, safety_margin};
+pub use sets::AcquiredAll;
 
 /// Default endpoint of lockd.
 pub const DEFAULT_ENDPOINT: &str = "http://127.0.0.1:7420";

@@ -35,8 +35,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use fencing::{LeaseId, ResourceName};
 use lockd_core::{
-    AcquireError, AcquireOutcome, AcquireRequest, Busy, Core, Description, Effect, Grant,
-    LeaseIdSource, Millis, ReleaseOutcome, RenewError, Renewed, Stats, WaiterId,
+    AcquireAllOutcome, AcquireAllRequest, AcquireError, AcquireOutcome, AcquireRequest, Busy, Core,
+    Description, Effect, Grant, LeaseIdSource, Millis, ReleaseOutcome, RenewError, Renewed, Stats,
+    WaiterId,
 };
 use tokio::sync::{Notify, oneshot};
 use tracing::{debug, info, warn};
@@ -334,6 +335,38 @@ impl Driver {
                 }
             }
         }
+    }
+
+    /// Takes every resource of a set at once, or none (`Core::acquire_all`). Answered once
+    /// the set's grants, one atomic op, are durable; a busy answer too (it names the current
+    /// holder's token).
+    pub async fn acquire_all(
+        &self,
+        req: AcquireAllRequest,
+    ) -> Result<AcquireAllOutcome, DriverError> {
+        self.check_open()?;
+        let (outcome, seq) = {
+            let mut st = self.lock();
+            let mut fx = Vec::new();
+            let outcome = st.core.acquire_all(self.clock.now(), req, &mut fx);
+            (outcome, self.apply(&mut st, fx))
+        };
+        let outcome = outcome?;
+        self.durable(seq).await?;
+        let outcome = self.vouch(outcome)?;
+        match &outcome {
+            AcquireAllOutcome::Granted(grants) => {
+                for g in grants {
+                    debug!(resource = %g.resource, token = %g.token, "granted in a set");
+                }
+            }
+            AcquireAllOutcome::Duplicate(_) => debug!("duplicate set request"),
+            AcquireAllOutcome::Busy { resource, busy } => {
+                crate::metrics::get().contended(resource.as_str());
+                debug!(%resource, token = %busy.token, "set busy");
+            }
+        }
+        Ok(outcome)
     }
 
     pub async fn renew(

@@ -13,8 +13,8 @@ use std::time::Duration;
 
 use fencing::{LeaseId, ResourceName};
 use lockd_core::{
-    AcquireError, AcquireRequest, Busy, Holder, InvalidArgument, Limits, Owner, ReleaseOutcome,
-    RequestId,
+    AcquireError, AcquireRequest, Busy, Grant, Holder, InvalidArgument, Limits, Owner,
+    ReleaseOutcome, RequestId,
 };
 use lockd_proto::v1 as pb;
 use lockd_proto::v1::lock_service_server::LockService;
@@ -25,6 +25,8 @@ use crate::driver::{AcquireReply, Driver, DriverError};
 use crate::ha::{FORWARDED_METADATA, Ha, INSTANCE_METADATA, PROBE_METADATA, Route};
 use crate::policy::{FORWARDED_IDENTITY_METADATA, Identity, Policy};
 use crate::status::invalid_argument;
+
+mod sets;
 
 /// Where the service's calls go.
 #[derive(Clone)]
@@ -216,11 +218,30 @@ impl LockApi {
         ))
     }
 
-    fn not_granted(
+    /// A grant as the holder gets it: with its signed token, if lockd signs.
+    fn lease(&self, driver: &Driver, grant: &Grant, duplicate: bool, held: bool) -> pb::Lease {
+        pb::Lease {
+            lease_id: grant.lease_id.to_string(),
+            token: grant.token.get(),
+            signed_token: self
+                .keys
+                .as_ref()
+                .and_then(|k| k.sign(grant.resource.as_str(), grant.token))
+                .unwrap_or_default(),
+            expires_at_ms: driver.wall_ms(grant.expires_at),
+            ttl_ms: grant.ttl_ms,
+            duplicate,
+            held,
+            holds: grant.holds,
+        }
+    }
+
+    /// Who holds a lock that was asked for, as the wire says it.
+    fn busy(
         driver: &Driver,
         reason: pb::not_granted::Reason,
         busy: Option<Busy>,
-    ) -> pb::AcquireResponse {
+    ) -> pb::NotGranted {
         let mut ng = pb::NotGranted {
             reason: reason as i32,
             ..Default::default()
@@ -231,8 +252,18 @@ impl LockApi {
             ng.expires_at_ms = driver.wall_ms(b.expires_at);
             ng.waiters = u32::try_from(b.waiters).unwrap_or(u32::MAX);
         }
+        ng
+    }
+
+    fn not_granted(
+        driver: &Driver,
+        reason: pb::not_granted::Reason,
+        busy: Option<Busy>,
+    ) -> pb::AcquireResponse {
         pb::AcquireResponse {
-            outcome: Some(pb::acquire_response::Outcome::NotGranted(ng)),
+            outcome: Some(pb::acquire_response::Outcome::NotGranted(Self::busy(
+                driver, reason, busy,
+            ))),
         }
     }
 }
@@ -374,20 +405,9 @@ impl LockApi {
                 duplicate,
                 held,
             } => pb::AcquireResponse {
-                outcome: Some(pb::acquire_response::Outcome::Granted(pb::Lease {
-                    lease_id: grant.lease_id.to_string(),
-                    token: grant.token.get(),
-                    signed_token: self
-                        .keys
-                        .as_ref()
-                        .and_then(|k| k.sign(grant.resource.as_str(), grant.token))
-                        .unwrap_or_default(),
-                    expires_at_ms: driver.wall_ms(grant.expires_at),
-                    ttl_ms: grant.ttl_ms,
-                    duplicate,
-                    held,
-                    holds: grant.holds,
-                })),
+                outcome: Some(pb::acquire_response::Outcome::Granted(
+                    self.lease(&driver, &grant, duplicate, held),
+                )),
             },
             AcquireReply::Busy(busy) => {
                 Self::not_granted(&driver, pb::not_granted::Reason::Busy, Some(busy))
@@ -814,6 +834,15 @@ impl LockService for LockApi {
         let started = std::time::Instant::now();
         let call = Call::of("release_many", &request, "");
         counted(call, started, self.release_many_here(request).await)
+    }
+
+    async fn acquire_all(
+        &self,
+        request: Request<pb::AcquireAllRequest>,
+    ) -> Result<Response<pb::AcquireAllResponse>, Status> {
+        let started = std::time::Instant::now();
+        let call = Call::of("acquire_all", &request, "");
+        counted(call, started, self.acquire_all_here(request).await)
     }
 
     async fn describe(

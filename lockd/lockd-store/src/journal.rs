@@ -657,7 +657,11 @@ mod tests {
         j.sync().unwrap();
         drop(j);
         // A crash tore every record after the first.
-        let file = OpenOptions::new().read(true).write(true).open(&path).unwrap();
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&path)
+            .unwrap();
         let mut len = [0u8; 4];
         file.read_exact_at(&mut len, 4).unwrap();
         let end = HEADER as u64 + u64::from(u32::from_be_bytes(len));

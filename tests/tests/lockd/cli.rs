@@ -432,3 +432,122 @@ fn bad_input_gets_a_clear_error_and_the_documented_exit_code() {
     // lockd is unharmed.
     acquire_json(&lockd, &["still-serving"]);
 }
+
+/// Issue 19: `run --lock a --lock b` holds every lock while the command runs and gives it
+/// every token (FENCING_TOKENS); in sorted order, or all at once with --atomic; a set not
+/// granted runs nothing and holds nothing.
+#[test]
+fn run_with_several_locks_passes_every_token() {
+    let dir = tempfile::tempdir().unwrap();
+    let lockd = Lockd::start(dir.path(), &[]);
+    let script = "echo \"$FENCING_TOKENS|${FENCING_TOKEN-unset}\"; exit 5";
+    let tokens = |args: &[&str]| -> Vec<(String, u64)> {
+        let mut cmd = lockd.lockctl();
+        cmd.arg("run").args(args).args(["--", "sh", "-c", script]);
+        let (status, stdout, stderr) = output(cmd);
+        assert_eq!(status.code(), Some(5), "{stderr}");
+        let (pairs, single) = stdout.trim().split_once('|').expect("two fields");
+        assert_eq!(
+            single, "unset",
+            "with several locks FENCING_TOKEN would be a guess"
+        );
+        pairs
+            .split(',')
+            .map(|p| {
+                let (r, t) = p.split_once('=').expect("RESOURCE=TOKEN");
+                (r.to_string(), t.parse().expect("a token"))
+            })
+            .collect()
+    };
+    let ordered = tokens(&["--lock", "job:b", "--lock", "job:a", "--lock", "job:b"]);
+    let names: Vec<&str> = ordered.iter().map(|(r, _)| r.as_str()).collect();
+    assert_eq!(names, ["job:a", "job:b"], "sorted, each once");
+    assert!(
+        ordered[0].1 < ordered[1].1,
+        "taken one after the other: {ordered:?}"
+    );
+    let atomic = tokens(&["--atomic", "--lock", "job:b", "--lock", "job:a"]);
+    let names: Vec<&str> = atomic.iter().map(|(r, _)| r.as_str()).collect();
+    assert_eq!(names, ["job:b", "job:a"], "in the order given");
+    assert!(
+        atomic[0].1 > ordered[1].1 && atomic[1].1 == atomic[0].1 + 1,
+        "{atomic:?}"
+    );
+    for r in ["job:a", "job:b"] {
+        assert_eq!(
+            describe(&lockd, r)["held"],
+            false,
+            "{r} released when the command ended"
+        );
+    }
+
+    // job:b is held: neither way runs the command, and job:a is not kept.
+    let _held = acquire_json(&lockd, &["job:b", "--ttl", "60s"]);
+    let marker = dir.path().join("ran");
+    for atomic in [false, true] {
+        let mut cmd = lockd.lockctl();
+        cmd.args(["run", "--lock", "job:a", "--lock", "job:b"]);
+        if atomic {
+            cmd.arg("--atomic");
+        }
+        cmd.args(["--", "touch"]).arg(&marker);
+        let (status, _, stderr) = output(cmd);
+        assert_eq!(status.code(), Some(3), "{stderr}");
+        assert!(stderr.contains("job:b not granted"), "{stderr}");
+        assert!(!marker.exists(), "the command ran without every lock");
+        assert_eq!(
+            describe(&lockd, "job:a")["held"],
+            false,
+            "job:a was given back"
+        );
+    }
+
+    // A resource and --lock together, or --atomic alone, are refused as usage errors.
+    for args in [
+        &["run", "x", "--lock", "y", "--", "true"][..],
+        &["run", "--atomic", "x", "--", "true"],
+    ] {
+        let mut cmd = lockd.lockctl();
+        cmd.args(args);
+        let (status, _, stderr) = output(cmd);
+        assert_eq!(status.code(), Some(2), "{args:?}: {stderr}");
+    }
+}
+
+/// Issue 19: a command run under several locks is stopped when one of them can no longer be
+/// renewed, as under one.
+#[test]
+fn run_with_several_locks_stops_the_command_when_a_lease_is_lost() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut lockd = Lockd::start(dir.path(), &[]);
+    let mut cmd = lockd.lockctl();
+    cmd.args([
+        "run",
+        "--lock",
+        "two:a",
+        "--lock",
+        "two:b",
+        "--ttl",
+        "1s",
+        "--grace",
+        "200ms",
+        "--",
+        "sh",
+        "-c",
+        "echo pid $$; exec sleep 600",
+    ]);
+    let mut run = Spawned::spawn(cmd);
+    let line = run
+        .stdout
+        .wait_for("the command to start", |l| l.starts_with("pid "));
+    let pid: i32 = line[4..].trim().parse().unwrap();
+    lockd.process.signal(libc::SIGSTOP);
+    let status = run.wait();
+    lockd.process.signal(libc::SIGCONT);
+    assert_eq!(status.code(), Some(4), "{}", run.stderr.text());
+    assert!(!process_exists(pid), "the command outlived its leases");
+    for r in ["two:a", "two:b"] {
+        lockd.wait_event("lease expired without renewal", |e| e["resource"] == r);
+    }
+    lockd.kill9();
+}

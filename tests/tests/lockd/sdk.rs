@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use e2e::{Lockd, free_loopback_addr, output};
-use lockd_client::{AcquireOptions, Acquired, Client, LostReason};
+use lockd_client::{AcquireOptions, Acquired, AcquiredAll, Client, LostReason};
 
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Runtime::new().unwrap()
@@ -230,4 +230,117 @@ fn a_reentrant_guard_nests_and_the_lease_ends_with_the_last_hold() {
         !rt.block_on(client.describe("gone")).unwrap().held,
         "the new lease a failed re-entry got was released"
     );
+}
+
+/// Issue 19: the ordered helper takes a set in sorted order, so two callers naming it in
+/// opposite orders queue behind each other instead of deadlocking; a member it cannot take in
+/// time gives back what it took.
+#[test]
+fn ordered_sets_never_deadlock_and_a_failed_one_gives_back_what_it_took() {
+    let dir = tempfile::tempdir().unwrap();
+    let lockd = Lockd::start(dir.path(), &[]);
+    let rt = runtime();
+    let _in_runtime = rt.enter();
+    let client = Client::connect(&lockd.endpoint).unwrap();
+    let taken = |r: Result<AcquiredAll, lockd_client::ClientError>| match r.unwrap() {
+        AcquiredAll::Granted(guards) => guards,
+        AcquiredAll::NotGranted { resource, why } => panic!("{resource} not granted: {why}"),
+    };
+    let first = taken(rt.block_on(client.acquire_ordered(&["set/y", "set/x"], opts(60_000))));
+    let names: Vec<&str> = first.iter().map(|g| g.resource()).collect();
+    assert_eq!(names, ["set/x", "set/y"], "taken in sorted order");
+    let other = client.clone();
+    let waiting = rt.spawn(async move {
+        let wait = AcquireOptions {
+            wait: Duration::from_secs(60),
+            ..opts(60_000)
+        };
+        other.acquire_ordered(&["set/x", "set/y"], wait).await
+    });
+    lockd.wait_event("queued", |e| e["resource"] == "set/x");
+    assert_eq!(
+        rt.block_on(client.describe("set/y")).unwrap().waiters,
+        0,
+        "the second caller waits for the first lock, holding nothing"
+    );
+    let tokens: Vec<u64> = first.iter().map(|g| g.token()).collect();
+    for g in first.into_iter().rev() {
+        assert!(rt.block_on(g.release()).unwrap());
+    }
+    let second = taken(rt.block_on(waiting).unwrap());
+    assert!(second[0].token() > tokens[1] && second[1].token() > second[0].token());
+
+    // set/z is held: an ordered set taking set/a first gives it back when set/z is not granted.
+    let held = taken(rt.block_on(client.acquire_ordered(&["set/z"], opts(60_000))));
+    match rt
+        .block_on(client.acquire_ordered(&["set/z", "set/a"], opts(60_000)))
+        .unwrap()
+    {
+        AcquiredAll::NotGranted { resource, why } => {
+            assert_eq!(resource, "set/z");
+            assert_eq!(why.token, Some(held[0].token()));
+        }
+        AcquiredAll::Granted(_) => panic!("set/z is held"),
+    }
+    assert!(
+        !rt.block_on(client.describe("set/a")).unwrap().held,
+        "set/a was given back"
+    );
+    drop((second, held));
+}
+
+/// Issue 19: the SDK's AcquireAll: all or none, and with a wait it asks again until the set is
+/// free (lockd never queues a set).
+#[test]
+fn acquire_all_takes_a_set_whole_and_asks_again_within_its_wait() {
+    let dir = tempfile::tempdir().unwrap();
+    let lockd = Lockd::start(dir.path(), &[]);
+    let rt = runtime();
+    let _in_runtime = rt.enter();
+    let client = Client::connect(&lockd.endpoint).unwrap();
+    let Acquired::Granted(q) = rt.block_on(client.acquire("all/q", opts(60_000))).unwrap() else {
+        panic!("a free resource is granted")
+    };
+    match rt
+        .block_on(client.acquire_all(&["all/p", "all/q"], opts(60_000)))
+        .unwrap()
+    {
+        AcquiredAll::NotGranted { resource, why } => {
+            assert_eq!((resource.as_str(), why.token), ("all/q", Some(q.token())));
+        }
+        AcquiredAll::Granted(_) => panic!("all/q is held"),
+    }
+    assert!(
+        !rt.block_on(client.describe("all/p")).unwrap().held,
+        "nothing of the set is held"
+    );
+    let other = client.clone();
+    let waiting = rt.spawn(async move {
+        let wait = AcquireOptions {
+            wait: Duration::from_secs(60),
+            ..opts(60_000)
+        };
+        other.acquire_all(&["all/p", "all/q"], wait).await
+    });
+    // Its first try was busy (the one above was too).
+    lockd.wait_events("set busy", 2, |e| e["resource"] == "all/q");
+    assert!(rt.block_on(q.release()).unwrap());
+    let AcquiredAll::Granted(set) = rt.block_on(waiting).unwrap().unwrap() else {
+        panic!("the set is granted once all/q is free")
+    };
+    let names: Vec<&str> = set.iter().map(|g| g.resource()).collect();
+    assert_eq!(names, ["all/p", "all/q"], "in the order asked");
+    for r in ["all/p", "all/q"] {
+        assert!(rt.block_on(client.describe(r)).unwrap().held);
+    }
+    let err = rt
+        .block_on(client.acquire_all(
+            &["all/r"],
+            AcquireOptions {
+                owner: Some("o".into()),
+                ..opts(60_000)
+            },
+        ))
+        .expect_err("a set takes no owner");
+    assert!(err.to_string().contains("not reentrant"), "{err}");
 }

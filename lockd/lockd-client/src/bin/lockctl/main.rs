@@ -12,7 +12,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use clap::{Args, CommandFactory, Parser, Subcommand};
 use lockd_client::{
-    AcquireOptions, Acquired, Client, ClientError, DEFAULT_ENDPOINT, NotGranted, NotGrantedReason,
+    AcquireOptions, Acquired, AcquiredAll, Client, ClientError, DEFAULT_ENDPOINT, NotGranted,
+    NotGrantedReason,
 };
 use serde_json::json;
 
@@ -108,17 +109,31 @@ enum Command {
         #[arg(short = 'n', long, default_value_t = 10)]
         count: usize,
     },
-    /// Run a command while holding the lock; stop it if the lease is lost.
+    /// Run a command while holding the lock (or several); stop it if a lease is lost.
     ///
-    /// The command gets FENCING_RESOURCE and FENCING_TOKEN in its environment and runs in its
-    /// own process group. The lease is renewed while it runs. If the lease is lost, or lockd
-    /// has not confirmed a renewal by the time the whole stop must begin, the group gets
-    /// SIGTERM, then SIGKILL after the grace period, and lockctl exits with 4; the command is
-    /// dead before the lease could expire at lockd, so before anyone else can hold it. SIGINT,
-    /// SIGTERM and SIGHUP sent to lockctl are passed on to the command. When the command ends,
-    /// the lock is released and lockctl exits with the command's status.
+    /// The command gets FENCING_RESOURCE, FENCING_TOKEN and FENCING_TOKEN_NUMBER in its
+    /// environment (with one lock), and FENCING_TOKENS, every lock as RESOURCE=TOKEN pairs
+    /// joined by commas, and runs in its own process group. The leases are renewed while it
+    /// runs. If a lease is lost, or lockd has not confirmed a renewal by the time the whole
+    /// stop must begin, the group gets SIGTERM, then SIGKILL after the grace period, and
+    /// lockctl exits with 4; the command is dead before the lease could expire at lockd, so
+    /// before anyone else can hold it. SIGINT, SIGTERM and SIGHUP sent to lockctl are passed on
+    /// to the command. When the command ends, the locks are released and lockctl exits with the
+    /// command's status.
+    ///
+    /// Several locks (--lock, repeated) are taken in sorted order, each waiting in its queue,
+    /// all within --wait; with --atomic, all at once or none, in one call (at most 32, try-only
+    /// at lockd: within --wait lockctl asks again).
     Run {
-        resource: String,
+        /// The resource to lock (or give --lock, once or more).
+        #[arg(required_unless_present = "locks", conflicts_with = "locks")]
+        resource: Option<String>,
+        /// A resource to lock; repeat it for several.
+        #[arg(long = "lock", value_name = "RESOURCE")]
+        locks: Vec<String>,
+        /// Take every --lock at once or none (one AcquireAll) instead of one after another.
+        #[arg(long)]
+        atomic: bool,
         #[command(flatten)]
         lock: LockArgs,
         /// Time between SIGTERM and SIGKILL when the lease is lost or about to be [default: a
@@ -354,10 +369,16 @@ async fn dispatch(cli: Cli) -> Result<ExitCode, ClientError> {
         }
         Command::Run {
             resource,
+            locks,
+            atomic,
             lock,
             grace,
             command,
         } => {
+            if atomic && resource.is_some() {
+                eprintln!("lockctl: --atomic takes the --lock set; name the resources with --lock");
+                return Ok(ExitCode::from(2));
+            }
             // The TTL given: a grace that cannot fit is refused before anything is taken.
             if let (Some(g), Some(ttl)) = (grace, lock.ttl)
                 && let Err(e) = run::stop_budget(Some(g), ttl)
@@ -365,16 +386,36 @@ async fn dispatch(cli: Cli) -> Result<ExitCode, ClientError> {
                 eprintln!("lockctl: {e}");
                 return Ok(ExitCode::from(2));
             }
-            match client.acquire(&resource, lock.options(None)).await? {
-                Acquired::Granted(guard) => match run::stop_budget(grace, guard.lease().ttl) {
-                    Ok(budget) => Ok(run::run(guard, &command, budget).await),
-                    Err(e) => {
-                        eprintln!("lockctl: {e}");
-                        let _ = guard.release().await;
-                        Ok(ExitCode::from(2))
-                    }
+            let guards = match resource {
+                Some(resource) => match client.acquire(&resource, lock.options(None)).await? {
+                    Acquired::Granted(guard) => vec![guard],
+                    Acquired::NotGranted(why) => return Ok(not_granted(&resource, &why, cli.json)),
                 },
-                Acquired::NotGranted(why) => Ok(not_granted(&resource, &why, cli.json)),
+                None => {
+                    let names: Vec<&str> = locks.iter().map(String::as_str).collect();
+                    let taken = match atomic {
+                        true => client.acquire_all(&names, lock.options(None)).await?,
+                        false => client.acquire_ordered(&names, lock.options(None)).await?,
+                    };
+                    match taken {
+                        AcquiredAll::Granted(guards) => guards,
+                        AcquiredAll::NotGranted { resource, why } => {
+                            return Ok(not_granted(&resource, &why, cli.json));
+                        }
+                    }
+                }
+            };
+            // Every lease has the TTL asked (or lockd's default): the budget is the shortest's.
+            let ttl = guards.iter().map(|g| g.lease().ttl).min().expect("a lock");
+            match run::stop_budget(grace, ttl) {
+                Ok(budget) => Ok(run::run(guards, &command, budget).await),
+                Err(e) => {
+                    eprintln!("lockctl: {e}");
+                    for guard in guards {
+                        let _ = guard.release().await;
+                    }
+                    Ok(ExitCode::from(2))
+                }
             }
         }
     }

@@ -14,12 +14,14 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use fencing::wire::{ENV_RESOURCE, ENV_TOKEN, ENV_TOKEN_NUMBER};
+use fencing::wire::{ENV_RESOURCE, ENV_TOKEN, ENV_TOKEN_NUMBER, ENV_TOKENS};
 use lockd_client::LockGuard;
 use tokio::signal::unix::{SignalKind, signal};
 
 /// Time allowed for SIGKILL to take the group and for the command to be reaped.
 const KILL_SLACK: Duration = Duration::from_millis(250);
+/// How long a stopped command's lockctl tries to release the locks it still holds.
+const RELEASE_AFTER_STOP: Duration = Duration::from_secs(2);
 /// The default grace: a fifth of the TTL (less when that would not fit), at most this.
 const GRACE_DEFAULT_MAX: Duration = Duration::from_secs(10);
 
@@ -52,23 +54,53 @@ pub fn stop_budget(asked: Option<Duration>, ttl: Duration) -> Result<StopBudget,
     Ok(StopBudget { grace, total })
 }
 
-/// Runs `command` under `guard`. Returns lockctl's exit status.
-pub async fn run(guard: LockGuard, command: &[String], budget: StopBudget) -> ExitCode {
+/// Releases every lock, the last taken first.
+async fn release_all(guards: Vec<LockGuard>) {
+    for guard in guards.into_iter().rev() {
+        let resource = guard.resource().to_string();
+        if let Err(e) = guard.release().await {
+            eprintln!(
+                "lockctl: releasing the lock on {resource} failed (it will expire after its TTL): {e}"
+            );
+        }
+    }
+}
+
+/// The guard whose deadline comes first: the whole stop must begin before it.
+fn first_deadline(guards: &[LockGuard]) -> &LockGuard {
+    guards
+        .iter()
+        .min_by_key(|g| g.deadline())
+        .expect("run holds at least one lock")
+}
+
+/// Runs `command` under `guards` (one or more locks). Returns lockctl's exit status.
+pub async fn run(guards: Vec<LockGuard>, command: &[String], budget: StopBudget) -> ExitCode {
     let grace = budget.grace;
     let mut cmd = tokio::process::Command::new(&command[0]);
+    let tokens: Vec<String> = guards
+        .iter()
+        .map(|g| format!("{}={}", g.resource(), g.fence_token()))
+        .collect();
     cmd.args(&command[1..])
-        .env(ENV_RESOURCE, guard.resource())
-        .env(ENV_TOKEN, guard.fence_token())
-        .env(ENV_TOKEN_NUMBER, guard.token().to_string())
+        .env(ENV_TOKENS, tokens.join(","))
         // Its own process group, so that stopping it stops everything it started too.
         .process_group(0);
+    if let [guard] = guards.as_slice() {
+        cmd.env(ENV_RESOURCE, guard.resource())
+            .env(ENV_TOKEN, guard.fence_token())
+            .env(ENV_TOKEN_NUMBER, guard.token().to_string());
+    } else {
+        // One of several would be a guess: the command reads FENCING_TOKENS.
+        cmd.env_remove(ENV_RESOURCE)
+            .env_remove(ENV_TOKEN)
+            .env_remove(ENV_TOKEN_NUMBER);
+    }
     let mut child = match cmd.spawn() {
         Ok(child) => child,
         Err(e) => {
             eprintln!("lockctl: cannot start {:?}: {e}", command[0]);
-            if let Err(e) = guard.release().await {
-                eprintln!("lockctl: releasing the lock failed (it will expire): {e}");
-            }
+            release_all(guards).await;
             // The shell's conventions: 127 not found, 126 found but not executable.
             return ExitCode::from(match e.kind() {
                 std::io::ErrorKind::NotFound => 127,
@@ -85,25 +117,30 @@ pub async fn run(guard: LockGuard, command: &[String], budget: StopBudget) -> Ex
     ];
     let [mut int, mut term, mut hup] =
         signals.map(|k| signal(k).expect("installing a signal handler"));
-    let lost = guard.lost();
-    tokio::pin!(lost);
+    // The first lease lost, of however many.
+    let (lost_tx, mut lost) = tokio::sync::mpsc::channel(guards.len());
+    for guard in &guards {
+        let (tx, resource, reason) = (lost_tx.clone(), guard.resource().to_string(), guard.lost());
+        tokio::spawn(async move {
+            let _ = tx.send((resource, reason.await)).await;
+        });
+    }
     loop {
-        // The stop must begin by then, unless a renewal moves the deadline first (the deadline
+        // The stop must begin by then, unless a renewal moves the deadline first (a deadline
         // only moves later, so waking at an old one and looking again is safe).
-        let stop_at = guard
+        let stop_at = first_deadline(&guards)
             .deadline()
             .checked_sub(budget.total)
             .unwrap_or_else(Instant::now);
         let reason = tokio::select! {
             status = child.wait() => {
                 let code = exit_code(status);
-                if let Err(e) = guard.release().await {
-                    eprintln!("lockctl: releasing the lock failed (it will expire after its TTL): {e}");
-                }
+                release_all(guards).await;
                 return code;
             }
-            reason = &mut lost => format!("the lease on {} was lost ({reason})", guard.resource()),
+            Some((resource, reason)) = lost.recv() => format!("the lease on {resource} was lost ({reason})"),
             () = tokio::time::sleep_until(stop_at) => {
+                let guard = first_deadline(&guards);
                 if guard.deadline().checked_sub(budget.total).is_some_and(|s| s > Instant::now()) {
                     continue; // renewed meanwhile
                 }
@@ -133,6 +170,9 @@ pub async fn run(guard: LockGuard, command: &[String], budget: StopBudget) -> Ex
             Ok(s) => eprintln!("lockctl: the command stopped ({s})"),
             Err(e) => eprintln!("lockctl: waiting for the command failed: {e}"),
         }
+        // The other locks of a set are still held: give them back, briefly (lockd may be
+        // what is unreachable; then they expire).
+        let _ = tokio::time::timeout(RELEASE_AFTER_STOP, release_all(guards)).await;
         return ExitCode::from(crate::EXIT_LEASE_LOST);
     }
 }
