@@ -297,6 +297,16 @@ impl Api {
     }
 }
 
+/// Two tenants: `work` owns `job/`, `other` owns `other/`.
+const WORK_AND_OTHER: &str = r#"
+[[tenant]]
+name = "work"
+prefixes = ["job/"]
+[[tenant]]
+name = "other"
+prefixes = ["other/"]
+"#;
+
 /// Writes a policy under `dir`: the `tenants` TOML, and an identity for each (name, tenant,
 /// bearer token). Returns lockd's arguments that put it in force.
 fn policy(dir: &Path, tenants: &str, identities: &[(&str, &str, &str)]) -> Vec<String> {

@@ -359,19 +359,10 @@ impl LockApi {
             wait_ms: r.wait_timeout_ms,
             owner,
         };
-        let reply = driver.acquire(req).await.map_err(|e| match e {
-            // Named as the caller spelled it, not as lockd keeps it.
-            DriverError::Acquire(AcquireError::RequestIdReused {
-                original,
-                requested,
-                ..
-            }) => DriverError::Acquire(AcquireError::RequestIdReused {
-                request_id: r.request_id.clone(),
-                original,
-                requested,
-            }),
-            e => e,
-        })?;
+        let reply = driver
+            .acquire(req)
+            .await
+            .map_err(|e| as_spelled(e, &r.request_id))?;
         let outcome = match &reply {
             AcquireReply::Granted {
                 duplicate: false,
@@ -385,19 +376,8 @@ impl LockApi {
             AcquireReply::Busy(_) => "busy",
             AcquireReply::TimedOut(_) => "wait_timeout",
         };
-        if let (AcquireReply::Granted { grant, .. }, true) = (&reply, crate::audit::on()) {
-            crate::audit::record(
-                "grant",
-                serde_json::json!({
-                    "resource": grant.resource.as_str(),
-                    "lease": crate::audit::lease_fingerprint(&grant.lease_id.to_string()),
-                    "token": grant.token.get(),
-                    "holder": holder_text.as_str(),
-                    "identity": who.as_ref().map(|w| w.name.as_str()),
-                    "peer": peer.map(|p| p.to_string()),
-                    "result": outcome,
-                }),
-            );
+        if let AcquireReply::Granted { grant, .. } = &reply {
+            audit_grant(grant, &holder_text, who.as_deref(), peer, outcome, None);
         }
         let response = match reply {
             AcquireReply::Granted {
@@ -654,6 +634,51 @@ impl LockApi {
 }
 
 /// The audit record of one release (alone or in a batch).
+/// A refused reuse of a request id, named as the caller spelled the id, not as lockd keeps
+/// it (`scoped`).
+fn as_spelled(e: DriverError, request_id: &str) -> DriverError {
+    match e {
+        DriverError::Acquire(AcquireError::RequestIdReused {
+            original,
+            requested,
+            ..
+        }) => DriverError::Acquire(AcquireError::RequestIdReused {
+            request_id: request_id.to_string(),
+            original,
+            requested,
+        }),
+        e => e,
+    }
+}
+
+/// The audit log's record of a grant answered (`set`: the size of the AcquireAll it is
+/// part of).
+fn audit_grant(
+    grant: &Grant,
+    holder: &str,
+    who: Option<&Identity>,
+    peer: Option<std::net::SocketAddr>,
+    result: &str,
+    set: Option<usize>,
+) {
+    if !crate::audit::on() {
+        return;
+    }
+    crate::audit::record(
+        "grant",
+        serde_json::json!({
+            "resource": grant.resource.as_str(),
+            "lease": crate::audit::lease_fingerprint(&grant.lease_id.to_string()),
+            "token": grant.token.get(),
+            "holder": holder,
+            "identity": who.map(|w| w.name.as_str()),
+            "peer": peer.map(|p| p.to_string()),
+            "result": result,
+            "set": set,
+        }),
+    );
+}
+
 fn audit_release(
     asked: &pb::LeaseRef,
     outcome: &ReleaseOutcome,

@@ -2,7 +2,7 @@
 
 use tonic::Code;
 
-use super::{Api, Backend, assert_refused, busy, owned, policy, req};
+use super::{Api, Backend, WORK_AND_OTHER, assert_refused, busy, owned, policy, req};
 use lockd_proto::v1::AcquireRequest;
 
 /// RenewMany and ReleaseMany: each lease served as the single call would, in the order asked;
@@ -11,18 +11,7 @@ use lockd_proto::v1::AcquireRequest;
 pub fn many_leases_are_renewed_and_released_in_one_call(b: &dyn Backend) {
     let dir = tempfile::tempdir().unwrap();
     let token = "many-0123456789abcdef0123456789a";
-    let args = policy(
-        dir.path(),
-        r#"
-        [[tenant]]
-        name = "work"
-        prefixes = ["job/"]
-        [[tenant]]
-        name = "other"
-        prefixes = ["other/"]
-        "#,
-        &[("worker", "work", token)],
-    );
+    let args = policy(dir.path(), WORK_AND_OTHER, &[("worker", "work", token)]);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let lockd = b.start(&dir.path().join("data"), &args);
     let mut api = Api::with_token(&lockd, token);

@@ -5,7 +5,7 @@ use lockd_proto::v1::acquire_all_response::Outcome as SetOutcome;
 use lockd_proto::v1::{AcquireAllRequest, AcquireAllResponse, Lease};
 use tonic::{Code, Status};
 
-use super::{Api, Backend, assert_refused, policy};
+use super::{Api, Backend, WORK_AND_OTHER, assert_refused, policy};
 
 fn set(resources: &[&str], request_id: &str) -> AcquireAllRequest {
     AcquireAllRequest {
@@ -48,14 +48,7 @@ pub fn a_set_is_granted_whole_or_not_at_all(b: &dyn Backend) {
     );
     let args = policy(
         dir.path(),
-        r#"
-        [[tenant]]
-        name = "work"
-        prefixes = ["job/"]
-        [[tenant]]
-        name = "other"
-        prefixes = ["other/"]
-        "#,
+        WORK_AND_OTHER,
         &[("worker", "work", worker), ("stranger", "other", stranger)],
     );
     let args: Vec<&str> = args.iter().map(String::as_str).collect();

@@ -42,11 +42,29 @@ fn every_record_type_is_written_without_a_lease_id_in_clear() {
         Some(4),
         "a is no longer current"
     );
+    // A set of two: a grant record for each member, which says the set's size.
+    let (code, _, err) = ctl(&[
+        "run", "--atomic", "--lock", "s1", "--lock", "s2", "--", "true",
+    ]);
+    assert_eq!(code, Some(0), "{err}");
     let records = records_when(&log, |r| {
         ["grant", "release", "long_hold", "expiry", "refusal"]
             .iter()
             .all(|t| !of_type(r, t).is_empty())
+            && of_type(r, "grant").iter().filter(|g| g["set"] == 2).count() == 2
     });
+    let members: Vec<&Value> = of_type(&records, "grant")
+        .into_iter()
+        .filter(|g| g["set"] == 2)
+        .collect();
+    assert_eq!(
+        (
+            members[0]["resource"].as_str(),
+            members[1]["resource"].as_str()
+        ),
+        (Some("s1"), Some("s2"))
+    );
+    assert!(members[1]["token"].as_u64() > members[0]["token"].as_u64());
     let text = std::fs::read_to_string(&log).unwrap();
     assert!(
         !text.contains(&a) && !text.contains(&b),
@@ -61,6 +79,10 @@ fn every_record_type_is_written_without_a_lease_id_in_clear() {
     assert_eq!(grant["resource"], "a");
     assert_eq!(grant["holder"], "web-1");
     assert_eq!(grant["result"], "granted");
+    assert!(
+        grant["set"].is_null(),
+        "a single grant is no set's: {grant}"
+    );
     assert!(grant["peer"].as_str().unwrap().starts_with("127.0.0.1:"));
     let fingerprint = grant["lease"].as_str().unwrap();
     assert_eq!(fingerprint.len(), 16);

@@ -1,11 +1,10 @@
 //! AcquireAll on the wire: a set of resources, all granted in one commit or none.
 
-use lockd_core::{AcquireAllOutcome, AcquireAllRequest, AcquireError, Holder, RequestId};
+use lockd_core::{AcquireAllOutcome, AcquireAllRequest, Holder, RequestId};
 use lockd_proto::v1 as pb;
 use tonic::{Request, Response, Status};
 
-use super::{LockApi, Served, scoped};
-use crate::driver::DriverError;
+use super::{LockApi, Served, as_spelled, audit_grant, scoped};
 use crate::status::invalid_argument;
 
 impl LockApi {
@@ -58,19 +57,10 @@ impl LockApi {
             holder,
             ttl_ms: r.ttl_ms,
         };
-        let outcome = driver.acquire_all(req).await.map_err(|e| match e {
-            // Named as the caller spelled it, not as lockd keeps it.
-            DriverError::Acquire(AcquireError::RequestIdReused {
-                original,
-                requested,
-                ..
-            }) => DriverError::Acquire(AcquireError::RequestIdReused {
-                request_id: r.request_id.clone(),
-                original,
-                requested,
-            }),
-            e => e,
-        })?;
+        let outcome = driver
+            .acquire_all(req)
+            .await
+            .map_err(|e| as_spelled(e, &r.request_id))?;
         let (grants, duplicate, result) = match outcome {
             AcquireAllOutcome::Granted(grants) => (
                 grants.into_iter().map(|g| (g, true)).collect(),
@@ -90,22 +80,15 @@ impl LockApi {
                 return Ok((Response::new(response), "busy"));
             }
         };
-        if crate::audit::on() {
-            for (grant, _) in &grants {
-                crate::audit::record(
-                    "grant",
-                    serde_json::json!({
-                        "resource": grant.resource.as_str(),
-                        "lease": crate::audit::lease_fingerprint(&grant.lease_id.to_string()),
-                        "token": grant.token.get(),
-                        "holder": holder_text.as_str(),
-                        "identity": who.as_ref().map(|w| w.name.as_str()),
-                        "peer": peer.map(|p| p.to_string()),
-                        "result": result,
-                        "set": grants.len(),
-                    }),
-                );
-            }
+        for (grant, _) in &grants {
+            audit_grant(
+                grant,
+                &holder_text,
+                who.as_deref(),
+                peer,
+                result,
+                Some(grants.len()),
+            );
         }
         let leases = grants
             .iter()
