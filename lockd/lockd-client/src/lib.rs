@@ -516,18 +516,9 @@ impl Client {
             let status = match call {
                 Ok(Ok(resp)) => match resp.into_inner().outcome {
                     Some(pb::acquire_response::Outcome::Granted(l)) => {
-                        let mut lease = Lease {
-                            resource: resource.to_string(),
-                            lease_id: l.lease_id,
-                            token: l.token,
-                            signed_token: (!l.signed_token.is_empty()).then_some(l.signed_token),
-                            ttl: Duration::from_millis(l.ttl_ms),
-                            expires_at_ms: l.expires_at_ms,
-                            duplicate: l.duplicate,
-                            holds: l.holds.max(1),
-                            owner: opts.owner.clone(),
-                        };
-                        if !l.duplicate {
+                        let (duplicate, held) = (l.duplicate, l.held);
+                        let mut lease = lease_of(resource, l, opts.owner.clone());
+                        if !duplicate {
                             return Ok(Acquired::Granted(LockGuard::start(
                                 self.clone(),
                                 lease,
@@ -537,7 +528,7 @@ impl Client {
                         // The grant of an earlier attempt whose reply was lost: nobody has
                         // renewed it, and when it was made is unknown, so renew it now to learn
                         // a safe deadline. If it has ended, it was never used: ask anew.
-                        if l.held {
+                        if held {
                             let renew_sent = Instant::now();
                             if let Ok(r) = self.renew(resource, &lease.lease_id).await {
                                 lease.expires_at_ms = r.expires_at_ms;
@@ -799,6 +790,21 @@ fn answered_each(asked: usize, answered: usize) -> Result<(), ClientError> {
         error_code: None,
         message: format!("lockd answered {answered} results for {asked} leases"),
     })
+}
+
+/// A lease of `resource` as lockd granted it (to `owner`, for a reentrant one).
+fn lease_of(resource: &str, l: pb::Lease, owner: Option<String>) -> Lease {
+    Lease {
+        resource: resource.to_string(),
+        lease_id: l.lease_id,
+        token: l.token,
+        signed_token: (!l.signed_token.is_empty()).then_some(l.signed_token),
+        ttl: Duration::from_millis(l.ttl_ms),
+        expires_at_ms: l.expires_at_ms,
+        duplicate: l.duplicate,
+        holds: l.holds.max(1),
+        owner,
+    }
 }
 
 fn not_granted(ng: &pb::NotGranted) -> NotGranted {

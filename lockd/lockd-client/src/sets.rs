@@ -11,15 +11,13 @@
 //!   they name the resources in; one deadline covers the whole set, and on any failure the
 //!   locks taken so far are released, last first.
 
-use std::time::Duration;
-
 use fencing::ResourceName;
 use lockd_proto::v1 as pb;
 use tokio::time::Instant;
 
 use crate::{
     AcquireOptions, Acquired, Backoff, CALL_GRACE, Client, ClientError, Lease, LockGuard,
-    NotGranted, Renewal, TRANSPORT_RETRY_FOR, answered_each, new_request_id, not_granted,
+    NotGranted, Renewal, TRANSPORT_RETRY_FOR, answered_each, lease_of, new_request_id, not_granted,
     transient,
 };
 
@@ -79,7 +77,7 @@ impl Client {
                             let leases: Vec<Lease> = resources
                                 .iter()
                                 .zip(set.leases)
-                                .map(|(r, l)| lease(r, l))
+                                .map(|(r, l)| lease_of(r, l, None))
                                 .collect();
                             if !duplicate {
                                 return Ok(self.guards(leases, sent));
@@ -217,19 +215,5 @@ impl Client {
         if let Err(e) = self.release_many(&refs).await {
             tracing::warn!("releasing an unused set failed (its leases will expire): {e}");
         }
-    }
-}
-
-fn lease(resource: &str, l: pb::Lease) -> Lease {
-    Lease {
-        resource: resource.to_string(),
-        lease_id: l.lease_id,
-        token: l.token,
-        signed_token: (!l.signed_token.is_empty()).then_some(l.signed_token),
-        ttl: Duration::from_millis(l.ttl_ms),
-        expires_at_ms: l.expires_at_ms,
-        duplicate: l.duplicate,
-        holds: l.holds.max(1),
-        owner: None,
     }
 }

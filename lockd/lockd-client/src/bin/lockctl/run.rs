@@ -20,8 +20,6 @@ use tokio::signal::unix::{SignalKind, signal};
 
 /// Time allowed for SIGKILL to take the group and for the command to be reaped.
 const KILL_SLACK: Duration = Duration::from_millis(250);
-/// How long a stopped command's lockctl tries to release the locks it still holds.
-const RELEASE_AFTER_STOP: Duration = Duration::from_secs(2);
 /// The default grace: a fifth of the TTL (less when that would not fit), at most this.
 const GRACE_DEFAULT_MAX: Duration = Duration::from_secs(10);
 
@@ -170,9 +168,6 @@ pub async fn run(guards: Vec<LockGuard>, command: &[String], budget: StopBudget)
             Ok(s) => eprintln!("lockctl: the command stopped ({s})"),
             Err(e) => eprintln!("lockctl: waiting for the command failed: {e}"),
         }
-        // The other locks of a set are still held: give them back, briefly (lockd may be
-        // what is unreachable; then they expire).
-        let _ = tokio::time::timeout(RELEASE_AFTER_STOP, release_all(guards)).await;
         return ExitCode::from(crate::EXIT_LEASE_LOST);
     }
 }
