@@ -46,10 +46,7 @@ impl Client {
                 "a set's leases are not reentrant: acquire_all takes no owner".to_string(),
             ));
         }
-        for r in resources {
-            ResourceName::new(r)
-                .map_err(|e| ClientError::InvalidArgument(format!("{r:?}: {e}")))?;
-        }
+        check_names(resources)?;
         let ttl_ms = opts.ttl.map_or(0, |t| t.as_millis() as u64);
         let mut request_id = opts.request_id.clone().unwrap_or_else(new_request_id);
         let deadline = Instant::now() + opts.wait;
@@ -148,6 +145,8 @@ impl Client {
                 "acquire_ordered makes one request id per lock: leave request_id empty".to_string(),
             ));
         }
+        // Every name checked before anything is taken.
+        check_names(resources)?;
         let mut order: Vec<&str> = resources.to_vec();
         order.sort_unstable();
         order.dedup();
@@ -216,4 +215,12 @@ impl Client {
             tracing::warn!("releasing an unused set failed (its leases will expire): {e}");
         }
     }
+}
+
+/// Each of `resources` is a valid name; the first that is not is named in the error.
+fn check_names(resources: &[&str]) -> Result<(), ClientError> {
+    for r in resources {
+        ResourceName::new(r).map_err(|e| ClientError::InvalidArgument(format!("{r:?}: {e}")))?;
+    }
+    Ok(())
 }

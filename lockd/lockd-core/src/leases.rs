@@ -421,9 +421,33 @@ impl LeaseTable {
         Some((name, self.end_slot(id)))
     }
 
+    /// Whether the slot's lease is held, or that of another member of the AcquireAll set its
+    /// request id belongs to ([`RequestId::member`]): a set's ids are kept, and forgotten,
+    /// together, so that a retry never finds part of a set (and a caller never reuses the id
+    /// of a set that is partly remembered). Members are numbered from 0 without gaps.
+    fn set_held(&self, id: SlotId) -> bool {
+        if self.lease_held(id) {
+            return true;
+        }
+        let base = self
+            .slot(id)
+            .request
+            .as_ref()
+            .expect("a remembered slot")
+            .set_base();
+        for k in 0..=crate::limits::SET_MAX {
+            match self.find_request(&base.member(k)) {
+                Some(m) if m != id && self.lease_held(m) => return true,
+                None if k > 0 => return false,
+                _ => {}
+            }
+        }
+        false
+    }
+
     /// Forgets request ids whose retention started `retention_ms` before `now`, except those
-    /// whose lease is still held, re-entries' included (their retention starts over). Calls
-    /// `forgotten` for each.
+    /// whose lease is still held, re-entries' included, or whose AcquireAll set has a member
+    /// held (their retention starts over). Calls `forgotten` for each.
     pub fn forget_requests(
         &mut self,
         now: Millis,
@@ -435,7 +459,7 @@ impl LeaseTable {
                 break;
             }
             self.retention.pop_front();
-            if self.lease_held(id) {
+            if self.set_held(id) {
                 self.retention.push_back((now, id));
                 continue;
             }

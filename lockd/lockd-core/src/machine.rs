@@ -39,19 +39,14 @@ use crate::outcome::{
     AcquireOutcome, Busy, Description, Effect, Grant, HeldBy, Listed, Page, ReleaseOutcome, Renewed,
 };
 use crate::persist::{LeaseRecord, Op, Reentrant, Snapshot};
-use crate::tenants::{Caps, Tenancy, TenantIx, Usage};
+use crate::tenants::{Caps, Tenancy, Usage};
 
-/// What a tenant's usage counts.
-#[derive(Clone, Copy)]
-enum Counted {
-    Leases,
-    Waiters,
-    Requests,
-}
 use crate::types::{Holder, Millis, Owner, RequestId, WaiterId};
 
 mod multi;
+mod quota;
 pub use multi::{AcquireAllOutcome, AcquireAllRequest};
+use quota::Counted;
 
 /// Where lease ids come from. The server draws them from the operating system's CSPRNG
 /// (invariant 5: unguessable); tests use a counter so that transcripts are stable.
@@ -289,80 +284,6 @@ impl Core {
             .take(n)
             .map(|(r, len)| (r.clone(), len))
             .collect()
-    }
-
-    /// The owner of `resource`, if tenants are in force and one owns it.
-    fn owner(&self, resource: &ResourceName) -> Option<TenantIx> {
-        self.tenancy.as_ref()?.owner_ix(resource.as_str())
-    }
-
-    /// The tenant's acquire rate, if it has one: takes one call from its bucket.
-    fn take_call(&mut self, owner: Option<TenantIx>) -> Result<(), AcquireError> {
-        let (Some(ix), Some(t)) = (owner, &self.tenancy) else {
-            return Ok(());
-        };
-        let tenant = t.tenant(ix);
-        let Some(rate) = tenant.quota.acquire_rate else {
-            return Ok(());
-        };
-        self.usage[ix]
-            .take_call(rate, self.now)
-            .map_err(|retry_after_ms| AcquireError::TenantRateLimited {
-                tenant: tenant.name.clone(),
-                per_second: rate.per_second,
-                retry_after_ms,
-            })
-    }
-
-    /// Whether the owner may have `n` more of `what`.
-    fn check_quota(
-        &self,
-        owner: Option<TenantIx>,
-        what: Counted,
-        n: usize,
-    ) -> Result<(), AcquireError> {
-        let (Some(ix), Some(t)) = (owner, &self.tenancy) else {
-            return Ok(());
-        };
-        let (tenant, usage, caps) = (t.tenant(ix), &self.usage[ix], &self.caps[ix]);
-        let name = || tenant.name.clone();
-        match what {
-            Counted::Leases if usage.leases + n > caps.leases => {
-                Err(AcquireError::TenantLeasesExhausted {
-                    tenant: name(),
-                    max: caps.leases,
-                })
-            }
-            Counted::Waiters if usage.waiters + n > caps.waiters => {
-                Err(AcquireError::TenantWaitersExhausted {
-                    tenant: name(),
-                    max: caps.waiters,
-                })
-            }
-            Counted::Requests if usage.requests + n > caps.requests => {
-                Err(AcquireError::TenantRequestsExhausted {
-                    tenant: name(),
-                    max: caps.requests,
-                })
-            }
-            _ => Ok(()),
-        }
-    }
-
-    /// Counts one of `what` of `resource` in (`delta` 1) or out (-1) of its owner's usage.
-    fn count(&mut self, resource: &str, what: Counted, delta: isize) {
-        let Some(ix) = self.tenancy.as_ref().and_then(|t| t.owner_ix(resource)) else {
-            return;
-        };
-        let u = &mut self.usage[ix];
-        let n = match what {
-            Counted::Leases => &mut u.leases,
-            Counted::Waiters => &mut u.waiters,
-            Counted::Requests => &mut u.requests,
-        };
-        *n = n
-            .checked_add_signed(delta)
-            .expect("usage counts never go below zero");
     }
 
     pub fn limits(&self) -> &Limits {
@@ -837,6 +758,9 @@ impl Core {
         resource: &ResourceName,
     ) -> Option<Result<AcquireOutcome, AcquireError>> {
         let rem = self.leases.remembered(id)?;
+        if let Some(reused) = self.names_a_set(id, resource) {
+            return Some(Err(reused));
+        }
         let original = rem.name();
         if original != *resource {
             return Some(Err(AcquireError::RequestIdReused {
@@ -942,8 +866,13 @@ impl Core {
     /// when they queue, so the table can exceed `requests_max` by at most the waiters granted
     /// later (bounded by `waiters_total_max`).
     fn check_request_room(&self, req: &AcquireRequest) -> Result<(), AcquireError> {
-        if req.request_id.is_none() {
+        let Some(id) = &req.request_id else {
             return Ok(());
+        };
+        // Never a set's id, even one whose first member alone was forgotten (a crash may keep
+        // a prefix of a batch of forgets).
+        if let Some(reused) = self.names_a_set(id, &req.resource) {
+            return Err(reused);
         }
         if self.leases.remembered_count() >= self.limits.requests_max {
             return Err(AcquireError::RequestsExhausted {

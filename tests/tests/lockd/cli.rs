@@ -466,7 +466,9 @@ fn run_with_several_locks_passes_every_token() {
         ordered[0].1 < ordered[1].1,
         "taken one after the other: {ordered:?}"
     );
-    let atomic = tokens(&["--atomic", "--lock", "job:b", "--lock", "job:a"]);
+    let atomic = tokens(&[
+        "--atomic", "--lock", "job:b", "--lock", "job:a", "--lock", "job:b",
+    ]);
     let names: Vec<&str> = atomic.iter().map(|(r, _)| r.as_str()).collect();
     assert_eq!(names, ["job:b", "job:a"], "in the order given");
     assert!(
@@ -500,6 +502,20 @@ fn run_with_several_locks_passes_every_token() {
             false,
             "job:a was given back"
         );
+    }
+
+    // A bad name is named, before anything is taken.
+    for atomic in [false, true] {
+        let mut cmd = lockd.lockctl();
+        cmd.args(["run", "--lock", "job:a", "--lock", "job:x=1"]);
+        if atomic {
+            cmd.arg("--atomic");
+        }
+        cmd.args(["--", "true"]);
+        let (status, _, stderr) = output(cmd);
+        assert_eq!(status.code(), Some(1), "an invalid argument: {stderr}");
+        assert!(stderr.contains("\"job:x=1\""), "{stderr}");
+        assert_eq!(describe(&lockd, "job:a")["held"], false);
     }
 
     // A resource and --lock together, or --atomic alone, are refused as usage errors.

@@ -163,6 +163,22 @@ impl Core {
         Some(Ok(AcquireAllOutcome::Duplicate(grants)))
     }
 
+    /// The refusal of an Acquire whose request id names an AcquireAll's set of more than one
+    /// resource (a set of one is an Acquire by another name): whichever member it names, the
+    /// id is another request's.
+    pub(super) fn names_a_set(
+        &self,
+        id: &RequestId,
+        resource: &ResourceName,
+    ) -> Option<AcquireError> {
+        let second = self.leases.remembered(&id.member(1))?;
+        Some(AcquireError::RequestIdReused {
+            request_id: id.as_str().to_string(),
+            original: second.name(),
+            requested: resource.clone(),
+        })
+    }
+
     /// Whether lockd, and each tenant of the set, can take every lease (and request id) of
     /// the set; also that no member's request id is still remembered (a set whose first
     /// member was forgotten before the others is not granted again).

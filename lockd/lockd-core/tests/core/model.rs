@@ -244,12 +244,7 @@ impl Model {
             .collect();
         due.sort();
         for (_, _, id) in due {
-            let r = &self.requests[&id];
-            let held = self
-                .leases
-                .get(&r.resource)
-                .is_some_and(|l| l.token == r.token);
-            if held {
+            if self.set_held(&id) {
                 let seq = self.seq();
                 let r = self.requests.get_mut(&id).unwrap();
                 r.since = self.now;
@@ -260,6 +255,24 @@ impl Model {
                 fx.push(Effect::Persist(Op::ForgetRequest { request_id: id }));
             }
         }
+    }
+
+    /// Whether the lease of request id `id` is held, or that of another member of its
+    /// AcquireAll set (`id`, `id 1`, `id 2`, ...): a set's ids are forgotten together.
+    fn set_held(&self, id: &str) -> bool {
+        let base = id.rsplit_once(' ').map_or(id, |(b, _)| b);
+        let held = |m: &str| {
+            self.requests.get(m).is_some_and(|r| {
+                self.leases
+                    .get(&r.resource)
+                    .is_some_and(|l| l.token == r.token)
+            })
+        };
+        held(base)
+            || (1..)
+                .map(|k| format!("{base} {k}"))
+                .take_while(|m| self.requests.contains_key(m))
+                .any(|m| held(&m))
     }
 
     fn seq(&mut self) -> u64 {
@@ -379,6 +392,14 @@ impl Model {
         };
         if let Some(id) = &request {
             if let Some(r) = self.requests.get(id) {
+                if let Some(second) = self.requests.get(&format!("{id} 1")) {
+                    // The id names an AcquireAll's set of more than one.
+                    return Err(AcquireError::RequestIdReused {
+                        request_id: id.clone(),
+                        original: name(&second.resource),
+                        requested: name(resource),
+                    });
+                }
                 if r.resource != resource {
                     return Err(AcquireError::RequestIdReused {
                         request_id: id.clone(),

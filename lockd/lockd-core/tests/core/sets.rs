@@ -53,7 +53,7 @@ fn a_set_is_granted_whole_or_not_at_all_and_a_retry_gets_every_member() {
             @80 acquire-all a,c,b holder=y req=s1
               => error: request_id "s1" was already used to acquire c; use a new request id for a
             @90 acquire a holder=z req=s1
-              => error: request_id "s1" was already used to acquire c; use a new request id for a
+              => error: request_id "s1" was already used to acquire a; use a new request id for a
             @100 crash
               => recovered leases=3 requests=3 last_token=Some(4)
             @110 acquire-all c,a,b holder=y ttl=5000 req=s1
@@ -135,22 +135,25 @@ fn a_set_that_would_pass_a_limit_is_refused_whole() {
 }
 
 #[test]
-fn a_set_whose_first_member_was_forgotten_is_not_granted_again() {
+fn a_sets_request_ids_are_kept_while_any_member_is_held_and_forgotten_together() {
     check(
         r#"
         limits request_retention_ms=100
         @0 acquire-all a,b holder=y ttl=10000 req=s
         @10 release a L1
-        # a's request id is forgotten after its retention; b's is kept while b is held, and a
-        # retention longer from the moment it was found held
+        # past the retention: b is held, so neither id is forgotten, a's included
         @200 tick
         @210 acquire-all a,b holder=y ttl=10000 req=s
+        # the id names the set: no single Acquire may take it, whichever member it names
+        @220 acquire a holder=y req=s
+        @230 acquire b holder=y req=s
         @250 release b L2
-        # both free, the set's first member forgotten, its second not: a reused id, not a grant
         @260 acquire-all a,b holder=y ttl=10000 req=s
-        @270 acquire-all a,c holder=y ttl=10000 req=s
+        # both forgotten at once, a retention after they were last found held
         @300 tick
         @310 acquire-all a,b holder=y ttl=10000 req=s
+        @320 crash
+        @330 acquire-all a,b holder=y ttl=10000 req=s
         "#,
         expect![[r#"
             @0 acquire-all a,b holder=y ttl=10000 req=s
@@ -161,22 +164,83 @@ fn a_set_whose_first_member_was_forgotten_is_not_granted_again() {
               ! persist remove a L1
             @200 tick
               => next deadline Some(10000)
-              ! persist forget s
             @210 acquire-all a,b holder=y ttl=10000 req=s
-              => busy b holder="y" token=2 expires=10000 waiters=0
+              => duplicate [a token=1 lease=L1 expires=210 held=false; b token=2 lease=L2 expires=10000 held=true]
+            @220 acquire a holder=y req=s
+              => error: request_id "s" was already used to acquire b; use a new request id for a
+            @230 acquire b holder=y req=s
+              => error: request_id "s" was already used to acquire b; use a new request id for b
             @250 release b L2
               => released token=2 held=250
               ! persist remove b L2
             @260 acquire-all a,b holder=y ttl=10000 req=s
-              => error: request_id "s" was already used to acquire b; use a new request id for a
-            @270 acquire-all a,c holder=y ttl=10000 req=s
-              => error: request_id "s" was already used to acquire b; use a new request id for a
+              => duplicate [a token=1 lease=L1 expires=260 held=false; b token=2 lease=L2 expires=260 held=false]
             @300 tick
               => next deadline None
+              ! persist forget s
               ! persist forget s 1
             @310 acquire-all a,b holder=y ttl=10000 req=s
               => granted all [a token=3 lease=L3 expires=10310; b token=4 lease=L4 expires=10310]
               ! persist atomic [grant a token=3 lease=L3 holder="y" ttl=10000 req=s; grant b token=4 lease=L4 holder="y" ttl=10000 req=s 1]
+            @320 crash
+              => recovered leases=2 requests=2 last_token=Some(4)
+            @330 acquire-all a,b holder=y ttl=10000 req=s
+              => duplicate [a token=3 lease=L3 expires=10320 held=true; b token=4 lease=L4 expires=10320 held=true]
         "#]],
     );
+}
+
+/// A crash may keep a prefix of a batch of forgets: a set's first id forgotten, its second
+/// not. An Acquire, or another set, under that id is then still a reuse, never a grant that a
+/// later retry of the set would stitch to the remembered member.
+#[test]
+fn a_set_remembered_in_part_after_a_crash_still_owns_its_id() {
+    use fencing::{FencingToken, ResourceName};
+    use lockd_core::{
+        AcquireAllRequest, AcquireError, AcquireRequest, Core, Holder, LeaseRecord, Limits,
+        RequestId, Snapshot,
+    };
+    let limits = Limits::default();
+    let member = LeaseRecord {
+        resource: ResourceName::new("b").unwrap(),
+        lease_id: crate::harness::lease_id(2),
+        token: FencingToken::new(2).unwrap(),
+        holder: "y".to_string(),
+        ttl_ms: 1000,
+        request_id: Some("s 1".to_string()),
+        reentrant: None,
+    };
+    let snapshot = Snapshot {
+        last_token: FencingToken::new(2),
+        leases: vec![],
+        requests: vec![member],
+    };
+    let ids = Box::new(|| crate::harness::lease_id(9));
+    let mut core = Core::recover(limits.clone(), ids, snapshot, 0).unwrap();
+    let id = RequestId::new("s", &limits).unwrap();
+    let holder = Holder::new("y", &limits).unwrap();
+    let one = AcquireRequest {
+        resource: ResourceName::new("a").unwrap(),
+        request_id: Some(id.clone()),
+        holder: holder.clone(),
+        ttl_ms: 0,
+        wait_ms: 0,
+        owner: None,
+    };
+    let set = AcquireAllRequest {
+        resources: vec![
+            ResourceName::new("a").unwrap(),
+            ResourceName::new("c").unwrap(),
+        ],
+        request_id: Some(id),
+        holder,
+        ttl_ms: 0,
+    };
+    let mut fx = Vec::new();
+    let reused = |e: &AcquireError| matches!(e, AcquireError::RequestIdReused { original, .. } if original.as_str() == "b");
+    let e = core.acquire(10, one, &mut fx).unwrap_err();
+    assert!(reused(&e), "{e}");
+    let e = core.acquire_all(10, set, &mut fx).unwrap_err();
+    assert!(reused(&e), "{e}");
+    assert!(fx.is_empty(), "nothing granted: {fx:?}");
 }

@@ -392,7 +392,13 @@ async fn dispatch(cli: Cli) -> Result<ExitCode, ClientError> {
                     Acquired::NotGranted(why) => return Ok(not_granted(&resource, &why, cli.json)),
                 },
                 None => {
-                    let names: Vec<&str> = locks.iter().map(String::as_str).collect();
+                    // A name given twice is one lock, in both ways (its first place counts).
+                    let mut names: Vec<&str> = Vec::with_capacity(locks.len());
+                    for l in &locks {
+                        if !names.contains(&l.as_str()) {
+                            names.push(l);
+                        }
+                    }
                     let taken = match atomic {
                         true => client.acquire_all(&names, lock.options(None)).await?,
                         false => client.acquire_ordered(&names, lock.options(None)).await?,
