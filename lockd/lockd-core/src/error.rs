@@ -64,6 +64,17 @@ pub enum AcquireError {
         original: ResourceName,
         requested: ResourceName,
     },
+    /// The request id names an AcquireAll's set, and was used again for something else (an
+    /// Acquire, or another set): a client bug.
+    #[error(
+        "request_id {request_id:?} was already used to acquire the set [{}] (AcquireAll); use a new request id",
+        set.iter().map(ResourceName::as_str).collect::<Vec<_>>().join(", ")
+    )]
+    SetIdReused {
+        request_id: String,
+        /// The set's members that are remembered, in the set's order.
+        set: Vec<ResourceName>,
+    },
     #[error(
         "the wait queue of {resource} is full ({max} waiters); retry later with backoff, or try-lock"
     )]

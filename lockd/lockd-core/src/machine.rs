@@ -758,7 +758,7 @@ impl Core {
         resource: &ResourceName,
     ) -> Option<Result<AcquireOutcome, AcquireError>> {
         let rem = self.leases.remembered(id)?;
-        if let Some(reused) = self.names_a_set(id, resource) {
+        if let Some(reused) = self.names_a_set(id) {
             return Some(Err(reused));
         }
         let original = rem.name();
@@ -871,7 +871,7 @@ impl Core {
         };
         // Never a set's id, even one whose first member alone was forgotten (a crash may keep
         // a prefix of a batch of forgets).
-        if let Some(reused) = self.names_a_set(id, &req.resource) {
+        if let Some(reused) = self.names_a_set(id) {
             return Err(reused);
         }
         if self.leases.remembered_count() >= self.limits.requests_max {

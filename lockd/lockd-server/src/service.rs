@@ -647,6 +647,12 @@ fn as_spelled(e: DriverError, request_id: &str) -> DriverError {
             original,
             requested,
         }),
+        DriverError::Acquire(AcquireError::SetIdReused { set, .. }) => {
+            DriverError::Acquire(AcquireError::SetIdReused {
+                request_id: request_id.to_string(),
+                set,
+            })
+        }
         e => e,
     }
 }

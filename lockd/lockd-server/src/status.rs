@@ -58,7 +58,7 @@ fn from_acquire(a: &AcquireError) -> Status {
     let message = a.to_string();
     match a {
         AcquireError::Invalid(i) => invalid_argument(i),
-        AcquireError::RequestIdReused { .. } => {
+        AcquireError::RequestIdReused { .. } | AcquireError::SetIdReused { .. } => {
             status(Code::InvalidArgument, codes::REQUEST_ID_REUSED, message)
         }
         AcquireError::QueueFull { .. } => {

@@ -123,11 +123,16 @@ impl Core {
         resources: &[ResourceName],
     ) -> Option<Result<AcquireAllOutcome, AcquireError>> {
         let first = self.leases.remembered(id)?;
+        let is_set = self.leases.remembered(&id.member(1)).is_some();
         let reused = |original: ResourceName, requested: &ResourceName| {
-            Some(Err(AcquireError::RequestIdReused {
-                request_id: id.as_str().to_string(),
-                original,
-                requested: requested.clone(),
+            Some(Err(match is_set {
+                true => self.set_reused(id),
+                // The id is a single Acquire's (or a set of one's).
+                false => AcquireError::RequestIdReused {
+                    request_id: id.as_str().to_string(),
+                    original,
+                    requested: requested.clone(),
+                },
             }))
         };
         let mut grants = Vec::with_capacity(resources.len());
@@ -166,17 +171,26 @@ impl Core {
     /// The refusal of an Acquire whose request id names an AcquireAll's set of more than one
     /// resource (a set of one is an Acquire by another name): whichever member it names, the
     /// id is another request's.
-    pub(super) fn names_a_set(
-        &self,
-        id: &RequestId,
-        resource: &ResourceName,
-    ) -> Option<AcquireError> {
-        let second = self.leases.remembered(&id.member(1))?;
-        Some(AcquireError::RequestIdReused {
+    pub(super) fn names_a_set(&self, id: &RequestId) -> Option<AcquireError> {
+        self.leases.remembered(&id.member(1))?;
+        Some(self.set_reused(id))
+    }
+
+    /// The refusal of a reuse of `id`, which names a set: with its members that are
+    /// remembered, in the set's order.
+    fn set_reused(&self, id: &RequestId) -> AcquireError {
+        let mut set = Vec::new();
+        for k in 0..=SET_MAX {
+            match self.leases.remembered(&id.member(k)) {
+                Some(m) => set.push(m.name()),
+                None if k > 0 => break,
+                None => {}
+            }
+        }
+        AcquireError::SetIdReused {
             request_id: id.as_str().to_string(),
-            original: second.name(),
-            requested: resource.clone(),
-        })
+            set,
+        }
     }
 
     /// Whether lockd, and each tenant of the set, can take every lease (and request id) of
@@ -209,14 +223,8 @@ impl Core {
         for &t in tenants {
             self.check_quota(Some(t), Counted::Requests, of(t))?;
         }
-        for k in 1..=SET_MAX {
-            if let Some(rem) = self.leases.remembered(&id.member(k)) {
-                return Err(AcquireError::RequestIdReused {
-                    request_id: id.as_str().to_string(),
-                    original: rem.name(),
-                    requested: req.resources[0].clone(),
-                });
-            }
+        if (1..=SET_MAX).any(|k| self.leases.remembered(&id.member(k)).is_some()) {
+            return Err(self.set_reused(id));
         }
         Ok(())
     }

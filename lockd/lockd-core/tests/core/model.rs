@@ -275,6 +275,27 @@ impl Model {
                 .any(|m| held(&m))
     }
 
+    /// The refusal of a reuse of a set's id: the members remembered, in the set's order.
+    fn set_reused(&self, id: &str) -> AcquireError {
+        let mut set = Vec::new();
+        for k in 0..=lockd_core::limits::SET_MAX {
+            let m = if k == 0 {
+                id.to_string()
+            } else {
+                format!("{id} {k}")
+            };
+            match self.requests.get(&m) {
+                Some(r) => set.push(name(&r.resource)),
+                None if k > 0 => break,
+                None => {}
+            }
+        }
+        AcquireError::SetIdReused {
+            request_id: id.to_string(),
+            set,
+        }
+    }
+
     fn seq(&mut self) -> u64 {
         self.next_seq += 1;
         self.next_seq
@@ -392,13 +413,9 @@ impl Model {
         };
         if let Some(id) = &request {
             if let Some(r) = self.requests.get(id) {
-                if let Some(second) = self.requests.get(&format!("{id} 1")) {
+                if self.requests.contains_key(&format!("{id} 1")) {
                     // The id names an AcquireAll's set of more than one.
-                    return Err(AcquireError::RequestIdReused {
-                        request_id: id.clone(),
-                        original: name(&second.resource),
-                        requested: name(resource),
-                    });
+                    return Err(self.set_reused(id));
                 }
                 if r.resource != resource {
                     return Err(AcquireError::RequestIdReused {
@@ -587,10 +604,14 @@ impl Model {
             0 => id.to_string(),
             k => format!("{id} {k}"),
         };
-        let reused = |id: &str, original: &str, requested: &str| AcquireError::RequestIdReused {
-            request_id: id.to_string(),
-            original: name(original),
-            requested: name(requested),
+        let is_set = |id: &str| self.requests.contains_key(&format!("{id} 1"));
+        let reused = |id: &str, original: &str, requested: &str| match is_set(id) {
+            true => self.set_reused(id),
+            false => AcquireError::RequestIdReused {
+                request_id: id.to_string(),
+                original: name(original),
+                requested: name(requested),
+            },
         };
         if let Some(id) = &request {
             if let Some(first) = self.requests.get(id) {
@@ -621,7 +642,11 @@ impl Model {
                 return Ok(AcquireAllOutcome::Duplicate(out));
             }
             if let Some(w) = self.waiters.iter().find(|w| w.request.as_ref() == Some(id)) {
-                return Err(reused(id, &w.resource, resources[0]));
+                return Err(AcquireError::RequestIdReused {
+                    request_id: id.clone(),
+                    original: name(&w.resource),
+                    requested: name(resources[0]),
+                });
             }
         }
         if let Some(r) = resources.iter().find(|r| self.leases.contains_key(**r)) {
@@ -641,10 +666,9 @@ impl Model {
                     max: self.limits.requests_max,
                 });
             }
-            for k in 1..=lockd_core::limits::SET_MAX {
-                if let Some(rem) = self.requests.get(&member(id, k)) {
-                    return Err(reused(id, &rem.resource, resources[0]));
-                }
+            if (1..=lockd_core::limits::SET_MAX).any(|k| self.requests.contains_key(&member(id, k)))
+            {
+                return Err(self.set_reused(id));
             }
         }
         let start = fx.len();

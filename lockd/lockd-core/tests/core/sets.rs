@@ -47,13 +47,13 @@ fn a_set_is_granted_whole_or_not_at_all_and_a_retry_gets_every_member() {
             @50 acquire-all c,a,b holder=y ttl=5000 req=s1
               => duplicate [c token=2 lease=L2 expires=5040 held=true; a token=3 lease=L3 expires=5040 held=true; b token=4 lease=L4 expires=5040 held=true]
             @60 acquire-all c,a holder=y req=s1
-              => error: request_id "s1" was already used to acquire b; use a new request id for c
+              => error: request_id "s1" was already used to acquire the set [c, a, b] (AcquireAll); use a new request id
             @70 acquire-all c,a,b,d holder=y req=s1
-              => error: request_id "s1" was already used to acquire c; use a new request id for d
+              => error: request_id "s1" was already used to acquire the set [c, a, b] (AcquireAll); use a new request id
             @80 acquire-all a,c,b holder=y req=s1
-              => error: request_id "s1" was already used to acquire c; use a new request id for a
+              => error: request_id "s1" was already used to acquire the set [c, a, b] (AcquireAll); use a new request id
             @90 acquire a holder=z req=s1
-              => error: request_id "s1" was already used to acquire a; use a new request id for a
+              => error: request_id "s1" was already used to acquire the set [c, a, b] (AcquireAll); use a new request id
             @100 crash
               => recovered leases=3 requests=3 last_token=Some(4)
             @110 acquire-all c,a,b holder=y ttl=5000 req=s1
@@ -167,9 +167,9 @@ fn a_sets_request_ids_are_kept_while_any_member_is_held_and_forgotten_together()
             @210 acquire-all a,b holder=y ttl=10000 req=s
               => duplicate [a token=1 lease=L1 expires=210 held=false; b token=2 lease=L2 expires=10000 held=true]
             @220 acquire a holder=y req=s
-              => error: request_id "s" was already used to acquire b; use a new request id for a
+              => error: request_id "s" was already used to acquire the set [a, b] (AcquireAll); use a new request id
             @230 acquire b holder=y req=s
-              => error: request_id "s" was already used to acquire b; use a new request id for b
+              => error: request_id "s" was already used to acquire the set [a, b] (AcquireAll); use a new request id
             @250 release b L2
               => released token=2 held=250
               ! persist remove b L2
@@ -237,7 +237,7 @@ fn a_set_remembered_in_part_after_a_crash_still_owns_its_id() {
         ttl_ms: 0,
     };
     let mut fx = Vec::new();
-    let reused = |e: &AcquireError| matches!(e, AcquireError::RequestIdReused { original, .. } if original.as_str() == "b");
+    let reused = |e: &AcquireError| matches!(e, AcquireError::SetIdReused { set, .. } if set.len() == 1 && set[0].as_str() == "b");
     let e = core.acquire(10, one, &mut fx).unwrap_err();
     assert!(reused(&e), "{e}");
     let e = core.acquire_all(10, set, &mut fx).unwrap_err();
