@@ -8,6 +8,10 @@
 //! - **Redis**: `SET key random NX PX ttl`; release and renew are compare-and-delete /
 //!   compare-and-pexpire scripts. Redis offers no fencing token. Durable only with
 //!   `appendfsync always` (the benchmark script configures it).
+//!
+//! A set of locks, all or none (`closed --set N`): lockd's AcquireAll and ReleaseMany; etcd's
+//! one transaction of N puts under one lease, released by revoking it; a Redis script that sets
+//! every key or none.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -73,6 +77,8 @@ fn authed<T>(message: T) -> tonic::Request<T> {
     r
 }
 
+/// All or none: every key set (NX, with the TTL) when none exists.
+const REDIS_SET_ALL: &str = "for i = 1, #KEYS do if redis.call('exists', KEYS[i]) == 1 then return 0 end end for i = 1, #KEYS do redis.call('set', KEYS[i], ARGV[1], 'PX', ARGV[2]) end return 1";
 const REDIS_RELEASE: &str = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) else return 0 end";
 const REDIS_RENEW: &str = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pexpire', KEYS[1], ARGV[2]) else return 0 end";
 
@@ -217,6 +223,117 @@ impl Backend {
                 }))
             }
         }
+    }
+
+    /// Try-lock of every resource of a set, all or none, each system's way. `Ok(None)`: one was
+    /// held by someone else, and nothing is held.
+    /// - lockd: one `AcquireAll`.
+    /// - etcd: one lease and one transaction "if no key exists, put them all under the lease".
+    /// - Redis: one script that sets every key if none exists (`SET NX PX` alone is per key).
+    pub async fn acquire_set(
+        &self,
+        resources: &[String],
+        ttl_ms: u64,
+    ) -> anyhow::Result<Option<Vec<Held>>> {
+        match self {
+            Backend::Lockd(v) => {
+                let req = lockd_proto::v1::AcquireAllRequest {
+                    resources: resources.to_vec(),
+                    request_id: lockd_client::new_request_id(),
+                    ttl_ms,
+                    holder: "lockbench".to_string(),
+                };
+                let resp = Self::pick(v).acquire_all(authed(req)).await?.into_inner();
+                match resp.outcome {
+                    Some(lockd_proto::v1::acquire_all_response::Outcome::Granted(set)) => Ok(Some(
+                        resources
+                            .iter()
+                            .zip(set.leases)
+                            .map(|(r, l)| Held::Lockd {
+                                resource: r.clone(),
+                                lease_id: l.lease_id,
+                            })
+                            .collect(),
+                    )),
+                    Some(lockd_proto::v1::acquire_all_response::Outcome::NotGranted(_)) => Ok(None),
+                    None => bail!("empty AcquireAllResponse"),
+                }
+            }
+            Backend::Etcd(v) => {
+                let mut c = Self::pick(v);
+                let lease = c
+                    .lease_grant((ttl_ms / 1000).max(1) as i64, None)
+                    .await?
+                    .id();
+                let keys: Vec<String> = resources.iter().map(|r| format!("/locks/{r}")).collect();
+                let txn = Txn::new()
+                    .when(
+                        keys.iter()
+                            .map(|k| Compare::create_revision(k.clone(), CompareOp::Equal, 0))
+                            .collect::<Vec<_>>(),
+                    )
+                    .and_then(
+                        keys.iter()
+                            .map(|k| {
+                                TxnOp::put(
+                                    k.clone(),
+                                    "lockbench",
+                                    Some(PutOptions::new().with_lease(lease)),
+                                )
+                            })
+                            .collect::<Vec<_>>(),
+                    );
+                if c.txn(txn).await?.succeeded() {
+                    // One lease holds every key: revoking it releases the set.
+                    Ok(Some(vec![Held::Etcd { lease }]))
+                } else {
+                    c.lease_revoke(lease).await?;
+                    Ok(None)
+                }
+            }
+            Backend::Redis(v) => {
+                let mut c = Self::pick(v);
+                let value = format!("{:032x}", rand::random::<u128>());
+                let all = redis::Script::new(REDIS_SET_ALL);
+                let mut script = all.prepare_invoke();
+                for r in resources {
+                    script.key(r);
+                }
+                let set: i64 = script.arg(&value).arg(ttl_ms).invoke_async(&mut c).await?;
+                Ok((set == 1).then(|| {
+                    resources
+                        .iter()
+                        .map(|r| Held::Redis {
+                            key: r.clone(),
+                            value: value.clone(),
+                        })
+                        .collect()
+                }))
+            }
+        }
+    }
+
+    /// Releases a set taken with [`Backend::acquire_set`]: lockd's ReleaseMany, etcd's one
+    /// lease revoked, Redis's compare-and-delete of each key.
+    pub async fn release_set(&self, held: Vec<Held>) -> anyhow::Result<()> {
+        if let Backend::Lockd(v) = self {
+            let leases = held
+                .into_iter()
+                .map(|h| match h {
+                    Held::Lockd { resource, lease_id } => {
+                        Ok(lockd_proto::v1::LeaseRef { resource, lease_id })
+                    }
+                    _ => bail!("a held lock of another system"),
+                })
+                .collect::<anyhow::Result<Vec<_>>>()?;
+            let req = lockd_proto::v1::ReleaseManyRequest { leases };
+            Self::pick(v).release_many(authed(req)).await?;
+            return Ok(());
+        }
+        for h in held {
+            self.release(h).await?;
+        }
+        Ok(())
     }
 
     pub async fn renew(&self, held: &Held, ttl_ms: u64) -> anyhow::Result<()> {

@@ -89,6 +89,10 @@ enum Mode {
         /// Excluded from the results.
         #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
         warmup: Duration,
+        /// Each client takes a set of this many resources at once, all or none, and releases
+        /// them together (1: a single lock).
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=32))]
+        set: u64,
     },
     /// Open loop: fixed rates of acquires, renewals and releases.
     Open {
@@ -139,7 +143,8 @@ fn main() -> anyhow::Result<()> {
             clients,
             duration,
             warmup,
-        } => rt.block_on(closed(target, clients, duration, warmup))?,
+            set,
+        } => rt.block_on(closed(target, clients, duration, warmup, set as usize))?,
         Mode::Open {
             target,
             acquire_rate,
@@ -206,6 +211,7 @@ async fn closed(
     clients: usize,
     duration: Duration,
     warmup: Duration,
+    set: usize,
 ) -> anyhow::Result<Value> {
     let backend =
         Arc::new(Backend::connect(t.target, &t.endpoint, t.connections, &t.auth()).await?);
@@ -218,6 +224,7 @@ async fn closed(
     for c in 0..clients {
         let backend = Arc::clone(&backend);
         let resource = format!("bench-{run}-{c}");
+        let members: Vec<String> = (0..set).map(|k| format!("{resource}-{k}")).collect();
         tasks.push(tokio::spawn(async move {
             let (mut acq, mut rel, mut pair) = (histogram(), histogram(), histogram());
             let mut errors = 0u64;
@@ -226,15 +233,27 @@ async fn closed(
                 if t0 >= end {
                     break;
                 }
-                let held = match backend.acquire(&resource, ttl_ms).await {
-                    Ok(Some(h)) => h,
-                    Ok(None) | Err(_) => {
-                        errors += 1;
-                        continue;
-                    }
+                let released = if set == 1 {
+                    let held = match backend.acquire(&resource, ttl_ms).await {
+                        Ok(Some(h)) => h,
+                        Ok(None) | Err(_) => {
+                            errors += 1;
+                            continue;
+                        }
+                    };
+                    (Instant::now(), backend.release(held).await)
+                } else {
+                    let held = match backend.acquire_set(&members, ttl_ms).await {
+                        Ok(Some(h)) => h,
+                        Ok(None) | Err(_) => {
+                            errors += 1;
+                            continue;
+                        }
+                    };
+                    (Instant::now(), backend.release_set(held).await)
                 };
-                let t1 = Instant::now();
-                if backend.release(held).await.is_err() {
+                let t1 = released.0;
+                if released.1.is_err() {
                     errors += 1;
                 }
                 let t2 = Instant::now();
@@ -257,14 +276,14 @@ async fn closed(
     }
     let pairs_per_s = pair.len() as f64 / duration.as_secs_f64();
     eprintln!(
-        "closed loop {:?}, {clients} clients, {duration:?}: {pairs_per_s:.0} acquire+release pairs/s, {errors} errors",
+        "closed loop {:?}, {clients} clients, sets of {set}, {duration:?}: {pairs_per_s:.0} acquire+release pairs/s, {errors} errors",
         t.target
     );
     show("acquire", &acq);
     show("release", &rel);
     show("pair", &pair);
     Ok(json!({
-        "mode": "closed", "target": format!("{:?}", t.target).to_lowercase(), "clients": clients,
+        "mode": "closed", "target": format!("{:?}", t.target).to_lowercase(), "clients": clients, "set": set,
         "duration_s": duration.as_secs_f64(), "pairs_per_s": pairs_per_s, "errors": errors,
         "acquire": summary(&acq), "release": summary(&rel), "pair": summary(&pair),
     }))
