@@ -65,3 +65,22 @@ issue_cert() { # NAME SAN
   openssl x509 -req -in "$OUT/$1.csr" -CA "$OUT/ca.pem" -CAkey "$OUT/ca-key.pem" -days 1 \
     -extfile <(printf 'subjectAltName=%s' "$2") -out "$OUT/$1.pem" 2>/dev/null
 }
+
+# A single-node etcd in $OUT/etcd, clients on 127.0.0.1:$1 and its peer port on $2 (OUT set by
+# the caller); stopped on exit.
+start_etcd() { # CLIENT_PORT PEER_PORT
+  etcd --name bench --data-dir "$OUT/etcd" \
+    --listen-client-urls "http://127.0.0.1:$1" --advertise-client-urls "http://127.0.0.1:$1" \
+    --listen-peer-urls "http://127.0.0.1:$2" --initial-advertise-peer-urls "http://127.0.0.1:$2" \
+    --initial-cluster "bench=http://127.0.0.1:$2" --log-level error >"$OUT/etcd.log" 2>&1 &
+  pids+=("$!")
+}
+
+# Redis on 127.0.0.1:$1 with its data in $OUT/redis, durable (appendfsync always); stopped on
+# exit.
+start_redis() { # PORT
+  mkdir -p "$OUT/redis"
+  redis-server --port "$1" --dir "$OUT/redis" --appendonly yes --appendfsync always --save '' \
+    --daemonize no >"$OUT/redis.log" 2>&1 &
+  pids+=("$!")
+}

@@ -24,15 +24,8 @@ RESULTS="$OUT/results.jsonl"
 
 target/release/lockd --data-dir "$OUT/lockd" --listen 127.0.0.1:17420 --log warn 2>"$OUT/lockd.log" &
 LOCKD_PID=$!; pids+=("$LOCKD_PID")
-etcd --name bench --data-dir "$OUT/etcd" \
-  --listen-client-urls http://127.0.0.1:12379 --advertise-client-urls http://127.0.0.1:12379 \
-  --listen-peer-urls http://127.0.0.1:12380 --initial-advertise-peer-urls http://127.0.0.1:12380 \
-  --initial-cluster bench=http://127.0.0.1:12380 --log-level error >"$OUT/etcd.log" 2>&1 &
-pids+=("$!")
-mkdir -p "$OUT/redis"
-redis-server --port 16379 --dir "$OUT/redis" --appendonly yes --appendfsync always --save '' \
-  --daemonize no >"$OUT/redis.log" 2>&1 &
-pids+=("$!")
+start_etcd 12379 12380
+start_redis 16379
 wait_port 17420; wait_port 12379; wait_port 16379
 
 LOCKD=(--target lockd --endpoint http://127.0.0.1:17420)

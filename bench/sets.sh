@@ -24,15 +24,8 @@ RESULTS="$OUT/results.jsonl"
 
 target/release/lockd --data-dir "$OUT/lockd" --listen 127.0.0.1:17490 --log warn 2>"$OUT/lockd.log" &
 pids+=("$!")
-etcd --name bench --data-dir "$OUT/etcd" \
-  --listen-client-urls http://127.0.0.1:12389 --advertise-client-urls http://127.0.0.1:12389 \
-  --listen-peer-urls http://127.0.0.1:12390 --initial-advertise-peer-urls http://127.0.0.1:12390 \
-  --initial-cluster bench=http://127.0.0.1:12390 --log-level error >"$OUT/etcd.log" 2>&1 &
-pids+=("$!")
-mkdir -p "$OUT/redis"
-redis-server --port 16389 --dir "$OUT/redis" --appendonly yes --appendfsync always --save '' \
-  --daemonize no >"$OUT/redis.log" 2>&1 &
-pids+=("$!")
+start_etcd 12389 12390
+start_redis 16389
 wait_port 17490; wait_port 12389; wait_port 16389
 
 LOCKD=(--target lockd --endpoint http://127.0.0.1:17490)

@@ -182,29 +182,9 @@ impl Backend {
                 }
             }
             Backend::Etcd(v) => {
-                let mut c = Self::pick(v);
-                let lease = c
-                    .lease_grant((ttl_ms / 1000).max(1) as i64, None)
-                    .await?
-                    .id();
-                let key = format!("/locks/{resource}");
-                let txn = Txn::new()
-                    .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
-                    .and_then([TxnOp::put(
-                        key.clone(),
-                        "lockbench",
-                        Some(PutOptions::new().with_lease(lease)),
-                    )])
-                    .or_else([TxnOp::get(key, None)]);
-                let resp = c.txn(txn).await?;
-                if resp.succeeded() {
-                    // The fencing token: the revision of this put (the key's create revision).
-                    let _token = resp.header().map(|h| h.revision());
-                    Ok(Some(Held::Etcd { lease }))
-                } else {
-                    c.lease_revoke(lease).await?;
-                    Ok(None)
-                }
+                let lease =
+                    etcd_take(Self::pick(v), &[format!("/locks/{resource}")], ttl_ms).await?;
+                Ok(lease.map(|lease| Held::Etcd { lease }))
             }
             Backend::Redis(v) => {
                 let mut c = Self::pick(v);
@@ -260,36 +240,10 @@ impl Backend {
                 }
             }
             Backend::Etcd(v) => {
-                let mut c = Self::pick(v);
-                let lease = c
-                    .lease_grant((ttl_ms / 1000).max(1) as i64, None)
-                    .await?
-                    .id();
                 let keys: Vec<String> = resources.iter().map(|r| format!("/locks/{r}")).collect();
-                let txn = Txn::new()
-                    .when(
-                        keys.iter()
-                            .map(|k| Compare::create_revision(k.clone(), CompareOp::Equal, 0))
-                            .collect::<Vec<_>>(),
-                    )
-                    .and_then(
-                        keys.iter()
-                            .map(|k| {
-                                TxnOp::put(
-                                    k.clone(),
-                                    "lockbench",
-                                    Some(PutOptions::new().with_lease(lease)),
-                                )
-                            })
-                            .collect::<Vec<_>>(),
-                    );
-                if c.txn(txn).await?.succeeded() {
-                    // One lease holds every key: revoking it releases the set.
-                    Ok(Some(vec![Held::Etcd { lease }]))
-                } else {
-                    c.lease_revoke(lease).await?;
-                    Ok(None)
-                }
+                // One lease holds every key: revoking it releases the set.
+                let lease = etcd_take(Self::pick(v), &keys, ttl_ms).await?;
+                Ok(lease.map(|lease| vec![Held::Etcd { lease }]))
             }
             Backend::Redis(v) => {
                 let mut c = Self::pick(v);
@@ -390,5 +344,46 @@ impl Backend {
             _ => bail!("a held lock of another system"),
         }
         Ok(())
+    }
+}
+
+/// etcd's recipe: grant a lease, then one transaction "if none of `keys` exists, put them all
+/// under the lease" (else read the first, to learn its holder). The lease, if they were put;
+/// otherwise it is revoked. The fencing token is the revision of that put (the keys' create
+/// revision).
+async fn etcd_take(
+    mut c: etcd_client::Client,
+    keys: &[String],
+    ttl_ms: u64,
+) -> anyhow::Result<Option<i64>> {
+    let lease = c
+        .lease_grant((ttl_ms / 1000).max(1) as i64, None)
+        .await?
+        .id();
+    let absent: Vec<Compare> = keys
+        .iter()
+        .map(|k| Compare::create_revision(k.clone(), CompareOp::Equal, 0))
+        .collect();
+    let put: Vec<TxnOp> = keys
+        .iter()
+        .map(|k| {
+            TxnOp::put(
+                k.clone(),
+                "lockbench",
+                Some(PutOptions::new().with_lease(lease)),
+            )
+        })
+        .collect();
+    let txn = Txn::new()
+        .when(absent)
+        .and_then(put)
+        .or_else([TxnOp::get(keys[0].clone(), None)]);
+    let resp = c.txn(txn).await?;
+    if resp.succeeded() {
+        let _token = resp.header().map(|h| h.revision());
+        Ok(Some(lease))
+    } else {
+        c.lease_revoke(lease).await?;
+        Ok(None)
     }
 }
