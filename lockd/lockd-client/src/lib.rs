@@ -480,6 +480,23 @@ impl Client {
         }
     }
 
+    /// Whether a failed acquire (of a lock or a set) is asked again with the same request id:
+    /// a transient failure within `TRANSPORT_RETRY_FOR` past the `deadline`, a full table
+    /// within the deadline; otherwise the failure, as an error.
+    fn retry_or_fail(&self, status: Status, deadline: Instant) -> Result<(), ClientError> {
+        let exhausted = status.code() == Code::ResourceExhausted;
+        let budget = if exhausted {
+            deadline
+        } else {
+            deadline + TRANSPORT_RETRY_FOR
+        };
+        if !(transient(&status) || exhausted) || Instant::now() >= budget {
+            return Err(self.error(status));
+        }
+        tracing::debug!(code = ?status.code(), message = status.message(), "acquire failed; retrying with the same request id");
+        Ok(())
+    }
+
     /// Acquires the lock of `resource`, waiting up to `opts.wait`. See the crate documentation
     /// for the retries this makes.
     pub async fn acquire(
@@ -556,16 +573,7 @@ impl Client {
                 Err(_) => Some(Status::deadline_exceeded("lockd did not answer in time")),
             };
             if let Some(status) = status {
-                let retry = transient(&status) || status.code() == Code::ResourceExhausted;
-                let budget = if status.code() == Code::ResourceExhausted {
-                    deadline
-                } else {
-                    deadline + TRANSPORT_RETRY_FOR
-                };
-                if !retry || Instant::now() >= budget {
-                    return Err(self.error(status));
-                }
-                tracing::debug!(code = ?status.code(), message = status.message(), "acquire failed; retrying with the same request id");
+                self.retry_or_fail(status, deadline)?;
             }
             let pause = backoff.next_delay();
             tokio::time::sleep(pause).await;

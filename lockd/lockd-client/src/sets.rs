@@ -17,8 +17,7 @@ use tokio::time::Instant;
 
 use crate::{
     AcquireOptions, Acquired, Backoff, CALL_GRACE, Client, ClientError, Lease, LockGuard,
-    NotGranted, Renewal, TRANSPORT_RETRY_FOR, answered_each, lease_of, new_request_id, not_granted,
-    transient,
+    NotGranted, Renewal, answered_each, lease_of, new_request_id, not_granted,
 };
 
 /// The result of taking a set of locks.
@@ -110,15 +109,7 @@ impl Client {
             };
             let busy = status.is_none();
             if let Some(status) = status {
-                let exhausted = status.code() == tonic::Code::ResourceExhausted;
-                let budget = if exhausted {
-                    deadline
-                } else {
-                    deadline + TRANSPORT_RETRY_FOR
-                };
-                if !(transient(&status) || exhausted) || Instant::now() >= budget {
-                    return Err(self.error(status));
-                }
+                self.retry_or_fail(status, deadline.into_std())?;
             }
             // Busy: ask again after the backoff, and once more at the deadline. A retry of an
             // error: after the backoff.

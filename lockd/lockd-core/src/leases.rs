@@ -429,17 +429,18 @@ impl LeaseTable {
         if self.lease_held(id) {
             return true;
         }
-        let base = self
-            .slot(id)
-            .request
-            .as_ref()
-            .expect("a remembered slot")
-            .set_base();
-        for k in 0..=crate::limits::SET_MAX {
+        let own = self.slot(id).request.as_ref().expect("a remembered slot");
+        let derived = own.set_base();
+        let base = derived.as_ref().unwrap_or(own);
+        // Member 0 is the base id itself; the others follow without gaps.
+        if derived.is_some() && self.find_request(base).is_some_and(|m| self.lease_held(m)) {
+            return true;
+        }
+        for k in 1..=crate::limits::SET_MAX {
             match self.find_request(&base.member(k)) {
+                None => return false,
                 Some(m) if m != id && self.lease_held(m) => return true,
-                None if k > 0 => return false,
-                _ => {}
+                Some(_) => {}
             }
         }
         false

@@ -43,18 +43,16 @@ impl RequestId {
             .then(|| RequestId(CompactString::new(id)))
     }
 
+    /// The id of the set a member id belongs to (`"{id} {k}"` gives `id`); `None` for any
+    /// other id, which is its own.
+    pub(crate) fn set_base(&self) -> Option<RequestId> {
+        let (base, _) = self.0.rsplit_once(' ')?;
+        Some(RequestId(CompactString::new(base)))
+    }
+
     /// The id under which the `k`th lease of an AcquireAll with this id is remembered: the id
     /// itself for the first, `"{id} {k}"` for the others. A caller's id has no space, so no
     /// caller can name a member id of another request.
-    /// The id of the set a member id belongs to (`"{id} {k}"` gives `id`); any other id is
-    /// its own.
-    pub(crate) fn set_base(&self) -> RequestId {
-        match self.0.rsplit_once(' ') {
-            Some((base, _)) => RequestId(CompactString::new(base)),
-            None => self.clone(),
-        }
-    }
-
     pub(crate) fn member(&self, k: usize) -> RequestId {
         match k {
             0 => self.clone(),

@@ -218,6 +218,27 @@ impl LockApi {
         ))
     }
 
+    /// A request's id as lockd keeps it: checked, then the caller's own. Another identity's
+    /// retry of the same id is another request, and learns nothing of the first (identity
+    /// names have no `/`; see `scoped`). `None` when the request has none.
+    fn request_id(&self, text: &str, scope: &str) -> Result<Option<RequestId>, Status> {
+        if text.is_empty() {
+            return Ok(None);
+        }
+        RequestId::new(text, &self.limits).map_err(|e| invalid_argument(&e))?;
+        Ok(RequestId::from_persisted(&scoped(scope, text)))
+    }
+
+    /// A request's holder, checked; with a policy, the authenticated identity first, then the
+    /// client's own description.
+    fn holder(&self, text: &str, who: Option<&Identity>) -> Result<Holder, Status> {
+        let holder = Holder::new(text, &self.limits).map_err(|e| invalid_argument(&e))?;
+        Ok(match who {
+            Some(who) => Holder::from_persisted(&who.holder(text)),
+            None => holder,
+        })
+    }
+
     /// A grant as the holder gets it: with its signed token, if lockd signs.
     fn lease(&self, driver: &Driver, grant: &Grant, duplicate: bool, held: bool) -> pb::Lease {
         pb::Lease {
@@ -325,22 +346,10 @@ impl LockApi {
             Served::Local(driver, r) => (driver, r),
             Served::Remote(answer) => return Ok((answer, "forwarded")),
         };
-        let mut request_id = match r.request_id.as_str() {
-            "" => None,
-            id => Some(RequestId::new(id, &self.limits).map_err(|e| invalid_argument(&e))?),
-        };
-        // Request ids are the caller's own: another identity's retry of the same id is another
-        // request, and learns nothing of the first (identity names have no `/`).
         let scope = who.as_ref().map_or("", |w| w.name.as_str());
-        if let Some(id) = &request_id {
-            request_id = RequestId::from_persisted(&scoped(scope, id.as_str()));
-        }
+        let request_id = self.request_id(&r.request_id, scope)?;
         let resource = resource(&r.resource)?;
-        let mut holder = Holder::new(&r.holder, &self.limits).map_err(|e| invalid_argument(&e))?;
-        if let Some(who) = &who {
-            // The authenticated identity, then the client's own (checked) description.
-            holder = Holder::from_persisted(&who.holder(&r.holder));
-        }
+        let holder = self.holder(&r.holder, who.as_deref())?;
         let holder_text = holder.as_str().to_string();
         let mut owner = match r.owner.as_str() {
             "" => None,

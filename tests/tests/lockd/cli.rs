@@ -33,6 +33,17 @@ fn describe(lockd: &Lockd, resource: &str) -> serde_json::Value {
     json(&stdout)
 }
 
+/// A `lockctl run` whose command prints `pid $$` first: the running lockctl and the command's
+/// pid, once it has started.
+fn started(cmd: std::process::Command) -> (Spawned, i32) {
+    let run = Spawned::spawn(cmd);
+    let line = run
+        .stdout
+        .wait_for("the command to start", |l| l.starts_with("pid "));
+    let pid = line[4..].trim().parse().expect("a pid");
+    (run, pid)
+}
+
 fn token(v: &serde_json::Value) -> u64 {
     v["token"].as_u64().expect("token")
 }
@@ -279,11 +290,7 @@ fn run_stops_the_command_when_the_lease_is_lost() {
         "-c",
         "echo pid $$; exec sleep 600",
     ]);
-    let mut run = Spawned::spawn(cmd);
-    let line = run
-        .stdout
-        .wait_for("the command to start", |l| l.starts_with("pid "));
-    let pid: i32 = line[4..].trim().parse().unwrap();
+    let (mut run, pid) = started(cmd);
     assert!(process_exists(pid));
 
     // lockd stops answering: no renewal succeeds, the local deadline passes, the command stops.
@@ -328,11 +335,7 @@ fn run_kills_a_command_that_ignores_sigterm_before_the_lease_could_expire_at_loc
         "-c",
         "trap '' TERM; echo pid $$; while :; do sleep 0.1; done",
     ]);
-    let mut run = Spawned::spawn(cmd);
-    let line = run
-        .stdout
-        .wait_for("the command to start", |l| l.starts_with("pid "));
-    let pid: i32 = line[4..].trim().parse().unwrap();
+    let (mut run, pid) = started(cmd);
     // A renewal confirmed, then lockd stops answering (and logging) for good.
     lockd.wait_event("renewed", |e| e["resource"] == "cron:stubborn");
     lockd.process.signal(libc::SIGSTOP);
@@ -552,11 +555,7 @@ fn run_with_several_locks_stops_the_command_when_a_lease_is_lost() {
         "-c",
         "echo pid $$; exec sleep 600",
     ]);
-    let mut run = Spawned::spawn(cmd);
-    let line = run
-        .stdout
-        .wait_for("the command to start", |l| l.starts_with("pid "));
-    let pid: i32 = line[4..].trim().parse().unwrap();
+    let (mut run, pid) = started(cmd);
     lockd.process.signal(libc::SIGSTOP);
     let status = run.wait();
     lockd.process.signal(libc::SIGCONT);

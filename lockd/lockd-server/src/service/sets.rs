@@ -1,10 +1,10 @@
 //! AcquireAll on the wire: a set of resources, all granted in one commit or none.
 
-use lockd_core::{AcquireAllOutcome, AcquireAllRequest, Holder, RequestId};
+use lockd_core::{AcquireAllOutcome, AcquireAllRequest};
 use lockd_proto::v1 as pb;
 use tonic::{Request, Response, Status};
 
-use super::{LockApi, Served, as_spelled, audit_grant, scoped};
+use super::{LockApi, Served, as_spelled, audit_grant};
 use crate::status::invalid_argument;
 
 impl LockApi {
@@ -38,18 +38,8 @@ impl LockApi {
             })
             .collect::<Result<Vec<_>, _>>()?;
         let scope = who.as_ref().map_or("", |w| w.name.as_str());
-        let request_id = match r.request_id.as_str() {
-            "" => None,
-            id => {
-                RequestId::new(id, &self.limits).map_err(|e| invalid_argument(&e))?;
-                // The caller's own, as an Acquire's (see `scoped`).
-                RequestId::from_persisted(&scoped(scope, id))
-            }
-        };
-        let mut holder = Holder::new(&r.holder, &self.limits).map_err(|e| invalid_argument(&e))?;
-        if let Some(who) = &who {
-            holder = Holder::from_persisted(&who.holder(&r.holder));
-        }
+        let request_id = self.request_id(&r.request_id, scope)?;
+        let holder = self.holder(&r.holder, who.as_deref())?;
         let holder_text = holder.as_str().to_string();
         let req = AcquireAllRequest {
             resources,

@@ -417,9 +417,7 @@ async fn dispatch(cli: Cli) -> Result<ExitCode, ClientError> {
                 Ok(budget) => Ok(run::run(guards, &command, budget).await),
                 Err(e) => {
                     eprintln!("lockctl: {e}");
-                    for guard in guards {
-                        let _ = guard.release().await;
-                    }
+                    run::release_all(guards).await;
                     Ok(ExitCode::from(2))
                 }
             }

@@ -53,7 +53,7 @@ pub fn stop_budget(asked: Option<Duration>, ttl: Duration) -> Result<StopBudget,
 }
 
 /// Releases every lock, the last taken first.
-async fn release_all(guards: Vec<LockGuard>) {
+pub async fn release_all(guards: Vec<LockGuard>) {
     for guard in guards.into_iter().rev() {
         let resource = guard.resource().to_string();
         if let Err(e) = guard.release().await {
