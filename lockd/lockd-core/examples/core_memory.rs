@@ -36,6 +36,7 @@ fn main() {
             ttl_ms: 3_600_000,
             wait_ms: 0,
             owner: None,
+            permits: 0,
         };
         core.acquire(1, req, &mut fx).unwrap();
         fx.clear();

@@ -48,6 +48,20 @@ pub enum InvalidArgument {
     /// An AcquireAll's set: empty, too large, or naming a resource twice.
     #[error("{0}")]
     Set(String),
+    #[error(
+        "permits is {asked}; a semaphore has 1 ..= {max} permits (0 asks for an exclusive lock)"
+    )]
+    Permits { asked: u32, max: u32 },
+    #[error("a semaphore's permits are not reentrant: send permits or owner, not both")]
+    PermitsWithOwner,
+    #[error(
+        "{resource} is the name of a semaphore's permit (names ending in @permit- and digits are reserved): acquire the semaphore with permits, then renew and release the permit it grants"
+    )]
+    ReservedName { resource: ResourceName },
+    #[error(
+        "the semaphore name {resource} is too long for its permits' names (NAME@permit-K); use at most {max} bytes"
+    )]
+    SemaphoreNameTooLong { resource: ResourceName, max: usize },
 }
 
 /// Why an Acquire was refused (not: why it was not granted; that is an outcome).
@@ -108,6 +122,26 @@ pub enum AcquireError {
         tenant: String,
         per_second: u32,
         retry_after_ms: u64,
+    },
+    /// The resource is held as another kind of lock than asked for (an exclusive lock, or a
+    /// semaphore's permits): a client bug, or two programs sharing a name.
+    #[error(
+        "{resource} is held as {held_as}, and was asked for as {asked_as}; use one kind per name"
+    )]
+    KindMismatch {
+        resource: ResourceName,
+        held_as: String,
+        asked_as: String,
+    },
+    /// The semaphore has another number of permits than asked for. It is fixed by the Acquire
+    /// that found it unused, for as long as a permit is held or waited for.
+    #[error(
+        "the semaphore {resource} has {permits} permits, and was asked for with {asked}; every client must ask with the same number"
+    )]
+    PermitsMismatch {
+        resource: ResourceName,
+        permits: u32,
+        asked: u32,
     },
     /// 2^63 - 1 tokens have been issued. Unreachable in practice (300 years at a billion grants
     /// per second), but it must not wrap.

@@ -12,6 +12,7 @@
 //! - renew and release only with the current lease id (invariant 5);
 //! - a retried request id returns its original grant (invariant 6);
 //! - an AcquireAll's set is granted whole or not at all, in one atomic store op;
+//! - at most N permits of a semaphore of N, each its own lease on its own name;
 //! - FIFO hand-off to waiters when a lease is released or expires.
 //!
 //! What it does not do: durability (the driver must make each `Op::Grant` durable before
@@ -22,6 +23,7 @@ mod leases;
 pub mod limits;
 mod machine;
 mod outcome;
+pub mod permits;
 mod persist;
 pub mod tenants;
 mod types;
@@ -32,7 +34,8 @@ pub use machine::{
     AcquireAllOutcome, AcquireAllRequest, AcquireRequest, Core, LeaseIdSource, Stats,
 };
 pub use outcome::{
-    AcquireOutcome, Busy, Description, Effect, Grant, HeldBy, Listed, Page, ReleaseOutcome, Renewed,
+    AcquireOutcome, Busy, Description, Effect, Grant, HeldBy, Listed, Page, ReleaseOutcome,
+    Renewed, SemaphoreUse,
 };
 pub use persist::{LeaseRecord, Op, Reentrant, Snapshot};
 pub use tenants::{Quota, Rate, Tenancy, TenancyError, Tenant};

@@ -32,6 +32,9 @@ pub const SET_MAX: usize = 32;
 /// The fewest operations per etcd transaction lockd can work with: an atomic set of
 /// [`SET_MAX`] resources is one transaction.
 pub const TXN_OPS_MIN: usize = 2 * SET_MAX + 1;
+/// Most permits a semaphore may have (`permits` of an Acquire). Bounds the scan for a free
+/// permit, and the length a permit's number adds to the semaphore's name.
+pub const PERMITS_MAX: u32 = 1000;
 
 /// Bounds on what clients may ask for and on what lockd holds in memory.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]

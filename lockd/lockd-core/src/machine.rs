@@ -44,7 +44,9 @@ use crate::tenants::{Caps, Tenancy, Usage};
 use crate::types::{Holder, Millis, Owner, RequestId, WaiterId};
 
 mod multi;
+mod queue;
 mod quota;
+mod semaphore;
 pub use multi::{AcquireAllOutcome, AcquireAllRequest};
 use quota::Counted;
 
@@ -72,6 +74,9 @@ pub struct AcquireRequest {
     pub wait_ms: u64,
     /// Makes the lease reentrant for this owner (see [`AcquireOutcome::Reentered`]).
     pub owner: Option<Owner>,
+    /// 0 = an exclusive lock; N = one of the N permits of the semaphore `resource` (granted
+    /// on the permit's own name, see `crate::permits`).
+    pub permits: u32,
 }
 
 /// Sizes, for metrics and tests.
@@ -89,6 +94,7 @@ struct Waiter {
     ttl_ms: u64,
     deadline: Millis,
     owner: Option<Owner>,
+    permits: u32,
 }
 
 /// The lock state machine. See the module documentation.
@@ -109,6 +115,8 @@ pub struct Core {
     tenancy: Option<Arc<Tenancy>>,
     usage: Vec<Usage>,
     caps: Vec<Caps>,
+    /// Semaphores in use (a permit held or waited for), by name.
+    semaphores: HashMap<ResourceName, semaphore::Semaphore>,
 }
 
 impl Core {
@@ -130,6 +138,7 @@ impl Core {
             tenancy: None,
             usage: Vec::new(),
             caps: Vec::new(),
+            semaphores: HashMap::new(),
         }
     }
 
@@ -146,6 +155,12 @@ impl Core {
         core.now = now;
         core.last_token = snapshot.last_token;
         let mut tokens = HashSet::new();
+        let permits: Vec<LeaseRecord> = snapshot
+            .leases
+            .iter()
+            .filter(|r| r.permits.is_some())
+            .cloned()
+            .collect();
         for rec in snapshot.leases {
             let invalid = |reason: &str| RecoverError::InvalidRecord {
                 resource: rec.resource.clone(),
@@ -198,6 +213,7 @@ impl Core {
             };
             core.leases.insert(&rec.resource, lease, now);
         }
+        core.recover_semaphores(&permits)?;
         for rec in snapshot.requests {
             let id = rec
                 .request_id
@@ -336,10 +352,14 @@ impl Core {
         self.advance(now, fx);
         let ttl_ms = self.limits.ttl(req.ttl_ms)?;
         let wait_ms = self.limits.wait(req.wait_ms)?;
+        Core::check_kind_fields(&req)?;
+        if let Some(id) = &req.request_id
+            && let Some(outcome) = self.duplicate(id, &req)
+        {
+            return outcome;
+        }
+        self.check_kind(&req)?;
         if let Some(id) = &req.request_id {
-            if let Some(outcome) = self.duplicate(id, &req.resource) {
-                return outcome;
-            }
             if let Some(&waiter) = self.waiting_requests.get(id) {
                 return self.rejoin(waiter, req, ttl_ms, wait_ms);
             }
@@ -348,6 +368,9 @@ impl Core {
         self.take_call(owner)?;
         if let Some(reentered) = self.reenter(&req, fx)? {
             return Ok(reentered);
+        }
+        if req.permits > 0 {
+            return self.acquire_permit(req, ttl_ms, wait_ms, owner, fx);
         }
         if self.leases.held(req.resource.as_str()).is_some() {
             if wait_ms == 0 {
@@ -369,7 +392,7 @@ impl Core {
             &req.resource,
             req.request_id,
             req.holder,
-            req.owner,
+            (req.owner, 0),
             ttl_ms,
             fx,
         )?;
@@ -430,7 +453,7 @@ impl Core {
             resource: resource.clone(),
             lease_id: ended.lease_id,
         }));
-        self.hand_off(resource, fx);
+        self.lease_ended(resource, fx);
         ReleaseOutcome::Released {
             token: ended.token,
             held_ms: self.now.saturating_sub(ended.granted_at),
@@ -467,6 +490,7 @@ impl Core {
                 holds: l.reentry.as_ref().map_or(1, |r| r.holds),
             }),
             waiters: self.queues.get(resource).map_or(0, VecDeque::len),
+            permits: self.semaphore_use(resource),
         }
     }
 
@@ -587,7 +611,7 @@ impl Core {
             holder: ended.holder,
             held_ms: ended.expires_at.saturating_sub(ended.granted_at),
         });
-        self.hand_off(&resource, fx);
+        self.lease_ended(&resource, fx);
     }
 
     fn time_out(&mut self, waiter: WaiterId, fx: &mut Vec<Effect>) {
@@ -601,7 +625,16 @@ impl Core {
         fx.push(Effect::WaitTimedOut { waiter, busy });
     }
 
-    fn hand_off(&mut self, resource: &ResourceName, fx: &mut Vec<Effect>) {
+    /// Grants `grant_on` (free now) to the head of `queue`'s waiters, if any: the lock they
+    /// wait for, or a permit of the semaphore they wait for (`permits` > 0).
+    fn hand_off(
+        &mut self,
+        queue: &ResourceName,
+        grant_on: &ResourceName,
+        permits: u32,
+        fx: &mut Vec<Effect>,
+    ) {
+        let resource = queue;
         let Some(queue) = self.queues.get_mut(resource) else {
             return;
         };
@@ -611,7 +644,15 @@ impl Core {
             .remove(&waiter)
             .expect("queued waiters are known");
         self.forget_waiter(waiter, &w);
-        match self.grant(resource, w.request_id, w.holder, w.owner, w.ttl_ms, fx) {
+        let granted = self.grant(
+            grant_on,
+            w.request_id,
+            w.holder,
+            (w.owner, permits),
+            w.ttl_ms,
+            fx,
+        );
+        match granted {
             Ok(grant) => fx.push(Effect::Granted { waiter, grant }),
             Err(_) => {
                 // Only token exhaustion can fail a grant: nobody can be granted any more, so
@@ -638,7 +679,7 @@ impl Core {
         resource: &ResourceName,
         request_id: Option<RequestId>,
         holder: Holder,
-        owner: Option<Owner>,
+        (owner, permits): (Option<Owner>, u32),
         ttl_ms: u64,
         fx: &mut Vec<Effect>,
     ) -> Result<Grant, AcquireError> {
@@ -661,6 +702,7 @@ impl Core {
                 owner: o.as_str().to_string(),
                 holds: 1,
             }),
+            permits: (permits > 0).then_some(permits),
         })));
         // Invariant 1 (single holder): the table asserts the resource is free. A breach is a
         // bug: stop rather than hand out a second lock.
@@ -675,6 +717,9 @@ impl Core {
             reentry: owner.map(|owner| Box::new(Reentry { owner, holds: 1 })),
         };
         self.leases.insert(resource, lease, self.now);
+        if permits > 0 {
+            self.permit_granted(resource);
+        }
         self.count(resource.as_str(), Counted::Leases, 1);
         if remembered {
             self.count(resource.as_str(), Counted::Requests, 1);
@@ -755,14 +800,20 @@ impl Core {
     fn duplicate(
         &self,
         id: &RequestId,
-        resource: &ResourceName,
+        req: &AcquireRequest,
     ) -> Option<Result<AcquireOutcome, AcquireError>> {
+        let resource = &req.resource;
         let rem = self.leases.remembered(id)?;
         if let Some(reused) = self.names_a_set(id) {
             return Some(Err(reused));
         }
         let original = rem.name();
-        if original != *resource {
+        // A permit's grant answers a retry for its semaphore, a lock's one for its lock.
+        let asked = match crate::permits::permit_of(original.as_str()) {
+            Some((semaphore, _)) => req.permits > 0 && semaphore == resource.as_str(),
+            None => req.permits == 0 && original == *resource,
+        };
+        if !asked {
             return Some(Err(AcquireError::RequestIdReused {
                 request_id: id.as_str().to_string(),
                 original,
@@ -786,132 +837,10 @@ impl Core {
         }))
     }
 
-    fn rejoin(
-        &mut self,
-        waiter: WaiterId,
-        req: AcquireRequest,
-        ttl_ms: u64,
-        wait_ms: u64,
-    ) -> Result<AcquireOutcome, AcquireError> {
-        let w = self
-            .waiters
-            .get_mut(&waiter)
-            .expect("waiting request ids name waiters");
-        if w.resource != req.resource {
-            return Err(AcquireError::RequestIdReused {
-                request_id: req
-                    .request_id
-                    .map(|id| id.as_str().to_string())
-                    .unwrap_or_default(),
-                original: w.resource.clone(),
-                requested: req.resource,
-            });
-        }
-        let removed = self.wait_deadlines.remove(&(w.deadline, waiter));
-        debug_assert!(removed, "waiters have deadlines");
-        w.deadline = self.now.saturating_add(wait_ms);
-        w.ttl_ms = ttl_ms;
-        w.holder = req.holder;
-        w.owner = req.owner;
-        self.wait_deadlines.insert((w.deadline, waiter));
-        let position = self.position(&req.resource, waiter);
-        Ok(AcquireOutcome::Rejoined { waiter, position })
-    }
-
-    fn enqueue(
-        &mut self,
-        req: AcquireRequest,
-        ttl_ms: u64,
-        wait_ms: u64,
-    ) -> Result<AcquireOutcome, AcquireError> {
-        let queued = self.queues.get(&req.resource).map_or(0, VecDeque::len);
-        if queued >= self.limits.waiters_per_resource_max {
-            return Err(AcquireError::QueueFull {
-                resource: req.resource,
-                max: self.limits.waiters_per_resource_max,
-            });
-        }
-        if self.waiters.len() >= self.limits.waiters_total_max {
-            return Err(AcquireError::WaitersExhausted {
-                max: self.limits.waiters_total_max,
-            });
-        }
-        self.check_request_room(&req)?;
-        let waiter = WaiterId(self.next_waiter);
-        self.next_waiter += 1;
-        let deadline = self.now.saturating_add(wait_ms);
-        self.wait_deadlines.insert((deadline, waiter));
-        if let Some(id) = &req.request_id {
-            self.waiting_requests.insert(id.clone(), waiter);
-        }
-        self.count(req.resource.as_str(), Counted::Waiters, 1);
-        let queue = self.queues.entry(req.resource.clone()).or_default();
-        queue.push_back(waiter);
-        let position = queue.len();
-        self.waiters.insert(
-            waiter,
-            Waiter {
-                resource: req.resource,
-                request_id: req.request_id,
-                holder: req.holder,
-                ttl_ms,
-                deadline,
-                owner: req.owner,
-            },
-        );
-        Ok(AcquireOutcome::Queued { waiter, position })
-    }
-
-    /// Remembering a request id must not push the table past its limit. Waiters are checked
-    /// when they queue, so the table can exceed `requests_max` by at most the waiters granted
-    /// later (bounded by `waiters_total_max`).
-    fn check_request_room(&self, req: &AcquireRequest) -> Result<(), AcquireError> {
-        let Some(id) = &req.request_id else {
-            return Ok(());
-        };
-        // Never a set's id, even one whose first member alone was forgotten (a crash may keep
-        // a prefix of a batch of forgets).
-        if let Some(reused) = self.names_a_set(id) {
-            return Err(reused);
-        }
-        if self.leases.remembered_count() >= self.limits.requests_max {
-            return Err(AcquireError::RequestsExhausted {
-                max: self.limits.requests_max,
-            });
-        }
-        self.check_quota(self.owner(&req.resource), Counted::Requests, 1)
-    }
-
-    /// Removes every trace of a waiter that has already been taken out of `waiters`.
-    fn forget_waiter(&mut self, waiter: WaiterId, w: &Waiter) {
-        self.count(w.resource.as_str(), Counted::Waiters, -1);
-        self.wait_deadlines.remove(&(w.deadline, waiter));
-        if let Some(id) = &w.request_id {
-            self.waiting_requests.remove(id);
-        }
-        let queue = self
-            .queues
-            .get_mut(&w.resource)
-            .expect("a waiter's resource has a queue");
-        // Queues are bounded by `waiters_per_resource_max`, so a linear search is fine.
-        if let Some(at) = queue.iter().position(|&q| q == waiter) {
-            queue.remove(at);
-        }
-        if queue.is_empty() {
-            self.queues.remove(&w.resource);
-        }
-    }
-
-    fn position(&self, resource: &ResourceName, waiter: WaiterId) -> usize {
-        let queue = &self.queues[resource];
-        queue
-            .iter()
-            .position(|&w| w == waiter)
-            .expect("a waiter is in its resource's queue")
-            + 1
-    }
-
     fn busy(&self, resource: &ResourceName) -> Option<Busy> {
+        if self.semaphores.contains_key(resource) {
+            return self.semaphore_busy(resource);
+        }
         let lease = self.leases.held(resource.as_str())?;
         Some(Busy {
             holder: lease.holder.clone(),

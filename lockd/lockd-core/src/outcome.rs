@@ -96,6 +96,16 @@ pub struct Renewed {
 pub struct Description {
     pub held: Option<HeldBy>,
     pub waiters: usize,
+    /// For a semaphore in use: how many permits it has, and how many are held (each is a
+    /// lease of its own, described under its permit's name).
+    pub permits: Option<SemaphoreUse>,
+}
+
+/// A semaphore in use, as Describe reports it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SemaphoreUse {
+    pub permits: u32,
+    pub held: u32,
 }
 
 /// The current lease of a resource, without its lease id (that is the holder's capability and

@@ -20,6 +20,10 @@ pub struct LeaseRecord {
     pub request_id: Option<String>,
     /// Set when the grant named an owner: the lease is reentrant.
     pub reentrant: Option<Reentrant>,
+    /// Set for a semaphore's permit (`resource` is the permit's name, see `permits`): how
+    /// many permits the semaphore has. Recovery rebuilds the semaphore from it, so that its
+    /// number of permits stays fixed across a restart.
+    pub permits: Option<u32>,
 }
 
 /// The reentrant part of a lease: who owns it, how many times it is held.
@@ -32,11 +36,13 @@ pub struct Reentrant {
 
 impl LeaseRecord {
     /// The record a store remembers under `request_id`: the grant a retry is answered with,
-    /// without the holds (they are the lease's, and counted there while it is held).
+    /// without the holds (they are the lease's, and counted there while it is held) or a
+    /// permit's count (the semaphore's, needed only while the permit is held).
     pub fn remembered_as(&self, request_id: &str) -> LeaseRecord {
         LeaseRecord {
             request_id: Some(request_id.to_string()),
             reentrant: None,
+            permits: None,
             ..self.clone()
         }
     }

@@ -189,9 +189,11 @@ impl Tenancy {
         self.owner_ix(resource).map(|ix| &self.tenants[ix])
     }
 
-    /// The index in [`Tenancy::tenants`] of the tenant that owns `resource`, if any.
+    /// The index in [`Tenancy::tenants`] of the tenant that owns `resource`, if any. A
+    /// semaphore's permit is its semaphore's tenant's (`crate::permits::owner_name`).
     pub fn owner_ix(&self, resource: &str) -> Option<TenantIx> {
         use std::ops::Bound;
+        let resource = crate::permits::owner_name(resource);
         // Looked up on every call: borrowed as `str`, without an allocation.
         let (prefix, &ix) = self
             .prefixes

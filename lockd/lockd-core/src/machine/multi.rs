@@ -80,6 +80,13 @@ impl Core {
             self.take_call(Some(t))?;
         }
         for resource in &req.resources {
+            if let Some(sem) = self.semaphores.get(resource) {
+                return Err(AcquireError::KindMismatch {
+                    resource: resource.clone(),
+                    held_as: super::semaphore::kind(sem.permits),
+                    asked_as: super::semaphore::kind(0),
+                });
+            }
             if let Some(busy) = self.busy(resource) {
                 return Ok(AcquireAllOutcome::Busy {
                     resource: resource.clone(),
@@ -101,7 +108,14 @@ impl Core {
         let mut grants = Vec::with_capacity(req.resources.len());
         for (k, resource) in req.resources.iter().enumerate() {
             let request = req.request_id.as_ref().map(|id| id.member(k));
-            grants.push(self.grant(resource, request, req.holder.clone(), None, ttl_ms, fx)?);
+            grants.push(self.grant(
+                resource,
+                request,
+                req.holder.clone(),
+                (None, 0),
+                ttl_ms,
+                fx,
+            )?);
         }
         // `grant` emits exactly one effect, its `Op::Grant`: the set's become one atomic op.
         let parts = fx
@@ -242,6 +256,14 @@ fn check_set(resources: &[ResourceName]) -> Result<(), InvalidArgument> {
             "the set names {} resources, more than the {SET_MAX} one AcquireAll takes; take larger sets in order (Client::acquire_ordered, lockctl run --lock)",
             resources.len()
         )));
+    }
+    if let Some(permit) = resources
+        .iter()
+        .find(|r| crate::permits::is_reserved(r.as_str()))
+    {
+        return Err(InvalidArgument::ReservedName {
+            resource: permit.clone(),
+        });
     }
     let mut seen = HashSet::with_capacity(resources.len());
     if let Some(twice) = resources.iter().find(|r| !seen.insert(r.as_str())) {

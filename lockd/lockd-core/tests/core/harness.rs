@@ -196,8 +196,7 @@ impl Rig {
         resource: &str,
         holder: &str,
         (request_id, owner): (Option<&str>, Option<&str>),
-        ttl_ms: u64,
-        wait_ms: u64,
+        (ttl_ms, wait_ms, permits): (u64, u64, u32),
         fx: &mut Vec<Effect>,
     ) -> Result<AcquireOutcome, lockd_core::AcquireError> {
         let req = AcquireRequest {
@@ -207,6 +206,7 @@ impl Rig {
             ttl_ms,
             wait_ms,
             owner: owner.map(|o| Owner::new(o).unwrap()),
+            permits,
         };
         self.core.acquire(self.now, req, fx)
     }
@@ -220,7 +220,7 @@ impl Rig {
 ///
 /// ```text
 /// @T                       set the time to T (ms); may prefix a command: `@T acquire ...`
-/// acquire RES [holder=H] [req=ID] [owner=O] [ttl=MS] [wait=MS]
+/// acquire RES [holder=H] [req=ID] [owner=O] [ttl=MS] [wait=MS] [permits=N]
 /// acquire-all RES,RES... [holder=H] [req=ID] [ttl=MS]   atomic, try-only; `-` is no resource
 /// renew RES L<n>           release RES L<n>        cancel w<n>        describe RES
 /// tick                     restart                 crash (restart losing unsynced ops)
@@ -314,8 +314,7 @@ fn run(rig: &mut Rig, words: &[&str], fx: &mut Vec<Effect>) -> String {
                 words[1],
                 arg(words, "holder").unwrap_or(""),
                 (arg(words, "req"), arg(words, "owner")),
-                num("ttl"),
-                num("wait"),
+                (num("ttl"), num("wait"), num("permits") as u32),
                 fx,
             );
             match outcome {
@@ -416,14 +415,16 @@ pub fn acquire_outcome(o: &AcquireOutcome) -> String {
     match o {
         AcquireOutcome::Granted(g) => {
             format!(
-                "granted token={} lease={} expires={}",
+                "granted {}token={} lease={} expires={}",
+                permit(g),
                 g.token,
                 lease_name(g.lease_id),
                 g.expires_at
             )
         }
         AcquireOutcome::Duplicate { grant: g, held } => format!(
-            "duplicate token={} lease={} expires={} held={held}",
+            "duplicate {}token={} lease={} expires={} held={held}",
+            permit(g),
             g.token,
             lease_name(g.lease_id),
             g.expires_at
@@ -450,6 +451,14 @@ pub fn acquire_outcome(o: &AcquireOutcome) -> String {
         AcquireOutcome::Rejoined { waiter, position } => {
             format!("rejoined w{} position={position}", waiter.0)
         }
+    }
+}
+
+/// A permit's name, for a grant of one (a lock's grant is on the name asked for).
+fn permit(g: &lockd_core::Grant) -> String {
+    match lockd_core::permits::permit_of(g.resource.as_str()) {
+        Some(_) => format!("{} ", g.resource),
+        None => String::new(),
     }
 }
 
@@ -499,7 +508,13 @@ fn describe(d: &Description) -> String {
                 n => format!(" holds={n}"),
             }
         ),
-        None => format!("free waiters={}", d.waiters),
+        None => match d.permits {
+            Some(p) => format!(
+                "semaphore permits={} held={} waiters={}",
+                p.permits, p.held, d.waiters
+            ),
+            None => format!("free waiters={}", d.waiters),
+        },
     }
 }
 
@@ -511,7 +526,7 @@ fn op(op: &Op) -> String {
             parts.iter().map(self::op).collect::<Vec<_>>().join("; ")
         ),
         Op::Grant(r) => format!(
-            "grant {} token={} lease={} holder={:?} ttl={} req={}{}",
+            "grant {} token={} lease={} holder={:?} ttl={} req={}{}{}",
             r.resource,
             r.token,
             lease_name(r.lease_id),
@@ -521,6 +536,10 @@ fn op(op: &Op) -> String {
             match &r.reentrant {
                 None => String::new(),
                 Some(re) => format!(" owner={} holds={}", re.owner, re.holds),
+            },
+            match r.permits {
+                None => String::new(),
+                Some(n) => format!(" permits={n}"),
             }
         ),
         Op::Reenter {
@@ -549,8 +568,9 @@ pub fn effect(e: &Effect) -> String {
     match e {
         Effect::Persist(o) => format!("persist {}", op(o)),
         Effect::Granted { waiter, grant: g } => format!(
-            "hand-off w{}: token={} lease={} expires={}",
+            "hand-off w{}: {}token={} lease={} expires={}",
             waiter.0,
+            permit(g),
             g.token,
             lease_name(g.lease_id),
             g.expires_at

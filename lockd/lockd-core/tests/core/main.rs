@@ -1,10 +1,11 @@
 //! Tests of the core state machine, from data.
 //!
 //! - `transcripts`: scripted calls in, outcomes and effects out, through one `check` helper;
-//!   `sets`: the same, for the atomic AcquireAll;
+//!   `sets`: the same, for the atomic AcquireAll; `semaphores`: for semaphores;
 //! - `model`: random interleavings against a simple reference model (proptest).
 
 mod harness;
 mod model;
+mod semaphores;
 mod sets;
 mod transcripts;

@@ -209,6 +209,7 @@ fn a_set_remembered_in_part_after_a_crash_still_owns_its_id() {
         ttl_ms: 1000,
         request_id: Some("s 1".to_string()),
         reentrant: None,
+        permits: None,
     };
     let snapshot = Snapshot {
         last_token: FencingToken::new(2),
@@ -226,6 +227,7 @@ fn a_set_remembered_in_part_after_a_crash_still_owns_its_id() {
         ttl_ms: 0,
         wait_ms: 0,
         owner: None,
+        permits: 0,
     };
     let set = AcquireAllRequest {
         resources: vec![

@@ -936,7 +936,7 @@ fn a_reentrant_lease_holds_at_most_holds_max() {
     let mut rig = crate::harness::Rig::new(Limits::default());
     let mut fx = Vec::new();
     for n in 1..=HOLDS_MAX {
-        match rig.acquire("deep", "a", (None, Some("o")), 60_000, 0, &mut fx) {
+        match rig.acquire("deep", "a", (None, Some("o")), (60_000, 0, 0), &mut fx) {
             Ok(AcquireOutcome::Granted(g)) if n == 1 => assert_eq!(g.holds, 1),
             Ok(AcquireOutcome::Reentered(grant)) => assert_eq!(grant.holds, n),
             other => panic!("hold {n}: {other:?}"),
@@ -944,7 +944,7 @@ fn a_reentrant_lease_holds_at_most_holds_max() {
     }
     fx.clear();
     let err = rig
-        .acquire("deep", "a", (None, Some("o")), 60_000, 0, &mut fx)
+        .acquire("deep", "a", (None, Some("o")), (60_000, 0, 0), &mut fx)
         .expect_err("one hold too many");
     assert!(
         matches!(

@@ -1,0 +1,245 @@
+//! Semaphores: N permits per resource, each permit its own lease and token on its own name
+//! (`crate::permits`), so that a store fences each permit as it fences a lock.
+//!
+//! - A semaphore exists while a permit is held or waited for. Its number of permits is fixed
+//!   by the Acquire that found it unused, written in every permit's grant, and rebuilt by
+//!   recovery; an Acquire asking for another number is refused (`PermitsMismatch`).
+//! - An Acquire gets the lowest free permit. When every permit is held it is busy (try-lock)
+//!   or waits in the semaphore's FIFO queue. A permit that ends goes to the head of the queue
+//!   at once, as a lock does, so nobody waits while a permit is free.
+//! - A name is one kind at a time: an exclusive lock and a semaphore never share one
+//!   (`KindMismatch`). Permits are not reentrant.
+//! - `held` counts the permits' names that hold a lease, however it was granted (a lease on
+//!   such a name from before semaphores existed included), so a semaphore is full exactly
+//!   when none of its permits is free.
+
+use std::collections::VecDeque;
+
+use fencing::ResourceName;
+
+use super::{AcquireRequest, Core, Counted};
+use crate::error::{AcquireError, InvalidArgument, RecoverError};
+use crate::outcome::{AcquireOutcome, Busy, Effect, SemaphoreUse};
+use crate::permits;
+use crate::persist::LeaseRecord;
+use crate::tenants::TenantIx;
+
+/// A semaphore in use.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Semaphore {
+    pub permits: u32,
+    /// Permits (1 ..= `permits`) that hold a lease.
+    pub held: u32,
+}
+
+/// What kind of lock an Acquire asks for, in words for an error.
+pub(super) fn kind(permits: u32) -> String {
+    match permits {
+        0 => "an exclusive lock".to_string(),
+        n => format!("a semaphore of {n} permits"),
+    }
+}
+
+impl Core {
+    /// The checks of an Acquire's kind that need no state.
+    pub(super) fn check_kind_fields(req: &AcquireRequest) -> Result<(), InvalidArgument> {
+        if permits::is_reserved(req.resource.as_str()) {
+            return Err(InvalidArgument::ReservedName {
+                resource: req.resource.clone(),
+            });
+        }
+        if req.permits == 0 {
+            return Ok(());
+        }
+        if req.owner.is_some() {
+            return Err(InvalidArgument::PermitsWithOwner);
+        }
+        permits::check(&req.resource, req.permits)
+    }
+
+    /// Whether the resource is in use as the kind of lock `req` asks for (or not in use).
+    pub(super) fn check_kind(&self, req: &AcquireRequest) -> Result<(), AcquireError> {
+        let mismatch = |held_as: String| AcquireError::KindMismatch {
+            resource: req.resource.clone(),
+            held_as,
+            asked_as: kind(req.permits),
+        };
+        match (self.semaphores.get(&req.resource), req.permits) {
+            (Some(sem), 0) => Err(mismatch(kind(sem.permits))),
+            (Some(sem), asked) if sem.permits != asked => Err(AcquireError::PermitsMismatch {
+                resource: req.resource.clone(),
+                permits: sem.permits,
+                asked,
+            }),
+            (None, asked) if asked > 0 && self.leases.held(req.resource.as_str()).is_some() => {
+                Err(mismatch(kind(0)))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// An Acquire of a permit (`req.permits > 0`, kind checked, no duplicate or waiter).
+    pub(super) fn acquire_permit(
+        &mut self,
+        req: AcquireRequest,
+        ttl_ms: u64,
+        wait_ms: u64,
+        owner: Option<TenantIx>,
+        fx: &mut Vec<Effect>,
+    ) -> Result<AcquireOutcome, AcquireError> {
+        let sem = match self.semaphores.get(&req.resource) {
+            Some(&sem) => sem,
+            None => Semaphore {
+                permits: req.permits,
+                held: self.held_permits(&req.resource, req.permits),
+            },
+        };
+        if sem.held >= sem.permits {
+            if wait_ms == 0 {
+                let busy = self.busy(&req.resource);
+                return Ok(AcquireOutcome::Busy(busy.expect("a full semaphore")));
+            }
+            self.check_quota(owner, Counted::Waiters, 1)?;
+            self.semaphores.insert(req.resource.clone(), sem);
+            return self.enqueue(req, ttl_ms, wait_ms);
+        }
+        if self.leases.held_count() >= self.limits.leases_max {
+            return Err(AcquireError::LeasesExhausted {
+                max: self.limits.leases_max,
+            });
+        }
+        self.check_quota(owner, Counted::Leases, 1)?;
+        self.check_request_room(&req)?;
+        let permit = (1..=sem.permits)
+            .map(|k| permits::name(&req.resource, k))
+            .find(|p| self.leases.held(p.as_str()).is_none())
+            .expect("a semaphore that is not full has a free permit");
+        self.semaphores.insert(req.resource.clone(), sem);
+        let grant = self.grant(
+            &permit,
+            req.request_id,
+            req.holder,
+            (None, req.permits),
+            ttl_ms,
+            fx,
+        );
+        if grant.is_err() {
+            self.drop_unused(&req.resource);
+        }
+        Ok(AcquireOutcome::Granted(grant?))
+    }
+
+    /// How many of the first `permits` permits of `semaphore` hold a lease.
+    fn held_permits(&self, semaphore: &ResourceName, permits: u32) -> u32 {
+        let held = (1..=permits)
+            .filter(|&k| {
+                let name = permits::name(semaphore, k);
+                self.leases.held(name.as_str()).is_some()
+            })
+            .count();
+        u32::try_from(held).expect("at most PERMITS_MAX")
+    }
+
+    /// A permit was granted on `resource` (a permit's name).
+    pub(super) fn permit_granted(&mut self, resource: &ResourceName) {
+        let (semaphore, _) = permits::permit_of(resource.as_str()).expect("a permit's name");
+        let sem = self
+            .semaphores
+            .get_mut(semaphore)
+            .expect("a permit is granted by its semaphore");
+        sem.held += 1;
+    }
+
+    /// A lease ended (released or expired): the next waiter gets it, a permit's semaphore's
+    /// next waiter gets the permit.
+    pub(super) fn lease_ended(&mut self, resource: &ResourceName, fx: &mut Vec<Effect>) {
+        let semaphore = permits::permit_of(resource.as_str()).and_then(|(s, k)| {
+            let (name, sem) = self.semaphores.get_key_value(s)?;
+            (k <= sem.permits).then(|| (name.clone(), sem.permits))
+        });
+        let Some((semaphore, n)) = semaphore else {
+            return self.hand_off(resource, resource, 0, fx);
+        };
+        self.semaphores
+            .get_mut(&semaphore)
+            .expect("found above")
+            .held -= 1;
+        self.hand_off(&semaphore, resource, n, fx);
+        self.drop_unused(&semaphore);
+    }
+
+    /// Forgets the semaphore if no permit is held and nobody waits.
+    fn drop_unused(&mut self, semaphore: &ResourceName) {
+        if self.semaphores.get(semaphore).is_some_and(|s| s.held == 0)
+            && !self.queues.contains_key(semaphore)
+        {
+            self.semaphores.remove(semaphore);
+        }
+    }
+
+    /// Who holds a full semaphore's permits, as a busy answer: the permit that ends first,
+    /// and the semaphore's waiters. `None` when the name is not a semaphore in use.
+    pub(super) fn semaphore_busy(&self, semaphore: &ResourceName) -> Option<Busy> {
+        let sem = self.semaphores.get(semaphore)?;
+        let first = (1..=sem.permits)
+            .filter_map(|k| self.leases.held(permits::name(semaphore, k).as_str()))
+            .min_by_key(|l| (l.expires_at, l.token))?;
+        Some(Busy {
+            holder: first.holder.clone(),
+            token: first.token,
+            expires_at: first.expires_at,
+            waiters: self.queues.get(semaphore).map_or(0, VecDeque::len),
+        })
+    }
+
+    /// The permits and held permits of a semaphore in use.
+    pub(super) fn semaphore_use(&self, semaphore: &ResourceName) -> Option<SemaphoreUse> {
+        self.semaphores.get(semaphore).map(|s| SemaphoreUse {
+            permits: s.permits,
+            held: s.held,
+        })
+    }
+
+    /// Rebuilds the semaphores of the recovered leases that are permits.
+    pub(super) fn recover_semaphores(
+        &mut self,
+        leases: &[LeaseRecord],
+    ) -> Result<(), RecoverError> {
+        for rec in leases {
+            let Some(n) = rec.permits else { continue };
+            let invalid = |reason: String| RecoverError::InvalidRecord {
+                resource: rec.resource.clone(),
+                reason,
+            };
+            let semaphore = match permits::permit_of(rec.resource.as_str()) {
+                Some((s, k)) if (1..=n).contains(&k) && n <= crate::limits::PERMITS_MAX => {
+                    ResourceName::new(s).map_err(|e| invalid(e.to_string()))?
+                }
+                _ => return Err(invalid(format!("not the name of one of {n} permits"))),
+            };
+            let sem = self.semaphores.entry(semaphore).or_insert(Semaphore {
+                permits: n,
+                held: 0,
+            });
+            if sem.permits != n {
+                return Err(invalid(format!(
+                    "a permit of {n}, where another permit says {}",
+                    sem.permits
+                )));
+            }
+        }
+        let names: Vec<ResourceName> = self.semaphores.keys().cloned().collect();
+        for semaphore in names {
+            if self.leases.held(semaphore.as_str()).is_some() {
+                return Err(RecoverError::InvalidRecord {
+                    resource: semaphore,
+                    reason: "held as an exclusive lock and as a semaphore".to_string(),
+                });
+            }
+            let n = self.semaphores[&semaphore].permits;
+            let held = self.held_permits(&semaphore, n);
+            self.semaphores.get_mut(&semaphore).expect("listed").held = held;
+        }
+        Ok(())
+    }
+}
