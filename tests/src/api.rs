@@ -3,7 +3,8 @@
 //! backend from the `etcd` tests ([`api_suite!`](crate::api_suite)), so that both keep one
 //! contract: contention, FIFO hand-off, expiry, request-id de-duplication, stale lease ids,
 //! tokens across restarts, the longest fields, cancelled waiters, a retried waiter keeping its
-//! place, queue limits, bad input, tenants, batched renewals and releases, reentrant locks, atomic sets.
+//! place, queue limits, bad input, tenants, batched renewals and releases, reentrant locks, atomic
+//! sets, semaphores.
 //!
 //! Each check panics with a message naming the broken rule. Waits are for states (a queue of
 //! the expected length, a grant), each a round trip, never a sleep.
@@ -25,11 +26,13 @@ use crate::etcd::EtcdCluster;
 use crate::{Lockd, PATIENCE};
 
 mod kinds;
+mod semaphores;
 mod sets;
 pub use kinds::{
     a_reentrant_owner_holds_the_lease_as_often_as_it_acquired_it,
     many_leases_are_renewed_and_released_in_one_call,
 };
+pub use semaphores::a_semaphore_grants_at_most_n_permits_each_a_lease_of_its_own;
 pub use sets::a_set_is_granted_whole_or_not_at_all;
 
 /// How a check starts lockd.
@@ -91,7 +94,8 @@ macro_rules! api_suite {
             tenants_are_kept_apart_and_within_their_quotas,
             many_leases_are_renewed_and_released_in_one_call,
             a_reentrant_owner_holds_the_lease_as_often_as_it_acquired_it,
-            a_set_is_granted_whole_or_not_at_all
+            a_set_is_granted_whole_or_not_at_all,
+            a_semaphore_grants_at_most_n_permits_each_a_lease_of_its_own
         );
     };
     (@each $make:expr; $($check:ident),*) => {
@@ -132,6 +136,7 @@ fn req(resource: &str, request_id: &str, ttl_ms: u64, wait_ms: u64) -> AcquireRe
         wait_timeout_ms: wait_ms,
         holder: format!("holder-of-{resource}"),
         owner: String::new(),
+        permits: 0,
     }
 }
 

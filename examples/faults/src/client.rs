@@ -121,6 +121,7 @@ async fn main_loop(args: Args) -> anyhow::Result<()> {
             holder: name.clone(),
             request_id: None,
             owner: None,
+            permits: 0,
         };
         let lease = match lockd.acquire(&resource, opts).await {
             Ok(Acquired::Granted(guard)) => {

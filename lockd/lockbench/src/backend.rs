@@ -166,6 +166,7 @@ impl Backend {
                     wait_timeout_ms: 0,
                     holder: "lockbench".to_string(),
                     owner: String::new(),
+                    permits: 0,
                 };
                 match Self::pick(v)
                     .acquire(authed(req))

@@ -199,6 +199,11 @@ pub struct AcquireOptions {
     /// [`new_owner_id`]; with a policy, owners are the identity's own. See
     /// [`LockGuard::reenter`].
     pub owner: Option<String>,
+    /// 0 = an exclusive lock. N = one of the N permits of the semaphore named by the
+    /// resource: the guard's lease is on the permit's own name (`RESOURCE@permit-K`, see
+    /// [`LockGuard::resource`]), with its own token to fence with. Every client of a semaphore
+    /// must ask with the same N (1 ..= 1000). Not with `owner`.
+    pub permits: u32,
 }
 
 impl Default for AcquireOptions {
@@ -209,6 +214,7 @@ impl Default for AcquireOptions {
             holder: default_holder(),
             request_id: None,
             owner: None,
+            permits: 0,
         }
     }
 }
@@ -339,6 +345,12 @@ pub struct Description {
     /// How many times its owner holds it (1 unless a reentrant lease was re-entered).
     pub holds: Option<u32>,
     pub waiters: u32,
+    /// For a semaphore in use: its number of permits, and how many are held (each permit is
+    /// described under its own name).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub permits: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub permits_held: Option<u32>,
 }
 
 /// One held lock, as List reports it.
@@ -521,6 +533,7 @@ impl Client {
                 wait_timeout_ms: call_wait.as_millis() as u64,
                 holder: opts.holder.clone(),
                 owner: opts.owner.clone().unwrap_or_default(),
+                permits: opts.permits,
             };
             // A fresh grant in the reply to this attempt was made after this moment, so its
             // lease ends no earlier than `sent + ttl` on lockd's clock.
@@ -547,7 +560,7 @@ impl Client {
                         // a safe deadline. If it has ended, it was never used: ask anew.
                         if held {
                             let renew_sent = Instant::now();
-                            if let Ok(r) = self.renew(resource, &lease.lease_id).await {
+                            if let Ok(r) = self.renew(&lease.resource, &lease.lease_id).await {
                                 lease.expires_at_ms = r.expires_at_ms;
                                 return Ok(Acquired::Granted(LockGuard::start(
                                     self.clone(),
@@ -756,6 +769,8 @@ impl Client {
             ttl_ms: d.held.then_some(d.ttl_ms),
             holds: d.held.then_some(d.holds.max(1)),
             waiters: d.waiters,
+            permits: (d.permits > 0).then_some(d.permits),
+            permits_held: (d.permits > 0).then_some(d.permits_held),
         })
     }
 }
@@ -801,9 +816,14 @@ fn answered_each(asked: usize, answered: usize) -> Result<(), ClientError> {
 }
 
 /// A lease of `resource` as lockd granted it (to `owner`, for a reentrant one).
+/// The lease of a grant asked for under `resource`: on the name lockd says (a semaphore's
+/// permit has its own), or `resource` from a lockd that does not say.
 fn lease_of(resource: &str, l: pb::Lease, owner: Option<String>) -> Lease {
     Lease {
-        resource: resource.to_string(),
+        resource: match l.resource.is_empty() {
+            true => resource.to_string(),
+            false => l.resource,
+        },
         lease_id: l.lease_id,
         token: l.token,
         signed_token: (!l.signed_token.is_empty()).then_some(l.signed_token),

@@ -45,6 +45,11 @@ impl Client {
                 "a set's leases are not reentrant: acquire_all takes no owner".to_string(),
             ));
         }
+        if opts.permits > 0 {
+            return Err(ClientError::InvalidArgument(
+                "a set is of exclusive locks: acquire_all takes no permits".to_string(),
+            ));
+        }
         check_names(resources)?;
         let ttl_ms = opts.ttl.map_or(0, |t| t.as_millis() as u64);
         let mut request_id = opts.request_id.clone().unwrap_or_else(new_request_id);
@@ -134,6 +139,11 @@ impl Client {
         if opts.request_id.is_some() {
             return Err(ClientError::InvalidArgument(
                 "acquire_ordered makes one request id per lock: leave request_id empty".to_string(),
+            ));
+        }
+        if opts.permits > 0 {
+            return Err(ClientError::InvalidArgument(
+                "acquire_ordered takes exclusive locks: it takes no permits".to_string(),
             ));
         }
         // Every name checked before anything is taken.

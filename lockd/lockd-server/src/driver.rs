@@ -743,6 +743,7 @@ mod tests {
             ttl_ms: 10_000,
             wait_ms: 0,
             owner: None,
+            permits: 0,
         }
     }
 

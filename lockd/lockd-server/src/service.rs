@@ -254,6 +254,7 @@ impl LockApi {
             duplicate,
             held,
             holds: grant.holds,
+            resource: grant.resource.as_str().to_string(),
         }
     }
 
@@ -367,6 +368,7 @@ impl LockApi {
             ttl_ms: r.ttl_ms,
             wait_ms: r.wait_timeout_ms,
             owner,
+            permits: r.permits,
         };
         let reply = driver
             .acquire(req)
@@ -566,9 +568,12 @@ impl LockApi {
                 ttl_ms: h.ttl_ms,
                 waiters,
                 holds: h.holds,
+                ..Default::default()
             },
             None => pb::DescribeResponse {
                 waiters,
+                permits: d.permits.map_or(0, |p| p.permits),
+                permits_held: d.permits.map_or(0, |p| p.held),
                 ..Default::default()
             },
         });

@@ -37,6 +37,8 @@ pub mod codes {
     pub const TENANT_WAITERS_EXHAUSTED: &str = "tenant_waiters_exhausted";
     pub const TENANT_REQUESTS_EXHAUSTED: &str = "tenant_requests_exhausted";
     pub const TENANT_RATE_LIMITED: &str = "tenant_rate_limited";
+    pub const KIND_MISMATCH: &str = "kind_mismatch";
+    pub const PERMITS_MISMATCH: &str = "permits_mismatch";
 }
 
 fn status(code: Code, stable: &'static str, message: String) -> Status {
@@ -90,6 +92,12 @@ fn from_acquire(a: &AcquireError) -> Status {
         ),
         AcquireError::TenantRateLimited { .. } => {
             status(Code::ResourceExhausted, codes::TENANT_RATE_LIMITED, message)
+        }
+        AcquireError::KindMismatch { .. } => {
+            status(Code::FailedPrecondition, codes::KIND_MISMATCH, message)
+        }
+        AcquireError::PermitsMismatch { .. } => {
+            status(Code::FailedPrecondition, codes::PERMITS_MISMATCH, message)
         }
         AcquireError::TokensExhausted => {
             status(Code::ResourceExhausted, codes::TOKENS_EXHAUSTED, message)

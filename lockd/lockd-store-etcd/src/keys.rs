@@ -86,6 +86,10 @@ pub struct LockRecord {
     /// before reentrant leases existed).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reentrant: Option<ReentrantRecord>,
+    /// A semaphore's permit: the semaphore's number of permits (absent for the others, and in
+    /// records written before semaphores existed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub permits: Option<u32>,
 }
 
 /// The reentrant part of a [`LockRecord`].

@@ -50,6 +50,7 @@ impl Stored {
             )?;
             let record = LeaseRecord {
                 reentrant: r.reentrant.as_ref().map(ReentrantRecord::to_core),
+                permits: r.permits,
                 ..record
             };
             self.locks.insert(key.to_string(), record);
@@ -121,6 +122,7 @@ fn lease_record(
         ttl_ms,
         request_id,
         reentrant: None,
+        permits: None,
     })
 }
 

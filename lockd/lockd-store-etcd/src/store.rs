@@ -88,6 +88,7 @@ fn lock_record(r: &lockd_core::LeaseRecord) -> LockRecord {
         ttl_ms: r.ttl_ms,
         request_id: r.request_id.clone(),
         reentrant: r.reentrant.as_ref().map(ReentrantRecord::of),
+        permits: r.permits,
     }
 }
 

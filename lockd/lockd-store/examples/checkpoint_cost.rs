@@ -13,6 +13,7 @@ fn rec(i: u64) -> LeaseRecord {
         ttl_ms: 30000,
         request_id: Some(format!("{:022}", i)),
         reentrant: None,
+        permits: None,
     }
 }
 fn main() {

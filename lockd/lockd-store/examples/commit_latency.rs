@@ -17,6 +17,7 @@ fn main() {
             ttl_ms: 30000,
             request_id: Some(format!("{:032x}", i)),
             reentrant: None,
+            permits: None,
         };
         let t = Instant::now();
         s.commit(&[Op::Grant(rec.clone())], true).unwrap();

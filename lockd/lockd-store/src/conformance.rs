@@ -45,6 +45,7 @@ macro_rules! conformance_tests {
             a_sync_makes_earlier_lazy_batches_durable,
             longest_fields_round_trip,
             reentrant_holds_are_stored,
+            permits_keep_their_semaphores_number,
             an_atomic_set_lands_whole_or_not_at_all,
             random_history_matches_a_model
         );
@@ -86,6 +87,7 @@ fn rec(resource: &str, token: u64, request_id: Option<&str>) -> LeaseRecord {
         ttl_ms: 1_000 + token,
         request_id: request_id.map(str::to_string),
         reentrant: None,
+        permits: None,
     }
 }
 
@@ -402,6 +404,7 @@ pub fn longest_fields_round_trip<H: Harness>(h: &mut H) {
         ttl_ms: u64::from(u32::MAX),
         request_id: Some("~".repeat(1024)),
         reentrant: None,
+        permits: None,
     };
     commit(&mut s, &[Op::Grant(record.clone())], true);
     let mut s = reopen(h, s);
@@ -475,6 +478,40 @@ pub fn reentrant_holds_are_stored<H: Harness>(h: &mut H) {
         "the re-entries' request ids outlive the lease, as the grant's does"
     );
 }
+/// A semaphore's permit keeps its semaphore's number of permits across a reopen (recovery
+/// rebuilds the semaphore from it), in the lease only: the remembered grant is a plain one.
+pub fn permits_keep_their_semaphores_number<H: Harness>(h: &mut H) {
+    let mut s = h.open();
+    let permit = |k: u64, request_id: Option<&str>| LeaseRecord {
+        permits: Some(8),
+        ..rec(&format!("jobs@permit-{k}"), k, request_id)
+    };
+    commit(
+        &mut s,
+        &[Op::Grant(permit(1, Some("q1"))), Op::Grant(permit(2, None))],
+        true,
+    );
+    let mut s = reopen(h, s);
+    let snap = load(&mut s);
+    assert_eq!(snap.leases.len(), 2);
+    for (k, lease) in [permit(1, Some("q1")), permit(2, None)]
+        .into_iter()
+        .enumerate()
+    {
+        assert!(
+            snap.leases.contains(&lease),
+            "permit {} as granted: {:?}",
+            k + 1,
+            snap.leases
+        );
+    }
+    assert_eq!(
+        snap.requests,
+        vec![rec("jobs@permit-1", 1, Some("q1"))],
+        "the remembered grant, without the permits"
+    );
+}
+
 /// An atomic op (an AcquireAll's grants) lands whole: every lease and request record of it,
 /// across a reopen and a crash. One with a grant that breaks a precondition lands not at all,
 /// and one that is empty or holds anything but grants is refused.

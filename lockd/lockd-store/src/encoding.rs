@@ -18,7 +18,14 @@
 //! u8   0 = no re-entry request id | 1 = u16 length, then the bytes
 //! ```
 //!
-//! A lease without an owner is still written as version 1, so that files written before
+//! A semaphore's permit is version 3: version 1's fields, then
+//!
+//! ```text
+//! u32  permits (1 ..= limits::PERMITS_MAX, the semaphore's number of permits)
+//! ```
+//!
+//! (a permit is never reentrant). A lease without an owner or permits is still written as
+//! version 1, so that files written before
 //! reentrant leases existed, and the leases that are not reentrant, read the same.
 //!
 //! Decoding is strict: every field is validated and the record must end exactly where its last
@@ -32,12 +39,16 @@ use crate::StoreError;
 const RECORD_VERSION: u8 = 1;
 /// With the reentrant part.
 const RECORD_VERSION_REENTRANT: u8 = 2;
+/// With the semaphore's number of permits.
+const RECORD_VERSION_PERMIT: u8 = 3;
 
 pub(crate) fn encode(rec: &LeaseRecord) -> Vec<u8> {
     let mut out = Vec::with_capacity(64 + rec.resource.as_str().len() + rec.holder.len());
-    out.push(match rec.reentrant {
-        None => RECORD_VERSION,
-        Some(_) => RECORD_VERSION_REENTRANT,
+    out.push(match (&rec.reentrant, rec.permits) {
+        (None, None) => RECORD_VERSION,
+        (Some(_), None) => RECORD_VERSION_REENTRANT,
+        (None, Some(_)) => RECORD_VERSION_PERMIT,
+        (Some(_), Some(_)) => unreachable!("the core refuses a reentrant permit"),
     });
     out.extend_from_slice(rec.lease_id.as_bytes());
     out.extend_from_slice(&rec.token.get().to_be_bytes());
@@ -55,6 +66,9 @@ pub(crate) fn encode(rec: &LeaseRecord) -> Vec<u8> {
         put_str(&mut out, &r.owner);
         out.extend_from_slice(&r.holds.to_be_bytes());
     }
+    if let Some(n) = rec.permits {
+        out.extend_from_slice(&n.to_be_bytes());
+    }
     out
 }
 
@@ -68,9 +82,9 @@ fn put_str(out: &mut Vec<u8>, s: &str) {
 pub(crate) fn decode(bytes: &[u8]) -> Result<LeaseRecord, StoreError> {
     let mut r = Reader { bytes, at: 0 };
     let version = r.u8()?;
-    if version != RECORD_VERSION && version != RECORD_VERSION_REENTRANT {
+    if !(RECORD_VERSION..=RECORD_VERSION_PERMIT).contains(&version) {
         return Err(corrupt(format!(
-            "lease record version {version}, expected {RECORD_VERSION} or {RECORD_VERSION_REENTRANT}"
+            "lease record version {version}, expected {RECORD_VERSION} ..= {RECORD_VERSION_PERMIT}"
         )));
     }
     let lease_id = LeaseId::from_bytes(r.take(16)?.try_into().expect("16 bytes"));
@@ -91,6 +105,10 @@ pub(crate) fn decode(bytes: &[u8]) -> Result<LeaseRecord, StoreError> {
         }),
         _ => None,
     };
+    let permits = match version {
+        RECORD_VERSION_PERMIT => Some(u32::from_be_bytes(r.take(4)?.try_into().expect("4 bytes"))),
+        _ => None,
+    };
     if r.at != bytes.len() {
         return Err(corrupt(format!(
             "{} trailing bytes after a lease record",
@@ -105,6 +123,7 @@ pub(crate) fn decode(bytes: &[u8]) -> Result<LeaseRecord, StoreError> {
         ttl_ms,
         request_id,
         reentrant,
+        permits,
     })
 }
 
@@ -153,6 +172,7 @@ mod tests {
             ttl_ms: 30_000,
             request_id: request_id.map(str::to_string),
             reentrant: None,
+            permits: None,
         }
     }
 
@@ -166,6 +186,32 @@ mod tests {
         }
     }
 
+    fn permit() -> LeaseRecord {
+        LeaseRecord {
+            resource: ResourceName::new("jobs@permit-3").unwrap(),
+            permits: Some(8),
+            ..record(Some("req-1"))
+        }
+    }
+
+    #[test]
+    fn a_permit_is_version_3_and_appends_its_semaphores_permits() {
+        let plain = encode(&LeaseRecord {
+            permits: None,
+            ..permit()
+        });
+        let bytes = encode(&permit());
+        assert_eq!(bytes[0], 3);
+        assert_eq!(bytes[1..plain.len()], plain[1..]);
+        assert_eq!(bytes[plain.len()..], 8u32.to_be_bytes());
+        for len in 0..bytes.len() {
+            assert!(
+                matches!(decode(&bytes[..len]), Err(StoreError::Corrupt(_))),
+                "prefix of {len} bytes of a permit"
+            );
+        }
+    }
+
     #[test]
     fn round_trips() {
         for rec in [
@@ -173,6 +219,7 @@ mod tests {
             record(Some("req-1")),
             reentrant(None),
             reentrant(Some("req-1")),
+            permit(),
         ] {
             assert_eq!(decode(&encode(&rec)).unwrap(), rec);
         }

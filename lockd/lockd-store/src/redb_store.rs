@@ -209,11 +209,12 @@ impl RedbStore {
                         let bytes = encode(rec);
                         leases.insert(rec.resource.as_str(), bytes.as_slice())?;
                         if let Some(id) = &rec.request_id {
-                            // Remembered as granted, without the reentrant part (only the
-                            // lease keeps its holds).
-                            let remembered = match rec.reentrant {
-                                None => bytes,
-                                Some(_) => encode(&rec.remembered_as(id)),
+                            // Remembered as granted, without the reentrant part or the
+                            // permits (only the lease keeps them).
+                            let plain = rec.reentrant.is_none() && rec.permits.is_none();
+                            let remembered = match plain {
+                                true => bytes,
+                                false => encode(&rec.remembered_as(id)),
                             };
                             requests.insert(id.as_str(), remembered.as_slice())?;
                         }

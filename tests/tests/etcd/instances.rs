@@ -18,6 +18,7 @@ fn opts(ttl_s: u64, wait_s: u64, request_id: Option<&str>) -> AcquireOptions {
         holder: "test".to_string(),
         request_id: request_id.map(str::to_string),
         owner: Default::default(),
+        permits: 0,
     }
 }
 
@@ -291,6 +292,7 @@ fn a_paused_lockd_leader_neither_grants_nor_renews_when_it_wakes() {
             wait_timeout_ms: 0,
             holder: "late".to_string(),
             owner: Default::default(),
+            permits: 0,
         });
         r.set_timeout(Duration::from_secs(30));
         stale.acquire(r).await
@@ -542,6 +544,7 @@ fn calls_in_flight_through_a_follower_when_the_leader_is_killed_end_in_lockds_an
                         wait_timeout_ms: 0,
                         holder: "raw".to_string(),
                         owner: Default::default(),
+                        permits: 0,
                     });
                     r.set_timeout(Duration::from_secs(30));
                     match rpc.acquire(r).await {

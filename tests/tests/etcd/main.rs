@@ -129,6 +129,7 @@ impl Load {
                         holder: name.clone(),
                         request_id: None,
                         owner: Default::default(),
+                        permits: 0,
                     };
                     let lease = match client.acquire(&resource, opts).await {
                         Ok(Acquired::Granted(guard)) => {

@@ -112,6 +112,7 @@ fn record(resource: &str, token: u64) -> LeaseRecord {
         ttl_ms: 5_000,
         request_id: Some(format!("q{token}")),
         reentrant: None,
+        permits: None,
     }
 }
 

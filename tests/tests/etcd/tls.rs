@@ -44,6 +44,7 @@ fn try_lock(holder: &str) -> AcquireOptions {
         holder: holder.into(),
         request_id: None,
         owner: Default::default(),
+        permits: 0,
     }
 }
 
@@ -254,6 +255,7 @@ fn lockd_talks_to_etcd_over_mutual_tls_and_names_what_is_wrong() {
         holder: "app".into(),
         request_id: None,
         owner: Default::default(),
+        permits: 0,
     };
     assert!(matches!(
         rt.block_on(client.acquire("job", opts)).unwrap(),

@@ -42,6 +42,7 @@ fn acquire(resource: &str, request_id: &str) -> AcquireRequest {
         wait_timeout_ms: 0,
         holder: "crash-test".to_string(),
         owner: Default::default(),
+        permits: 0,
     }
 }
 

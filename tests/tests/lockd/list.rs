@@ -17,6 +17,7 @@ fn req(resource: &str, wait_ms: u64) -> AcquireRequest {
         wait_timeout_ms: wait_ms,
         holder: format!("holder-of-{resource}"),
         owner: Default::default(),
+        permits: 0,
     }
 }
 

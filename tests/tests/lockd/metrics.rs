@@ -15,6 +15,7 @@ fn req(resource: &str, ttl_ms: u64, wait_ms: u64) -> AcquireRequest {
         wait_timeout_ms: wait_ms,
         holder: "metrics-test".to_string(),
         owner: Default::default(),
+        permits: 0,
     }
 }
 

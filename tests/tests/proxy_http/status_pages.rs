@@ -75,6 +75,7 @@ fn the_status_pages_show_a_held_lock_and_a_refused_stale_write() {
                 wait_timeout_ms: 0,
                 holder: holder.into(),
                 owner: Default::default(),
+                permits: 0,
             }))
             .unwrap()
             .into_inner();

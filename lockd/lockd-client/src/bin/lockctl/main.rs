@@ -124,6 +124,9 @@ enum Command {
     /// Several locks (--lock, repeated) are taken in sorted order, each waiting in its queue,
     /// all within --wait; with --atomic, all at once or none, in one call (at most 32, try-only
     /// at lockd: within --wait lockctl asks again).
+    ///
+    /// With --permits N, the command holds one of the N permits of the semaphore RESOURCE:
+    /// FENCING_RESOURCE is the permit's name (RESOURCE@permit-K), the name to fence with.
     Run {
         /// The resource to lock (or give --lock, once or more).
         #[arg(required_unless_present = "locks", conflicts_with = "locks")]
@@ -162,6 +165,11 @@ struct LockArgs {
     /// current lease gets that lease with one more hold; each release ends one hold.
     #[arg(long, value_name = "ID")]
     owner: Option<String>,
+    /// Take one of the N permits of the semaphore RESOURCE instead of its lock (1 ..= 1000;
+    /// every client of a semaphore gives the same N). The lease is on the permit's own name,
+    /// RESOURCE@permit-K: renew, release and fence with that name.
+    #[arg(long, value_name = "N")]
+    permits: Option<u32>,
 }
 
 impl LockArgs {
@@ -171,6 +179,7 @@ impl LockArgs {
             wait: self.wait,
             request_id,
             owner: self.owner.clone(),
+            permits: self.permits.unwrap_or(0),
             ..AcquireOptions::default()
         };
         if let Some(h) = &self.holder {
@@ -362,6 +371,11 @@ async fn dispatch(cli: Cli) -> Result<ExitCode, ClientError> {
                     wall(d.expires_at_ms.unwrap_or(0)),
                     d.waiters
                 );
+            } else if let (Some(n), Some(held)) = (d.permits, d.permits_held) {
+                println!(
+                    "{resource}: semaphore of {n} permits, {held} held, waiters={} (each permit is {resource}@permit-K)",
+                    d.waiters
+                );
             } else {
                 println!("{resource}: free waiters={}", d.waiters);
             }
@@ -377,6 +391,12 @@ async fn dispatch(cli: Cli) -> Result<ExitCode, ClientError> {
         } => {
             if atomic && resource.is_some() {
                 eprintln!("lockctl: --atomic takes the --lock set; name the resources with --lock");
+                return Ok(ExitCode::from(2));
+            }
+            if lock.permits.is_some() && resource.is_none() {
+                eprintln!(
+                    "lockctl: --permits takes one semaphore: give RESOURCE instead of --lock"
+                );
                 return Ok(ExitCode::from(2));
             }
             // The TTL given: a grace that cannot fit is refused before anything is taken.
