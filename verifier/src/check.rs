@@ -24,15 +24,19 @@ pub enum Property {
     AcknowledgedWritesPresent,
     /// A write reported as refused (`fail`) never took effect.
     FailedWritesAbsent,
+    /// A semaphore of N has at most N permits certainly valid at any instant, each numbered
+    /// 1 ..= N (a permit given twice at once breaks single holder too).
+    PermitsWithinBound,
 }
 
 impl Property {
-    pub const ALL: [Property; 5] = [
+    pub const ALL: [Property; 6] = [
         Property::SingleHolder,
         Property::MonotoneTokens,
         Property::Fencing,
         Property::AcknowledgedWritesPresent,
         Property::FailedWritesAbsent,
+        Property::PermitsWithinBound,
     ];
 
     pub fn name(self) -> &'static str {
@@ -42,6 +46,7 @@ impl Property {
             Property::Fencing => "fencing",
             Property::AcknowledgedWritesPresent => "acknowledged writes present",
             Property::FailedWritesAbsent => "failed writes absent",
+            Property::PermitsWithinBound => "permits within bound",
         }
     }
 }
@@ -166,6 +171,10 @@ pub fn check(history: &[Event]) -> Report {
                 acknowledged_present(&events, &done),
             ),
             (Property::FailedWritesAbsent, failed_absent(&events, &done)),
+            (
+                Property::PermitsWithinBound,
+                permits_within_bound(&events, &done),
+            ),
         ],
     }
 }
@@ -277,6 +286,72 @@ fn single_holder(events: &[Event], done: &[Done<'_>]) -> Verdict {
                         lines,
                     });
                 }
+            }
+        }
+    }
+    verdict(violations)
+}
+
+/// At every instant, the permits of each semaphore certainly valid then number at most its N
+/// (the smallest N among them, if grants disagree), and each permit's number is within N.
+fn permits_within_bound(events: &[Event], done: &[Done<'_>]) -> Verdict {
+    let mut by_semaphore: BTreeMap<&str, Vec<(Lease<'_>, u32, u32)>> = BTreeMap::new();
+    for (resource, ls) in lease_spans(events, done) {
+        let Some((semaphore, k)) = fencing::permit::permit_of(resource) else {
+            continue;
+        };
+        for l in ls {
+            if let Some(n) = l.grant.end.permits {
+                by_semaphore.entry(semaphore).or_default().push((l, n, k));
+            }
+        }
+    }
+    if by_semaphore.is_empty() {
+        return Verdict::NotShown("no granted permit".into());
+    }
+    let mut violations = Vec::new();
+    for (semaphore, permits) in &by_semaphore {
+        for (l, n, k) in permits.iter().filter(|(_, n, k)| k > n) {
+            violations.push(Violation {
+                message: format!(
+                    "{semaphore}: {} was granted permit {k} of a semaphore of {n}",
+                    l.grant.end.process
+                ),
+                lines: vec![l.grant.end.line],
+            });
+        }
+        // A sweep over the certainly-valid spans: a lease ends before one starting at the same
+        // instant begins (`until` is exclusive).
+        let mut edges: Vec<(u64, bool, usize)> = Vec::new();
+        for (i, (l, _, _)) in permits.iter().enumerate() {
+            if l.grant.end.time < l.until {
+                edges.push((l.grant.end.time, true, i));
+                edges.push((l.until, false, i));
+            }
+        }
+        edges.sort();
+        let mut open: Vec<usize> = Vec::new();
+        let mut over = false;
+        for (time, starts, i) in edges {
+            if !starts {
+                open.retain(|&o| o != i);
+                over = false;
+                continue;
+            }
+            open.push(i);
+            let bound = open.iter().map(|&o| permits[o].1).min().expect("one open");
+            if open.len() > bound as usize && !over {
+                over = true;
+                let mut lines: Vec<usize> =
+                    open.iter().map(|&o| permits[o].0.grant.end.line).collect();
+                lines.sort_unstable();
+                violations.push(Violation {
+                    message: format!(
+                        "{semaphore}: {} permits of a semaphore of {bound} were held at time {time}",
+                        open.len()
+                    ),
+                    lines,
+                });
             }
         }
     }

@@ -67,6 +67,10 @@ struct Raw {
     /// Free text for the timeline (why a write was refused...).
     #[serde(default)]
     note: Option<String>,
+    /// An acquire of a semaphore's permit: the semaphore's number of permits (the resource is
+    /// the permit's name, `NAME@permit-K`).
+    #[serde(default)]
+    permits: Option<u32>,
 }
 
 /// One event of a history.
@@ -86,6 +90,8 @@ pub struct Event {
     pub value: Option<serde_json::Value>,
     pub index: Option<u64>,
     pub note: Option<String>,
+    /// A permit's acquire: how many permits its semaphore has.
+    pub permits: Option<u32>,
 }
 
 impl Event {
@@ -151,6 +157,14 @@ pub fn parse(input: impl BufRead) -> Result<Vec<Event>, HistoryError> {
                 Err(bad(what.to_string()))
             }
         };
+        if raw.permits.is_some() {
+            needs("only an acquire has permits", raw.f == Op::Acquire)?;
+            needs(
+                "permits goes with a permit's name (NAME@permit-K)",
+                fencing::permit::permit_of(&raw.resource).is_some(),
+            )?;
+            needs("permits is 1 or more", raw.permits != Some(0))?;
+        }
         match (raw.f, raw.kind) {
             (Op::Acquire, EventType::Ok) => {
                 needs("an ok acquire needs its token", raw.token.is_some())?;
@@ -181,6 +195,7 @@ pub fn parse(input: impl BufRead) -> Result<Vec<Event>, HistoryError> {
             value: raw.value,
             index: raw.index,
             note: raw.note,
+            permits: raw.permits,
         });
     }
     Ok(out)

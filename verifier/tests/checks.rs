@@ -86,6 +86,11 @@ fn the_fenced_zombie_story_keeps_every_property() {
     let r = check(&h(&zombie_fenced()));
     assert!(r.ok(), "{r}");
     for p in Property::ALL {
+        if p == Property::PermitsWithinBound {
+            // The story has no semaphore.
+            assert!(matches!(r.verdict(p), Verdict::NotShown(_)), "{r}");
+            continue;
+        }
         assert_eq!(r.verdict(p), &Verdict::Holds, "{}: {r}", p.name());
     }
 }
@@ -249,4 +254,106 @@ fn properties_a_history_cannot_show_are_said_so() {
     ));
     assert!(matches!(r.verdict(Property::Fencing), Verdict::NotShown(_)));
     assert!(r.ok());
+}
+
+/// A permit's acquire: `acquire` with the semaphore's number of permits.
+fn permit(p: &str, invoke_ms: u64, ok_ms: u64, r: &str, token: u64, n: u32) -> Vec<String> {
+    vec![
+        ev("invoke", p, invoke_ms, "acquire", r, ""),
+        ev(
+            "ok",
+            p,
+            ok_ms,
+            "acquire",
+            r,
+            &format!("\"token\":{token},\"ttl_ms\":1000,\"permits\":{n}"),
+        ),
+    ]
+}
+
+#[test]
+fn a_semaphore_of_two_holds_two_permits_and_a_third_at_once_is_caught() {
+    let mut l = permit("A", 0, 1, "jobs@permit-1", 1, 2);
+    l.extend(permit("B", 2, 3, "jobs@permit-2", 2, 2));
+    // C gets permit 1 after A's lease ended: never more than two at once.
+    l.extend(permit("C", 1_500, 1_501, "jobs@permit-1", 3, 2));
+    let r = check(&h(&l));
+    assert_eq!(
+        r.verdict(Property::PermitsWithinBound),
+        &Verdict::Holds,
+        "{r}"
+    );
+    assert!(r.ok(), "{r}");
+
+    // A planted bug: a third permit while both are held.
+    l.extend(permit("D", 900, 901, "jobs@permit-3", 4, 2));
+    let r = check(&h(&l));
+    let Verdict::Violated(vs) = r.verdict(Property::PermitsWithinBound) else {
+        panic!("a third permit of two must be caught: {r}");
+    };
+    let messages: Vec<&str> = vs.iter().map(|v| v.message.as_str()).collect();
+    assert!(
+        messages
+            .iter()
+            .any(|m| m.contains("permit 3 of a semaphore of 2"))
+            && messages
+                .iter()
+                .any(|m| m.contains("3 permits of a semaphore of 2")),
+        "{messages:?}"
+    );
+}
+
+#[test]
+fn a_permit_given_twice_at_once_is_caught() {
+    let mut l = permit("A", 0, 1, "jobs@permit-1", 1, 8);
+    l.extend(permit("B", 2, 3, "jobs@permit-1", 2, 8));
+    let r = check(&h(&l));
+    let Verdict::Violated(vs) = r.verdict(Property::SingleHolder) else {
+        panic!("permit 1 given twice must be caught: {r}");
+    };
+    assert!(vs[0].message.contains("jobs@permit-1"), "{vs:?}");
+    // Within the bound of 8, so that property holds: each says what it judges.
+    assert_eq!(r.verdict(Property::PermitsWithinBound), &Verdict::Holds);
+}
+
+#[test]
+fn permits_are_only_a_permits_acquires() {
+    for (line, needle) in [
+        (
+            ev(
+                "ok",
+                "A",
+                1,
+                "acquire",
+                "jobs",
+                "\"token\":1,\"ttl_ms\":10,\"permits\":2",
+            ),
+            "permit's name",
+        ),
+        (
+            ev(
+                "ok",
+                "A",
+                1,
+                "acquire",
+                "jobs@permit-1",
+                "\"token\":1,\"ttl_ms\":10,\"permits\":0",
+            ),
+            "1 or more",
+        ),
+        (
+            ev(
+                "ok",
+                "A",
+                1,
+                "write",
+                "jobs@permit-1",
+                "\"token\":1,\"value\":1,\"permits\":2",
+            ),
+            "only an acquire",
+        ),
+    ] {
+        let err = parse(line.as_bytes()).expect_err(&line);
+        assert!(err.to_string().contains(needle), "{line}: {err}");
+    }
 }

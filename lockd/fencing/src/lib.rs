@@ -12,13 +12,16 @@
 //! - [`wire`]: the names under which resource and token travel (SQL settings, HTTP headers,
 //!   environment variables).
 //!
-//! - [`signed`]: signed tokens (HMAC-SHA256 with key ids), signing and verifying.
+//! - [`signed`]: signed tokens (HMAC-SHA256 with key ids), signing and verifying;
+//! - [`permit`]: the names of a semaphore's permits (`NAME@permit-K`), each a resource of its
+//!   own.
 //!
 //! It deliberately does no I/O, generates no randomness and depends on nothing but `std`,
 //! `serde` and RustCrypto's `hmac` and `sha2`: the verifier depends on this crate alone, so it
 //! cannot share a bug with the implementation it checks.
 
 mod lease_id;
+pub mod permit;
 mod resource;
 mod rule;
 pub mod signed;

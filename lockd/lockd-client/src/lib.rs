@@ -155,7 +155,15 @@ impl ClientError {
         }
         match s.code() {
             Code::InvalidArgument => ClientError::InvalidArgument(s.message().to_string()),
-            Code::FailedPrecondition => ClientError::LeaseNotCurrent(s.message().to_string()),
+            // lockd's other preconditions (a name held as another kind of lock, another
+            // number of permits) have codes of their own.
+            Code::FailedPrecondition
+                if error_code
+                    .as_deref()
+                    .is_none_or(|c| c == "lease_not_current") =>
+            {
+                ClientError::LeaseNotCurrent(s.message().to_string())
+            }
             Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled | Code::Unknown => {
                 ClientError::Unavailable(format!("{:?}: {}", s.code(), with_causes(&s)))
             }

@@ -566,3 +566,93 @@ fn run_with_several_locks_stops_the_command_when_a_lease_is_lost() {
     }
     lockd.kill9();
 }
+
+/// Issue 19: `run --permits N` holds one of the N permits of a semaphore while the command
+/// runs, and names the permit as FENCING_RESOURCE; a full semaphore is not granted, or waited
+/// for; every caller gives the same N.
+#[test]
+fn run_with_permits_holds_one_permit_of_the_semaphore() {
+    let dir = tempfile::tempdir().unwrap();
+    let lockd = Lockd::start(dir.path(), &[]);
+    let first = acquire_json(&lockd, &["jobs", "--permits", "2", "--ttl", "60s"]);
+    assert_eq!(first["resource"], "jobs@permit-1", "{first}");
+    let mut cmd = lockd.lockctl();
+    cmd.args(["run", "--permits", "2", "jobs", "--", "sh", "-c"])
+        .arg("echo \"$FENCING_RESOURCE $FENCING_TOKEN\"; exit 7");
+    let (status, stdout, stderr) = output(cmd);
+    assert_eq!(status.code(), Some(7), "{stderr}");
+    let (resource, tok) = stdout.trim().split_once(' ').expect("resource and token");
+    assert_eq!(
+        resource, "jobs@permit-2",
+        "the free permit, by its own name"
+    );
+    assert!(tok.parse::<u64>().unwrap() > token(&first));
+
+    // Full: the command does not run; with --wait it runs once a permit is released.
+    let second = acquire_json(&lockd, &["jobs", "--permits", "2", "--ttl", "60s"]);
+    let d = describe(&lockd, "jobs");
+    assert!(
+        d["permits"] == 2 && d["permits_held"] == 2 && d["held"] == false,
+        "{d}"
+    );
+    let marker = dir.path().join("ran");
+    let mut cmd = lockd.lockctl();
+    cmd.args(["run", "--permits", "2", "jobs", "--", "touch"])
+        .arg(&marker);
+    let (status, _, stderr) = output(cmd);
+    assert_eq!(status.code(), Some(3), "{stderr}");
+    assert!(!marker.exists(), "the command ran without a permit");
+    let mut cmd = lockd.lockctl();
+    cmd.args([
+        "run",
+        "--permits",
+        "2",
+        "--wait",
+        "60s",
+        "jobs",
+        "--",
+        "sh",
+        "-c",
+    ])
+    .arg("echo \"got $FENCING_RESOURCE\"");
+    let mut waiting = Spawned::spawn(cmd);
+    while describe(&lockd, "jobs")["waiters"] != 1 {}
+    release(&lockd, "jobs@permit-2", &second);
+    waiting
+        .stdout
+        .wait_for("the waiter to get the freed permit", |l| {
+            l == "got jobs@permit-2"
+        });
+    assert!(waiting.wait().success(), "{}", waiting.stderr.text());
+
+    // Another N, or a permit's name as a lock, is refused with the reason.
+    for (args, needle) in [
+        (
+            &["run", "--permits", "3", "jobs", "--", "true"][..],
+            "has 2 permits",
+        ),
+        (&["acquire", "jobs@permit-1"][..], "reserved"),
+        (&["acquire", "jobs"][..], "held as a semaphore of 2 permits"),
+    ] {
+        let mut cmd = lockd.lockctl();
+        cmd.args(args);
+        let (status, _, stderr) = output(cmd);
+        assert_eq!(status.code(), Some(1), "{args:?}: {stderr}");
+        assert!(stderr.contains(needle), "{args:?}: {stderr}");
+    }
+    let mut cmd = lockd.lockctl();
+    cmd.args([
+        "run",
+        "--permits",
+        "2",
+        "--lock",
+        "a",
+        "--lock",
+        "b",
+        "--",
+        "true",
+    ]);
+    let (status, _, stderr) = output(cmd);
+    assert_eq!(status.code(), Some(2), "--permits with --lock: {stderr}");
+    release(&lockd, "jobs@permit-1", &first);
+}
