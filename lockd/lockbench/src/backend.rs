@@ -32,9 +32,22 @@ pub enum Target {
 /// A held lock, as each system names it.
 #[derive(Clone, Debug)]
 pub enum Held {
-    Lockd { resource: String, lease_id: String },
-    Etcd { lease: i64 },
-    Redis { key: String, value: String },
+    Lockd {
+        resource: String,
+        lease_id: String,
+    },
+    Etcd {
+        lease: i64,
+    },
+    Redis {
+        key: String,
+        value: String,
+    },
+    /// A permit of the Redis semaphore `key` (a sorted set), held as `member`.
+    RedisPermit {
+        key: String,
+        member: String,
+    },
 }
 
 /// How lockbench proves itself to lockd: the CA of its certificate (TLS), a client
@@ -80,6 +93,10 @@ fn authed<T>(message: T) -> tonic::Request<T> {
 /// All or none: every key set (NX, with the TTL) when none exists.
 const REDIS_SET_ALL: &str = "for i = 1, #KEYS do if redis.call('exists', KEYS[i]) == 1 then return 0 end end for i = 1, #KEYS do redis.call('set', KEYS[i], ARGV[1], 'PX', ARGV[2]) end return 1";
 const REDIS_RELEASE: &str = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) else return 0 end";
+/// The Redis semaphore with leases (the recipe of Redisson's `RPermitExpirableSemaphore`, in
+/// its simplest form): a sorted set of the permits held, each scored by its expiry on Redis's
+/// clock. Drop the expired; take a permit if fewer than N are held.
+const REDIS_PERMIT: &str = "local t = redis.call('time') local now = t[1] * 1000 + math.floor(t[2] / 1000) redis.call('zremrangebyscore', KEYS[1], '-inf', now) if redis.call('zcard', KEYS[1]) < tonumber(ARGV[1]) then redis.call('zadd', KEYS[1], now + tonumber(ARGV[2]), ARGV[3]) return 1 end return 0";
 const REDIS_RENEW: &str = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pexpire', KEYS[1], ARGV[2]) else return 0 end";
 
 impl Backend {
@@ -291,6 +308,73 @@ impl Backend {
         Ok(())
     }
 
+    /// One of the `permits` permits of `semaphore`, waiting for one up to `wait`. `Ok(None)`:
+    /// none in time.
+    /// - lockd: an Acquire with `permits`, waiting in the semaphore's FIFO queue; a freed
+    ///   permit is handed to the head of the queue.
+    /// - Redis: [`REDIS_PERMIT`], asked again 1 ms after each refusal (Redisson wakes its
+    ///   waiters by pub/sub instead; the poll costs Redis more, a waiter up to 1 ms).
+    /// - etcd has no semaphore recipe: not supported.
+    pub async fn acquire_permit(
+        &self,
+        semaphore: &str,
+        permits: u32,
+        ttl_ms: u64,
+        wait: std::time::Duration,
+    ) -> anyhow::Result<Option<Held>> {
+        match self {
+            Backend::Lockd(v) => {
+                let req = AcquireRequest {
+                    resource: semaphore.to_string(),
+                    request_id: lockd_client::new_request_id(),
+                    ttl_ms,
+                    wait_timeout_ms: wait.as_millis() as u64,
+                    holder: "lockbench".to_string(),
+                    owner: String::new(),
+                    permits,
+                };
+                match Self::pick(v)
+                    .acquire(authed(req))
+                    .await?
+                    .into_inner()
+                    .outcome
+                {
+                    Some(Outcome::Granted(l)) => Ok(Some(Held::Lockd {
+                        resource: l.resource,
+                        lease_id: l.lease_id,
+                    })),
+                    Some(Outcome::NotGranted(_)) => Ok(None),
+                    None => bail!("empty AcquireResponse"),
+                }
+            }
+            Backend::Etcd(_) => bail!("etcd has no semaphore recipe: use --target lockd or redis"),
+            Backend::Redis(v) => {
+                let mut c = Self::pick(v);
+                let member = format!("{:032x}", rand::random::<u128>());
+                let deadline = std::time::Instant::now() + wait;
+                loop {
+                    let got: i64 = redis::Script::new(REDIS_PERMIT)
+                        .key(semaphore)
+                        .arg(permits)
+                        .arg(ttl_ms)
+                        .arg(&member)
+                        .invoke_async(&mut c)
+                        .await?;
+                    if got == 1 {
+                        return Ok(Some(Held::RedisPermit {
+                            key: semaphore.to_string(),
+                            member,
+                        }));
+                    }
+                    if std::time::Instant::now() >= deadline {
+                        return Ok(None);
+                    }
+                    tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+                }
+            }
+        }
+    }
+
     pub async fn renew(&self, held: &Held, ttl_ms: u64) -> anyhow::Result<()> {
         match (self, held) {
             (Backend::Lockd(v), Held::Lockd { resource, lease_id }) => {
@@ -333,6 +417,14 @@ impl Backend {
             }
             (Backend::Etcd(v), Held::Etcd { lease }) => {
                 Self::pick(v).lease_revoke(lease).await?;
+            }
+            (Backend::Redis(v), Held::RedisPermit { key, member }) => {
+                let mut c = Self::pick(v);
+                let _: i64 = redis::cmd("ZREM")
+                    .arg(key)
+                    .arg(member)
+                    .query_async(&mut c)
+                    .await?;
             }
             (Backend::Redis(v), Held::Redis { key, value }) => {
                 let mut c = Self::pick(v);

@@ -93,6 +93,10 @@ enum Mode {
         /// them together (1: a single lock).
         #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=32))]
         set: u64,
+        /// Every client takes one of this many permits of one shared semaphore (waiting for
+        /// one, up to 10 s), and releases it (0: each client its own lock).
+        #[arg(long, default_value_t = 0, conflicts_with = "set", value_parser = clap::value_parser!(u32).range(0..=1000))]
+        permits: u32,
     },
     /// Open loop: fixed rates of acquires, renewals and releases.
     Open {
@@ -144,7 +148,14 @@ fn main() -> anyhow::Result<()> {
             duration,
             warmup,
             set,
-        } => rt.block_on(closed(target, clients, duration, warmup, set as usize))?,
+            permits,
+        } => rt.block_on(closed(
+            target,
+            clients,
+            (duration, warmup),
+            set as usize,
+            permits,
+        ))?,
         Mode::Open {
             target,
             acquire_rate,
@@ -209,9 +220,9 @@ fn run_id() -> String {
 async fn closed(
     t: TargetArgs,
     clients: usize,
-    duration: Duration,
-    warmup: Duration,
+    (duration, warmup): (Duration, Duration),
     set: usize,
+    permits: u32,
 ) -> anyhow::Result<Value> {
     let backend =
         Arc::new(Backend::connect(t.target, &t.endpoint, t.connections, &t.auth()).await?);
@@ -225,6 +236,7 @@ async fn closed(
         let backend = Arc::clone(&backend);
         let resource = format!("bench-{run}-{c}");
         let members: Vec<String> = (0..set).map(|k| format!("{resource}-{k}")).collect();
+        let semaphore = format!("bench-{run}-semaphore");
         tasks.push(tokio::spawn(async move {
             let (mut acq, mut rel, mut pair) = (histogram(), histogram(), histogram());
             let mut errors = 0u64;
@@ -233,7 +245,20 @@ async fn closed(
                 if t0 >= end {
                     break;
                 }
-                let released = if set == 1 {
+                let released = if permits > 0 {
+                    let wait = Duration::from_secs(10);
+                    let held = match backend
+                        .acquire_permit(&semaphore, permits, ttl_ms, wait)
+                        .await
+                    {
+                        Ok(Some(h)) => h,
+                        Ok(None) | Err(_) => {
+                            errors += 1;
+                            continue;
+                        }
+                    };
+                    (Instant::now(), backend.release(held).await)
+                } else if set == 1 {
                     let held = match backend.acquire(&resource, ttl_ms).await {
                         Ok(Some(h)) => h,
                         Ok(None) | Err(_) => {
@@ -276,14 +301,14 @@ async fn closed(
     }
     let pairs_per_s = pair.len() as f64 / duration.as_secs_f64();
     eprintln!(
-        "closed loop {:?}, {clients} clients, sets of {set}, {duration:?}: {pairs_per_s:.0} acquire+release pairs/s, {errors} errors",
+        "closed loop {:?}, {clients} clients, sets of {set}, permits {permits}, {duration:?}: {pairs_per_s:.0} acquire+release pairs/s, {errors} errors",
         t.target
     );
     show("acquire", &acq);
     show("release", &rel);
     show("pair", &pair);
     Ok(json!({
-        "mode": "closed", "target": format!("{:?}", t.target).to_lowercase(), "clients": clients, "set": set,
+        "mode": "closed", "target": format!("{:?}", t.target).to_lowercase(), "clients": clients, "set": set, "permits": permits,
         "duration_s": duration.as_secs_f64(), "pairs_per_s": pairs_per_s, "errors": errors,
         "acquire": summary(&acq), "release": summary(&rel), "pair": summary(&pair),
     }))

@@ -87,20 +87,36 @@ impl Core {
         owner: Option<TenantIx>,
         fx: &mut Vec<Effect>,
     ) -> Result<AcquireOutcome, AcquireError> {
-        let sem = match self.semaphores.get(&req.resource) {
-            Some(&sem) => sem,
-            None => Semaphore {
+        let semaphore = req.resource.clone();
+        if !self.semaphores.contains_key(&semaphore) {
+            let held = self.held_permits(&semaphore, req.permits);
+            let sem = Semaphore {
                 permits: req.permits,
-                held: self.held_permits(&req.resource, req.permits),
-            },
-        };
+                held,
+            };
+            self.semaphores.insert(semaphore.clone(), sem);
+        }
+        let outcome = self.take_permit(req, ttl_ms, wait_ms, owner, fx);
+        // Whatever the outcome, a semaphore nobody holds or waits for is not kept.
+        self.drop_unused(&semaphore);
+        outcome
+    }
+
+    fn take_permit(
+        &mut self,
+        req: AcquireRequest,
+        ttl_ms: u64,
+        wait_ms: u64,
+        owner: Option<TenantIx>,
+        fx: &mut Vec<Effect>,
+    ) -> Result<AcquireOutcome, AcquireError> {
+        let sem = self.semaphores[&req.resource];
         if sem.held >= sem.permits {
             if wait_ms == 0 {
-                let busy = self.busy(&req.resource);
+                let busy = self.semaphore_busy(&req.resource);
                 return Ok(AcquireOutcome::Busy(busy.expect("a full semaphore")));
             }
             self.check_quota(owner, Counted::Waiters, 1)?;
-            self.semaphores.insert(req.resource.clone(), sem);
             return self.enqueue(req, ttl_ms, wait_ms);
         }
         if self.leases.held_count() >= self.limits.leases_max {
@@ -114,7 +130,6 @@ impl Core {
             .map(|k| permits::name(&req.resource, k))
             .find(|p| self.leases.held(p.as_str()).is_none())
             .expect("a semaphore that is not full has a free permit");
-        self.semaphores.insert(req.resource.clone(), sem);
         let grant = self.grant(
             &permit,
             req.request_id,
@@ -122,11 +137,8 @@ impl Core {
             (None, req.permits),
             ttl_ms,
             fx,
-        );
-        if grant.is_err() {
-            self.drop_unused(&req.resource);
-        }
-        Ok(AcquireOutcome::Granted(grant?))
+        )?;
+        Ok(AcquireOutcome::Granted(grant))
     }
 
     /// How many of the first `permits` permits of `semaphore` hold a lease.
@@ -212,11 +224,12 @@ impl Core {
                 reason,
             };
             let semaphore = match permits::permit_of(rec.resource.as_str()) {
-                Some((s, k)) if (1..=n).contains(&k) && n <= crate::limits::PERMITS_MAX => {
+                Some((s, k)) if (1..=n).contains(&k) => {
                     ResourceName::new(s).map_err(|e| invalid(e.to_string()))?
                 }
                 _ => return Err(invalid(format!("not the name of one of {n} permits"))),
             };
+            permits::check(&semaphore, n).map_err(|e| invalid(e.to_string()))?;
             let sem = self.semaphores.entry(semaphore).or_insert(Semaphore {
                 permits: n,
                 held: 0,

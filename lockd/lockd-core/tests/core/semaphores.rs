@@ -195,3 +195,114 @@ fn a_permit_counts_against_its_semaphores_tenant() {
         "#]],
     );
 }
+
+mod recovery {
+    use fencing::{FencingToken, ResourceName};
+    use lockd_core::{
+        AcquireOutcome, AcquireRequest, Core, Holder, LeaseRecord, Limits, RecoverError, Snapshot,
+    };
+
+    fn lease(resource: &str, token: u64, permits: Option<u32>) -> LeaseRecord {
+        LeaseRecord {
+            resource: ResourceName::new(resource).unwrap(),
+            lease_id: crate::harness::lease_id(token),
+            token: FencingToken::new(token).unwrap(),
+            holder: "x".to_string(),
+            ttl_ms: 1000,
+            request_id: None,
+            reentrant: None,
+            permits,
+        }
+    }
+
+    fn recover(leases: Vec<LeaseRecord>) -> Result<Core, RecoverError> {
+        let snapshot = Snapshot {
+            last_token: FencingToken::new(10),
+            leases,
+            requests: vec![],
+        };
+        Core::recover(
+            Limits::default(),
+            Box::new(|| crate::harness::lease_id(99)),
+            snapshot,
+            0,
+        )
+    }
+
+    fn permit(semaphore: &str, permits: u32) -> AcquireRequest {
+        let limits = Limits::default();
+        AcquireRequest {
+            resource: ResourceName::new(semaphore).unwrap(),
+            request_id: None,
+            holder: Holder::new("y", &limits).unwrap(),
+            ttl_ms: 0,
+            wait_ms: 0,
+            owner: None,
+            permits,
+        }
+    }
+
+    /// A lease on a permit's name stored before semaphores existed (a lock then) takes that
+    /// permit: the semaphore counts it while it lasts, and is busy (not broken) when it leaves
+    /// none free.
+    #[test]
+    fn a_lock_on_a_permits_name_from_before_takes_that_permit() {
+        let mut core = recover(vec![lease("jobs@permit-1", 1, None)]).unwrap();
+        let mut fx = Vec::new();
+        let full = core.acquire(10, permit("jobs", 1), &mut fx).unwrap();
+        assert!(
+            matches!(&full, AcquireOutcome::Busy(b) if b.token.get() == 1),
+            "{full:?}"
+        );
+        let jobs = ResourceName::new("jobs").unwrap();
+        let d = core.describe(10, &jobs, &mut fx);
+        assert_eq!(d.permits.map(|p| (p.permits, p.held)), Some((1, 1)));
+        let old = ResourceName::new("jobs@permit-1").unwrap();
+        core.release(10, &old, crate::harness::lease_id(1), &mut fx);
+        assert_eq!(
+            core.describe(10, &jobs, &mut fx).permits,
+            None,
+            "unused again"
+        );
+        match core.acquire(10, permit("jobs", 2), &mut fx).unwrap() {
+            AcquireOutcome::Granted(g) => assert_eq!(g.resource.as_str(), "jobs@permit-1"),
+            other => panic!("the free permit: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn stored_permits_that_cannot_be_are_refused() {
+        for (leases, needle) in [
+            (
+                vec![lease("jobs@permit-3", 1, Some(2))],
+                "not the name of one of 2 permits",
+            ),
+            (
+                vec![lease("jobs", 1, Some(2))],
+                "not the name of one of 2 permits",
+            ),
+            (
+                vec![
+                    lease("jobs@permit-1", 1, Some(2)),
+                    lease("jobs@permit-2", 2, Some(3)),
+                ],
+                "another permit says",
+            ),
+            (
+                vec![lease("jobs@permit-1", 1, Some(2)), lease("jobs", 2, None)],
+                "held as an exclusive lock and as a semaphore",
+            ),
+            (
+                vec![lease("jobs@permit-1", 1, Some(1001))],
+                "permits is 1001",
+            ),
+            (
+                vec![lease(&format!("{}@permit-1", "s".repeat(247)), 1, Some(10))],
+                "too long",
+            ),
+        ] {
+            let err = recover(leases).err().expect(needle);
+            assert!(err.to_string().contains(needle), "{needle}: {err}");
+        }
+    }
+}
