@@ -136,12 +136,17 @@ impl Done<'_> {
 }
 
 /// Pairs each completion with the latest earlier invoke of the same process, operation and
-/// resource.
+/// resource. A permit's acquire is invoked on its semaphore's name (the permit is known only
+/// once granted) and completes on the permit's, so it is paired by the semaphore's name.
 fn completions(events: &[Event]) -> Vec<Done<'_>> {
     let mut open: HashMap<(&str, Op, &str), &Event> = HashMap::new();
     let mut out = Vec::new();
     for e in events {
-        let key = (e.process.as_str(), e.f, e.resource.as_str());
+        let resource = match (e.f, e.permits) {
+            (Op::Acquire, Some(_)) => fencing::permit::owner_name(&e.resource),
+            _ => e.resource.as_str(),
+        };
+        let key = (e.process.as_str(), e.f, resource);
         if e.kind == EventType::Invoke {
             open.insert(key, e);
         } else {

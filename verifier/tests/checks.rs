@@ -256,10 +256,12 @@ fn properties_a_history_cannot_show_are_said_so() {
     assert!(r.ok());
 }
 
-/// A permit's acquire: `acquire` with the semaphore's number of permits.
+/// A permit's acquire: invoked on the semaphore, granted on the permit `r` with the
+/// semaphore's number of permits.
 fn permit(p: &str, invoke_ms: u64, ok_ms: u64, r: &str, token: u64, n: u32) -> Vec<String> {
+    let (semaphore, _) = r.rsplit_once("@permit-").expect("a permit's name");
     vec![
-        ev("invoke", p, invoke_ms, "acquire", r, ""),
+        ev("invoke", p, invoke_ms, "acquire", semaphore, ""),
         ev(
             "ok",
             p,
@@ -356,4 +358,20 @@ fn permits_are_only_a_permits_acquires() {
         let err = parse(line.as_bytes()).expect_err(&line);
         assert!(err.to_string().contains(needle), "{line}: {err}");
     }
+}
+
+#[test]
+fn a_permits_acquire_is_paired_with_its_invoke_on_the_semaphore() {
+    // B asked after A's grant and got a higher token: fine. C asked after B's grant (token 3)
+    // and got a lower one, which only its invoke, on the semaphore's name, can show.
+    let mut l = permit("A", 0, 1, "jobs@permit-1", 1, 2);
+    l.extend(permit("B", 2, 3, "jobs@permit-2", 3, 2));
+    let r = check(&h(&l));
+    assert_eq!(r.verdict(Property::MonotoneTokens), &Verdict::Holds, "{r}");
+    l.extend(permit("C", 5, 6, "jobs@permit-1", 2, 2));
+    let r = check(&h(&l));
+    assert!(
+        violated(r.verdict(Property::MonotoneTokens)),
+        "C's acquire was invoked (on jobs) after token 3 was granted: {r}"
+    );
 }

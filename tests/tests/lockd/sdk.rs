@@ -344,3 +344,69 @@ fn acquire_all_takes_a_set_whole_and_asks_again_within_its_wait() {
         .expect_err("a set takes no owner");
     assert!(err.to_string().contains("not reentrant"), "{err}");
 }
+
+/// Issue 19: clients of one semaphore of 2 through the SDK, each taking and giving back a
+/// permit in turn (waiting in lockd's queue when both are held), record a history; `verify`'s
+/// checker finds at most 2 permits held at any instant, each permit held once at a time, and
+/// tokens rising.
+#[test]
+fn a_semaphores_history_keeps_its_bound_as_verify_judges_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let lockd = Lockd::start(dir.path(), &[]);
+    let rt = runtime();
+    let _in_runtime = rt.enter();
+    let client = Client::connect(&lockd.endpoint).unwrap();
+    let history = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let workers: Vec<_> = (0..5)
+        .map(|w| {
+            let (client, history) = (client.clone(), std::sync::Arc::clone(&history));
+            rt.spawn(async move {
+                let me = format!("w{w}");
+                let record = |kind: &str, f: &str, resource: &str, extra: serde_json::Value| {
+                    let e = e2e::history_event(kind, &me, f, resource, extra);
+                    history.lock().unwrap().push(e.to_string());
+                };
+                for _ in 0..6 {
+                    record("invoke", "acquire", "pool", serde_json::json!({}));
+                    let o = AcquireOptions {
+                        permits: 2,
+                        wait: Duration::from_secs(60),
+                        ..opts(60_000)
+                    };
+                    let Acquired::Granted(guard) = client.acquire("pool", o).await.unwrap() else {
+                        panic!("a permit within the wait");
+                    };
+                    // Invoked on the semaphore, granted on the permit's own name.
+                    let permit = guard.resource().to_string();
+                    record(
+                        "ok",
+                        "acquire",
+                        &permit,
+                        serde_json::json!({"token": guard.token(), "ttl_ms": 60_000, "permits": 2}),
+                    );
+                    record("invoke", "release", &permit, serde_json::json!({}));
+                    assert!(guard.release().await.unwrap());
+                    record("ok", "release", &permit, serde_json::json!({}));
+                }
+            })
+        })
+        .collect();
+    for w in workers {
+        rt.block_on(w).unwrap();
+    }
+    let text = history.lock().unwrap().join("\n");
+    let events = verifier::parse(text.as_bytes()).unwrap();
+    let report = verifier::check(&events);
+    for p in [
+        verifier::Property::PermitsWithinBound,
+        verifier::Property::SingleHolder,
+        verifier::Property::MonotoneTokens,
+    ] {
+        assert_eq!(
+            report.verdict(p),
+            &verifier::check::Verdict::Holds,
+            "{}: {report}",
+            p.name()
+        );
+    }
+}
