@@ -159,6 +159,16 @@ pub enum RenewError {
         resource: ResourceName,
         current: Option<FencingToken>,
     },
+    /// The name is a semaphore's in use: its permits are leases of their own names. Maps to
+    /// `FAILED_PRECONDITION` (`kind_mismatch`): the holder's permit is untouched, and it has
+    /// only to use the permit's name.
+    #[error(
+        "{resource} is a semaphore of {permits} permits, not a lease: a permit is renewed and released under its own name, {resource}@permit-K (the resource its grant names)"
+    )]
+    Semaphore {
+        resource: ResourceName,
+        permits: u32,
+    },
 }
 
 fn not_current_message(resource: &ResourceName, current: Option<FencingToken>) -> String {

@@ -410,9 +410,15 @@ impl Core {
         self.advance(now, fx);
         match self.leases.renew(resource.as_str(), lease_id, self.now) {
             Ok((expires_at, ttl_ms)) => Ok(Renewed { expires_at, ttl_ms }),
-            Err(current) => Err(RenewError::NotCurrent {
-                resource: resource.clone(),
-                current,
+            Err(current) => Err(match self.semaphores.get(resource) {
+                Some(sem) => RenewError::Semaphore {
+                    resource: resource.clone(),
+                    permits: sem.permits,
+                },
+                None => RenewError::NotCurrent {
+                    resource: resource.clone(),
+                    current,
+                },
             }),
         }
     }
@@ -431,6 +437,7 @@ impl Core {
             other => {
                 return ReleaseOutcome::NotHeld {
                     current: other.map(|l| l.token),
+                    semaphore: self.semaphores.get(resource).map(|s| s.permits),
                 };
             }
         }
@@ -524,7 +531,9 @@ impl Core {
                     };
                 }
                 let resource = lease.name();
-                let waiters = self.queues.get(&resource).map_or(0, VecDeque::len);
+                // A permit's waiters are its semaphore's.
+                let queue = crate::permits::owner_name(resource.as_str());
+                let waiters = self.queues.get(queue).map_or(0, VecDeque::len);
                 locks.push(Listed {
                     resource,
                     holder: lease.holder.clone(),

@@ -62,7 +62,12 @@ pub enum ReleaseOutcome {
     Unheld { token: FencingToken, holds: u32 },
     /// The lease was not current (already released, expired, or never existed); nothing
     /// changed. Releasing is idempotent, so this is not an error.
-    NotHeld { current: Option<FencingToken> },
+    NotHeld {
+        current: Option<FencingToken>,
+        /// The name is a semaphore's in use, of this many permits: its permits are released
+        /// under their own names (a client bug, which the server refuses as such).
+        semaphore: Option<u32>,
+    },
 }
 
 /// One held lock in a listing.

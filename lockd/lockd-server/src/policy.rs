@@ -463,8 +463,13 @@ impl Policy {
             return Ok(());
         }
         let t = &self.tenancy.tenants()[tenant];
+        let semaphore = lockd_core::permits::owner_name(resource);
+        let whose = match semaphore == resource {
+            true => String::new(),
+            false => format!(" (a semaphore's permit, which is {semaphore:?}'s tenant's)"),
+        };
         Err(permission_denied(format!(
-            "identity {} (tenant {}) may not use {resource:?}: its tenant's resources start with {}",
+            "identity {} (tenant {}) may not use {resource:?}{whose}: its tenant's resources start with {}",
             who.name,
             t.name,
             t.prefixes

@@ -450,6 +450,15 @@ impl LockApi {
         };
         let (resource, lease_id) = (resource(&r.resource)?, lease_id(&r.lease_id)?);
         let released = driver.release(&resource, lease_id).await?;
+        if let ReleaseOutcome::NotHeld {
+            semaphore: Some(permits),
+            ..
+        } = released
+        {
+            // A client bug, not an idempotent release: its permit is still held.
+            let e = lockd_core::RenewError::Semaphore { resource, permits };
+            return Err(crate::status::from_driver(&DriverError::Renew(e)));
+        }
         let asked = pb::LeaseRef {
             resource: r.resource,
             lease_id: r.lease_id,
@@ -494,6 +503,8 @@ impl LockApi {
                     current_token: current.map_or(0, |t| t.get()),
                     ..Default::default()
                 }),
+                // The semaphore's own name in a batch: that entry is not renewed.
+                Err(lockd_core::RenewError::Semaphore { .. }) => Ok(pb::RenewResult::default()),
                 Err(lockd_core::RenewError::Invalid(e)) => Err(invalid_argument(&e)),
             })
             .collect::<Result<_, Status>>()?;
@@ -743,7 +754,7 @@ fn release_response(outcome: &ReleaseOutcome) -> pb::ReleaseResponse {
             current_token: token.get(),
             holds: *holds,
         },
-        ReleaseOutcome::NotHeld { current } => pb::ReleaseResponse {
+        ReleaseOutcome::NotHeld { current, .. } => pb::ReleaseResponse {
             released: false,
             current_token: current.map_or(0, |t| t.get()),
             holds: 0,

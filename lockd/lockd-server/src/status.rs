@@ -113,6 +113,11 @@ fn from_renew(r: &RenewError) -> Status {
             codes::LEASE_NOT_CURRENT,
             r.to_string(),
         ),
+        RenewError::Semaphore { .. } => status(
+            Code::FailedPrecondition,
+            codes::KIND_MISMATCH,
+            r.to_string(),
+        ),
     }
 }
 

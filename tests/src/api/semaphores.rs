@@ -96,6 +96,18 @@ pub fn a_semaphore_grants_at_most_n_permits_each_a_lease_of_its_own(b: &dyn Back
         let err = api.acquire(r).expect_err(&what);
         assert_refused(&err, grpc, lockd_code);
     }
+    // The semaphore's own name is no lease: renewing or releasing under it is refused, and
+    // the permit is untouched.
+    let err = api
+        .renew("job/pool", &first.lease_id)
+        .expect_err("a renewal under the semaphore's name");
+    assert_refused(&err, Code::FailedPrecondition, "kind_mismatch");
+    assert!(err.message().contains("job/pool@permit-K"), "{err:?}");
+    let err = api
+        .try_release("job/pool", &first.lease_id)
+        .expect_err("a release under the semaphore's name");
+    assert_refused(&err, Code::FailedPrecondition, "kind_mismatch");
+    assert_eq!(api.describe("job/pool@permit-1").token, first.token);
     let lock = api.grant("job/lock", 60_000);
     let err = api
         .acquire(permit("job/lock", "", 2, 0))

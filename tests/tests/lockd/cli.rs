@@ -641,18 +641,34 @@ fn run_with_permits_holds_one_permit_of_the_semaphore() {
         assert!(stderr.contains(needle), "{args:?}: {stderr}");
     }
     let mut cmd = lockd.lockctl();
-    cmd.args([
-        "run",
-        "--permits",
-        "2",
-        "--lock",
-        "a",
-        "--lock",
-        "b",
-        "--",
-        "true",
-    ]);
+    cmd.args(["release", "jobs", first["lease_id"].as_str().unwrap()]);
     let (status, _, stderr) = output(cmd);
-    assert_eq!(status.code(), Some(2), "--permits with --lock: {stderr}");
+    assert_eq!(
+        status.code(),
+        Some(1),
+        "a release under the semaphore's name: {stderr}"
+    );
+    assert!(stderr.contains("jobs@permit-K"), "{stderr}");
+    for args in [
+        &[
+            "run",
+            "--permits",
+            "2",
+            "--lock",
+            "a",
+            "--lock",
+            "b",
+            "--",
+            "true",
+        ][..],
+        &["run", "--permits", "0", "jobs", "--", "true"],
+        &["run", "--permits", "1001", "jobs", "--", "true"],
+        &["acquire", "--permits", "2", "--owner", "o", "jobs"],
+    ] {
+        let mut cmd = lockd.lockctl();
+        cmd.args(args);
+        let (status, _, stderr) = output(cmd);
+        assert_eq!(status.code(), Some(2), "{args:?}: {stderr}");
+    }
     release(&lockd, "jobs@permit-1", &first);
 }

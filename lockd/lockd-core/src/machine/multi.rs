@@ -257,13 +257,15 @@ fn check_set(resources: &[ResourceName]) -> Result<(), InvalidArgument> {
             resources.len()
         )));
     }
-    if let Some(permit) = resources
+    if let Some((i, permit)) = resources
         .iter()
-        .find(|r| crate::permits::is_reserved(r.as_str()))
+        .enumerate()
+        .find(|(_, r)| crate::permits::is_reserved(r.as_str()))
     {
-        return Err(InvalidArgument::ReservedName {
+        let reserved = InvalidArgument::ReservedName {
             resource: permit.clone(),
-        });
+        };
+        return Err(InvalidArgument::Set(format!("resources[{i}]: {reserved}")));
     }
     let mut seen = HashSet::with_capacity(resources.len());
     if let Some(twice) = resources.iter().find(|r| !seen.insert(r.as_str())) {

@@ -350,7 +350,13 @@ fn run(rig: &mut Rig, words: &[&str], fx: &mut Vec<Effect>) -> String {
             ReleaseOutcome::Unheld { token, holds } => {
                 format!("unheld token={token} holds={holds}")
             }
-            ReleaseOutcome::NotHeld { current } => format!("not held (current token {current:?})"),
+            ReleaseOutcome::NotHeld {
+                current,
+                semaphore: None,
+            } => format!("not held (current token {current:?})"),
+            ReleaseOutcome::NotHeld {
+                semaphore: Some(n), ..
+            } => format!("not held: a semaphore of {n} permits"),
         },
         "cancel" => {
             let w = WaiterId(words[1].strip_prefix('w').unwrap().parse().unwrap());

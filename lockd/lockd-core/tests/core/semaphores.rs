@@ -15,7 +15,9 @@ fn permits_are_granted_lowest_first_then_busy_then_handed_to_waiters_in_order() 
         @4 acquire jobs holder=e ttl=1000 permits=2 wait=5000
         @5 describe jobs
         @6 describe jobs@permit-2
-        # each permit is renewed and released under its own name
+        # each permit is renewed and released under its own name, not the semaphore's
+        @6 renew jobs L2
+        @6 release jobs L2
         @7 renew jobs@permit-2 L2
         @8 release jobs@permit-1 L1
         @9 release jobs@permit-2 L2
@@ -43,6 +45,10 @@ fn permits_are_granted_lowest_first_then_busy_then_handed_to_waiters_in_order() 
               => semaphore permits=2 held=2 waiters=2
             @6 describe jobs@permit-2
               => held holder="b" token=2 expires=1001 ttl=1000 waiters=0
+            @6 renew jobs L2
+              => error: jobs is a semaphore of 2 permits, not a lease: a permit is renewed and released under its own name, jobs@permit-K (the resource its grant names)
+            @6 release jobs L2
+              => not held: a semaphore of 2 permits
             @7 renew jobs@permit-2 L2
               => renewed expires=1007 ttl=1000
             @8 release jobs@permit-1 L1
@@ -109,7 +115,7 @@ fn a_name_is_one_kind_at_a_time_and_a_semaphore_keeps_its_number_of_permits() {
             @7 acquire sem@permit-02 holder=b
               => error: sem@permit-02 is the name of a semaphore's permit (names ending in @permit- and digits are reserved): acquire the semaphore with permits, then renew and release the permit it grants
             @8 acquire-all other,sem@permit-1 holder=b
-              => error: sem@permit-1 is the name of a semaphore's permit (names ending in @permit- and digits are reserved): acquire the semaphore with permits, then renew and release the permit it grants
+              => error: resources[1]: sem@permit-1 is the name of a semaphore's permit (names ending in @permit- and digits are reserved): acquire the semaphore with permits, then renew and release the permit it grants
             @9 acquire sem holder=b permits=2 owner=o
               => error: a semaphore's permits are not reentrant: send permits or owner, not both
             @10 acquire x holder=b permits=1001
@@ -305,4 +311,32 @@ mod recovery {
             assert!(err.to_string().contains(needle), "{needle}: {err}");
         }
     }
+}
+
+#[test]
+fn a_listed_permit_shows_its_semaphores_waiters() {
+    use fencing::ResourceName;
+    use lockd_core::{AcquireRequest, Core, Holder, Limits};
+    let limits = Limits::default();
+    let mut core = Core::new(limits.clone(), Box::new(|| crate::harness::lease_id(1)));
+    let mut fx = Vec::new();
+    for (n, wait_ms) in [(1, 0), (2, 1000), (3, 1000)] {
+        let req = AcquireRequest {
+            resource: ResourceName::new("jobs").unwrap(),
+            request_id: None,
+            holder: Holder::new(&format!("h{n}"), &limits).unwrap(),
+            ttl_ms: 0,
+            wait_ms,
+            owner: None,
+            permits: 1,
+        };
+        core.acquire(0, req, &mut fx).unwrap();
+    }
+    let page = core.list(0, 0, 10, 100, |_| true, &mut fx);
+    let listed: Vec<(&str, usize)> = page
+        .locks
+        .iter()
+        .map(|l| (l.resource.as_str(), l.waiters))
+        .collect();
+    assert_eq!(listed, [("jobs@permit-1", 2)]);
 }

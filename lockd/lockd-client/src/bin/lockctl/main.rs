@@ -168,7 +168,9 @@ struct LockArgs {
     /// Take one of the N permits of the semaphore RESOURCE instead of its lock (1 ..= 1000;
     /// every client of a semaphore gives the same N). The lease is on the permit's own name,
     /// RESOURCE@permit-K: renew, release and fence with that name.
-    #[arg(long, value_name = "N")]
+    // 1000 is lockd's `limits::PERMITS_MAX`.
+    #[arg(long, value_name = "N", conflicts_with = "owner",
+          value_parser = clap::value_parser!(u32).range(1..=1000))]
     permits: Option<u32>,
 }
 

@@ -720,15 +720,20 @@ impl Model {
     ) -> Result<Renewed, RenewError> {
         self.advance(self.now, fx);
         let now = self.now;
-        match self.leases.get_mut(resource) {
-            Some(l) if l.lease_id == lid => {
+        let semaphore = self.sem(resource).map(|(n, _)| n);
+        match (self.leases.get_mut(resource), semaphore) {
+            (Some(l), _) if l.lease_id == lid => {
                 l.expires = now + l.ttl;
                 Ok(Renewed {
                     expires_at: l.expires,
                     ttl_ms: l.ttl,
                 })
             }
-            other => Err(RenewError::NotCurrent {
+            (_, Some(permits)) => Err(RenewError::Semaphore {
+                resource: name(resource),
+                permits,
+            }),
+            (other, None) => Err(RenewError::NotCurrent {
                 resource: name(resource),
                 current: other.map(|l| l.token),
             }),
@@ -742,6 +747,7 @@ impl Model {
         fx: &mut Vec<Effect>,
     ) -> ReleaseOutcome {
         self.advance(self.now, fx);
+        let semaphore = self.sem(resource).map(|(n, _)| n);
         match self.leases.get_mut(resource) {
             Some(l) if l.lease_id == lid && l.owned.as_ref().is_some_and(|o| o.1 > 1) => {
                 let o = l.owned.as_mut().unwrap();
@@ -769,6 +775,7 @@ impl Model {
                 }
             }
             other => ReleaseOutcome::NotHeld {
+                semaphore,
                 current: other.map(|l| l.token),
             },
         }
