@@ -19,6 +19,7 @@ use fencing::ResourceName;
 
 use super::{AcquireRequest, Core, Counted};
 use crate::error::{AcquireError, InvalidArgument, RecoverError};
+use crate::leases::Slot;
 use crate::outcome::{AcquireOutcome, Busy, Effect, SemaphoreUse};
 use crate::permits;
 use crate::persist::LeaseRecord;
@@ -126,10 +127,15 @@ impl Core {
         }
         self.check_quota(owner, Counted::Leases, 1)?;
         self.check_request_room(&req)?;
-        let permit = (1..=sem.permits)
-            .map(|k| permits::name(&req.resource, k))
-            .find(|p| self.leases.held(p.as_str()).is_none())
-            .expect("a semaphore that is not full has a free permit");
+        let mut free = None;
+        self.visit_permits(&req.resource, sem.permits, |k, lease| {
+            if lease.is_none() {
+                free = Some(k);
+            }
+            free.is_none()
+        });
+        let free = free.expect("a semaphore that is not full has a free permit");
+        let permit = permits::name(&req.resource, free);
         let grant = self.grant(
             &permit,
             req.request_id,
@@ -143,13 +149,36 @@ impl Core {
 
     /// How many of the first `permits` permits of `semaphore` hold a lease.
     fn held_permits(&self, semaphore: &ResourceName, permits: u32) -> u32 {
-        let held = (1..=permits)
-            .filter(|&k| {
-                let name = permits::name(semaphore, k);
-                self.leases.held(name.as_str()).is_some()
-            })
-            .count();
-        u32::try_from(held).expect("at most PERMITS_MAX")
+        let mut held = 0;
+        self.visit_permits(semaphore, permits, |_, lease| {
+            held += u32::from(lease.is_some());
+            true
+        });
+        held
+    }
+
+    /// Calls `visit` with each permit 1 ..= `permits` of `semaphore` and its lease, if held,
+    /// until it returns `false`. The names are spelled in one buffer: a look at each permit
+    /// costs a hash lookup, no allocation (it runs under the core's lock, up to
+    /// `PERMITS_MAX` times a call).
+    fn visit_permits<'a>(
+        &'a self,
+        semaphore: &ResourceName,
+        permits: u32,
+        mut visit: impl FnMut(u32, Option<&'a Slot>) -> bool,
+    ) {
+        use std::fmt::Write;
+        let mut name = String::with_capacity(semaphore.as_str().len() + permits::MARK.len() + 4);
+        name.push_str(semaphore.as_str());
+        name.push_str(permits::MARK);
+        let base = name.len();
+        for k in 1..=permits {
+            name.truncate(base);
+            write!(name, "{k}").expect("writing to a String");
+            if !visit(k, self.leases.held(&name)) {
+                return;
+            }
+        }
     }
 
     /// A permit was granted on `resource` (a permit's name).
@@ -193,9 +222,16 @@ impl Core {
     /// and the semaphore's waiters. `None` when the name is not a semaphore in use.
     pub(super) fn semaphore_busy(&self, semaphore: &ResourceName) -> Option<Busy> {
         let sem = self.semaphores.get(semaphore)?;
-        let first = (1..=sem.permits)
-            .filter_map(|k| self.leases.held(permits::name(semaphore, k).as_str()))
-            .min_by_key(|l| (l.expires_at, l.token))?;
+        let mut first: Option<&Slot> = None;
+        self.visit_permits(semaphore, sem.permits, |_, lease| {
+            if let Some(l) = lease
+                && first.is_none_or(|f| (l.expires_at, l.token) < (f.expires_at, f.token))
+            {
+                first = Some(l);
+            }
+            true
+        });
+        let first = first?;
         Some(Busy {
             holder: first.holder.clone(),
             token: first.token,
