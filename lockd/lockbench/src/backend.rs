@@ -175,30 +175,7 @@ impl Backend {
     /// Try-lock. `Ok(None)`: held by someone else.
     pub async fn acquire(&self, resource: &str, ttl_ms: u64) -> anyhow::Result<Option<Held>> {
         match self {
-            Backend::Lockd(v) => {
-                let req = AcquireRequest {
-                    resource: resource.to_string(),
-                    request_id: lockd_client::new_request_id(),
-                    ttl_ms,
-                    wait_timeout_ms: 0,
-                    holder: "lockbench".to_string(),
-                    owner: String::new(),
-                    permits: 0,
-                };
-                match Self::pick(v)
-                    .acquire(authed(req))
-                    .await?
-                    .into_inner()
-                    .outcome
-                {
-                    Some(Outcome::Granted(l)) => Ok(Some(Held::Lockd {
-                        resource: resource.to_string(),
-                        lease_id: l.lease_id,
-                    })),
-                    Some(Outcome::NotGranted(_)) => Ok(None),
-                    None => bail!("empty AcquireResponse"),
-                }
-            }
+            Backend::Lockd(v) => lockd_take(Self::pick(v), resource, ttl_ms, 0, 0).await,
             Backend::Etcd(v) => {
                 let lease =
                     etcd_take(Self::pick(v), &[format!("/locks/{resource}")], ttl_ms).await?;
@@ -324,28 +301,8 @@ impl Backend {
     ) -> anyhow::Result<Option<Held>> {
         match self {
             Backend::Lockd(v) => {
-                let req = AcquireRequest {
-                    resource: semaphore.to_string(),
-                    request_id: lockd_client::new_request_id(),
-                    ttl_ms,
-                    wait_timeout_ms: wait.as_millis() as u64,
-                    holder: "lockbench".to_string(),
-                    owner: String::new(),
-                    permits,
-                };
-                match Self::pick(v)
-                    .acquire(authed(req))
-                    .await?
-                    .into_inner()
-                    .outcome
-                {
-                    Some(Outcome::Granted(l)) => Ok(Some(Held::Lockd {
-                        resource: l.resource,
-                        lease_id: l.lease_id,
-                    })),
-                    Some(Outcome::NotGranted(_)) => Ok(None),
-                    None => bail!("empty AcquireResponse"),
-                }
+                let wait_ms = wait.as_millis() as u64;
+                lockd_take(Self::pick(v), semaphore, ttl_ms, wait_ms, permits).await
             }
             Backend::Etcd(_) => bail!("etcd has no semaphore recipe: use --target lockd or redis"),
             Backend::Redis(v) => {
@@ -437,6 +394,34 @@ impl Backend {
             _ => bail!("a held lock of another system"),
         }
         Ok(())
+    }
+}
+
+/// One lockd Acquire: the lease, on the name lockd grants (a permit's own name for a
+/// semaphore), or `None` when it was not granted.
+async fn lockd_take(
+    mut c: LockServiceClient<Channel>,
+    resource: &str,
+    ttl_ms: u64,
+    wait_timeout_ms: u64,
+    permits: u32,
+) -> anyhow::Result<Option<Held>> {
+    let req = AcquireRequest {
+        resource: resource.to_string(),
+        request_id: lockd_client::new_request_id(),
+        ttl_ms,
+        wait_timeout_ms,
+        holder: "lockbench".to_string(),
+        owner: String::new(),
+        permits,
+    };
+    match c.acquire(authed(req)).await?.into_inner().outcome {
+        Some(Outcome::Granted(l)) => Ok(Some(Held::Lockd {
+            resource: l.resource,
+            lease_id: l.lease_id,
+        })),
+        Some(Outcome::NotGranted(_)) => Ok(None),
+        None => bail!("empty AcquireResponse"),
     }
 }
 

@@ -381,13 +381,7 @@ impl Core {
             self.check_quota(owner, Counted::Waiters, 1)?;
             return self.enqueue(req, ttl_ms, wait_ms);
         }
-        if self.leases.held_count() >= self.limits.leases_max {
-            return Err(AcquireError::LeasesExhausted {
-                max: self.limits.leases_max,
-            });
-        }
-        self.check_quota(owner, Counted::Leases, 1)?;
-        self.check_request_room(&req)?;
+        self.check_grant_room(owner, &req)?;
         let grant = self.grant(
             &req.resource,
             req.request_id,
@@ -844,6 +838,22 @@ impl Core {
             grant,
             held: current.is_some(),
         }))
+    }
+
+    /// Room for one more lease (lockd's and the owner's) and, with a request id, for
+    /// remembering it.
+    fn check_grant_room(
+        &self,
+        owner: Option<crate::tenants::TenantIx>,
+        req: &AcquireRequest,
+    ) -> Result<(), AcquireError> {
+        if self.leases.held_count() >= self.limits.leases_max {
+            return Err(AcquireError::LeasesExhausted {
+                max: self.limits.leases_max,
+            });
+        }
+        self.check_quota(owner, Counted::Leases, 1)?;
+        self.check_request_room(req)
     }
 
     fn busy(&self, resource: &ResourceName) -> Option<Busy> {

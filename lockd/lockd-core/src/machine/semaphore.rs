@@ -120,13 +120,7 @@ impl Core {
             self.check_quota(owner, Counted::Waiters, 1)?;
             return self.enqueue(req, ttl_ms, wait_ms);
         }
-        if self.leases.held_count() >= self.limits.leases_max {
-            return Err(AcquireError::LeasesExhausted {
-                max: self.limits.leases_max,
-            });
-        }
-        self.check_quota(owner, Counted::Leases, 1)?;
-        self.check_request_room(&req)?;
+        self.check_grant_room(owner, &req)?;
         let mut free = None;
         self.visit_permits(&req.resource, sem.permits, |k, lease| {
             if lease.is_none() {
