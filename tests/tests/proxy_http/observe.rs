@@ -13,8 +13,11 @@ fn each_metric_moves_as_the_requests_do_and_a_stale_write_is_audited() {
     let dir = tempfile::tempdir().unwrap();
     let upstream = Upstream::start();
     let audit = dir.path().join("audit.jsonl");
-    // A second listener whose upstream refuses connections: an upstream error.
-    let dead = e2e::free_loopback_addr();
+    // A second listener whose upstream refuses connections: an upstream error. The port is
+    // bound and never listened on, so no other test's listener can take it meanwhile.
+    let reserved = tokio::net::TcpSocket::new_v4().unwrap();
+    reserved.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let dead = reserved.local_addr().unwrap();
     let config = format!(
         "admin_listen = \"127.0.0.1:0\"\naudit_log = \"{}\"\ndata_dir = \"{}\"\n[fence]\nbarrier_wait_ms = 200\n\
          [[http]]\nlisten = \"127.0.0.1:0\"\nupstream = \"{}\"\n\
