@@ -160,7 +160,7 @@ impl ClientError {
             Code::FailedPrecondition
                 if error_code
                     .as_deref()
-                    .is_none_or(|c| c == "lease_not_current") =>
+                    .is_none_or(|c| c == lockd_proto::LEASE_NOT_CURRENT) =>
             {
                 ClientError::LeaseNotCurrent(s.message().to_string())
             }

@@ -94,7 +94,6 @@ struct Waiter {
     ttl_ms: u64,
     deadline: Millis,
     owner: Option<Owner>,
-    permits: u32,
 }
 
 /// The lock state machine. See the module documentation.
@@ -155,11 +154,10 @@ impl Core {
         core.now = now;
         core.last_token = snapshot.last_token;
         let mut tokens = HashSet::new();
-        let permits: Vec<LeaseRecord> = snapshot
+        let permits: Vec<(ResourceName, u32)> = snapshot
             .leases
             .iter()
-            .filter(|r| r.permits.is_some())
-            .cloned()
+            .filter_map(|r| Some((r.resource.clone(), r.permits?)))
             .collect();
         for rec in snapshot.leases {
             let invalid = |reason: &str| RecoverError::InvalidRecord {

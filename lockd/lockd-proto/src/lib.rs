@@ -10,3 +10,7 @@ pub mod v1 {
 
 /// Metadata key of the stable error code on every error status lockd returns.
 pub const ERROR_CODE_METADATA: &str = "lockd-error";
+
+/// The `lockd-error` code of a lease that is not current: the one `FAILED_PRECONDITION` that
+/// tells a holder to stop (the others, such as `kind_mismatch`, refuse a request as asked).
+pub const LEASE_NOT_CURRENT: &str = "lease_not_current";

@@ -25,7 +25,7 @@ pub mod codes {
     pub const LEASES_EXHAUSTED: &str = "leases_exhausted";
     pub const REQUESTS_EXHAUSTED: &str = "requests_exhausted";
     pub const TOKENS_EXHAUSTED: &str = "tokens_exhausted";
-    pub const LEASE_NOT_CURRENT: &str = "lease_not_current";
+    pub const LEASE_NOT_CURRENT: &str = lockd_proto::LEASE_NOT_CURRENT;
     pub const SUPERSEDED: &str = "superseded";
     pub const SHUTTING_DOWN: &str = "shutting_down";
     pub const STORE_FAILED: &str = "store_failed";

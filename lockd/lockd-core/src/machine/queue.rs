@@ -38,7 +38,6 @@ impl Core {
         w.ttl_ms = ttl_ms;
         w.holder = req.holder;
         w.owner = req.owner;
-        w.permits = req.permits;
         self.wait_deadlines.insert((w.deadline, waiter));
         let position = self.position(&req.resource, waiter);
         Ok(AcquireOutcome::Rejoined { waiter, position })
@@ -83,7 +82,6 @@ impl Core {
                 ttl_ms,
                 deadline,
                 owner: req.owner,
-                permits: req.permits,
             },
         );
         Ok(AcquireOutcome::Queued { waiter, position })

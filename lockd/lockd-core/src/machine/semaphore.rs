@@ -22,7 +22,6 @@ use crate::error::{AcquireError, InvalidArgument, RecoverError};
 use crate::leases::Slot;
 use crate::outcome::{AcquireOutcome, Busy, Effect, SemaphoreUse};
 use crate::permits;
-use crate::persist::LeaseRecord;
 use crate::tenants::TenantIx;
 
 /// A semaphore in use.
@@ -242,18 +241,19 @@ impl Core {
         })
     }
 
-    /// Rebuilds the semaphores of the recovered leases that are permits.
+    /// Rebuilds the semaphores of the recovered leases that are permits: each permit's name,
+    /// with its semaphore's number of permits as stored.
     pub(super) fn recover_semaphores(
         &mut self,
-        leases: &[LeaseRecord],
+        permit_leases: &[(ResourceName, u32)],
     ) -> Result<(), RecoverError> {
-        for rec in leases {
-            let Some(n) = rec.permits else { continue };
+        for (resource, n) in permit_leases {
+            let n = *n;
             let invalid = |reason: String| RecoverError::InvalidRecord {
-                resource: rec.resource.clone(),
+                resource: resource.clone(),
                 reason,
             };
-            let semaphore = match permits::permit_of(rec.resource.as_str()) {
+            let semaphore = match permits::permit_of(resource.as_str()) {
                 Some((s, k)) if (1..=n).contains(&k) => {
                     ResourceName::new(s).map_err(|e| invalid(e.to_string()))?
                 }
