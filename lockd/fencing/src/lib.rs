@@ -14,7 +14,8 @@
 //!
 //! - [`signed`]: signed tokens (HMAC-SHA256 with key ids), signing and verifying;
 //! - [`permit`]: the names of a semaphore's permits (`NAME@permit-K`), each a resource of its
-//!   own.
+//!   own;
+//! - [`reader`]: the names of a read-write lock's readers (`NAME@read-K`).
 //!
 //! It deliberately does no I/O, generates no randomness and depends on nothing but `std`,
 //! `serde` and RustCrypto's `hmac` and `sha2`: the verifier depends on this crate alone, so it
@@ -22,6 +23,7 @@
 
 mod lease_id;
 pub mod permit;
+pub mod reader;
 mod resource;
 mod rule;
 pub mod signed;
@@ -32,3 +34,17 @@ pub use lease_id::{LeaseId, ParseLeaseIdError};
 pub use resource::{RESOURCE_NAME_LEN_MAX, ResourceName, ResourceNameError};
 pub use rule::{Decision, check};
 pub use token::{FencingToken, ParseTokenError};
+
+/// Whether lockd reserves `name` for the slots it hands out itself: a semaphore's permits
+/// ([`permit`]) and a read-write lock's readers ([`reader`]).
+pub fn is_reserved(name: &str) -> bool {
+    permit::is_reserved(name) || reader::is_reserved(name)
+}
+
+/// The name whose tenant (and queue) a lease on `name` belongs to: a permit's semaphore's, a
+/// reader's lock's, else the name itself.
+pub fn owner_name(name: &str) -> &str {
+    permit::parse(name)
+        .or_else(|| permit::parse_slot(name, reader::MARK))
+        .map_or(name, |(owner, _)| owner)
+}

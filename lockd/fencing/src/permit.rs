@@ -17,10 +17,7 @@ pub const MARK: &str = "@permit-";
 
 /// The semaphore and the number (as spelled) of a reserved name; `None` for any other name.
 pub fn parse(name: &str) -> Option<(&str, &str)> {
-    let at = name.rfind(MARK)?;
-    let digits = &name[at + MARK.len()..];
-    (!digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()))
-        .then(|| (&name[..at], digits))
+    parse_slot(name, MARK)
 }
 
 /// Whether `name` is reserved for a semaphore's permit.
@@ -28,24 +25,34 @@ pub fn is_reserved(name: &str) -> bool {
     parse(name).is_some()
 }
 
-/// The name whose tenant owns `name`: its semaphore's for a permit, else the name itself.
-pub fn owner_name(name: &str) -> &str {
-    parse(name).map_or(name, |(semaphore, _)| semaphore)
-}
-
 /// The semaphore and permit number of a permit lockd hands out (`k` spelled without leading
 /// zeros, 1 or more); `None` for any other name.
 pub fn permit_of(name: &str) -> Option<(&str, u32)> {
-    let (semaphore, digits) = parse(name)?;
-    if digits.starts_with('0') {
-        return None;
-    }
-    Some((semaphore, digits.parse().ok()?))
+    slot_of(name, MARK)
 }
 
 /// The name of permit `k` of `semaphore`, if it is short enough.
 pub fn name(semaphore: &ResourceName, k: u32) -> Option<ResourceName> {
     ResourceName::new(&format!("{semaphore}{MARK}{k}")).ok()
+}
+
+/// The owner and the number (as spelled) of `name` if its last `mark` is followed by digits
+/// only: the rule of every reserved name (a permit's, a reader's).
+pub(crate) fn parse_slot<'a>(name: &'a str, mark: &str) -> Option<(&'a str, &'a str)> {
+    let at = name.rfind(mark)?;
+    let digits = &name[at + mark.len()..];
+    (!digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()))
+        .then(|| (&name[..at], digits))
+}
+
+/// The owner and number of a slot name lockd hands out: digits without leading zeros, 1 or
+/// more, within `u32`.
+pub(crate) fn slot_of<'a>(name: &'a str, mark: &str) -> Option<(&'a str, u32)> {
+    let (owner, digits) = parse_slot(name, mark)?;
+    if digits.starts_with('0') {
+        return None;
+    }
+    Some((owner, digits.parse().ok()?))
 }
 
 #[cfg(test)]
@@ -69,9 +76,9 @@ mod tests {
             "jobs@permit-1/x",
         ] {
             assert!(!is_reserved(free), "{free}");
-            assert_eq!(owner_name(free), free);
+            assert_eq!(crate::owner_name(free), free);
         }
-        assert_eq!(owner_name("jobs@permit-9"), "jobs");
+        assert_eq!(crate::owner_name("jobs@permit-9"), "jobs");
         assert_eq!(permit_of("jobs@permit-99999999999"), None);
         let jobs = ResourceName::new("jobs").unwrap();
         assert_eq!(name(&jobs, 7).unwrap().as_str(), "jobs@permit-7");

@@ -37,6 +37,7 @@ fn main() {
             wait_ms: 0,
             owner: None,
             permits: 0,
+            rw: None,
         };
         core.acquire(1, req, &mut fx).unwrap();
         fx.clear();

@@ -62,6 +62,21 @@ pub enum InvalidArgument {
         "the semaphore name {resource} is too long for its permits' names (NAME@permit-K); use at most {max} bytes"
     )]
     SemaphoreNameTooLong { resource: ResourceName, max: usize },
+    #[error(
+        "{resource} is the name of a read-write lock's reader (names ending in @read- and digits are reserved): acquire the lock with mode read, then renew and release the reader's lease it grants"
+    )]
+    ReservedReaderName { resource: ResourceName },
+    #[error("mode {mode} asks for a read-write lock: send mode or {other}, not both")]
+    ModeWith {
+        mode: &'static str,
+        other: &'static str,
+    },
+    #[error(
+        "the read-write lock name {resource} is too long for its readers' names (NAME@read-K); use at most {max} bytes"
+    )]
+    RwNameTooLong { resource: ResourceName, max: usize },
+    #[error("downgrade_lease_id is set: it downgrades a write lease, so mode must be read")]
+    DowngradeNotRead,
 }
 
 /// Why an Acquire was refused (not: why it was not granted; that is an outcome).
@@ -143,6 +158,14 @@ pub enum AcquireError {
         permits: u32,
         asked: u32,
     },
+    /// A downgrade named a lease that is not the lock's current write lease: it expired, was
+    /// released, or was never its writer's. Maps to `FAILED_PRECONDITION` (`lease_not_current`):
+    /// the caller holds nothing, and must stop working under the lease.
+    #[error("{}", not_writer_message(resource, *current))]
+    NotWriter {
+        resource: ResourceName,
+        current: Option<FencingToken>,
+    },
     /// 2^63 - 1 tokens have been issued. Unreachable in practice (300 years at a billion grants
     /// per second), but it must not wrap.
     #[error("the fencing token space is exhausted; lockd can issue no more grants")]
@@ -169,6 +192,22 @@ pub enum RenewError {
         resource: ResourceName,
         permits: u32,
     },
+    /// The name is a read-write lock held by readers: each reader's lease is on its own slot.
+    /// Maps to `FAILED_PRECONDITION` (`kind_mismatch`), as for a semaphore.
+    #[error(
+        "{resource} is a read-write lock held by readers, not a lease: a reader renews and releases under its own name, {resource}@read-K (the resource its grant names)"
+    )]
+    Readers { resource: ResourceName },
+}
+
+fn not_writer_message(resource: &ResourceName, current: Option<FencingToken>) -> String {
+    let now = match current {
+        Some(t) => format!("its writer now has token {t}"),
+        None => "it has no writer now".to_string(),
+    };
+    format!(
+        "downgrade_lease_id is not the current write lease of {resource} ({now}); stop working under it and acquire again"
+    )
 }
 
 fn not_current_message(resource: &ResourceName, current: Option<FencingToken>) -> String {

@@ -13,6 +13,8 @@
 //! - a retried request id returns its original grant (invariant 6);
 //! - an AcquireAll's set is granted whole or not at all, in one atomic store op;
 //! - at most N permits of a semaphore of N, each its own lease on its own name;
+//! - a read-write lock held by one writer or by readers, never both, FIFO and so
+//!   writer-preferring;
 //! - FIFO hand-off to waiters when a lease is released or expires.
 //!
 //! What it does not do: durability (the driver must make each `Op::Grant` durable before
@@ -31,12 +33,12 @@ mod types;
 pub use error::{AcquireError, InvalidArgument, LimitsError, RecoverError, RenewError};
 pub use limits::Limits;
 pub use machine::{
-    AcquireAllOutcome, AcquireAllRequest, AcquireRequest, Core, LeaseIdSource, Stats,
+    AcquireAllOutcome, AcquireAllRequest, AcquireRequest, Core, LeaseIdSource, Rw, Stats,
 };
 pub use outcome::{
     AcquireOutcome, Busy, Description, Effect, Grant, HeldBy, Listed, Page, ReleaseOutcome,
     Renewed, SemaphoreUse,
 };
-pub use persist::{LeaseRecord, Op, Reentrant, Snapshot};
+pub use persist::{LeaseRecord, Op, Reentrant, RwRole, Snapshot};
 pub use tenants::{Quota, Rate, Tenancy, TenancyError, Tenant};
 pub use types::{Holder, Millis, Owner, RequestId, WaiterId};

@@ -35,6 +35,10 @@ pub const TXN_OPS_MIN: usize = 2 * SET_MAX + 1;
 /// Most permits a semaphore may have (`permits` of an Acquire). Bounds the scan for a free
 /// permit, and the length a permit's number adds to the semaphore's name.
 pub const PERMITS_MAX: u32 = 1000;
+/// Most readers a read-write lock has at once; more readers are busy, or wait, as for a full
+/// semaphore. Bounds the length a reader's slot number adds to the lock's name
+/// (`NAME@read-K`), and a lock's free-slot list.
+pub const READERS_MAX: u32 = 10_000;
 
 /// Bounds on what clients may ask for and on what lockd holds in memory.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]

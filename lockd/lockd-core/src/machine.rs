@@ -38,7 +38,7 @@ use crate::limits::Limits;
 use crate::outcome::{
     AcquireOutcome, Busy, Description, Effect, Grant, HeldBy, Listed, Page, ReleaseOutcome, Renewed,
 };
-use crate::persist::{LeaseRecord, Op, Reentrant, Snapshot};
+use crate::persist::{LeaseRecord, Op, Reentrant, RwRole, Snapshot};
 use crate::tenants::{Caps, Tenancy, Usage};
 
 use crate::types::{Holder, Millis, Owner, RequestId, WaiterId};
@@ -46,6 +46,7 @@ use crate::types::{Holder, Millis, Owner, RequestId, WaiterId};
 mod multi;
 mod queue;
 mod quota;
+mod rwlock;
 mod semaphore;
 pub use multi::{AcquireAllOutcome, AcquireAllRequest};
 use quota::Counted;
@@ -77,6 +78,31 @@ pub struct AcquireRequest {
     /// 0 = an exclusive lock; N = one of the N permits of the semaphore `resource` (granted
     /// on the permit's own name, see `crate::permits`).
     pub permits: u32,
+    /// Set: a side of the read-write lock `resource` (a reader's lease is granted on a
+    /// reader's own slot, see `fencing::reader`).
+    pub rw: Option<Rw>,
+}
+
+/// What an Acquire asks of a read-write lock.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Rw {
+    /// A reader's lease: shared with other readers, never with the writer.
+    Read,
+    /// The writer's lease: alone.
+    Write,
+    /// A reader's lease for the holder of this write lease, which ends in the same decision.
+    Downgrade(LeaseId),
+}
+
+/// What kind of lease a grant makes, as its record says.
+#[derive(Clone, Debug)]
+enum Kind {
+    /// An exclusive lock, reentrant with an owner.
+    Lock(Option<Owner>),
+    /// A permit of a semaphore of this many permits.
+    Permit(u32),
+    Read,
+    Write,
 }
 
 /// Sizes, for metrics and tests.
@@ -94,6 +120,9 @@ struct Waiter {
     ttl_ms: u64,
     deadline: Millis,
     owner: Option<Owner>,
+    /// A reader of a read-write lock (a waiter's queue says which kind it waits for; only a
+    /// read-write lock's has two sides).
+    reads: bool,
 }
 
 /// The lock state machine. See the module documentation.
@@ -116,6 +145,8 @@ pub struct Core {
     caps: Vec<Caps>,
     /// Semaphores in use (a permit held or waited for), by name.
     semaphores: HashMap<ResourceName, semaphore::Semaphore>,
+    /// Read-write locks in use (held or waited for), by name.
+    rwlocks: HashMap<ResourceName, rwlock::RwLock>,
 }
 
 impl Core {
@@ -138,6 +169,7 @@ impl Core {
             usage: Vec::new(),
             caps: Vec::new(),
             semaphores: HashMap::new(),
+            rwlocks: HashMap::new(),
         }
     }
 
@@ -158,6 +190,11 @@ impl Core {
             .leases
             .iter()
             .filter_map(|r| Some((r.resource.clone(), r.permits?)))
+            .collect();
+        let roles: Vec<(ResourceName, RwRole)> = snapshot
+            .leases
+            .iter()
+            .filter_map(|r| Some((r.resource.clone(), r.rw?)))
             .collect();
         for rec in snapshot.leases {
             let invalid = |reason: &str| RecoverError::InvalidRecord {
@@ -212,6 +249,7 @@ impl Core {
             core.leases.insert(&rec.resource, lease, now);
         }
         core.recover_semaphores(&permits)?;
+        core.recover_rwlocks(&roles)?;
         for rec in snapshot.requests {
             let id = rec
                 .request_id
@@ -367,6 +405,9 @@ impl Core {
         if let Some(reentered) = self.reenter(&req, fx)? {
             return Ok(reentered);
         }
+        if let Some(rw) = req.rw {
+            return self.acquire_rw(req, rw, (ttl_ms, wait_ms), owner, fx);
+        }
         if req.permits > 0 {
             return self.acquire_permit(req, ttl_ms, wait_ms, owner, fx);
         }
@@ -377,14 +418,14 @@ impl Core {
                 ));
             }
             self.check_quota(owner, Counted::Waiters, 1)?;
-            return self.enqueue(req, ttl_ms, wait_ms);
+            return self.enqueue(req, (ttl_ms, wait_ms), false);
         }
         self.check_grant_room(owner, &req)?;
         let grant = self.grant(
             &req.resource,
             req.request_id,
             req.holder,
-            (req.owner, 0),
+            Kind::Lock(req.owner),
             ttl_ms,
             fx,
         )?;
@@ -402,6 +443,9 @@ impl Core {
         self.advance(now, fx);
         match self.leases.renew(resource.as_str(), lease_id, self.now) {
             Ok((expires_at, ttl_ms)) => Ok(Renewed { expires_at, ttl_ms }),
+            Err(_) if self.held_by_readers(resource) => Err(RenewError::Readers {
+                resource: resource.clone(),
+            }),
             Err(current) => Err(match self.semaphores.get(resource) {
                 Some(sem) => RenewError::Semaphore {
                     resource: resource.clone(),
@@ -430,6 +474,7 @@ impl Core {
                 return ReleaseOutcome::NotHeld {
                     current: other.map(|l| l.token),
                     semaphore: self.semaphores.get(resource).map(|s| s.permits),
+                    readers: self.held_by_readers(resource),
                 };
             }
         }
@@ -490,6 +535,7 @@ impl Core {
             }),
             waiters: self.queues.get(resource).map_or(0, VecDeque::len),
             permits: self.semaphore_use(resource),
+            readers: self.rw_readers(resource),
         }
     }
 
@@ -523,8 +569,8 @@ impl Core {
                     };
                 }
                 let resource = lease.name();
-                // A permit's waiters are its semaphore's.
-                let queue = crate::permits::owner_name(resource.as_str());
+                // A permit's waiters are its semaphore's, a reader's its lock's.
+                let queue = fencing::owner_name(resource.as_str());
                 let waiters = self.queues.get(queue).map_or(0, VecDeque::len);
                 locks.push(Listed {
                     resource,
@@ -645,32 +691,31 @@ impl Core {
             .remove(&waiter)
             .expect("queued waiters are known");
         self.forget_waiter(waiter, &w);
-        let granted = self.grant(
-            grant_on,
-            w.request_id,
-            w.holder,
-            (w.owner, permits),
-            w.ttl_ms,
-            fx,
-        );
-        match granted {
+        let kind = match permits {
+            0 => Kind::Lock(w.owner),
+            n => Kind::Permit(n),
+        };
+        match self.grant(grant_on, w.request_id, w.holder, kind, w.ttl_ms, fx) {
             Ok(grant) => fx.push(Effect::Granted { waiter, grant }),
-            Err(_) => {
-                // Only token exhaustion can fail a grant: nobody can be granted any more, so
-                // every waiter of the resource ends its wait now rather than wait in vain.
-                fx.push(Effect::WaitTimedOut { waiter, busy: None });
-                for other in self.queues.get(resource).cloned().unwrap_or_default() {
-                    let w = self
-                        .waiters
-                        .remove(&other)
-                        .expect("queued waiters are known");
-                    self.forget_waiter(other, &w);
-                    fx.push(Effect::WaitTimedOut {
-                        waiter: other,
-                        busy: None,
-                    });
-                }
-            }
+            Err(_) => self.end_all_waits(waiter, resource, fx),
+        }
+    }
+
+    /// A grant to `waiter`, taken out of `queue`, failed: only token exhaustion can fail a
+    /// grant, so nobody can be granted any more, and every waiter of the queue ends its wait
+    /// now rather than wait in vain.
+    fn end_all_waits(&mut self, waiter: WaiterId, queue: &ResourceName, fx: &mut Vec<Effect>) {
+        fx.push(Effect::WaitTimedOut { waiter, busy: None });
+        for other in self.queues.get(queue).cloned().unwrap_or_default() {
+            let w = self
+                .waiters
+                .remove(&other)
+                .expect("queued waiters are known");
+            self.forget_waiter(other, &w);
+            fx.push(Effect::WaitTimedOut {
+                waiter: other,
+                busy: None,
+            });
         }
     }
 
@@ -680,10 +725,16 @@ impl Core {
         resource: &ResourceName,
         request_id: Option<RequestId>,
         holder: Holder,
-        (owner, permits): (Option<Owner>, u32),
+        kind: Kind,
         ttl_ms: u64,
         fx: &mut Vec<Effect>,
     ) -> Result<Grant, AcquireError> {
+        let (owner, permits, rw) = match kind {
+            Kind::Lock(owner) => (owner, 0, None),
+            Kind::Permit(n) => (None, n, None),
+            Kind::Read => (None, 0, Some(RwRole::Read)),
+            Kind::Write => (None, 0, Some(RwRole::Write)),
+        };
         let token = match self.last_token {
             None => FencingToken::MIN,
             Some(last) => last.next().ok_or(AcquireError::TokensExhausted)?,
@@ -704,6 +755,7 @@ impl Core {
                 holds: 1,
             }),
             permits: (permits > 0).then_some(permits),
+            rw,
         })));
         // Invariant 1 (single holder): the table asserts the resource is free. A breach is a
         // bug: stop rather than hand out a second lock.
@@ -809,10 +861,16 @@ impl Core {
             return Some(Err(reused));
         }
         let original = rem.name();
-        // A permit's grant answers a retry for its semaphore, a lock's one for its lock.
-        let asked = match crate::permits::permit_of(original.as_str()) {
-            Some((semaphore, _)) => req.permits > 0 && semaphore == resource.as_str(),
-            None => req.permits == 0 && original == *resource,
+        // A permit's grant answers a retry for its semaphore, a reader's one for its lock
+        // (read, or a downgrade), a lock's or a writer's one for its name.
+        let reads = matches!(req.rw, Some(Rw::Read | Rw::Downgrade(_)));
+        let asked = match (
+            crate::permits::permit_of(original.as_str()),
+            fencing::reader::reader_of(original.as_str()),
+        ) {
+            (Some((semaphore, _)), _) => req.permits > 0 && semaphore == resource.as_str(),
+            (None, Some((lock, _))) => reads && lock == resource.as_str(),
+            (None, None) => req.permits == 0 && !reads && original == *resource,
         };
         if !asked {
             return Some(Err(AcquireError::RequestIdReused {
@@ -857,6 +915,9 @@ impl Core {
     fn busy(&self, resource: &ResourceName) -> Option<Busy> {
         if self.semaphores.contains_key(resource) {
             return self.semaphore_busy(resource);
+        }
+        if self.rwlocks.contains_key(resource) {
+            return self.rw_busy(resource);
         }
         let lease = self.leases.held(resource.as_str())?;
         Some(Busy {

@@ -67,6 +67,9 @@ pub enum ReleaseOutcome {
         /// The name is a semaphore's in use, of this many permits: its permits are released
         /// under their own names (a client bug, which the server refuses as such).
         semaphore: Option<u32>,
+        /// The name is a read-write lock held by readers: a reader releases under its own
+        /// slot's name (a client bug, refused as such).
+        readers: bool,
     },
 }
 
@@ -104,6 +107,9 @@ pub struct Description {
     /// For a semaphore in use: how many permits it has, and how many are held (each is a
     /// lease of its own, described under its permit's name).
     pub permits: Option<SemaphoreUse>,
+    /// For a read-write lock in use: how many readers hold it (its writer, if any, is
+    /// `held`; each reader is a lease of its own, described under its slot's name).
+    pub readers: Option<u32>,
 }
 
 /// A semaphore in use, as Describe reports it.

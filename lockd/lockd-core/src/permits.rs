@@ -3,7 +3,8 @@
 
 use fencing::{RESOURCE_NAME_LEN_MAX, ResourceName};
 
-pub use fencing::permit::{MARK, is_reserved, owner_name, parse, permit_of};
+pub use fencing::permit::{MARK, parse, permit_of};
+pub use fencing::{is_reserved, owner_name};
 
 use crate::error::InvalidArgument;
 

@@ -24,6 +24,17 @@ pub struct LeaseRecord {
     /// many permits the semaphore has. Recovery rebuilds the semaphore from it, so that its
     /// number of permits stays fixed across a restart.
     pub permits: Option<u32>,
+    /// Set for a read-write lock's lease: its writer's (on the lock's name) or a reader's (on
+    /// a reader's slot, see `fencing::reader`). Recovery rebuilds the lock from it, so that a
+    /// writer stays a writer, not an exclusive lock, across a restart.
+    pub rw: Option<RwRole>,
+}
+
+/// Which side of a read-write lock a lease holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RwRole {
+    Read,
+    Write,
 }
 
 /// The reentrant part of a lease: who owns it, how many times it is held.
@@ -36,13 +47,15 @@ pub struct Reentrant {
 
 impl LeaseRecord {
     /// The record a store remembers under `request_id`: the grant a retry is answered with,
-    /// without the holds (they are the lease's, and counted there while it is held) or a
-    /// permit's count (the semaphore's, needed only while the permit is held).
+    /// without the holds (they are the lease's, and counted there while it is held), a
+    /// permit's count (the semaphore's, needed only while the permit is held) or a
+    /// read-write role (the lock's, likewise).
     pub fn remembered_as(&self, request_id: &str) -> LeaseRecord {
         LeaseRecord {
             request_id: Some(request_id.to_string()),
             reentrant: None,
             permits: None,
+            rw: None,
             ..self.clone()
         }
     }

@@ -80,10 +80,12 @@ impl Core {
             self.take_call(Some(t))?;
         }
         for resource in &req.resources {
-            if let Some(sem) = self.semaphores.get(resource) {
+            if let Some(held_as) = self.held_as(resource)
+                && held_as != super::semaphore::kind(0)
+            {
                 return Err(AcquireError::KindMismatch {
                     resource: resource.clone(),
-                    held_as: super::semaphore::kind(sem.permits),
+                    held_as,
                     asked_as: super::semaphore::kind(0),
                 });
             }
@@ -112,7 +114,7 @@ impl Core {
                 resource,
                 request,
                 req.holder.clone(),
-                (None, 0),
+                super::Kind::Lock(None),
                 ttl_ms,
                 fx,
             )?);
@@ -257,14 +259,11 @@ fn check_set(resources: &[ResourceName]) -> Result<(), InvalidArgument> {
             resources.len()
         )));
     }
-    if let Some((i, permit)) = resources
+    if let Some((i, reserved)) = resources
         .iter()
         .enumerate()
-        .find(|(_, r)| crate::permits::is_reserved(r.as_str()))
+        .find_map(|(i, r)| Some((i, super::semaphore::reserved(r)?)))
     {
-        let reserved = InvalidArgument::ReservedName {
-            resource: permit.clone(),
-        };
         return Err(InvalidArgument::Set(format!("resources[{i}]: {reserved}")));
     }
     let mut seen = HashSet::with_capacity(resources.len());

@@ -22,7 +22,8 @@ impl Core {
             .waiters
             .get_mut(&waiter)
             .expect("waiting request ids name waiters");
-        if w.resource != req.resource {
+        let reads = matches!(req.rw, Some(super::Rw::Read | super::Rw::Downgrade(_)));
+        if w.resource != req.resource || w.reads != reads {
             return Err(AcquireError::RequestIdReused {
                 request_id: req
                     .request_id
@@ -43,11 +44,12 @@ impl Core {
         Ok(AcquireOutcome::Rejoined { waiter, position })
     }
 
+    /// Queues `req` behind the resource's waiters; `reads`: as a reader of a read-write lock.
     pub(super) fn enqueue(
         &mut self,
         req: AcquireRequest,
-        ttl_ms: u64,
-        wait_ms: u64,
+        (ttl_ms, wait_ms): (u64, u64),
+        reads: bool,
     ) -> Result<AcquireOutcome, AcquireError> {
         let queued = self.queues.get(&req.resource).map_or(0, VecDeque::len);
         if queued >= self.limits.waiters_per_resource_max {
@@ -82,6 +84,7 @@ impl Core {
                 ttl_ms,
                 deadline,
                 owner: req.owner,
+                reads,
             },
         );
         Ok(AcquireOutcome::Queued { waiter, position })

@@ -40,13 +40,29 @@ pub(super) fn kind(permits: u32) -> String {
     }
 }
 
+/// A read-write lock, in words for an error.
+pub(super) const READ_WRITE: &str = "a read-write lock";
+
+/// The error for a name lockd reserves for the slots it hands out, if `resource` is one.
+pub(super) fn reserved(resource: &ResourceName) -> Option<InvalidArgument> {
+    let resource = resource.clone();
+    if permits::parse(resource.as_str()).is_some() {
+        Some(InvalidArgument::ReservedName { resource })
+    } else if fencing::reader::is_reserved(resource.as_str()) {
+        Some(InvalidArgument::ReservedReaderName { resource })
+    } else {
+        None
+    }
+}
+
 impl Core {
     /// The checks of an Acquire's kind that need no state.
     pub(super) fn check_kind_fields(req: &AcquireRequest) -> Result<(), InvalidArgument> {
-        if permits::is_reserved(req.resource.as_str()) {
-            return Err(InvalidArgument::ReservedName {
-                resource: req.resource.clone(),
-            });
+        if let Some(reserved) = reserved(&req.resource) {
+            return Err(reserved);
+        }
+        if let Some(rw) = req.rw {
+            return Core::check_rw_fields(req, rw);
         }
         if req.permits == 0 {
             return Ok(());
@@ -57,23 +73,40 @@ impl Core {
         permits::check(&req.resource, req.permits)
     }
 
+    /// What kind of lock a name is in use as, in words; `None` when it is not in use.
+    pub(super) fn held_as(&self, resource: &ResourceName) -> Option<String> {
+        if let Some(sem) = self.semaphores.get(resource) {
+            Some(kind(sem.permits))
+        } else if self.rwlocks.contains_key(resource) {
+            Some(READ_WRITE.to_string())
+        } else {
+            self.leases.held(resource.as_str()).map(|_| kind(0))
+        }
+    }
+
     /// Whether the resource is in use as the kind of lock `req` asks for (or not in use).
     pub(super) fn check_kind(&self, req: &AcquireRequest) -> Result<(), AcquireError> {
-        let mismatch = |held_as: String| AcquireError::KindMismatch {
-            resource: req.resource.clone(),
-            held_as,
-            asked_as: kind(req.permits),
-        };
-        match (self.semaphores.get(&req.resource), req.permits) {
-            (Some(sem), 0) => Err(mismatch(kind(sem.permits))),
-            (Some(sem), asked) if sem.permits != asked => Err(AcquireError::PermitsMismatch {
+        if let Some(sem) = self.semaphores.get(&req.resource)
+            && req.permits > 0
+            && req.rw.is_none()
+            && sem.permits != req.permits
+        {
+            return Err(AcquireError::PermitsMismatch {
                 resource: req.resource.clone(),
                 permits: sem.permits,
-                asked,
+                asked: req.permits,
+            });
+        }
+        let asked_as = match req.rw {
+            Some(_) => READ_WRITE.to_string(),
+            None => kind(req.permits),
+        };
+        match self.held_as(&req.resource) {
+            Some(held_as) if held_as != asked_as => Err(AcquireError::KindMismatch {
+                resource: req.resource.clone(),
+                held_as,
+                asked_as,
             }),
-            (None, asked) if asked > 0 && self.leases.held(req.resource.as_str()).is_some() => {
-                Err(mismatch(kind(0)))
-            }
             _ => Ok(()),
         }
     }
@@ -117,7 +150,7 @@ impl Core {
                 return Ok(AcquireOutcome::Busy(busy.expect("a full semaphore")));
             }
             self.check_quota(owner, Counted::Waiters, 1)?;
-            return self.enqueue(req, ttl_ms, wait_ms);
+            return self.enqueue(req, (ttl_ms, wait_ms), false);
         }
         self.check_grant_room(owner, &req)?;
         let mut free = None;
@@ -133,7 +166,7 @@ impl Core {
             &permit,
             req.request_id,
             req.holder,
-            (None, req.permits),
+            super::Kind::Permit(req.permits),
             ttl_ms,
             fx,
         )?;
@@ -185,8 +218,11 @@ impl Core {
     }
 
     /// A lease ended (released or expired): the next waiter gets it, a permit's semaphore's
-    /// next waiter gets the permit.
+    /// next waiter gets the permit, a read-write lock's head waiters get what it admits.
     pub(super) fn lease_ended(&mut self, resource: &ResourceName, fx: &mut Vec<Effect>) {
+        if self.rw_lease_ended(resource, fx) {
+            return;
+        }
         let semaphore = permits::permit_of(resource.as_str()).and_then(|(s, k)| {
             let (name, sem) = self.semaphores.get_key_value(s)?;
             (k <= sem.permits).then(|| (name.clone(), sem.permits))

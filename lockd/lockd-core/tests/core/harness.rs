@@ -195,8 +195,21 @@ impl Rig {
         &mut self,
         resource: &str,
         holder: &str,
+        ids: (Option<&str>, Option<&str>),
+        times: (u64, u64, u32),
+        fx: &mut Vec<Effect>,
+    ) -> Result<AcquireOutcome, lockd_core::AcquireError> {
+        self.acquire_as(resource, holder, ids, times, None, fx)
+    }
+
+    /// An Acquire, of a side of a read-write lock when `rw` is set.
+    pub fn acquire_as(
+        &mut self,
+        resource: &str,
+        holder: &str,
         (request_id, owner): (Option<&str>, Option<&str>),
         (ttl_ms, wait_ms, permits): (u64, u64, u32),
+        rw: Option<lockd_core::Rw>,
         fx: &mut Vec<Effect>,
     ) -> Result<AcquireOutcome, lockd_core::AcquireError> {
         let req = AcquireRequest {
@@ -207,6 +220,7 @@ impl Rig {
             wait_ms,
             owner: owner.map(|o| Owner::new(o).unwrap()),
             permits,
+            rw,
         };
         self.core.acquire(self.now, req, fx)
     }
@@ -221,6 +235,7 @@ impl Rig {
 /// ```text
 /// @T                       set the time to T (ms); may prefix a command: `@T acquire ...`
 /// acquire RES [holder=H] [req=ID] [owner=O] [ttl=MS] [wait=MS] [permits=N]
+///         [mode=read|write] [downgrade=L<n>]   (downgrade: mode read, from that write lease)
 /// acquire-all RES,RES... [holder=H] [req=ID] [ttl=MS]   atomic, try-only; `-` is no resource
 /// renew RES L<n>           release RES L<n>        cancel w<n>        describe RES
 /// tick                     restart                 crash (restart losing unsynced ops)
@@ -310,11 +325,19 @@ fn run(rig: &mut Rig, words: &[&str], fx: &mut Vec<Effect>) -> String {
     match words[0] {
         "acquire" => {
             let num = |k: &str| arg(words, k).map_or(0, |v| v.parse().unwrap());
-            let outcome = rig.acquire(
+            let rw = match (arg(words, "mode"), arg(words, "downgrade")) {
+                (None, None) => None,
+                (Some("read"), Some(lease)) => Some(lockd_core::Rw::Downgrade(lease_arg(lease))),
+                (Some("read"), None) => Some(lockd_core::Rw::Read),
+                (Some("write"), None) => Some(lockd_core::Rw::Write),
+                other => panic!("mode and downgrade: {other:?}"),
+            };
+            let outcome = rig.acquire_as(
                 words[1],
                 arg(words, "holder").unwrap_or(""),
                 (arg(words, "req"), arg(words, "owner")),
                 (num("ttl"), num("wait"), num("permits") as u32),
+                rw,
                 fx,
             );
             match outcome {
@@ -353,10 +376,14 @@ fn run(rig: &mut Rig, words: &[&str], fx: &mut Vec<Effect>) -> String {
             ReleaseOutcome::NotHeld {
                 current,
                 semaphore: None,
+                readers: false,
             } => format!("not held (current token {current:?})"),
             ReleaseOutcome::NotHeld {
                 semaphore: Some(n), ..
             } => format!("not held: a semaphore of {n} permits"),
+            ReleaseOutcome::NotHeld { readers: true, .. } => {
+                "not held: a read-write lock held by readers".to_string()
+            }
         },
         "cancel" => {
             let w = WaiterId(words[1].strip_prefix('w').unwrap().parse().unwrap());
@@ -460,11 +487,12 @@ pub fn acquire_outcome(o: &AcquireOutcome) -> String {
     }
 }
 
-/// A permit's name, for a grant of one (a lock's grant is on the name asked for).
+/// A permit's or a reader's name, for a grant of one (a lock's grant is on the name asked
+/// for).
 fn permit(g: &lockd_core::Grant) -> String {
-    match lockd_core::permits::permit_of(g.resource.as_str()) {
-        Some(_) => format!("{} ", g.resource),
-        None => String::new(),
+    match lockd_core::permits::owner_name(g.resource.as_str()) == g.resource.as_str() {
+        false => format!("{} ", g.resource),
+        true => String::new(),
     }
 }
 
@@ -514,12 +542,13 @@ fn describe(d: &Description) -> String {
                 n => format!(" holds={n}"),
             }
         ),
-        None => match d.permits {
-            Some(p) => format!(
+        None => match (d.permits, d.readers) {
+            (Some(p), _) => format!(
                 "semaphore permits={} held={} waiters={}",
                 p.permits, p.held, d.waiters
             ),
-            None => format!("free waiters={}", d.waiters),
+            (None, Some(n)) => format!("read-write readers={n} waiters={}", d.waiters),
+            (None, None) => format!("free waiters={}", d.waiters),
         },
     }
 }
@@ -543,9 +572,11 @@ fn op(op: &Op) -> String {
                 None => String::new(),
                 Some(re) => format!(" owner={} holds={}", re.owner, re.holds),
             },
-            match r.permits {
-                None => String::new(),
-                Some(n) => format!(" permits={n}"),
+            match (r.permits, r.rw) {
+                (None, None) => String::new(),
+                (Some(n), _) => format!(" permits={n}"),
+                (None, Some(lockd_core::RwRole::Read)) => " rw=read".to_string(),
+                (None, Some(lockd_core::RwRole::Write)) => " rw=write".to_string(),
             }
         ),
         Op::Reenter {

@@ -1,11 +1,13 @@
 //! Tests of the core state machine, from data.
 //!
 //! - `transcripts`: scripted calls in, outcomes and effects out, through one `check` helper;
-//!   `sets`: the same, for the atomic AcquireAll; `semaphores`: for semaphores;
+//!   `sets`: the same, for the atomic AcquireAll; `semaphores`: for semaphores; `rwlocks`: for
+//!   read-write locks;
 //! - `model`: random interleavings against a simple reference model (proptest).
 
 mod harness;
 mod model;
+mod rwlocks;
 mod semaphores;
 mod sets;
 mod transcripts;

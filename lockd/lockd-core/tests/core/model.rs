@@ -15,10 +15,17 @@
 //!   and a retry of its request id gets every member's original grant;
 //! - a semaphore of N grants at most N permits at a time, each its own lease and token on its
 //!   own name (the lowest free), waiters served FIFO; a name is one kind at a time, and N
-//!   stays fixed while the semaphore is in use, across restarts too.
+//!   stays fixed while the semaphore is in use, across restarts too;
+//! - a read-write lock is held by one writer or by readers, never both (checked on the stored
+//!   leases after every step), each reader its own lease and token on the lowest free slot;
+//!   its queue is served from the head only, so a waiting writer is never overtaken by later
+//!   readers (writer preference) and the readers behind a writer get the lock together; a
+//!   downgrade ends the write lease and grants a read lease in one decision.
 
 use fencing::{FencingToken, LeaseId};
-use lockd_core::{AcquireAllOutcome, AcquireAllRequest, Effect, Limits, Op, RequestId, WaiterId};
+use lockd_core::{
+    AcquireAllOutcome, AcquireAllRequest, Effect, Limits, Op, RequestId, Rw, WaiterId,
+};
 use proptest::prelude::*;
 
 use crate::harness::{Rig, lease_id};
@@ -53,6 +60,9 @@ enum Step {
         wait_ms: u64,
         /// 0: a lock; else a semaphore's permit.
         permits: u32,
+        /// 0: none; 1: a reader; 2: the writer; 3: a downgrade, of the lease `pick` chooses.
+        mode: u8,
+        pick: usize,
     },
     AcquireAll {
         resources: Vec<usize>,
@@ -62,10 +72,12 @@ enum Step {
     },
     Renew {
         resource: usize,
+        slot: u8,
         pick: usize,
     },
     Release {
         resource: usize,
+        slot: u8,
         pick: usize,
     },
     Cancel {
@@ -82,19 +94,50 @@ enum Step {
     },
 }
 
-fn step() -> impl Strategy<Value = Step> {
+/// Which name of a resource a renew or release uses: 0 its own, 1 ..= 3 a reader's slot,
+/// 4 ..= 5 a permit.
+fn slot() -> impl Strategy<Value = u8> {
+    prop_oneof![4 => Just(0u8), 3 => 1u8..4, 1 => 4u8..6]
+}
+
+/// The name `slot` chooses of `resource`.
+fn slot_name(resource: &str, slot: u8) -> String {
+    match slot {
+        0 => resource.to_string(),
+        k @ 1..=3 => format!("{resource}@read-{k}"),
+        k => format!("{resource}@permit-{}", k - 3),
+    }
+}
+
+/// Steps over every kind of lock; `rw`: mostly read-write locks, on two resources, so that
+/// readers pile up behind writers and are handed the lock together.
+fn step(rw: bool) -> impl Strategy<Value = Step> {
+    let modes = match rw {
+        false => [4, 3, 2, 1],
+        true => [1, 6, 3, 2],
+    };
+    let resources = if rw { 2 } else { RESOURCES.len() };
+    let mode = prop_oneof![
+        modes[0] => Just(0u8),
+        modes[1] => Just(1),
+        modes[2] => Just(2),
+        modes[3] => Just(3)
+    ];
     prop_oneof![
-        6 => (0..RESOURCES.len(), 0u8..4, proptest::option::of(0u8..8), proptest::option::of(0u8..2), prop_oneof![Just(0u64), Just(100), Just(250), Just(600)],
-              prop_oneof![Just(0u64), Just(50), Just(300), Just(1000)], prop_oneof![4 => Just(0u32), 2 => Just(2), 1 => Just(3)])
-            // A permit with an owner is refused: only one Acquire of a permit in four asks so.
-            .prop_map(|(resource, holder, request, owner, ttl_ms, wait_ms, permits)| {
-                let owner = owner.filter(|_| permits == 0 || holder == 3);
-                Step::Acquire { resource, holder, request, owner, ttl_ms, wait_ms, permits }
+        6 => (0..resources, 0u8..4, proptest::option::of(0u8..8), proptest::option::of(0u8..2), prop_oneof![Just(0u64), Just(100), Just(250), Just(600)],
+              prop_oneof![Just(0u64), Just(50), Just(300), Just(1000)], prop_oneof![4 => Just(0u32), 2 => Just(2), 1 => Just(3)],
+              mode, any::<usize>())
+            // A permit or a read-write lock with an owner is refused, and a mode with
+            // permits: only one Acquire of such a kind in four asks so.
+            .prop_map(|(resource, holder, request, owner, ttl_ms, wait_ms, permits, mode, pick)| {
+                let owner = owner.filter(|_| (permits == 0 && mode == 0) || holder == 3);
+                let permits = if mode > 0 && holder != 2 { 0 } else { permits };
+                Step::Acquire { resource, holder, request, owner, ttl_ms, wait_ms, permits, mode, pick }
             }),
         2 => (proptest::collection::vec(0..RESOURCES.len(), 1..4), 0u8..4, proptest::option::of(0u8..8), prop_oneof![Just(0u64), Just(250)])
             .prop_map(|(resources, holder, request, ttl_ms)| Step::AcquireAll { resources, holder, request, ttl_ms }),
-        3 => (0..RESOURCES.len(), any::<usize>()).prop_map(|(resource, pick)| Step::Renew { resource, pick }),
-        3 => (0..RESOURCES.len(), any::<usize>()).prop_map(|(resource, pick)| Step::Release { resource, pick }),
+        3 => (0..resources, slot(), any::<usize>()).prop_map(|(resource, slot, pick)| Step::Renew { resource, slot, pick }),
+        3 => (0..resources, slot(), any::<usize>()).prop_map(|(resource, slot, pick)| Step::Release { resource, slot, pick }),
         1 => any::<usize>().prop_map(|pick| Step::Cancel { pick }),
         1 => (0..RESOURCES.len()).prop_map(|resource| Step::Describe { resource }),
         4 => (0u64..400).prop_map(|ms| Step::Advance { ms }),
@@ -103,6 +146,7 @@ fn step() -> impl Strategy<Value = Step> {
 }
 
 mod reference;
+mod rw;
 
 use reference::{Model, holder, name};
 
@@ -132,6 +176,8 @@ fn run(steps: Vec<Step>) -> Result<(), TestCaseError> {
                 ttl_ms,
                 wait_ms,
                 permits,
+                mode,
+                pick,
             } => {
                 let r = RESOURCES[*resource];
                 let h = format!("c{h}");
@@ -139,8 +185,14 @@ fn run(steps: Vec<Step>) -> Result<(), TestCaseError> {
                 let owner = owner.map(|o| format!("o{o}"));
                 let ids = (req.as_deref(), owner.as_deref());
                 let times = (*ttl_ms, *wait_ms, *permits);
-                let core = rig.acquire(r, &h, ids, times, &mut fx_core);
-                let model = model.acquire(r, h, (req, owner), times, &mut fx_model);
+                let rw = match mode {
+                    1 => Some(Rw::Read),
+                    2 => Some(Rw::Write),
+                    3 => Some(Rw::Downgrade(pick_lease(&model, r, *pick, &seen_leases))),
+                    _ => None,
+                };
+                let core = rig.acquire_as(r, &h, ids, times, rw, &mut fx_core);
+                let model = model.acquire(r, h, (req, owner), times, rw, &mut fx_model);
                 prop_assert_eq!(core, model, "step {}: {:?}", i, step);
             }
             Step::AcquireAll {
@@ -183,15 +235,23 @@ fn run(steps: Vec<Step>) -> Result<(), TestCaseError> {
                     }
                 }
             }
-            Step::Renew { resource, pick } => {
-                let r = RESOURCES[*resource];
+            Step::Renew {
+                resource,
+                slot,
+                pick,
+            } => {
+                let r = &slot_name(RESOURCES[*resource], *slot);
                 let lid = pick_lease(&model, r, *pick, &seen_leases);
                 let core = rig.core.renew(now, &name(r), lid, &mut fx_core);
                 let model = model.renew(r, lid, &mut fx_model);
                 prop_assert_eq!(core, model, "step {}: {:?}", i, step);
             }
-            Step::Release { resource, pick } => {
-                let r = RESOURCES[*resource];
+            Step::Release {
+                resource,
+                slot,
+                pick,
+            } => {
+                let r = &slot_name(RESOURCES[*resource], *slot);
                 let lid = pick_lease(&model, r, *pick, &seen_leases);
                 let core = rig.core.release(now, &name(r), lid, &mut fx_core);
                 let model = model.release(r, lid, &mut fx_model);
@@ -221,6 +281,7 @@ fn run(steps: Vec<Step>) -> Result<(), TestCaseError> {
                 );
                 prop_assert_eq!(d.waiters, model.queue_len(r));
                 prop_assert_eq!(d.permits.map(|p| (p.permits, p.held)), model.sem(r));
+                prop_assert_eq!(d.readers, model.rw_readers(r));
             }
             Step::Advance { ms } => {
                 rig.now += ms;
@@ -260,6 +321,20 @@ fn run(steps: Vec<Step>) -> Result<(), TestCaseError> {
                 prop_assert!(e.0 == n && e.1 <= n, "step {}: {} permits of {}", i, e.1, s);
             }
         }
+        // A read-write lock is held by one writer or by readers, never both, and no name is
+        // held as a read-write lock and as another kind.
+        for (r, rec) in &rig.latest.leases {
+            if rec.rw == Some(lockd_core::RwRole::Read) {
+                let (lock, _) = r.as_str().rsplit_once("@read-").expect("a reader's name");
+                let writer = rig.latest.leases.get(lock);
+                prop_assert!(
+                    writer.is_none(),
+                    "step {}: {} has a writer and a reader",
+                    i,
+                    lock
+                );
+            }
+        }
         let stats = rig.core.stats();
         prop_assert_eq!(stats.leases, model.leases.len());
         prop_assert_eq!(stats.waiters, model.waiters.len());
@@ -273,7 +348,12 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
 
     #[test]
-    fn core_matches_the_reference_model(steps in proptest::collection::vec(step(), 1..120)) {
+    fn core_matches_the_reference_model(steps in proptest::collection::vec(step(false), 1..120)) {
+        run(steps)?;
+    }
+
+    #[test]
+    fn read_write_locks_match_the_reference_model(steps in proptest::collection::vec(step(true), 1..120)) {
         run(steps)?;
     }
 }

@@ -218,6 +218,7 @@ mod recovery {
             request_id: None,
             reentrant: None,
             permits,
+            rw: None,
         }
     }
 
@@ -245,6 +246,7 @@ mod recovery {
             wait_ms: 0,
             owner: None,
             permits,
+            rw: None,
         }
     }
 
@@ -329,6 +331,7 @@ fn a_listed_permit_shows_its_semaphores_waiters() {
             wait_ms,
             owner: None,
             permits: 1,
+            rw: None,
         };
         core.acquire(0, req, &mut fx).unwrap();
     }

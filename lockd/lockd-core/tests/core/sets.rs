@@ -210,6 +210,7 @@ fn a_set_remembered_in_part_after_a_crash_still_owns_its_id() {
         request_id: Some("s 1".to_string()),
         reentrant: None,
         permits: None,
+        rw: None,
     };
     let snapshot = Snapshot {
         last_token: FencingToken::new(2),
@@ -228,6 +229,7 @@ fn a_set_remembered_in_part_after_a_crash_still_owns_its_id() {
         wait_ms: 0,
         owner: None,
         permits: 0,
+        rw: None,
     };
     let set = AcquireAllRequest {
         resources: vec![

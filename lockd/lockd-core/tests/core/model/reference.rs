@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use fencing::{FencingToken, LeaseId, ResourceName};
 use lockd_core::{
     AcquireAllOutcome, AcquireError, AcquireOutcome, Busy, Effect, Grant, Holder, InvalidArgument,
-    LeaseRecord, Limits, Op, Reentrant, ReleaseOutcome, RenewError, Renewed, WaiterId,
+    LeaseRecord, Limits, Op, Reentrant, ReleaseOutcome, RenewError, Renewed, Rw, RwRole, WaiterId,
 };
 
 use crate::harness::lease_id;
@@ -20,6 +20,8 @@ pub(crate) struct MLease {
     pub(crate) granted: u64,
     /// (owner, holds) of a reentrant lease.
     pub(crate) owned: Option<(String, u32)>,
+    /// The side of a read-write lock it holds.
+    pub(crate) rw: Option<RwRole>,
 }
 
 pub(crate) struct MWaiter {
@@ -31,6 +33,8 @@ pub(crate) struct MWaiter {
     pub(crate) deadline: u64,
     pub(crate) owner: Option<String>,
     pub(crate) permits: u32,
+    /// Waits for a read-write lock: as a reader (`true`) or its writer.
+    pub(crate) reads: Option<bool>,
 }
 
 #[derive(Clone)]
@@ -43,7 +47,8 @@ pub(crate) struct MRequest {
     pub(crate) seq: u64,
 }
 
-/// lease id, token, holder, TTL, the reentrant part, and a permit's semaphore's permits.
+/// lease id, token, holder, TTL, the reentrant part, a permit's semaphore's permits, and a
+/// read-write lock's side.
 pub(crate) type StoredLease = (
     LeaseId,
     FencingToken,
@@ -51,6 +56,7 @@ pub(crate) type StoredLease = (
     u64,
     Option<(String, u32)>,
     Option<u32>,
+    Option<RwRole>,
 );
 
 #[derive(Clone, Default)]
@@ -86,6 +92,8 @@ fn permit_of(r: &str) -> Option<(&str, u32)> {
 fn permit_name(s: &str, k: u32) -> String {
     format!("{s}@permit-{k}")
 }
+
+use super::rw;
 
 fn kind(permits: u32) -> String {
     match permits {
@@ -142,6 +150,9 @@ impl Model {
     }
 
     pub(crate) fn busy(&self, resource: &str) -> Busy {
+        if let Some(busy) = self.rw_busy(resource) {
+            return busy;
+        }
         let first = self.sems.get(resource).and_then(|&n| {
             (1..=n)
                 .filter_map(|k| self.leases.get(&permit_name(resource, k)))
@@ -183,7 +194,7 @@ impl Model {
                     holder: holder(&l.holder),
                     held_ms: l.expires - l.granted,
                 });
-                self.hand_off(&resource, fx);
+                self.hand_off(&resource, l.rw, fx);
             } else {
                 let at = self.waiters.iter().position(|w| w.id == id).unwrap();
                 self.waiters.remove(at);
@@ -272,7 +283,7 @@ impl Model {
         request: Option<String>,
         holder_: String,
         owner: Option<String>,
-        (ttl, permits): (u64, u32),
+        (ttl, permits, rw): (u64, u32, Option<RwRole>),
         fx: &mut Vec<Effect>,
     ) -> Grant {
         let permits = (permits > 0).then_some(permits);
@@ -305,7 +316,7 @@ impl Model {
         let owned = owner.map(|o| (o, 1));
         self.latest.leases.insert(
             resource.to_string(),
-            (lid, token, holder_.clone(), ttl, owned.clone(), permits),
+            (lid, token, holder_.clone(), ttl, owned.clone(), permits, rw),
         );
         self.durable = self.latest.clone();
         fx.push(Effect::Persist(Op::Grant(LeaseRecord {
@@ -320,6 +331,7 @@ impl Model {
                 holds: 1,
             }),
             permits,
+            rw,
         })));
         assert!(
             self.leases
@@ -333,6 +345,7 @@ impl Model {
                         expires,
                         granted: self.now,
                         owned,
+                        rw,
                     }
                 )
                 .is_none()
@@ -347,15 +360,20 @@ impl Model {
         }
     }
 
-    /// `resource` is free: its first waiter gets it, or, for a permit, its semaphore's.
-    pub(crate) fn hand_off(&mut self, resource: &str, fx: &mut Vec<Effect>) {
+    /// `resource` is free: its first waiter gets it, or, for a permit, its semaphore's; for a
+    /// read-write lock's lease (`rw`), what the lock admits.
+    pub(crate) fn hand_off(&mut self, resource: &str, rw: Option<RwRole>, fx: &mut Vec<Effect>) {
+        if rw.is_some() {
+            return self.rw_hand_off(lockd_core::permits::owner_name(resource), fx);
+        }
         let (queue, permits) = match permit_of(resource) {
             Some((s, k)) if self.sems.get(s).is_some_and(|&n| k <= n) => (s, self.sems[s]),
             _ => (resource, 0),
         };
         if let Some(at) = self.waiters.iter().position(|w| w.resource == queue) {
             let w = self.waiters.remove(at);
-            let grant = self.grant(resource, w.request, w.holder, w.owner, (w.ttl, permits), fx);
+            let kind = (w.ttl, permits, None);
+            let grant = self.grant(resource, w.request, w.holder, w.owner, kind, fx);
             fx.push(Effect::Granted {
                 waiter: WaiterId(w.id),
                 grant,
@@ -369,6 +387,7 @@ impl Model {
         holder_: String,
         (request, owner): (Option<String>, Option<String>),
         (ttl, wait, permits): (u64, u64, u32),
+        rw: Option<Rw>,
         fx: &mut Vec<Effect>,
     ) -> Result<AcquireOutcome, AcquireError> {
         self.advance(self.now, fx);
@@ -377,6 +396,21 @@ impl Model {
         } else {
             ttl
         };
+        if let Some(rw) = rw {
+            let mode = if rw == Rw::Write { "write" } else { "read" };
+            let other = match (permits, &owner) {
+                (1.., _) => "permits",
+                (0, Some(_)) => "owner",
+                (0, None) => "",
+            };
+            if !other.is_empty() {
+                return Err(AcquireError::Invalid(InvalidArgument::ModeWith {
+                    mode,
+                    other,
+                }));
+            }
+        }
+        let reads = matches!(rw, Some(Rw::Read | Rw::Downgrade(_)));
         if permits > 0 && owner.is_some() {
             return Err(AcquireError::Invalid(InvalidArgument::PermitsWithOwner));
         }
@@ -386,9 +420,10 @@ impl Model {
                     // The id names an AcquireAll's set of more than one.
                     return Err(self.set_reused(id));
                 }
-                let asked = match permit_of(&r.resource) {
-                    Some((s, _)) => permits > 0 && s == resource,
-                    None => permits == 0 && r.resource == resource,
+                let asked = match (permit_of(&r.resource), r.resource.rsplit_once("@read-")) {
+                    (Some((s, _)), _) => permits > 0 && s == resource,
+                    (None, Some((l, _))) => reads && l == resource,
+                    (None, None) => permits == 0 && !reads && r.resource == resource,
                 };
                 if !asked {
                     return Err(AcquireError::RequestIdReused {
@@ -412,22 +447,28 @@ impl Model {
                 });
             }
         }
-        let mismatch = |held_as| AcquireError::KindMismatch {
-            resource: name(resource),
-            held_as,
-            asked_as: kind(permits),
+        let asked_as = match rw {
+            Some(_) => rw::READ_WRITE.to_string(),
+            None => kind(permits),
         };
-        match (self.sem(resource), permits) {
-            (Some((n, _)), 0) => return Err(mismatch(kind(n))),
-            (Some((n, _)), asked) if n != asked => {
+        let held_as = match self.sem(resource) {
+            Some((n, _)) if rw.is_none() && permits > 0 && n != permits => {
                 return Err(AcquireError::PermitsMismatch {
                     resource: name(resource),
                     permits: n,
-                    asked,
+                    asked: permits,
                 });
             }
-            (None, 1..) if self.leases.contains_key(resource) => return Err(mismatch(kind(0))),
-            _ => {}
+            Some((n, _)) => Some(kind(n)),
+            None if self.rw_in_use(resource) => Some(rw::READ_WRITE.to_string()),
+            None => self.leases.contains_key(resource).then(|| kind(0)),
+        };
+        if let Some(held_as) = held_as.filter(|h| *h != asked_as) {
+            return Err(AcquireError::KindMismatch {
+                resource: name(resource),
+                held_as,
+                asked_as,
+            });
         }
         if let Some(id) = &request {
             if let Some(at) = self
@@ -436,7 +477,7 @@ impl Model {
                 .position(|w| w.request.as_ref() == Some(id))
             {
                 let w = &mut self.waiters[at];
-                if w.resource != resource {
+                if w.resource != resource || w.reads.unwrap_or(false) != reads {
                     return Err(AcquireError::RequestIdReused {
                         request_id: id.clone(),
                         original: name(&w.resource),
@@ -517,6 +558,9 @@ impl Model {
             }));
             return Ok(AcquireOutcome::Reentered(grant));
         }
+        if let Some(rw) = rw {
+            return self.acquire_rw(resource, holder_, request, (ttl, wait), rw, fx);
+        }
         // A semaphore is full when every permit is held: then it is busy, or waited for, as a
         // held lock is.
         let full = match permits {
@@ -527,6 +571,42 @@ impl Model {
             if wait == 0 {
                 return Ok(AcquireOutcome::Busy(self.busy(resource)));
             }
+            let w = (holder_, request, owner, permits, None);
+            return self.enqueue(resource, w, (ttl, wait));
+        }
+        self.check_grant_room(&request)?;
+        let on = match permits {
+            0 => resource.to_string(),
+            n => (1..=n)
+                .map(|k| permit_name(resource, k))
+                .find(|p| !self.leases.contains_key(p))
+                .unwrap(),
+        };
+        Ok(AcquireOutcome::Granted(self.grant(
+            &on,
+            request,
+            holder_,
+            owner,
+            (ttl, permits, None),
+            fx,
+        )))
+    }
+
+    /// Queues a waiter: (holder, request id, owner, permits, reads).
+    #[allow(clippy::type_complexity)]
+    pub(crate) fn enqueue(
+        &mut self,
+        resource: &str,
+        (holder_, request, owner, permits, reads): (
+            String,
+            Option<String>,
+            Option<String>,
+            u32,
+            Option<bool>,
+        ),
+        (ttl, wait): (u64, u64),
+    ) -> Result<AcquireOutcome, AcquireError> {
+        {
             if self.queue_len(resource) >= self.limits.waiters_per_resource_max {
                 return Err(AcquireError::QueueFull {
                     resource: name(resource),
@@ -554,12 +634,17 @@ impl Model {
                 deadline: self.now + wait,
                 owner,
                 permits,
+                reads,
             });
-            return Ok(AcquireOutcome::Queued {
+            Ok(AcquireOutcome::Queued {
                 waiter: WaiterId(id),
                 position: self.queue_len(resource),
-            });
+            })
         }
+    }
+
+    /// Room for one more lease and, with a request id, for remembering it.
+    pub(crate) fn check_grant_room(&self, request: &Option<String>) -> Result<(), AcquireError> {
         if self.leases.len() >= self.limits.leases_max {
             return Err(AcquireError::LeasesExhausted {
                 max: self.limits.leases_max,
@@ -570,21 +655,7 @@ impl Model {
                 max: self.limits.requests_max,
             });
         }
-        let on = match permits {
-            0 => resource.to_string(),
-            n => (1..=n)
-                .map(|k| permit_name(resource, k))
-                .find(|p| !self.leases.contains_key(p))
-                .unwrap(),
-        };
-        Ok(AcquireOutcome::Granted(self.grant(
-            &on,
-            request,
-            holder_,
-            owner,
-            (ttl, permits),
-            fx,
-        )))
+        Ok(())
     }
 
     /// The atomic AcquireAll, as the core's module documentation says it: checked whole,
@@ -662,10 +733,14 @@ impl Model {
             }
         }
         for r in resources {
-            if let Some((n, _)) = self.sem(r) {
+            let held_as = match self.sem(r) {
+                Some((n, _)) => Some(kind(n)),
+                None => self.rw_in_use(r).then(|| rw::READ_WRITE.to_string()),
+            };
+            if let Some(held_as) = held_as {
                 return Err(AcquireError::KindMismatch {
                     resource: name(r),
-                    held_as: kind(n),
+                    held_as,
                     asked_as: kind(0),
                 });
             }
@@ -698,7 +773,7 @@ impl Model {
             .enumerate()
             .map(|(k, r)| {
                 let req = request.as_deref().map(|id| member(id, k));
-                self.grant(r, req, holder_.clone(), None, (ttl, 0), fx)
+                self.grant(r, req, holder_.clone(), None, (ttl, 0, None), fx)
             })
             .collect();
         let parts = fx
@@ -721,6 +796,7 @@ impl Model {
         self.advance(self.now, fx);
         let now = self.now;
         let semaphore = self.sem(resource).map(|(n, _)| n);
+        let readers = self.rw_by_readers(resource);
         match (self.leases.get_mut(resource), semaphore) {
             (Some(l), _) if l.lease_id == lid => {
                 l.expires = now + l.ttl;
@@ -729,6 +805,9 @@ impl Model {
                     ttl_ms: l.ttl,
                 })
             }
+            _ if readers => Err(RenewError::Readers {
+                resource: name(resource),
+            }),
             (_, Some(permits)) => Err(RenewError::Semaphore {
                 resource: name(resource),
                 permits,
@@ -748,6 +827,7 @@ impl Model {
     ) -> ReleaseOutcome {
         self.advance(self.now, fx);
         let semaphore = self.sem(resource).map(|(n, _)| n);
+        let readers = self.rw_by_readers(resource);
         match self.leases.get_mut(resource) {
             Some(l) if l.lease_id == lid && l.owned.as_ref().is_some_and(|o| o.1 > 1) => {
                 let o = l.owned.as_mut().unwrap();
@@ -768,7 +848,7 @@ impl Model {
             Some(l) if l.lease_id == lid => {
                 let l = self.leases.remove(resource).unwrap();
                 self.store_remove(resource, l.lease_id, fx);
-                self.hand_off(resource, fx);
+                self.hand_off(resource, l.rw, fx);
                 ReleaseOutcome::Released {
                     token: l.token,
                     held_ms: self.now - l.granted,
@@ -777,6 +857,7 @@ impl Model {
             other => ReleaseOutcome::NotHeld {
                 semaphore,
                 current: other.map(|l| l.token),
+                readers,
             },
         }
     }
@@ -806,7 +887,7 @@ impl Model {
             .latest
             .leases
             .iter()
-            .map(|(r, (lid, token, h, ttl, owned, _))| {
+            .map(|(r, (lid, token, h, ttl, owned, _, rw))| {
                 (
                     r.clone(),
                     MLease {
@@ -817,6 +898,7 @@ impl Model {
                         expires: now + ttl,
                         granted: now,
                         owned: owned.clone(),
+                        rw: *rw,
                     },
                 )
             })
