@@ -4,7 +4,7 @@
 //! contract: contention, FIFO hand-off, expiry, request-id de-duplication, stale lease ids,
 //! tokens across restarts, the longest fields, cancelled waiters, a retried waiter keeping its
 //! place, queue limits, bad input, tenants, batched renewals and releases, reentrant locks, atomic
-//! sets, semaphores.
+//! sets, semaphores, read-write locks.
 //!
 //! Each check panics with a message naming the broken rule. Waits are for states (a queue of
 //! the expected length, a grant), each a round trip, never a sleep.
@@ -26,12 +26,14 @@ use crate::etcd::EtcdCluster;
 use crate::{Lockd, PATIENCE};
 
 mod kinds;
+mod rwlocks;
 mod semaphores;
 mod sets;
 pub use kinds::{
     a_reentrant_owner_holds_the_lease_as_often_as_it_acquired_it,
     many_leases_are_renewed_and_released_in_one_call,
 };
+pub use rwlocks::a_read_write_lock_shares_readers_and_keeps_a_waiting_writer_first;
 pub use semaphores::a_semaphore_grants_at_most_n_permits_each_a_lease_of_its_own;
 pub use sets::a_set_is_granted_whole_or_not_at_all;
 
@@ -95,7 +97,8 @@ macro_rules! api_suite {
             many_leases_are_renewed_and_released_in_one_call,
             a_reentrant_owner_holds_the_lease_as_often_as_it_acquired_it,
             a_set_is_granted_whole_or_not_at_all,
-            a_semaphore_grants_at_most_n_permits_each_a_lease_of_its_own
+            a_semaphore_grants_at_most_n_permits_each_a_lease_of_its_own,
+            a_read_write_lock_shares_readers_and_keeps_a_waiting_writer_first
         );
     };
     (@each $make:expr; $($check:ident),*) => {
@@ -137,6 +140,8 @@ fn req(resource: &str, request_id: &str, ttl_ms: u64, wait_ms: u64) -> AcquireRe
         holder: format!("holder-of-{resource}"),
         owner: String::new(),
         permits: 0,
+        mode: 0,
+        downgrade_lease_id: String::new(),
     }
 }
 

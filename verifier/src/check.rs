@@ -7,7 +7,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
 
-use crate::history::{Event, EventType, Op, name_of};
+use crate::history::{Event, EventType, Mode, Op, name_of};
 
 /// The properties, in report order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -27,16 +27,20 @@ pub enum Property {
     /// A semaphore of N has at most N permits certainly valid at any instant, each numbered
     /// 1 ..= N (a permit given twice at once breaks single holder too).
     PermitsWithinBound,
+    /// A read-write lock's readers (each on its own slot, `NAME@read-K`) may hold it together,
+    /// but never while a lease on the lock's own name (its writer's) is certainly valid.
+    ReadersExcludeWriters,
 }
 
 impl Property {
-    pub const ALL: [Property; 6] = [
+    pub const ALL: [Property; 7] = [
         Property::SingleHolder,
         Property::MonotoneTokens,
         Property::Fencing,
         Property::AcknowledgedWritesPresent,
         Property::FailedWritesAbsent,
         Property::PermitsWithinBound,
+        Property::ReadersExcludeWriters,
     ];
 
     pub fn name(self) -> &'static str {
@@ -47,6 +51,7 @@ impl Property {
             Property::AcknowledgedWritesPresent => "acknowledged writes present",
             Property::FailedWritesAbsent => "failed writes absent",
             Property::PermitsWithinBound => "permits within bound",
+            Property::ReadersExcludeWriters => "readers exclude writers",
         }
     }
 }
@@ -137,13 +142,15 @@ impl Done<'_> {
 
 /// Pairs each completion with the latest earlier invoke of the same process, operation and
 /// resource. A permit's acquire is invoked on its semaphore's name (the permit is known only
-/// once granted) and completes on the permit's, so it is paired by the semaphore's name.
+/// once granted) and completes on the permit's, so it is paired by the semaphore's name; a
+/// reader's likewise, by its lock's.
 fn completions(events: &[Event]) -> Vec<Done<'_>> {
     let mut open: HashMap<(&str, Op, &str), &Event> = HashMap::new();
     let mut out = Vec::new();
     for e in events {
-        let resource = match (e.f, e.permits) {
-            (Op::Acquire, Some(_)) => fencing::permit::owner_name(&e.resource),
+        let slot = e.permits.is_some() || e.mode == Some(Mode::Read);
+        let resource = match e.f {
+            Op::Acquire if slot => fencing::owner_name(&e.resource),
             _ => e.resource.as_str(),
         };
         let key = (e.process.as_str(), e.f, resource);
@@ -179,6 +186,10 @@ pub fn check(history: &[Event]) -> Report {
             (
                 Property::PermitsWithinBound,
                 permits_within_bound(&events, &done),
+            ),
+            (
+                Property::ReadersExcludeWriters,
+                readers_exclude_writers(&events, &done),
             ),
         ],
     }
@@ -359,6 +370,41 @@ fn permits_within_bound(events: &[Event], done: &[Done<'_>]) -> Verdict {
                 });
             }
         }
+    }
+    verdict(violations)
+}
+
+/// No reader's lease (granted with mode `read` on `NAME@read-K`) is certainly valid at an
+/// instant when a lease on `NAME` is: readers share a lock, never with its writer.
+fn readers_exclude_writers(events: &[Event], done: &[Done<'_>]) -> Verdict {
+    let leases = lease_spans(events, done);
+    let mut violations = Vec::new();
+    let mut readers = 0;
+    for (resource, ls) in &leases {
+        let Some((lock, _)) = fencing::reader::reader_of(resource) else {
+            continue;
+        };
+        let writers = leases.get(lock).map_or(&[][..], Vec::as_slice);
+        for r in ls.iter().filter(|l| l.grant.end.mode == Some(Mode::Read)) {
+            readers += 1;
+            for w in writers {
+                let start = r.grant.end.time.max(w.grant.end.time);
+                if start < r.until.min(w.until) {
+                    let mut lines = vec![w.grant.end.line, r.grant.end.line];
+                    lines.sort_unstable();
+                    violations.push(Violation {
+                        message: format!(
+                            "{lock}: reader {} (token {}, on {resource}) and writer {} (token {}) both held the lock at time {start}",
+                            r.grant.end.process, r.token, w.grant.end.process, w.token
+                        ),
+                        lines,
+                    });
+                }
+            }
+        }
+    }
+    if readers == 0 {
+        return Verdict::NotShown("no granted reader".into());
     }
     verdict(violations)
 }

@@ -71,6 +71,18 @@ struct Raw {
     /// the permit's name, `NAME@permit-K`).
     #[serde(default)]
     permits: Option<u32>,
+    /// An acquire of a side of a read-write lock: `read` (the resource is the reader's slot,
+    /// `NAME@read-K`) or `write` (the lock's name).
+    #[serde(default)]
+    mode: Option<Mode>,
+}
+
+/// A side of a read-write lock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    Read,
+    Write,
 }
 
 /// One event of a history.
@@ -92,6 +104,8 @@ pub struct Event {
     pub note: Option<String>,
     /// A permit's acquire: how many permits its semaphore has.
     pub permits: Option<u32>,
+    /// An acquire of a side of a read-write lock.
+    pub mode: Option<Mode>,
 }
 
 impl Event {
@@ -165,6 +179,21 @@ pub fn parse(input: impl BufRead) -> Result<Vec<Event>, HistoryError> {
             )?;
             needs("permits is 1 or more", raw.permits != Some(0))?;
         }
+        if let Some(mode) = raw.mode {
+            needs("only an acquire has a mode", raw.f == Op::Acquire)?;
+            needs("a mode is not for a permit", raw.permits.is_none())?;
+            let reader = fencing::reader::reader_of(&raw.resource).is_some();
+            match (mode, raw.kind) {
+                (Mode::Read, EventType::Invoke) | (Mode::Write, _) => needs(
+                    "an acquire's invoke, and a write's, names the lock (not NAME@read-K)",
+                    !fencing::is_reserved(&raw.resource),
+                )?,
+                (Mode::Read, _) => needs(
+                    "a granted read goes with a reader's slot (NAME@read-K)",
+                    reader || raw.kind != EventType::Ok,
+                )?,
+            }
+        }
         match (raw.f, raw.kind) {
             (Op::Acquire, EventType::Ok) => {
                 needs("an ok acquire needs its token", raw.token.is_some())?;
@@ -196,6 +225,7 @@ pub fn parse(input: impl BufRead) -> Result<Vec<Event>, HistoryError> {
             index: raw.index,
             note: raw.note,
             permits: raw.permits,
+            mode: raw.mode,
         });
     }
     Ok(out)

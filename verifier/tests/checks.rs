@@ -86,8 +86,8 @@ fn the_fenced_zombie_story_keeps_every_property() {
     let r = check(&h(&zombie_fenced()));
     assert!(r.ok(), "{r}");
     for p in Property::ALL {
-        if p == Property::PermitsWithinBound {
-            // The story has no semaphore.
+        if p == Property::PermitsWithinBound || p == Property::ReadersExcludeWriters {
+            // The story has no semaphore and no read-write lock.
             assert!(matches!(r.verdict(p), Verdict::NotShown(_)), "{r}");
             continue;
         }
@@ -374,4 +374,130 @@ fn a_permits_acquire_is_paired_with_its_invoke_on_the_semaphore() {
         violated(r.verdict(Property::MonotoneTokens)),
         "C's acquire was invoked (on jobs) after token 3 was granted: {r}"
     );
+}
+
+/// An acquire of a side of a read-write lock: invoked on the lock, granted on `r` (a reader's
+/// slot for `read`, the lock for `write`).
+fn side(p: &str, invoke_ms: u64, ok_ms: u64, r: &str, token: u64, mode: &str) -> Vec<String> {
+    let lock = fencing::owner_name(r);
+    vec![
+        ev(
+            "invoke",
+            p,
+            invoke_ms,
+            "acquire",
+            lock,
+            &format!("\"mode\":\"{mode}\""),
+        ),
+        ev(
+            "ok",
+            p,
+            ok_ms,
+            "acquire",
+            r,
+            &format!("\"token\":{token},\"ttl_ms\":1000,\"mode\":\"{mode}\""),
+        ),
+    ]
+}
+
+#[test]
+fn readers_share_a_lock_and_a_reader_beside_its_writer_is_caught() {
+    // Two readers at once, then a writer after both released, then a reader after it.
+    let mut l = side("A", 0, 1, "doc@read-1", 1, "read");
+    l.extend(side("B", 2, 3, "doc@read-2", 2, "read"));
+    l.push(ev("invoke", "A", 10, "release", "doc@read-1", ""));
+    l.push(ev("invoke", "B", 11, "release", "doc@read-2", ""));
+    l.extend(side("W", 5, 12, "doc", 3, "write"));
+    l.push(ev("invoke", "W", 20, "release", "doc", ""));
+    l.extend(side("C", 13, 21, "doc@read-1", 4, "read"));
+    let r = check(&h(&l));
+    for p in [
+        Property::ReadersExcludeWriters,
+        Property::SingleHolder,
+        Property::MonotoneTokens,
+    ] {
+        assert_eq!(r.verdict(p), &Verdict::Holds, "{}: {r}", p.name());
+    }
+
+    // A planted bug: a reader granted while the writer holds.
+    l.extend(side("D", 14, 15, "doc@read-2", 5, "read"));
+    let r = check(&h(&l));
+    let Verdict::Violated(vs) = r.verdict(Property::ReadersExcludeWriters) else {
+        panic!("a reader beside the writer must be caught: {r}");
+    };
+    assert!(
+        vs.iter().any(|v| v.message.contains("reader D")
+            && v.message.contains("writer W")
+            && v.message.starts_with("doc:")),
+        "{vs:?}"
+    );
+    // Each slot held once at a time, so single holder holds: each says what it judges.
+    assert_eq!(r.verdict(Property::SingleHolder), &Verdict::Holds, "{r}");
+}
+
+#[test]
+fn a_readers_acquire_is_paired_with_its_invoke_on_the_lock() {
+    // C asked (on doc) after the writer's token 3 was granted and got token 2: only its
+    // invoke on the lock's name shows it.
+    let mut l = side("W", 0, 1, "doc", 3, "write");
+    l.push(ev("invoke", "W", 2, "release", "doc", ""));
+    l.extend(side("C", 5, 6, "doc@read-1", 2, "read"));
+    let r = check(&h(&l));
+    assert!(
+        violated(r.verdict(Property::MonotoneTokens)),
+        "C's acquire was invoked (on doc) after token 3 was granted: {r}"
+    );
+}
+
+#[test]
+fn a_mode_is_only_a_read_write_locks_acquires() {
+    for (line, needle) in [
+        (
+            ev(
+                "ok",
+                "A",
+                1,
+                "acquire",
+                "doc",
+                "\"token\":1,\"ttl_ms\":10,\"mode\":\"read\"",
+            ),
+            "reader's slot",
+        ),
+        (
+            ev(
+                "ok",
+                "A",
+                1,
+                "acquire",
+                "doc@read-1",
+                "\"token\":1,\"ttl_ms\":10,\"mode\":\"write\"",
+            ),
+            "not NAME@read-K",
+        ),
+        (
+            ev(
+                "ok",
+                "A",
+                1,
+                "write",
+                "doc",
+                "\"token\":1,\"value\":1,\"mode\":\"write\"",
+            ),
+            "only an acquire",
+        ),
+        (
+            ev(
+                "ok",
+                "A",
+                1,
+                "acquire",
+                "doc",
+                "\"token\":1,\"ttl_ms\":10,\"mode\":\"upgrade\"",
+            ),
+            "unknown variant",
+        ),
+    ] {
+        let err = parse(line.as_bytes()).expect_err(&line);
+        assert!(err.to_string().contains(needle), "{line}: {err}");
+    }
 }

@@ -122,6 +122,7 @@ async fn main_loop(args: Args) -> anyhow::Result<()> {
             request_id: None,
             owner: None,
             permits: 0,
+            mode: lockd_client::Mode::Exclusive,
         };
         let lease = match lockd.acquire(&resource, opts).await {
             Ok(Acquired::Granted(guard)) => {

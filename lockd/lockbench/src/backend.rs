@@ -414,6 +414,8 @@ async fn lockd_take(
         holder: "lockbench".to_string(),
         owner: String::new(),
         permits,
+        mode: 0,
+        downgrade_lease_id: String::new(),
     };
     match c.acquire(authed(req)).await?.into_inner().outcome {
         Some(Outcome::Granted(l)) => Ok(Some(Held::Lockd {

@@ -170,6 +170,27 @@ impl LockGuard {
         }
     }
 
+    /// Trades this write lease of a read-write lock ([`Mode::Write`](crate::Mode::Write)) for
+    /// a read lease, in one step at lockd: no writer can take the lock in between, and the
+    /// readers waiting at the head of its queue join this one. The new guard's lease is on a
+    /// reader's slot, with a new token. There is no upgrade (docs/api.md says why).
+    ///
+    /// This guard stops renewing first. `LeaseNotCurrent` when the write lease had ended; on
+    /// any error the write lease is released, best effort.
+    pub async fn downgrade(mut self) -> Result<LockGuard, ClientError> {
+        self.stop_renewing().await;
+        self.task = None;
+        let client = self.client.clone();
+        let (resource, lease_id) = (&self.lease.resource, &self.lease.lease_id);
+        let downgraded = client
+            .downgrade(resource, lease_id, Some(self.lease.ttl))
+            .await;
+        if downgraded.is_err() {
+            let _ = client.release(resource, lease_id).await;
+        }
+        downgraded
+    }
+
     /// How many times the owner held the lease when this guard got it (1, or more for a
     /// guard from [`LockGuard::reenter`]).
     pub fn holds(&self) -> u32 {

@@ -212,6 +212,34 @@ pub struct AcquireOptions {
     /// [`LockGuard::resource`]), with its own token to fence with. Every client of a semaphore
     /// must ask with the same N (1 ..= 1000). Not with `owner`.
     pub permits: u32,
+    /// A side of the read-write lock named by the resource ([`Mode`]); `Exclusive` for a
+    /// lock or a semaphore's permit. Not with `owner` or `permits`.
+    pub mode: Mode,
+}
+
+/// What an acquire asks of a read-write lock.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Mode {
+    /// Not a read-write lock: an exclusive lock, or a semaphore's permit.
+    #[default]
+    Exclusive,
+    /// A reader's lease, shared with other readers, on the reader's own slot
+    /// (`RESOURCE@read-K`, see [`LockGuard::resource`]), with its own token.
+    Read,
+    /// The writer's lease on the resource itself, alone. A waiting writer is not overtaken by
+    /// readers that come after it. See [`LockGuard::downgrade`].
+    Write,
+}
+
+impl Mode {
+    fn wire(self) -> i32 {
+        let mode = match self {
+            Mode::Exclusive => pb::acquire_request::Mode::Unspecified,
+            Mode::Read => pb::acquire_request::Mode::Read,
+            Mode::Write => pb::acquire_request::Mode::Write,
+        };
+        mode as i32
+    }
 }
 
 impl Default for AcquireOptions {
@@ -223,6 +251,7 @@ impl Default for AcquireOptions {
             request_id: None,
             owner: None,
             permits: 0,
+            mode: Mode::Exclusive,
         }
     }
 }
@@ -359,6 +388,10 @@ pub struct Description {
     pub permits: Option<u32>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub permits_held: Option<u32>,
+    /// For a read-write lock in use: how many readers hold it (each is described under its
+    /// own slot's name; its writer, if any, is `held`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub readers: Option<u32>,
 }
 
 /// One held lock, as List reports it.
@@ -524,6 +557,16 @@ impl Client {
         resource: &str,
         opts: AcquireOptions,
     ) -> Result<Acquired, ClientError> {
+        self.acquire_as(resource, opts, "").await
+    }
+
+    /// An acquire; with `downgrade` (a write lease's id), the downgrade of that lease.
+    pub(crate) async fn acquire_as(
+        &self,
+        resource: &str,
+        opts: AcquireOptions,
+        downgrade: &str,
+    ) -> Result<Acquired, ClientError> {
         ResourceName::new(resource).map_err(|e| ClientError::InvalidArgument(e.to_string()))?;
         let ttl_ms = opts.ttl.map_or(0, |t| t.as_millis() as u64);
         let mut request_id = opts.request_id.clone().unwrap_or_else(new_request_id);
@@ -542,6 +585,8 @@ impl Client {
                 holder: opts.holder.clone(),
                 owner: opts.owner.clone().unwrap_or_default(),
                 permits: opts.permits,
+                mode: opts.mode.wire(),
+                downgrade_lease_id: downgrade.to_string(),
             };
             // A fresh grant in the reply to this attempt was made after this moment, so its
             // lease ends no earlier than `sent + ttl` on lockd's clock.
@@ -598,6 +643,31 @@ impl Client {
             }
             let pause = backoff.next_delay();
             tokio::time::sleep(pause).await;
+        }
+    }
+
+    /// Trades the write lease `lease_id` of the read-write lock `resource` for a reader's
+    /// lease in one step ([`LockGuard::downgrade`] does this for a guard). Retried with the
+    /// same request id on transport failures, like an acquire. `LeaseNotCurrent` when the
+    /// write lease had ended.
+    pub async fn downgrade(
+        &self,
+        resource: &str,
+        lease_id: &str,
+        ttl: Option<Duration>,
+    ) -> Result<LockGuard, ClientError> {
+        let opts = AcquireOptions {
+            ttl,
+            mode: Mode::Read,
+            ..AcquireOptions::default()
+        };
+        match self.acquire_as(resource, opts, lease_id).await? {
+            Acquired::Granted(reader) => Ok(reader),
+            // A downgrade is granted or refused, never busy: an answer that is neither is
+            // lockd's bug, not a reason to go on.
+            Acquired::NotGranted(why) => Err(ClientError::Unavailable(format!(
+                "lockd did not grant the downgrade of {resource}: {why}"
+            ))),
         }
     }
 
@@ -779,6 +849,7 @@ impl Client {
             waiters: d.waiters,
             permits: (d.permits > 0).then_some(d.permits),
             permits_held: (d.permits > 0).then_some(d.permits_held),
+            readers: d.read_write.then_some(d.readers),
         })
     }
 }

@@ -77,6 +77,8 @@ pub enum InvalidArgument {
     RwNameTooLong { resource: ResourceName, max: usize },
     #[error("downgrade_lease_id is set: it downgrades a write lease, so mode must be read")]
     DowngradeNotRead,
+    #[error("mode {0} is not a mode: 0 (an exclusive lock or a semaphore), 1 (read) or 2 (write)")]
+    Mode(i32),
 }
 
 /// Why an Acquire was refused (not: why it was not granted; that is an outcome).

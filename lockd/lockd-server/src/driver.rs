@@ -744,6 +744,7 @@ mod tests {
             wait_ms: 0,
             owner: None,
             permits: 0,
+            rw: None,
         }
     }
 

@@ -331,6 +331,26 @@ fn batch(leases: &[pb::LeaseRef]) -> Result<Vec<(ResourceName, LeaseId)>, Status
         .collect()
 }
 
+/// An Acquire's side of a read-write lock, from its `mode` and `downgrade_lease_id`.
+fn rw_mode(mode: i32, downgrade: &str) -> Result<Option<lockd_core::Rw>, Status> {
+    use pb::acquire_request::Mode;
+    let mode = Mode::try_from(mode).map_err(|_| invalid_argument(&InvalidArgument::Mode(mode)))?;
+    Ok(match (mode, downgrade) {
+        (Mode::Unspecified, "") => None,
+        (Mode::Read, "") => Some(lockd_core::Rw::Read),
+        (Mode::Write, "") => Some(lockd_core::Rw::Write),
+        (Mode::Read, lease) => {
+            let lease = lease.parse().map_err(|e: fencing::ParseLeaseIdError| {
+                invalid_argument(&InvalidArgument::LeaseId(format!(
+                    "downgrade_lease_id: {e}"
+                )))
+            })?;
+            Some(lockd_core::Rw::Downgrade(lease))
+        }
+        (_, _) => return Err(invalid_argument(&InvalidArgument::DowngradeNotRead)),
+    })
+}
+
 impl LockApi {
     async fn acquire_here(
         &self,
@@ -369,6 +389,7 @@ impl LockApi {
             wait_ms: r.wait_timeout_ms,
             owner,
             permits: r.permits,
+            rw: rw_mode(r.mode, &r.downgrade_lease_id)?,
         };
         let reply = driver
             .acquire(req)
@@ -450,14 +471,21 @@ impl LockApi {
         };
         let (resource, lease_id) = (resource(&r.resource)?, lease_id(&r.lease_id)?);
         let released = driver.release(&resource, lease_id).await?;
-        if let ReleaseOutcome::NotHeld {
-            semaphore: Some(permits),
-            ..
-        } = released
-        {
-            // A client bug, not an idempotent release: its permit is still held.
-            let e = lockd_core::RenewError::Semaphore { resource, permits };
-            return Err(crate::status::from_driver(&DriverError::Renew(e)));
+        // A client bug, not an idempotent release: its permit, or its reader's lease, is
+        // still held under its own name.
+        match released {
+            ReleaseOutcome::NotHeld {
+                semaphore: Some(permits),
+                ..
+            } => {
+                let e = lockd_core::RenewError::Semaphore { resource, permits };
+                return Err(crate::status::from_driver(&DriverError::Renew(e)));
+            }
+            ReleaseOutcome::NotHeld { readers: true, .. } => {
+                let e = lockd_core::RenewError::Readers { resource };
+                return Err(crate::status::from_driver(&DriverError::Renew(e)));
+            }
+            _ => {}
         }
         let asked = pb::LeaseRef {
             resource: r.resource,
@@ -503,8 +531,12 @@ impl LockApi {
                     current_token: current.map_or(0, |t| t.get()),
                     ..Default::default()
                 }),
-                // The semaphore's own name in a batch: that entry is not renewed.
-                Err(lockd_core::RenewError::Semaphore { .. }) => Ok(pb::RenewResult::default()),
+                // A semaphore's or a read-write lock's own name in a batch: that entry is not
+                // renewed.
+                Err(
+                    lockd_core::RenewError::Semaphore { .. }
+                    | lockd_core::RenewError::Readers { .. },
+                ) => Ok(pb::RenewResult::default()),
                 Err(lockd_core::RenewError::Invalid(e)) => Err(invalid_argument(&e)),
             })
             .collect::<Result<_, Status>>()?;
@@ -587,6 +619,11 @@ impl LockApi {
                 permits_held: d.permits.map_or(0, |p| p.held),
                 ..Default::default()
             },
+        })
+        .map(|mut answer| {
+            answer.read_write = d.readers.is_some();
+            answer.readers = d.readers.unwrap_or(0);
+            answer
         });
         Ok((answer, "described"))
     }

@@ -99,6 +99,9 @@ fn from_acquire(a: &AcquireError) -> Status {
         AcquireError::PermitsMismatch { .. } => {
             status(Code::FailedPrecondition, codes::PERMITS_MISMATCH, message)
         }
+        AcquireError::NotWriter { .. } => {
+            status(Code::FailedPrecondition, codes::LEASE_NOT_CURRENT, message)
+        }
         AcquireError::TokensExhausted => {
             status(Code::ResourceExhausted, codes::TOKENS_EXHAUSTED, message)
         }
@@ -113,7 +116,7 @@ fn from_renew(r: &RenewError) -> Status {
             codes::LEASE_NOT_CURRENT,
             r.to_string(),
         ),
-        RenewError::Semaphore { .. } => status(
+        RenewError::Semaphore { .. } | RenewError::Readers { .. } => status(
             Code::FailedPrecondition,
             codes::KIND_MISMATCH,
             r.to_string(),

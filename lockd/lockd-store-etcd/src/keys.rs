@@ -90,6 +90,34 @@ pub struct LockRecord {
     /// records written before semaphores existed).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub permits: Option<u32>,
+    /// A read-write lock's lease: `read` (a reader, on its slot) or `write` (the writer).
+    /// Absent for the others, and in records written before read-write locks existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rw: Option<RwSide>,
+}
+
+/// The side of a read-write lock a [`LockRecord`] holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RwSide {
+    Read,
+    Write,
+}
+
+impl RwSide {
+    pub fn of(role: lockd_core::RwRole) -> RwSide {
+        match role {
+            lockd_core::RwRole::Read => RwSide::Read,
+            lockd_core::RwRole::Write => RwSide::Write,
+        }
+    }
+
+    pub fn to_core(self) -> lockd_core::RwRole {
+        match self {
+            RwSide::Read => lockd_core::RwRole::Read,
+            RwSide::Write => lockd_core::RwRole::Write,
+        }
+    }
 }
 
 /// The reentrant part of a [`LockRecord`].

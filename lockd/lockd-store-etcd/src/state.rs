@@ -13,7 +13,7 @@ use lockd_store::StoreError;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use crate::keys::{Keys, LockRecord, ReentrantRecord, RequestRecord};
+use crate::keys::{Keys, LockRecord, ReentrantRecord, RequestRecord, RwSide};
 use crate::{Cluster, decimal};
 
 /// Keys read per page when the state is read (about 3 MiB of records with the default
@@ -51,6 +51,7 @@ impl Stored {
             let record = LeaseRecord {
                 reentrant: r.reentrant.as_ref().map(ReentrantRecord::to_core),
                 permits: r.permits,
+                rw: r.rw.map(RwSide::to_core),
                 ..record
             };
             self.locks.insert(key.to_string(), record);
@@ -123,6 +124,7 @@ fn lease_record(
         request_id,
         reentrant: None,
         permits: None,
+        rw: None,
     })
 }
 

@@ -13,7 +13,7 @@ use tracing::error;
 use crate::Cluster;
 use crate::election::Term;
 use crate::highwater::MARGIN;
-use crate::keys::{LockRecord, ReentrantRecord, RequestRecord};
+use crate::keys::{LockRecord, ReentrantRecord, RequestRecord, RwSide};
 use crate::state::Stored;
 
 /// Most bytes of keys and values in one transaction: well under etcd's default
@@ -89,6 +89,7 @@ fn lock_record(r: &lockd_core::LeaseRecord) -> LockRecord {
         request_id: r.request_id.clone(),
         reentrant: r.reentrant.as_ref().map(ReentrantRecord::of),
         permits: r.permits,
+        rw: r.rw.map(RwSide::of),
     }
 }
 

@@ -14,6 +14,7 @@ fn rec(i: u64) -> LeaseRecord {
         request_id: Some(format!("{:022}", i)),
         reentrant: None,
         permits: None,
+        rw: None,
     }
 }
 fn main() {

@@ -18,6 +18,7 @@ fn main() {
             request_id: Some(format!("{:032x}", i)),
             reentrant: None,
             permits: None,
+            rw: None,
         };
         let t = Instant::now();
         s.commit(&[Op::Grant(rec.clone())], true).unwrap();

@@ -14,7 +14,7 @@
 use std::collections::BTreeMap;
 
 use fencing::{FencingToken, LeaseId, RESOURCE_NAME_LEN_MAX, ResourceName};
-use lockd_core::{LeaseRecord, Op, Reentrant, Snapshot};
+use lockd_core::{LeaseRecord, Op, Reentrant, RwRole, Snapshot};
 
 use crate::{Store, StoreError};
 
@@ -46,6 +46,7 @@ macro_rules! conformance_tests {
             longest_fields_round_trip,
             reentrant_holds_are_stored,
             permits_keep_their_semaphores_number,
+            read_write_leases_keep_their_side,
             an_atomic_set_lands_whole_or_not_at_all,
             random_history_matches_a_model
         );
@@ -88,6 +89,7 @@ fn rec(resource: &str, token: u64, request_id: Option<&str>) -> LeaseRecord {
         request_id: request_id.map(str::to_string),
         reentrant: None,
         permits: None,
+        rw: None,
     }
 }
 
@@ -405,6 +407,7 @@ pub fn longest_fields_round_trip<H: Harness>(h: &mut H) {
         request_id: Some("~".repeat(1024)),
         reentrant: None,
         permits: None,
+        rw: None,
     };
     commit(&mut s, &[Op::Grant(record.clone())], true);
     let mut s = reopen(h, s);
@@ -509,6 +512,45 @@ pub fn permits_keep_their_semaphores_number<H: Harness>(h: &mut H) {
         snap.requests,
         vec![rec("jobs@permit-1", 1, Some("q1"))],
         "the remembered grant, without the permits"
+    );
+}
+
+/// A read-write lock's leases keep their side across a reopen (recovery rebuilds the lock
+/// from it: a writer stays a writer, not an exclusive lock), in the lease only. A downgrade's
+/// two ops, the writer's removal and the reader's grant, land together in one batch.
+pub fn read_write_leases_keep_their_side<H: Harness>(h: &mut H) {
+    let mut s = h.open();
+    let side = |resource: &str, token: u64, rw: RwRole, request_id: Option<&str>| LeaseRecord {
+        rw: Some(rw),
+        ..rec(resource, token, request_id)
+    };
+    let writer = side("doc", 1, RwRole::Write, None);
+    commit(&mut s, &[Op::Grant(writer.clone())], true);
+    let reader = side("doc@read-1", 2, RwRole::Read, Some("down"));
+    let downgrade = [
+        Op::Remove {
+            resource: writer.resource.clone(),
+            lease_id: writer.lease_id,
+        },
+        Op::Grant(reader.clone()),
+    ];
+    commit(&mut s, &downgrade, true);
+    let other = side("other", 3, RwRole::Write, Some("w"));
+    commit(&mut s, &[Op::Grant(other.clone())], true);
+    let mut s = reopen(h, s);
+    let snap = load(&mut s);
+    let mut leases = snap.leases.clone();
+    leases.sort_by_key(|l| l.token);
+    assert_eq!(leases, vec![reader, other], "each lease with its side");
+    let mut requests = snap.requests.clone();
+    requests.sort_by_key(|l| l.token);
+    assert_eq!(
+        requests,
+        vec![
+            rec("doc@read-1", 2, Some("down")),
+            rec("other", 3, Some("w"))
+        ],
+        "the remembered grants, without the side"
     );
 }
 

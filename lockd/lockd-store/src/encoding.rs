@@ -24,15 +24,22 @@
 //! u32  permits (1 ..= limits::PERMITS_MAX, the semaphore's number of permits)
 //! ```
 //!
-//! (a permit is never reentrant). A lease without an owner or permits is still written as
-//! version 1, so that files written before
-//! reentrant leases existed, and the leases that are not reentrant, read the same.
+//! (a permit is never reentrant). A read-write lock's lease is version 4: version 1's fields,
+//! then
+//!
+//! ```text
+//! u8   1 = a reader (on a reader's slot, NAME@read-K) | 2 = the writer (on NAME)
+//! ```
+//!
+//! (never reentrant, never a permit). A lease without an owner, permits or side is still
+//! written as version 1, so that files written before reentrant leases existed, and the
+//! leases that are none of these, read the same.
 //!
 //! Decoding is strict: every field is validated and the record must end exactly where its last
 //! field does, so that a torn or foreign value is reported as corruption, not misread.
 
 use fencing::{FencingToken, LeaseId, ResourceName};
-use lockd_core::{LeaseRecord, Reentrant};
+use lockd_core::{LeaseRecord, Reentrant, RwRole};
 
 use crate::StoreError;
 
@@ -41,14 +48,17 @@ const RECORD_VERSION: u8 = 1;
 const RECORD_VERSION_REENTRANT: u8 = 2;
 /// With the semaphore's number of permits.
 const RECORD_VERSION_PERMIT: u8 = 3;
+/// With the read-write lock's side.
+const RECORD_VERSION_RW: u8 = 4;
 
 pub(crate) fn encode(rec: &LeaseRecord) -> Vec<u8> {
     let mut out = Vec::with_capacity(64 + rec.resource.as_str().len() + rec.holder.len());
-    out.push(match (&rec.reentrant, rec.permits) {
-        (None, None) => RECORD_VERSION,
-        (Some(_), None) => RECORD_VERSION_REENTRANT,
-        (None, Some(_)) => RECORD_VERSION_PERMIT,
-        (Some(_), Some(_)) => unreachable!("the core refuses a reentrant permit"),
+    out.push(match (&rec.reentrant, rec.permits, rec.rw) {
+        (None, None, None) => RECORD_VERSION,
+        (Some(_), None, None) => RECORD_VERSION_REENTRANT,
+        (None, Some(_), None) => RECORD_VERSION_PERMIT,
+        (None, None, Some(_)) => RECORD_VERSION_RW,
+        _ => unreachable!("the core grants one kind of lease at a time"),
     });
     out.extend_from_slice(rec.lease_id.as_bytes());
     out.extend_from_slice(&rec.token.get().to_be_bytes());
@@ -69,6 +79,11 @@ pub(crate) fn encode(rec: &LeaseRecord) -> Vec<u8> {
     if let Some(n) = rec.permits {
         out.extend_from_slice(&n.to_be_bytes());
     }
+    match rec.rw {
+        None => {}
+        Some(RwRole::Read) => out.push(1),
+        Some(RwRole::Write) => out.push(2),
+    }
     out
 }
 
@@ -82,9 +97,9 @@ fn put_str(out: &mut Vec<u8>, s: &str) {
 pub(crate) fn decode(bytes: &[u8]) -> Result<LeaseRecord, StoreError> {
     let mut r = Reader { bytes, at: 0 };
     let version = r.u8()?;
-    if !(RECORD_VERSION..=RECORD_VERSION_PERMIT).contains(&version) {
+    if !(RECORD_VERSION..=RECORD_VERSION_RW).contains(&version) {
         return Err(corrupt(format!(
-            "lease record version {version}, expected {RECORD_VERSION} ..= {RECORD_VERSION_PERMIT}"
+            "lease record version {version}, expected {RECORD_VERSION} ..= {RECORD_VERSION_RW}"
         )));
     }
     let lease_id = LeaseId::from_bytes(r.take(16)?.try_into().expect("16 bytes"));
@@ -109,6 +124,14 @@ pub(crate) fn decode(bytes: &[u8]) -> Result<LeaseRecord, StoreError> {
         RECORD_VERSION_PERMIT => Some(u32::from_be_bytes(r.take(4)?.try_into().expect("4 bytes"))),
         _ => None,
     };
+    let rw = match version {
+        RECORD_VERSION_RW => match r.u8()? {
+            1 => Some(RwRole::Read),
+            2 => Some(RwRole::Write),
+            other => return Err(corrupt(format!("read-write side {other}"))),
+        },
+        _ => None,
+    };
     if r.at != bytes.len() {
         return Err(corrupt(format!(
             "{} trailing bytes after a lease record",
@@ -124,6 +147,7 @@ pub(crate) fn decode(bytes: &[u8]) -> Result<LeaseRecord, StoreError> {
         request_id,
         reentrant,
         permits,
+        rw,
     })
 }
 
@@ -173,6 +197,7 @@ mod tests {
             request_id: request_id.map(str::to_string),
             reentrant: None,
             permits: None,
+            rw: None,
         }
     }
 
@@ -212,6 +237,37 @@ mod tests {
         }
     }
 
+    fn side(rw: RwRole) -> LeaseRecord {
+        LeaseRecord {
+            resource: ResourceName::new("doc@read-2").unwrap(),
+            rw: Some(rw),
+            ..record(Some("req-1"))
+        }
+    }
+
+    #[test]
+    fn a_read_write_lease_is_version_4_and_appends_its_side() {
+        let plain = encode(&LeaseRecord {
+            rw: None,
+            ..side(RwRole::Read)
+        });
+        for (rw, byte) in [(RwRole::Read, 1u8), (RwRole::Write, 2)] {
+            let bytes = encode(&side(rw));
+            assert_eq!(bytes[0], 4);
+            assert_eq!(bytes[1..plain.len()], plain[1..]);
+            assert_eq!(bytes[plain.len()..], [byte]);
+            for len in 0..bytes.len() {
+                assert!(
+                    matches!(decode(&bytes[..len]), Err(StoreError::Corrupt(_))),
+                    "prefix of {len} bytes of a read-write lease"
+                );
+            }
+            let mut bad = bytes.clone();
+            *bad.last_mut().unwrap() = 3;
+            assert!(matches!(decode(&bad), Err(StoreError::Corrupt(_))));
+        }
+    }
+
     #[test]
     fn round_trips() {
         for rec in [
@@ -220,6 +276,8 @@ mod tests {
             reentrant(None),
             reentrant(Some("req-1")),
             permit(),
+            side(RwRole::Read),
+            side(RwRole::Write),
         ] {
             assert_eq!(decode(&encode(&rec)).unwrap(), rec);
         }

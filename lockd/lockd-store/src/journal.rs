@@ -319,6 +319,7 @@ fn op_len(op: &Op) -> usize {
                 + rec.request_id.as_ref().map_or(0, String::len)
                 + rec.reentrant.as_ref().map_or(0, |r| 2 + r.owner.len() + 4)
                 + rec.permits.map_or(0, |_| 4)
+                + rec.rw.map_or(0, |_| 1)
         }
         Op::Remove { resource, .. } => 1 + 2 + resource.as_str().len() + 16,
         Op::Reenter {

@@ -209,9 +209,11 @@ impl RedbStore {
                         let bytes = encode(rec);
                         leases.insert(rec.resource.as_str(), bytes.as_slice())?;
                         if let Some(id) = &rec.request_id {
-                            // Remembered as granted, without the reentrant part or the
-                            // permits (only the lease keeps them).
-                            let plain = rec.reentrant.is_none() && rec.permits.is_none();
+                            // Remembered as granted, without the reentrant part, the
+                            // permits or the side (only the lease keeps them).
+                            let plain = rec.reentrant.is_none()
+                                && rec.permits.is_none()
+                                && rec.rw.is_none();
                             let remembered = match plain {
                                 true => bytes,
                                 false => encode(&rec.remembered_as(id)),

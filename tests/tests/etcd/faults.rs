@@ -63,6 +63,8 @@ fn without_a_majority_there_is_no_grant_and_no_renewal_and_service_resumes_after
             holder: "test".to_string(),
             owner: Default::default(),
             permits: 0,
+            mode: 0,
+            downgrade_lease_id: String::new(),
         });
         // Far beyond lockd's own bounds (etcd_request_timeout_ms, 3 s, for a commit and for
         // finding a leader): the answer must be lockd's UNAVAILABLE, not this deadline.

@@ -19,6 +19,7 @@ fn opts(ttl_s: u64, wait_s: u64, request_id: Option<&str>) -> AcquireOptions {
         request_id: request_id.map(str::to_string),
         owner: Default::default(),
         permits: 0,
+        mode: lockd_client::Mode::Exclusive,
     }
 }
 
@@ -293,6 +294,8 @@ fn a_paused_lockd_leader_neither_grants_nor_renews_when_it_wakes() {
             holder: "late".to_string(),
             owner: Default::default(),
             permits: 0,
+            mode: 0,
+            downgrade_lease_id: String::new(),
         });
         r.set_timeout(Duration::from_secs(30));
         stale.acquire(r).await
@@ -545,6 +548,8 @@ fn calls_in_flight_through_a_follower_when_the_leader_is_killed_end_in_lockds_an
                         holder: "raw".to_string(),
                         owner: Default::default(),
                         permits: 0,
+                        mode: 0,
+                        downgrade_lease_id: String::new(),
                     });
                     r.set_timeout(Duration::from_secs(30));
                     match rpc.acquire(r).await {

@@ -130,6 +130,7 @@ impl Load {
                         request_id: None,
                         owner: Default::default(),
                         permits: 0,
+                        mode: lockd_client::Mode::Exclusive,
                     };
                     let lease = match client.acquire(&resource, opts).await {
                         Ok(Acquired::Granted(guard)) => {

@@ -113,6 +113,7 @@ fn record(resource: &str, token: u64) -> LeaseRecord {
         request_id: Some(format!("q{token}")),
         reentrant: None,
         permits: None,
+        rw: None,
     }
 }
 

@@ -45,6 +45,7 @@ fn try_lock(holder: &str) -> AcquireOptions {
         request_id: None,
         owner: Default::default(),
         permits: 0,
+        mode: lockd_client::Mode::Exclusive,
     }
 }
 
@@ -256,6 +257,7 @@ fn lockd_talks_to_etcd_over_mutual_tls_and_names_what_is_wrong() {
         request_id: None,
         owner: Default::default(),
         permits: 0,
+        mode: lockd_client::Mode::Exclusive,
     };
     assert!(matches!(
         rt.block_on(client.acquire("job", opts)).unwrap(),

@@ -16,6 +16,7 @@ const BINARIES: &[(&str, &[&str], &str)] = &[
             "lockctl-renew",
             "lockctl-release",
             "lockctl-describe",
+            "lockctl-downgrade",
             "lockctl-list",
             "lockctl-top",
             "lockctl-run",

@@ -672,3 +672,101 @@ fn run_with_permits_holds_one_permit_of_the_semaphore() {
     }
     release(&lockd, "jobs@permit-1", &first);
 }
+
+/// A read-write lock through lockctl: readers share it, a writer waits behind them, and a
+/// reader that comes after the waiting writer waits behind it (it neither runs nor is granted
+/// before the writer has run); each gets its own FENCING_RESOURCE and a rising token; a
+/// downgrade prints the reader's lease; bad combinations are usage errors.
+#[test]
+fn run_write_waits_behind_readers_and_later_readers_wait_behind_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let lockd = Lockd::start(dir.path(), &[]);
+    let r1 = acquire_json(&lockd, &["doc", "--read", "--ttl", "60s"]);
+    let r2 = acquire_json(&lockd, &["doc", "--read", "--ttl", "60s"]);
+    assert_eq!(
+        (r1["resource"].as_str(), r2["resource"].as_str()),
+        (Some("doc@read-1"), Some("doc@read-2")),
+        "each reader on its own slot"
+    );
+    let mut cmd = lockd.lockctl();
+    cmd.args(["run", "--write", "--wait", "60s", "doc", "--", "sh", "-c"])
+        .arg("echo \"wrote $FENCING_RESOURCE $FENCING_TOKEN\"");
+    let mut writer = Spawned::spawn(cmd);
+    while describe(&lockd, "doc")["waiters"] != 1 {}
+    // A reader after the waiting writer is not granted, and waits behind it.
+    let mut cmd = lockd.lockctl();
+    cmd.args(["acquire", "--read", "doc"]);
+    let (status, _, stderr) = output(cmd);
+    assert_eq!(status.code(), Some(3), "behind the writer: {stderr}");
+    let mut cmd = lockd.lockctl();
+    cmd.args(["run", "--read", "--wait", "60s", "doc", "--", "sh", "-c"])
+        .arg("echo \"read $FENCING_RESOURCE $FENCING_TOKEN\"");
+    let mut reader = Spawned::spawn(cmd);
+    while describe(&lockd, "doc")["waiters"] != 2 {}
+    let d = describe(&lockd, "doc");
+    assert!(d["readers"] == 2 && d["held"] == false, "{d}");
+
+    release(&lockd, "doc@read-1", &r1);
+    release(&lockd, "doc@read-2", &r2);
+    let wrote = writer
+        .stdout
+        .wait_for("the writer to run", |l| l.starts_with("wrote "));
+    assert!(writer.wait().success(), "{}", writer.stderr.text());
+    let read = reader
+        .stdout
+        .wait_for("the reader to run", |l| l.starts_with("read "));
+    assert!(reader.wait().success(), "{}", reader.stderr.text());
+    let fields = |line: &str| -> (String, u64) {
+        let mut w = line.split(' ').skip(1);
+        let resource = w.next().expect("a resource").to_string();
+        (
+            resource,
+            w.next().expect("a token").parse().expect("a number"),
+        )
+    };
+    let (wrote_on, write_token) = fields(&wrote);
+    let (read_on, read_token) = fields(&read);
+    assert_eq!(wrote_on, "doc", "the writer fences with the lock's name");
+    assert_eq!(read_on, "doc@read-1", "a reader with its slot's");
+    assert!(
+        token(&r2) < write_token && write_token < read_token,
+        "the writer came after the first readers and before the last: {wrote} / {read}"
+    );
+
+    // A downgrade prints the reader's lease; the write lease is gone.
+    let w = acquire_json(&lockd, &["doc", "--write", "--ttl", "60s"]);
+    let mut cmd = lockd.lockctl();
+    cmd.args([
+        "--json",
+        "downgrade",
+        "doc",
+        w["lease_id"].as_str().unwrap(),
+    ]);
+    let (status, stdout, stderr) = output(cmd);
+    assert!(status.success(), "{stderr}");
+    let down = json(&stdout);
+    assert!(
+        down["resource"] == "doc@read-1" && token(&down) > token(&w),
+        "{down}"
+    );
+    let mut cmd = lockd.lockctl();
+    cmd.args(["downgrade", "doc", w["lease_id"].as_str().unwrap()]);
+    let (status, _, stderr) = output(cmd);
+    assert_eq!(status.code(), Some(4), "a spent write lease: {stderr}");
+    assert!(stderr.contains("not the current write lease"), "{stderr}");
+    release(&lockd, "doc@read-1", &down);
+
+    for args in [
+        &["acquire", "--read", "--write", "doc"][..],
+        &["acquire", "--read", "--permits", "2", "doc"],
+        &["acquire", "--write", "--owner", "o", "doc"],
+        &[
+            "run", "--read", "--atomic", "--lock", "a", "--lock", "b", "--", "true",
+        ],
+    ] {
+        let mut cmd = lockd.lockctl();
+        cmd.args(args);
+        let (status, _, stderr) = output(cmd);
+        assert_eq!(status.code(), Some(2), "{args:?}: {stderr}");
+    }
+}

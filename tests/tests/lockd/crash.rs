@@ -43,6 +43,8 @@ fn acquire(resource: &str, request_id: &str) -> AcquireRequest {
         holder: "crash-test".to_string(),
         owner: Default::default(),
         permits: 0,
+        mode: 0,
+        downgrade_lease_id: String::new(),
     }
 }
 

@@ -18,6 +18,8 @@ fn req(resource: &str, wait_ms: u64) -> AcquireRequest {
         holder: format!("holder-of-{resource}"),
         owner: Default::default(),
         permits: 0,
+        mode: 0,
+        downgrade_lease_id: String::new(),
     }
 }
 

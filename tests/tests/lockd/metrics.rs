@@ -16,6 +16,8 @@ fn req(resource: &str, ttl_ms: u64, wait_ms: u64) -> AcquireRequest {
         holder: "metrics-test".to_string(),
         owner: Default::default(),
         permits: 0,
+        mode: 0,
+        downgrade_lease_id: String::new(),
     }
 }
 

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use e2e::{Lockd, free_loopback_addr, output};
-use lockd_client::{AcquireOptions, Acquired, AcquiredAll, Client, LostReason};
+use lockd_client::{AcquireOptions, Acquired, AcquiredAll, Client, LostReason, Mode};
 
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Runtime::new().unwrap()
@@ -399,6 +399,83 @@ fn a_semaphores_history_keeps_its_bound_as_verify_judges_it() {
     let report = verifier::check(&events);
     for p in [
         verifier::Property::PermitsWithinBound,
+        verifier::Property::SingleHolder,
+        verifier::Property::MonotoneTokens,
+    ] {
+        assert_eq!(
+            report.verdict(p),
+            &verifier::check::Verdict::Holds,
+            "{}: {report}",
+            p.name()
+        );
+    }
+}
+
+/// Issue 19: readers and writers of one read-write lock through the SDK (writers sometimes
+/// downgrading to read), waiting in lockd's one queue, record a history; `verify`'s checker
+/// finds no reader beside a writer, each slot held once at a time, and tokens rising.
+#[test]
+fn a_read_write_locks_history_keeps_readers_from_writers_as_verify_judges_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let lockd = Lockd::start(dir.path(), &[]);
+    let rt = runtime();
+    let _in_runtime = rt.enter();
+    let client = Client::connect(&lockd.endpoint).unwrap();
+    let history = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let workers: Vec<_> = (0..6)
+        .map(|w| {
+            let (client, history) = (client.clone(), std::sync::Arc::clone(&history));
+            rt.spawn(async move {
+                let me = format!("w{w}");
+                let record = |kind: &str, f: &str, resource: &str, extra: serde_json::Value| {
+                    let e = e2e::history_event(kind, &me, f, resource, extra);
+                    history.lock().unwrap().push(e.to_string());
+                };
+                let granted = |guard: &lockd_client::LockGuard, mode: &str| {
+                    serde_json::json!({"token": guard.token(), "ttl_ms": 60_000, "mode": mode})
+                };
+                for round in 0..6 {
+                    // Two writers in six workers; every third round of a writer downgrades.
+                    let (mode, name) = match w % 3 {
+                        0 => (Mode::Write, "write"),
+                        _ => (Mode::Read, "read"),
+                    };
+                    record("invoke", "acquire", "doc", serde_json::json!({"mode": name}));
+                    let o = AcquireOptions {
+                        mode,
+                        wait: Duration::from_secs(60),
+                        ..opts(60_000)
+                    };
+                    let Acquired::Granted(mut guard) = client.acquire("doc", o).await.unwrap()
+                    else {
+                        panic!("the lock within the wait");
+                    };
+                    record("ok", "acquire", guard.resource(), granted(&guard, name));
+                    if mode == Mode::Write && round % 3 == 2 {
+                        // The write lease ends and a read lease starts in one step: recorded
+                        // as the writer's release and a reader's acquire.
+                        record("invoke", "release", "doc", serde_json::json!({}));
+                        record("invoke", "acquire", "doc", serde_json::json!({"mode": "read"}));
+                        guard = guard.downgrade().await.unwrap();
+                        record("ok", "release", "doc", serde_json::json!({}));
+                        record("ok", "acquire", guard.resource(), granted(&guard, "read"));
+                    }
+                    let resource = guard.resource().to_string();
+                    record("invoke", "release", &resource, serde_json::json!({}));
+                    assert!(guard.release().await.unwrap());
+                    record("ok", "release", &resource, serde_json::json!({}));
+                }
+            })
+        })
+        .collect();
+    for w in workers {
+        rt.block_on(w).unwrap();
+    }
+    let text = history.lock().unwrap().join("\n");
+    let events = verifier::parse(text.as_bytes()).unwrap();
+    let report = verifier::check(&events);
+    for p in [
+        verifier::Property::ReadersExcludeWriters,
         verifier::Property::SingleHolder,
         verifier::Property::MonotoneTokens,
     ] {

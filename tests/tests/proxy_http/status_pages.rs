@@ -76,6 +76,8 @@ fn the_status_pages_show_a_held_lock_and_a_refused_stale_write() {
                 holder: holder.into(),
                 owner: Default::default(),
                 permits: 0,
+                mode: 0,
+                downgrade_lease_id: String::new(),
             }))
             .unwrap()
             .into_inner();

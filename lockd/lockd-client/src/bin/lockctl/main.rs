@@ -12,7 +12,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use clap::{Args, CommandFactory, Parser, Subcommand};
 use lockd_client::{
-    AcquireOptions, Acquired, AcquiredAll, Client, ClientError, DEFAULT_ENDPOINT, NotGranted,
+    AcquireOptions, Acquired, AcquiredAll, Client, ClientError, DEFAULT_ENDPOINT, Mode, NotGranted,
     NotGrantedReason,
 };
 use serde_json::json;
@@ -89,6 +89,16 @@ enum Command {
         #[arg(value_name = "RESOURCE LEASE_ID")]
         more: Vec<String>,
     },
+    /// Trade a write lease of a read-write lock (acquire --write) for a reader's lease, in one
+    /// step: no writer can take the lock in between. Prints the reader's lease (on its own
+    /// slot, RESOURCE@read-K, with a new token); the write lease has ended.
+    Downgrade {
+        resource: String,
+        lease_id: String,
+        /// The reader's lease length; lockd's default when omitted.
+        #[arg(long, value_parser = humantime::parse_duration)]
+        ttl: Option<Duration>,
+    },
     /// Show who holds a resource, with which token, and how many wait.
     Describe { resource: String },
     /// List the held locks, the longest held first: holder, token, held for, waiters.
@@ -127,6 +137,10 @@ enum Command {
     ///
     /// With --permits N, the command holds one of the N permits of the semaphore RESOURCE:
     /// FENCING_RESOURCE is the permit's name (RESOURCE@permit-K), the name to fence with.
+    ///
+    /// With --read or --write, the command holds a side of the read-write lock RESOURCE (every
+    /// --lock, in sorted order; not with --atomic): a reader's FENCING_RESOURCE is its own slot
+    /// (RESOURCE@read-K), the writer's RESOURCE.
     Run {
         /// The resource to lock (or give --lock, once or more).
         #[arg(required_unless_present = "locks", conflicts_with = "locks")]
@@ -172,6 +186,15 @@ struct LockArgs {
     #[arg(long, value_name = "N", conflicts_with = "owner",
           value_parser = clap::value_parser!(u32).range(1..=1000))]
     permits: Option<u32>,
+    /// Take a reader's lease of the read-write lock RESOURCE: shared with other readers,
+    /// never with its writer. The lease is on the reader's own slot, RESOURCE@read-K: renew
+    /// and release with that name.
+    #[arg(long, conflicts_with_all = ["owner", "permits", "write"])]
+    read: bool,
+    /// Take the writer's lease of the read-write lock RESOURCE: alone, and not overtaken by
+    /// readers that come after a waiting writer.
+    #[arg(long, conflicts_with_all = ["owner", "permits"])]
+    write: bool,
 }
 
 impl LockArgs {
@@ -182,6 +205,11 @@ impl LockArgs {
             request_id,
             owner: self.owner.clone(),
             permits: self.permits.unwrap_or(0),
+            mode: match (self.read, self.write) {
+                (true, _) => Mode::Read,
+                (_, true) => Mode::Write,
+                _ => Mode::Exclusive,
+            },
             ..AcquireOptions::default()
         };
         if let Some(h) = &self.holder {
@@ -231,44 +259,22 @@ async fn dispatch(cli: Cli) -> Result<ExitCode, ClientError> {
         client = client.with_token(&token)?;
     }
     match cli.command {
+        Command::Downgrade {
+            resource,
+            lease_id,
+            ttl,
+        } => {
+            let guard = client.downgrade(&resource, &lease_id, ttl).await?;
+            print_granted(guard.detach().await, cli.json);
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Acquire {
             resource,
             lock,
             request_id,
         } => match client.acquire(&resource, lock.options(request_id)).await? {
             Acquired::Granted(guard) => {
-                let lease = guard.detach().await;
-                if cli.json {
-                    println!(
-                        "{}",
-                        json!({
-                            "resource": lease.resource,
-                            "lease_id": lease.lease_id,
-                            "token": lease.token,
-                            "signed_token": lease.signed_token,
-                            "expires_at_ms": lease.expires_at_ms,
-                            "ttl_ms": lease.ttl.as_millis() as u64,
-                            "duplicate": lease.duplicate,
-                            "holds": lease.holds,
-                        })
-                    );
-                } else {
-                    let mut signed = match &lease.signed_token {
-                        Some(s) => format!(" signed_token={s}"),
-                        None => String::new(),
-                    };
-                    if lease.holds > 1 {
-                        signed.push_str(&format!(" holds={}", lease.holds));
-                    }
-                    println!(
-                        "granted {} token={} lease_id={} ttl={} expires_at={}{signed}",
-                        lease.resource,
-                        lease.token,
-                        lease.lease_id,
-                        humantime::format_duration(lease.ttl),
-                        wall(lease.expires_at_ms)
-                    );
-                }
+                print_granted(guard.detach().await, cli.json);
                 Ok(ExitCode::SUCCESS)
             }
             Acquired::NotGranted(why) => Ok(not_granted(&resource, &why, cli.json)),
@@ -373,6 +379,11 @@ async fn dispatch(cli: Cli) -> Result<ExitCode, ClientError> {
                     wall(d.expires_at_ms.unwrap_or(0)),
                     d.waiters
                 );
+            } else if let Some(readers) = d.readers {
+                println!(
+                    "{resource}: read-write lock held by {readers} readers, waiters={} (each reader is {resource}@read-K)",
+                    d.waiters
+                );
             } else if let (Some(n), Some(held)) = (d.permits, d.permits_held) {
                 println!(
                     "{resource}: semaphore of {n} permits, {held} held, waiters={} (each permit is {resource}@permit-K)",
@@ -393,6 +404,12 @@ async fn dispatch(cli: Cli) -> Result<ExitCode, ClientError> {
         } => {
             if atomic && resource.is_some() {
                 eprintln!("lockctl: --atomic takes the --lock set; name the resources with --lock");
+                return Ok(ExitCode::from(2));
+            }
+            if atomic && (lock.read || lock.write) {
+                eprintln!(
+                    "lockctl: --atomic takes exclusive locks only: without --atomic, --read and --write take each --lock in sorted order"
+                );
                 return Ok(ExitCode::from(2));
             }
             if lock.permits.is_some() && resource.is_none() {
@@ -524,6 +541,41 @@ fn print_locks(locks: &[lockd_client::HeldLock], json: bool) {
             held.to_string(),
             l.waiters,
             l.holder
+        );
+    }
+}
+
+/// A granted lease, as `acquire` and `downgrade` print it.
+fn print_granted(lease: lockd_client::Lease, as_json: bool) {
+    if as_json {
+        println!(
+            "{}",
+            json!({
+                "resource": lease.resource,
+                "lease_id": lease.lease_id,
+                "token": lease.token,
+                "signed_token": lease.signed_token,
+                "expires_at_ms": lease.expires_at_ms,
+                "ttl_ms": lease.ttl.as_millis() as u64,
+                "duplicate": lease.duplicate,
+                "holds": lease.holds,
+            })
+        );
+    } else {
+        let mut signed = match &lease.signed_token {
+            Some(s) => format!(" signed_token={s}"),
+            None => String::new(),
+        };
+        if lease.holds > 1 {
+            signed.push_str(&format!(" holds={}", lease.holds));
+        }
+        println!(
+            "granted {} token={} lease_id={} ttl={} expires_at={}{signed}",
+            lease.resource,
+            lease.token,
+            lease.lease_id,
+            humantime::format_duration(lease.ttl),
+            wall(lease.expires_at_ms)
         );
     }
 }
