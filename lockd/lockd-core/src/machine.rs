@@ -512,6 +512,7 @@ impl Core {
             None => false,
             Some(w) => {
                 self.forget_waiter(waiter, &w);
+                self.rw_waiter_left(&w.resource, fx);
                 true
             }
         }
@@ -670,6 +671,7 @@ impl Core {
         let busy = self.busy(&w.resource);
         debug_assert!(busy.is_some(), "waiters wait only on held resources");
         fx.push(Effect::WaitTimedOut { waiter, busy });
+        self.rw_waiter_left(&w.resource, fx);
     }
 
     /// Grants `grant_on` (free now) to the head of `queue`'s waiters, if any: the lock they

@@ -7,7 +7,9 @@
 //! - One FIFO queue of readers and writers. A grant is made only to the head of the queue, or
 //!   to an Acquire that finds the queue empty: so a waiting writer is never overtaken by
 //!   readers that come after it (writer preference), and a waiting reader never by a writer.
-//!   When the lock frees, the head is granted, and so is every reader right behind it.
+//!   When the lock frees, the head is granted, and so is every reader right behind it; so too
+//!   when a writer at the head leaves the queue and readers behind it are admitted. The head
+//!   of a queue is always one the lock does not admit.
 //! - Downgrade: the writer trades its write lease for a read lease in one decision, so no
 //!   writer can come in between; the readers at the head of the queue then join it. There is
 //!   no upgrade: two readers that both wait to upgrade would each wait for the other to
@@ -256,6 +258,16 @@ impl Core {
         self.rw_hand_off(&lock, fx);
         self.drop_unused_rw(&lock);
         true
+    }
+
+    /// A waiter left `resource`'s queue (its wait ended, or it was cancelled). A writer that
+    /// left the head of a read-write lock's queue may leave readers there that the lock
+    /// admits: they are granted now, so that the head of a queue is always one that must wait.
+    pub(super) fn rw_waiter_left(&mut self, resource: &ResourceName, fx: &mut Vec<Effect>) {
+        if self.rwlocks.contains_key(resource) {
+            self.rw_hand_off(resource, fx);
+            self.drop_unused_rw(resource);
+        }
     }
 
     fn drop_unused_rw(&mut self, lock: &ResourceName) {

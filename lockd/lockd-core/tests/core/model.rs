@@ -335,6 +335,14 @@ fn run(steps: Vec<Step>) -> Result<(), TestCaseError> {
                 );
             }
         }
+        if let Some(lock) = model.rw_head_admitted() {
+            prop_assert!(
+                false,
+                "step {}: {} has a waiter it admits at its head",
+                i,
+                lock
+            );
+        }
         let stats = rig.core.stats();
         prop_assert_eq!(stats.leases, model.leases.len());
         prop_assert_eq!(stats.waiters, model.waiters.len());

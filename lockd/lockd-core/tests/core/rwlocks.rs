@@ -292,3 +292,53 @@ fn expiry_serves_the_queue_and_a_restart_keeps_a_writer_a_writer() {
         "#]],
     );
 }
+
+#[test]
+fn readers_behind_a_writer_that_leaves_the_queue_get_the_lock_at_once() {
+    check(
+        r#"
+        @0 acquire doc holder=r1 ttl=10000 mode=read
+        @1 acquire doc holder=w ttl=1000 mode=write wait=100
+        @2 acquire doc holder=r2 ttl=1000 mode=read wait=5000
+        @3 acquire doc holder=w2 ttl=1000 mode=write wait=5000
+        @4 acquire doc holder=r3 ttl=1000 mode=read wait=5000
+        # the writer at the head gives up: the reader behind it joins the readers at once,
+        # and stops at the next writer
+        @101 tick
+        @102 describe doc
+        # a cancelled writer at the head lets the readers behind it in too
+        @103 cancel w3
+        @104 describe doc
+        @105 acquire doc holder=r4 ttl=1000 mode=read
+        "#,
+        expect![[r#"
+            @0 acquire doc holder=r1 ttl=10000 mode=read
+              => granted doc@read-1 token=1 lease=L1 expires=10000
+              ! persist grant doc@read-1 token=1 lease=L1 holder="r1" ttl=10000 req=- rw=read
+            @1 acquire doc holder=w ttl=1000 mode=write wait=100
+              => queued w1 position=1
+            @2 acquire doc holder=r2 ttl=1000 mode=read wait=5000
+              => queued w2 position=2
+            @3 acquire doc holder=w2 ttl=1000 mode=write wait=5000
+              => queued w3 position=3
+            @4 acquire doc holder=r3 ttl=1000 mode=read wait=5000
+              => queued w4 position=4
+            @101 tick
+              => next deadline Some(1101)
+              ! wait timed out w1: held with token 1
+              ! persist grant doc@read-2 token=2 lease=L2 holder="r2" ttl=1000 req=- rw=read
+              ! hand-off w2: doc@read-2 token=2 lease=L2 expires=1101
+            @102 describe doc
+              => read-write readers=2 waiters=2
+            @103 cancel w3
+              => cancelled=true
+              ! persist grant doc@read-3 token=3 lease=L3 holder="r3" ttl=1000 req=- rw=read
+              ! hand-off w4: doc@read-3 token=3 lease=L3 expires=1103
+            @104 describe doc
+              => read-write readers=3 waiters=0
+            @105 acquire doc holder=r4 ttl=1000 mode=read
+              => granted doc@read-4 token=4 lease=L4 expires=1105
+              ! persist grant doc@read-4 token=4 lease=L4 holder="r4" ttl=1000 req=- rw=read
+        "#]],
+    );
+}

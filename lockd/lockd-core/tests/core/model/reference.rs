@@ -197,11 +197,14 @@ impl Model {
                 self.hand_off(&resource, l.rw, fx);
             } else {
                 let at = self.waiters.iter().position(|w| w.id == id).unwrap();
-                self.waiters.remove(at);
+                let w = self.waiters.remove(at);
                 fx.push(Effect::WaitTimedOut {
                     waiter: WaiterId(id),
                     busy: Some(self.busy(&resource)),
                 });
+                if w.reads.is_some() {
+                    self.rw_hand_off(&resource, fx);
+                }
             }
         }
         let mut due: Vec<(u64, u64, String)> = self
@@ -866,7 +869,10 @@ impl Model {
         self.advance(self.now, fx);
         match self.waiters.iter().position(|w| w.id == id) {
             Some(at) => {
-                self.waiters.remove(at);
+                let w = self.waiters.remove(at);
+                if w.reads.is_some() {
+                    self.rw_hand_off(&w.resource, fx);
+                }
                 true
             }
             None => false,

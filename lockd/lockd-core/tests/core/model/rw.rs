@@ -53,6 +53,20 @@ impl Model {
             .then(|| self.readers(lock).len() as u32)
     }
 
+    /// Whether some read-write lock's first waiter could be granted now: nobody may wait for
+    /// a lock that would take them (a writer that left the head must not strand readers).
+    pub(crate) fn rw_head_admitted(&self) -> Option<&str> {
+        self.waiters
+            .iter()
+            .filter(|w| w.reads.is_some())
+            .find(|w| {
+                let head = self.waiters.iter().find(|h| h.resource == w.resource);
+                head.is_some_and(|h| h.id == w.id)
+                    && self.admits(&w.resource, w.reads == Some(true))
+            })
+            .map(|w| w.resource.as_str())
+    }
+
     fn admits(&self, lock: &str, reads: bool) -> bool {
         let readers = self.readers(lock).len();
         self.writer(lock).is_none()
