@@ -317,6 +317,22 @@ name = "other"
 prefixes = ["other/"]
 "#;
 
+/// lockd under `dir` (its data in `dir/data`) with the policy of [`WORK_AND_OTHER`]: the
+/// identity `worker` of tenant `work` and another of tenant `other`, known by these bearer
+/// tokens. Returns lockd and the arguments that start it again on the same data.
+fn two_tenants(b: &dyn Backend, dir: &Path, (worker, other): (&str, &str)) -> (Lockd, Vec<String>) {
+    let args = policy(
+        dir,
+        WORK_AND_OTHER,
+        &[("worker", "work", worker), ("outsider", "other", other)],
+    );
+    let lockd = b.start(
+        &dir.join("data"),
+        &args.iter().map(String::as_str).collect::<Vec<_>>(),
+    );
+    (lockd, args)
+}
+
 /// Writes a policy under `dir`: the `tenants` TOML, and an identity for each (name, tenant,
 /// bearer token). Returns lockd's arguments that put it in force.
 fn policy(dir: &Path, tenants: &str, identities: &[(&str, &str, &str)]) -> Vec<String> {

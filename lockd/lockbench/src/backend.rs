@@ -12,6 +12,10 @@
 //! A set of locks, all or none (`closed --set N`): lockd's AcquireAll and ReleaseMany; etcd's
 //! one transaction of N puts under one lease, released by revoking it; a Redis script that sets
 //! every key or none.
+//!
+//! A read-write lock (`closed --rw`): lockd's Acquire with `mode`; on Redis, the recipe of
+//! Redisson's `RReadWriteLock` in its simplest form (a hash with the lock's mode and a count
+//! per holder, one expiry for the hash), a refused caller asking again after 1 ms.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -47,6 +51,11 @@ pub enum Held {
     RedisPermit {
         key: String,
         member: String,
+    },
+    /// A side of the Redis read-write lock `key` (a hash), held as `holder`.
+    RedisRw {
+        key: String,
+        holder: String,
     },
 }
 
@@ -97,6 +106,15 @@ const REDIS_RELEASE: &str = "if redis.call('get', KEYS[1]) == ARGV[1] then retur
 /// its simplest form): a sorted set of the permits held, each scored by its expiry on Redis's
 /// clock. Drop the expired; take a permit if fewer than N are held.
 const REDIS_PERMIT: &str = "local t = redis.call('time') local now = t[1] * 1000 + math.floor(t[2] / 1000) redis.call('zremrangebyscore', KEYS[1], '-inf', now) if redis.call('zcard', KEYS[1]) < tonumber(ARGV[1]) then redis.call('zadd', KEYS[1], now + tonumber(ARGV[2]), ARGV[3]) return 1 end return 0";
+/// Redisson's read lock, simply: free, or already read, takes one more read hold of `holder`
+/// and extends the hash's expiry (Redisson keeps a timeout key per reader; one expiry for the
+/// hash is less work for Redis). A writer holding it refuses. No writer preference: readers
+/// join while the lock is read, whoever waits to write (as in Redisson).
+const REDIS_READ: &str = "local mode = redis.call('hget', KEYS[1], 'mode') if mode == false or mode == 'read' then redis.call('hset', KEYS[1], 'mode', 'read') redis.call('hincrby', KEYS[1], ARGV[2], 1) if redis.call('pttl', KEYS[1]) < tonumber(ARGV[1]) then redis.call('pexpire', KEYS[1], ARGV[1]) end return 1 end return 0";
+/// Redisson's write lock: only a free lock is taken.
+const REDIS_WRITE: &str = "if redis.call('exists', KEYS[1]) == 0 then redis.call('hset', KEYS[1], 'mode', 'write', ARGV[2], 1) redis.call('pexpire', KEYS[1], ARGV[1]) return 1 end return 0";
+/// Ends one hold of `holder`; the last hold of the lock deletes it.
+const REDIS_RW_RELEASE: &str = "if redis.call('hexists', KEYS[1], ARGV[1]) == 0 then return 0 end if redis.call('hincrby', KEYS[1], ARGV[1], -1) <= 0 then redis.call('hdel', KEYS[1], ARGV[1]) end if redis.call('hlen', KEYS[1]) <= 1 then redis.call('del', KEYS[1]) end return 1";
 const REDIS_RENEW: &str = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pexpire', KEYS[1], ARGV[2]) else return 0 end";
 
 impl Backend {
@@ -332,6 +350,64 @@ impl Backend {
         }
     }
 
+    /// A side of the read-write lock `lock` (`reads`: a reader's), waiting up to `wait`.
+    /// `Ok(None)`: not in time.
+    /// - lockd: an Acquire with `mode`, waiting in the lock's FIFO queue (a writer that waits
+    ///   is not overtaken by later readers; readers behind it are handed the lock together).
+    /// - Redis: [`REDIS_READ`] or [`REDIS_WRITE`], asked again 1 ms after each refusal.
+    /// - etcd: not supported (its read-write recipe is a Go library's).
+    pub async fn acquire_rw(
+        &self,
+        lock: &str,
+        reads: bool,
+        ttl_ms: u64,
+        wait: std::time::Duration,
+    ) -> anyhow::Result<Option<Held>> {
+        match self {
+            Backend::Lockd(v) => {
+                use lockd_proto::v1::acquire_request::Mode;
+                let mode = if reads { Mode::Read } else { Mode::Write };
+                let req = AcquireRequest {
+                    resource: lock.to_string(),
+                    request_id: lockd_client::new_request_id(),
+                    ttl_ms,
+                    wait_timeout_ms: wait.as_millis() as u64,
+                    holder: "lockbench".to_string(),
+                    mode: mode as i32,
+                    ..AcquireRequest::default()
+                };
+                lockd_send(Self::pick(v), req).await
+            }
+            Backend::Etcd(_) => {
+                bail!("etcd has no read-write lock recipe outside Go: use --target lockd or redis")
+            }
+            Backend::Redis(v) => {
+                let mut c = Self::pick(v);
+                let holder = format!("{:032x}", rand::random::<u128>());
+                let script = redis::Script::new(if reads { REDIS_READ } else { REDIS_WRITE });
+                let deadline = std::time::Instant::now() + wait;
+                loop {
+                    let got: i64 = script
+                        .key(lock)
+                        .arg(ttl_ms)
+                        .arg(&holder)
+                        .invoke_async(&mut c)
+                        .await?;
+                    if got == 1 {
+                        return Ok(Some(Held::RedisRw {
+                            key: lock.to_string(),
+                            holder,
+                        }));
+                    }
+                    if std::time::Instant::now() >= deadline {
+                        return Ok(None);
+                    }
+                    tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+                }
+            }
+        }
+    }
+
     pub async fn renew(&self, held: &Held, ttl_ms: u64) -> anyhow::Result<()> {
         match (self, held) {
             (Backend::Lockd(v), Held::Lockd { resource, lease_id }) => {
@@ -375,6 +451,14 @@ impl Backend {
             (Backend::Etcd(v), Held::Etcd { lease }) => {
                 Self::pick(v).lease_revoke(lease).await?;
             }
+            (Backend::Redis(v), Held::RedisRw { key, holder }) => {
+                let mut c = Self::pick(v);
+                let _: i64 = redis::Script::new(REDIS_RW_RELEASE)
+                    .key(key)
+                    .arg(holder)
+                    .invoke_async(&mut c)
+                    .await?;
+            }
             (Backend::Redis(v), Held::RedisPermit { key, member }) => {
                 let mut c = Self::pick(v);
                 let _: i64 = redis::cmd("ZREM")
@@ -400,7 +484,7 @@ impl Backend {
 /// One lockd Acquire: the lease, on the name lockd grants (a permit's own name for a
 /// semaphore), or `None` when it was not granted.
 async fn lockd_take(
-    mut c: LockServiceClient<Channel>,
+    c: LockServiceClient<Channel>,
     resource: &str,
     ttl_ms: u64,
     wait_timeout_ms: u64,
@@ -412,11 +496,17 @@ async fn lockd_take(
         ttl_ms,
         wait_timeout_ms,
         holder: "lockbench".to_string(),
-        owner: String::new(),
         permits,
-        mode: 0,
-        downgrade_lease_id: String::new(),
+        ..AcquireRequest::default()
     };
+    lockd_send(c, req).await
+}
+
+/// Sends one lockd Acquire: the lease, on the name lockd grants, or `None`.
+async fn lockd_send(
+    mut c: LockServiceClient<Channel>,
+    req: AcquireRequest,
+) -> anyhow::Result<Option<Held>> {
     match c.acquire(authed(req)).await?.into_inner().outcome {
         Some(Outcome::Granted(l)) => Ok(Some(Held::Lockd {
             resource: l.resource,

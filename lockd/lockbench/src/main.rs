@@ -1,7 +1,9 @@
 //! `lockbench`: load for lockd, etcd and Redis, side by side.
 //!
 //! - `closed`: N clients, each acquiring and releasing its own resource in a loop, as fast as
-//!   answers come (throughput of durable acquire+release pairs, latency of each step).
+//!   answers come (throughput of durable acquire+release pairs, latency of each step); or
+//!   sets of locks all or none (`--set`), one shared semaphore's permits (`--permits`), one
+//!   shared read-write lock read `--read-percent` of the time (`--rw`).
 //! - `open`: fixed rates of acquires, renewals and releases over a pool of held locks; each
 //!   latency is measured from the moment the request was *due*, so a stall shows up in the
 //!   percentiles instead of silently lowering the rate (no coordinated omission).
@@ -97,6 +99,13 @@ enum Mode {
         /// one, up to 10 s), and releases it (0: each client its own lock).
         #[arg(long, default_value_t = 0, conflicts_with = "set", value_parser = clap::value_parser!(u32).range(0..=1000))]
         permits: u32,
+        /// Every client takes one shared read-write lock (waiting up to 10 s), as a reader
+        /// `--read-percent` of the time and as its writer otherwise, and releases it.
+        #[arg(long, conflicts_with_all = ["set", "permits"])]
+        rw: bool,
+        /// With --rw: the share of acquires that read.
+        #[arg(long, default_value_t = 90, requires = "rw", value_parser = clap::value_parser!(u8).range(0..=100))]
+        read_percent: u8,
     },
     /// Open loop: fixed rates of acquires, renewals and releases.
     Open {
@@ -149,12 +158,14 @@ fn main() -> anyhow::Result<()> {
             warmup,
             set,
             permits,
+            rw,
+            read_percent,
         } => rt.block_on(closed(
             target,
             clients,
             (duration, warmup),
             set as usize,
-            permits,
+            (permits, rw.then_some(read_percent)),
         ))?,
         Mode::Open {
             target,
@@ -222,7 +233,7 @@ async fn closed(
     clients: usize,
     (duration, warmup): (Duration, Duration),
     set: usize,
-    permits: u32,
+    (permits, rw): (u32, Option<u8>),
 ) -> anyhow::Result<Value> {
     let backend =
         Arc::new(Backend::connect(t.target, &t.endpoint, t.connections, &t.auth()).await?);
@@ -237,15 +248,30 @@ async fn closed(
         let resource = format!("bench-{run}-{c}");
         let members: Vec<String> = (0..set).map(|k| format!("{resource}-{k}")).collect();
         let semaphore = format!("bench-{run}-semaphore");
+        let rw_lock = format!("bench-{run}-rw");
         tasks.push(tokio::spawn(async move {
             let (mut acq, mut rel, mut pair) = (histogram(), histogram(), histogram());
+            let (mut acq_read, mut acq_write) = (histogram(), histogram());
             let mut errors = 0u64;
             loop {
                 let t0 = Instant::now();
                 if t0 >= end {
                     break;
                 }
-                let released = if permits > 0 {
+                let mut reads = None;
+                let released = if let Some(percent) = rw {
+                    let read = rand::random::<u8>() % 100 < percent;
+                    reads = Some(read);
+                    let wait = Duration::from_secs(10);
+                    let held = match backend.acquire_rw(&rw_lock, read, ttl_ms, wait).await {
+                        Ok(Some(h)) => h,
+                        Ok(None) | Err(_) => {
+                            errors += 1;
+                            continue;
+                        }
+                    };
+                    (Instant::now(), backend.release(held).await)
+                } else if permits > 0 {
                     let wait = Duration::from_secs(10);
                     let held = match backend
                         .acquire_permit(&semaphore, permits, ttl_ms, wait)
@@ -286,31 +312,44 @@ async fn closed(
                     acq.record(us(t1 - t0)).ok();
                     rel.record(us(t2 - t1)).ok();
                     pair.record(us(t2 - t0)).ok();
+                    match reads {
+                        Some(true) => acq_read.record(us(t1 - t0)).ok(),
+                        Some(false) => acq_write.record(us(t1 - t0)).ok(),
+                        None => None,
+                    };
                 }
             }
-            (acq, rel, pair, errors)
+            (acq, rel, pair, errors, (acq_read, acq_write))
         }));
     }
     let (mut acq, mut rel, mut pair, mut errors) = (histogram(), histogram(), histogram(), 0);
+    let (mut acq_read, mut acq_write) = (histogram(), histogram());
     for task in tasks {
-        let (a, r, p, e) = task.await?;
+        let (a, r, p, e, (ar, aw)) = task.await?;
         acq.add(a)?;
         rel.add(r)?;
         pair.add(p)?;
+        acq_read.add(ar)?;
+        acq_write.add(aw)?;
         errors += e;
     }
     let pairs_per_s = pair.len() as f64 / duration.as_secs_f64();
     eprintln!(
-        "closed loop {:?}, {clients} clients, sets of {set}, permits {permits}, {duration:?}: {pairs_per_s:.0} acquire+release pairs/s, {errors} errors",
+        "closed loop {:?}, {clients} clients, sets of {set}, permits {permits}, rw {rw:?}, {duration:?}: {pairs_per_s:.0} acquire+release pairs/s, {errors} errors",
         t.target
     );
     show("acquire", &acq);
+    if rw.is_some() {
+        show("read", &acq_read);
+        show("write", &acq_write);
+    }
     show("release", &rel);
     show("pair", &pair);
     Ok(json!({
         "mode": "closed", "target": format!("{:?}", t.target).to_lowercase(), "clients": clients, "set": set, "permits": permits,
-        "duration_s": duration.as_secs_f64(), "pairs_per_s": pairs_per_s, "errors": errors,
+        "read_percent": rw, "duration_s": duration.as_secs_f64(), "pairs_per_s": pairs_per_s, "errors": errors,
         "acquire": summary(&acq), "release": summary(&rel), "pair": summary(&pair),
+        "acquire_read": summary(&acq_read), "acquire_write": summary(&acq_write),
     }))
 }
 

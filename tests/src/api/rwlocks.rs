@@ -2,7 +2,7 @@
 
 use tonic::Code;
 
-use super::{Api, Backend, WORK_AND_OTHER, assert_refused, busy, policy, req};
+use super::{Api, Backend, assert_refused, busy, req, two_tenants};
 use lockd_proto::v1::AcquireRequest;
 use lockd_proto::v1::acquire_request::Mode;
 
@@ -27,13 +27,7 @@ pub fn a_read_write_lock_shares_readers_and_keeps_a_waiting_writer_first(b: &dyn
         "rw-worker-0123456789abcdef012345",
         "rw-outsider-0123456789abcdef0123",
     );
-    let args = policy(
-        dir.path(),
-        WORK_AND_OTHER,
-        &[("worker", "work", token), ("outsider", "other", outsider)],
-    );
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let mut lockd = b.start(&dir.path().join("data"), &args);
+    let (mut lockd, args) = two_tenants(b, dir.path(), (token, outsider));
     let mut api = Api::with_token(&lockd, token);
     let r1 = api.granted_now(side("job/doc", Mode::Read, "", 0), "a free lock, read");
     let r2 = api.granted_now(side("job/doc", Mode::Read, "rw-q2", 0), "a second reader");
@@ -171,6 +165,7 @@ pub fn a_read_write_lock_shares_readers_and_keeps_a_waiting_writer_first(b: &dyn
     lockd.kill9();
     drop(lockd);
     let _ = (reader3, reader4);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let lockd = b.start(&dir.path().join("data"), &args);
     let mut api = Api::with_token(&lockd, token);
     let d = api.describe("job/doc");

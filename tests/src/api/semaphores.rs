@@ -2,7 +2,7 @@
 
 use tonic::Code;
 
-use super::{Api, Backend, WORK_AND_OTHER, assert_refused, busy, policy, req};
+use super::{Api, Backend, assert_refused, busy, req, two_tenants};
 use lockd_proto::v1::{AcquireAllRequest, AcquireRequest};
 
 /// `req` for one of the `n` permits of `semaphore`.
@@ -25,13 +25,7 @@ pub fn a_semaphore_grants_at_most_n_permits_each_a_lease_of_its_own(b: &dyn Back
         "sem-worker-0123456789abcdef01234",
         "sem-outsider-0123456789abcdef012",
     );
-    let args = policy(
-        dir.path(),
-        WORK_AND_OTHER,
-        &[("worker", "work", token), ("outsider", "other", outsider)],
-    );
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let mut lockd = b.start(&dir.path().join("data"), &args);
+    let (mut lockd, args) = two_tenants(b, dir.path(), (token, outsider));
     let mut api = Api::with_token(&lockd, token);
     let first = api.granted_now(permit("job/pool", "", 2, 0), "a free permit");
     let second = api.granted_now(permit("job/pool", "sem-q2", 2, 0), "the other permit");
@@ -149,6 +143,7 @@ pub fn a_semaphore_grants_at_most_n_permits_each_a_lease_of_its_own(b: &dyn Back
     // N and the permits survive a kill -9; a retry gets its own permit back.
     lockd.kill9();
     drop(lockd);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let lockd = b.start(&dir.path().join("data"), &args);
     let mut api = Api::with_token(&lockd, token);
     let err = api

@@ -345,63 +345,49 @@ fn acquire_all_takes_a_set_whole_and_asks_again_within_its_wait() {
     assert!(err.to_string().contains("not reentrant"), "{err}");
 }
 
-/// Issue 19: clients of one semaphore of 2 through the SDK, each taking and giving back a
-/// permit in turn (waiting in lockd's queue when both are held), record a history; `verify`'s
-/// checker finds at most 2 permits held at any instant, each permit held once at a time, and
-/// tokens rising.
-#[test]
-fn a_semaphores_history_keeps_its_bound_as_verify_judges_it() {
+/// One worker's side of a history recorded by several: its events, in one shared list.
+#[derive(Clone)]
+struct Recorder {
+    me: String,
+    history: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+impl Recorder {
+    fn record(&self, kind: &str, f: &str, resource: &str, extra: serde_json::Value) {
+        let e = e2e::history_event(kind, &self.me, f, resource, extra);
+        self.history.lock().unwrap().push(e.to_string());
+    }
+}
+
+/// Runs `workers` tasks against a fresh lockd, each `work(client, its recorder)`, and checks
+/// that every one of `properties` holds on the history they recorded, as `verify` judges it.
+fn judge_history<W, F>(workers: usize, work: W, properties: &[verifier::Property])
+where
+    W: Fn(Client, Recorder) -> F,
+    F: std::future::Future<Output = ()> + Send + 'static,
+{
     let dir = tempfile::tempdir().unwrap();
     let lockd = Lockd::start(dir.path(), &[]);
     let rt = runtime();
     let _in_runtime = rt.enter();
     let client = Client::connect(&lockd.endpoint).unwrap();
     let history = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-    let workers: Vec<_> = (0..5)
+    let tasks: Vec<_> = (0..workers)
         .map(|w| {
-            let (client, history) = (client.clone(), std::sync::Arc::clone(&history));
-            rt.spawn(async move {
-                let me = format!("w{w}");
-                let record = |kind: &str, f: &str, resource: &str, extra: serde_json::Value| {
-                    let e = e2e::history_event(kind, &me, f, resource, extra);
-                    history.lock().unwrap().push(e.to_string());
-                };
-                for _ in 0..6 {
-                    record("invoke", "acquire", "pool", serde_json::json!({}));
-                    let o = AcquireOptions {
-                        permits: 2,
-                        wait: Duration::from_secs(60),
-                        ..opts(60_000)
-                    };
-                    let Acquired::Granted(guard) = client.acquire("pool", o).await.unwrap() else {
-                        panic!("a permit within the wait");
-                    };
-                    // Invoked on the semaphore, granted on the permit's own name.
-                    let permit = guard.resource().to_string();
-                    record(
-                        "ok",
-                        "acquire",
-                        &permit,
-                        serde_json::json!({"token": guard.token(), "ttl_ms": 60_000, "permits": 2}),
-                    );
-                    record("invoke", "release", &permit, serde_json::json!({}));
-                    assert!(guard.release().await.unwrap());
-                    record("ok", "release", &permit, serde_json::json!({}));
-                }
-            })
+            let me = Recorder {
+                me: format!("w{w}"),
+                history: std::sync::Arc::clone(&history),
+            };
+            rt.spawn(work(client.clone(), me))
         })
         .collect();
-    for w in workers {
-        rt.block_on(w).unwrap();
+    for t in tasks {
+        rt.block_on(t).unwrap();
     }
     let text = history.lock().unwrap().join("\n");
     let events = verifier::parse(text.as_bytes()).unwrap();
     let report = verifier::check(&events);
-    for p in [
-        verifier::Property::PermitsWithinBound,
-        verifier::Property::SingleHolder,
-        verifier::Property::MonotoneTokens,
-    ] {
+    for &p in properties {
         assert_eq!(
             report.verdict(p),
             &verifier::check::Verdict::Holds,
@@ -411,79 +397,90 @@ fn a_semaphores_history_keeps_its_bound_as_verify_judges_it() {
     }
 }
 
+/// Issue 19: clients of one semaphore of 2 through the SDK, each taking and giving back a
+/// permit in turn (waiting in lockd's queue when both are held), record a history; `verify`'s
+/// checker finds at most 2 permits held at any instant, each permit held once at a time, and
+/// tokens rising.
+#[test]
+fn a_semaphores_history_keeps_its_bound_as_verify_judges_it() {
+    let work = |client: Client, me: Recorder| async move {
+        for _ in 0..6 {
+            me.record("invoke", "acquire", "pool", serde_json::json!({}));
+            let o = AcquireOptions {
+                permits: 2,
+                wait: Duration::from_secs(60),
+                ..opts(60_000)
+            };
+            let Acquired::Granted(guard) = client.acquire("pool", o).await.unwrap() else {
+                panic!("a permit within the wait");
+            };
+            // Invoked on the semaphore, granted on the permit's own name.
+            let permit = guard.resource().to_string();
+            let granted =
+                serde_json::json!({"token": guard.token(), "ttl_ms": 60_000, "permits": 2});
+            me.record("ok", "acquire", &permit, granted);
+            me.record("invoke", "release", &permit, serde_json::json!({}));
+            assert!(guard.release().await.unwrap());
+            me.record("ok", "release", &permit, serde_json::json!({}));
+        }
+    };
+    use verifier::Property::*;
+    judge_history(5, work, &[PermitsWithinBound, SingleHolder, MonotoneTokens]);
+}
+
 /// Issue 19: readers and writers of one read-write lock through the SDK (writers sometimes
 /// downgrading to read), waiting in lockd's one queue, record a history; `verify`'s checker
 /// finds no reader beside a writer, each slot held once at a time, and tokens rising.
 #[test]
 fn a_read_write_locks_history_keeps_readers_from_writers_as_verify_judges_it() {
-    let dir = tempfile::tempdir().unwrap();
-    let lockd = Lockd::start(dir.path(), &[]);
-    let rt = runtime();
-    let _in_runtime = rt.enter();
-    let client = Client::connect(&lockd.endpoint).unwrap();
-    let history = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-    let workers: Vec<_> = (0..6)
-        .map(|w| {
-            let (client, history) = (client.clone(), std::sync::Arc::clone(&history));
-            rt.spawn(async move {
-                let me = format!("w{w}");
-                let record = |kind: &str, f: &str, resource: &str, extra: serde_json::Value| {
-                    let e = e2e::history_event(kind, &me, f, resource, extra);
-                    history.lock().unwrap().push(e.to_string());
-                };
-                let granted = |guard: &lockd_client::LockGuard, mode: &str| {
-                    serde_json::json!({"token": guard.token(), "ttl_ms": 60_000, "mode": mode})
-                };
-                for round in 0..6 {
-                    // Two writers in six workers; every third round of a writer downgrades.
-                    let (mode, name) = match w % 3 {
-                        0 => (Mode::Write, "write"),
-                        _ => (Mode::Read, "read"),
-                    };
-                    record("invoke", "acquire", "doc", serde_json::json!({"mode": name}));
-                    let o = AcquireOptions {
-                        mode,
-                        wait: Duration::from_secs(60),
-                        ..opts(60_000)
-                    };
-                    let Acquired::Granted(mut guard) = client.acquire("doc", o).await.unwrap()
-                    else {
-                        panic!("the lock within the wait");
-                    };
-                    record("ok", "acquire", guard.resource(), granted(&guard, name));
-                    if mode == Mode::Write && round % 3 == 2 {
-                        // The write lease ends and a read lease starts in one step: recorded
-                        // as the writer's release and a reader's acquire.
-                        record("invoke", "release", "doc", serde_json::json!({}));
-                        record("invoke", "acquire", "doc", serde_json::json!({"mode": "read"}));
-                        guard = guard.downgrade().await.unwrap();
-                        record("ok", "release", "doc", serde_json::json!({}));
-                        record("ok", "acquire", guard.resource(), granted(&guard, "read"));
-                    }
-                    let resource = guard.resource().to_string();
-                    record("invoke", "release", &resource, serde_json::json!({}));
-                    assert!(guard.release().await.unwrap());
-                    record("ok", "release", &resource, serde_json::json!({}));
-                }
-            })
-        })
-        .collect();
-    for w in workers {
-        rt.block_on(w).unwrap();
-    }
-    let text = history.lock().unwrap().join("\n");
-    let events = verifier::parse(text.as_bytes()).unwrap();
-    let report = verifier::check(&events);
-    for p in [
-        verifier::Property::ReadersExcludeWriters,
-        verifier::Property::SingleHolder,
-        verifier::Property::MonotoneTokens,
-    ] {
-        assert_eq!(
-            report.verdict(p),
-            &verifier::check::Verdict::Holds,
-            "{}: {report}",
-            p.name()
-        );
-    }
+    let work = |client: Client, me: Recorder| async move {
+        let granted = |guard: &lockd_client::LockGuard, mode: &str| serde_json::json!({"token": guard.token(), "ttl_ms": 60_000, "mode": mode});
+        // Two writers in six workers; every third round of a writer downgrades.
+        let writer = me.me.ends_with('0') || me.me.ends_with('3');
+        for round in 0..6 {
+            let (mode, name) = match writer {
+                true => (Mode::Write, "write"),
+                false => (Mode::Read, "read"),
+            };
+            me.record(
+                "invoke",
+                "acquire",
+                "doc",
+                serde_json::json!({"mode": name}),
+            );
+            let o = AcquireOptions {
+                mode,
+                wait: Duration::from_secs(60),
+                ..opts(60_000)
+            };
+            let Acquired::Granted(mut guard) = client.acquire("doc", o).await.unwrap() else {
+                panic!("the lock within the wait");
+            };
+            me.record("ok", "acquire", guard.resource(), granted(&guard, name));
+            if writer && round % 3 == 2 {
+                // The write lease ends and a read lease starts in one step: recorded as the
+                // writer's release and a reader's acquire.
+                me.record("invoke", "release", "doc", serde_json::json!({}));
+                me.record(
+                    "invoke",
+                    "acquire",
+                    "doc",
+                    serde_json::json!({"mode": "read"}),
+                );
+                guard = guard.downgrade().await.unwrap();
+                me.record("ok", "release", "doc", serde_json::json!({}));
+                me.record("ok", "acquire", guard.resource(), granted(&guard, "read"));
+            }
+            let resource = guard.resource().to_string();
+            me.record("invoke", "release", &resource, serde_json::json!({}));
+            assert!(guard.release().await.unwrap());
+            me.record("ok", "release", &resource, serde_json::json!({}));
+        }
+    };
+    use verifier::Property::*;
+    judge_history(
+        6,
+        work,
+        &[ReadersExcludeWriters, SingleHolder, MonotoneTokens],
+    );
 }
