@@ -95,6 +95,17 @@ pub enum AcquireError {
         original: ResourceName,
         requested: ResourceName,
     },
+    /// The request id is waiting for a read-write lock as one side, and was used to ask for
+    /// the other: a client bug.
+    #[error(
+        "request_id {request_id:?} is waiting for {resource} as {waits_as}; use a new request id to ask as {asked_as}"
+    )]
+    RequestIdWaitsAs {
+        request_id: String,
+        resource: ResourceName,
+        waits_as: &'static str,
+        asked_as: &'static str,
+    },
     /// The request id names an AcquireAll's set, and was used again for something else (an
     /// Acquire, or another set): a client bug.
     #[error(

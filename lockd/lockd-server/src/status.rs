@@ -60,7 +60,9 @@ fn from_acquire(a: &AcquireError) -> Status {
     let message = a.to_string();
     match a {
         AcquireError::Invalid(i) => invalid_argument(i),
-        AcquireError::RequestIdReused { .. } | AcquireError::SetIdReused { .. } => {
+        AcquireError::RequestIdReused { .. }
+        | AcquireError::RequestIdWaitsAs { .. }
+        | AcquireError::SetIdReused { .. } => {
             status(Code::InvalidArgument, codes::REQUEST_ID_REUSED, message)
         }
         AcquireError::QueueFull { .. } => {

@@ -23,7 +23,19 @@ impl Core {
             .get_mut(&waiter)
             .expect("waiting request ids name waiters");
         let reads = matches!(req.rw, Some(super::Rw::Read | super::Rw::Downgrade(_)));
-        if w.resource != req.resource || w.reads != reads {
+        if w.resource == req.resource && w.reads != reads {
+            let side = |reads| if reads { "a reader" } else { "its writer" };
+            return Err(AcquireError::RequestIdWaitsAs {
+                request_id: req
+                    .request_id
+                    .map(|id| id.as_str().to_string())
+                    .unwrap_or_default(),
+                resource: req.resource,
+                waits_as: side(w.reads),
+                asked_as: side(reads),
+            });
+        }
+        if w.resource != req.resource {
             return Err(AcquireError::RequestIdReused {
                 request_id: req
                     .request_id

@@ -342,3 +342,40 @@ fn readers_behind_a_writer_that_leaves_the_queue_get_the_lock_at_once() {
         "#]],
     );
 }
+
+#[test]
+fn a_waiting_request_id_keeps_its_side() {
+    check(
+        r#"
+        @0 acquire doc holder=w ttl=1000 mode=write
+        @1 acquire doc holder=r ttl=1000 mode=read wait=5000 req=q1
+        # the same id again, as the same side: the waiter rejoins; as the other: refused
+        @2 acquire doc holder=r ttl=1000 mode=read wait=5000 req=q1
+        @3 acquire doc holder=r ttl=1000 mode=write wait=5000 req=q1
+        @4 release doc L1
+        # granted as a reader: a retry as the writer is another request
+        @5 acquire doc holder=r ttl=1000 mode=write req=q1
+        @6 acquire doc holder=r ttl=1000 mode=read req=q1
+        "#,
+        expect![[r#"
+            @0 acquire doc holder=w ttl=1000 mode=write
+              => granted token=1 lease=L1 expires=1000
+              ! persist grant doc token=1 lease=L1 holder="w" ttl=1000 req=- rw=write
+            @1 acquire doc holder=r ttl=1000 mode=read wait=5000 req=q1
+              => queued w1 position=1
+            @2 acquire doc holder=r ttl=1000 mode=read wait=5000 req=q1
+              => rejoined w1 position=1
+            @3 acquire doc holder=r ttl=1000 mode=write wait=5000 req=q1
+              => error: request_id "q1" is waiting for doc as a reader; use a new request id to ask as its writer
+            @4 release doc L1
+              => released token=1 held=4
+              ! persist remove doc L1
+              ! persist grant doc@read-1 token=2 lease=L2 holder="r" ttl=1000 req=q1 rw=read
+              ! hand-off w1: doc@read-1 token=2 lease=L2 expires=1004
+            @5 acquire doc holder=r ttl=1000 mode=write req=q1
+              => error: request_id "q1" was already used to acquire doc@read-1; use a new request id for doc
+            @6 acquire doc holder=r ttl=1000 mode=read req=q1
+              => duplicate doc@read-1 token=2 lease=L2 expires=1004 held=true
+        "#]],
+    );
+}

@@ -480,7 +480,17 @@ impl Model {
                 .position(|w| w.request.as_ref() == Some(id))
             {
                 let w = &mut self.waiters[at];
-                if w.resource != resource || w.reads.unwrap_or(false) != reads {
+                let waits_read = w.reads.unwrap_or(false);
+                if w.resource == resource && waits_read != reads {
+                    let side = |r: bool| if r { "a reader" } else { "its writer" };
+                    return Err(AcquireError::RequestIdWaitsAs {
+                        request_id: id.clone(),
+                        resource: name(resource),
+                        waits_as: side(waits_read),
+                        asked_as: side(reads),
+                    });
+                }
+                if w.resource != resource {
                     return Err(AcquireError::RequestIdReused {
                         request_id: id.clone(),
                         original: name(&w.resource),
