@@ -32,6 +32,8 @@ pub enum InvalidArgument {
     HolderCharacters,
     #[error("lease_id is not a lease id: {0}")]
     LeaseId(String),
+    #[error("downgrade_lease_id is not a lease id: {0}")]
+    DowngradeLeaseId(String),
     #[error("{0}")]
     List(String),
     #[error("owner is {len} bytes long; the limit is {max} bytes")]
@@ -105,6 +107,17 @@ pub enum AcquireError {
         resource: ResourceName,
         waits_as: &'static str,
         asked_as: &'static str,
+    },
+    /// The request id's grant, still held, is another kind of lock of the same name than asked
+    /// for (an exclusive lock and a read-write lock's writer): a client bug.
+    #[error(
+        "request_id {request_id:?} was already used for {resource} as {used_as}; use a new request id to ask for it as {asked_as}"
+    )]
+    RequestIdUsedAs {
+        request_id: String,
+        resource: ResourceName,
+        used_as: String,
+        asked_as: String,
     },
     /// The request id names an AcquireAll's set, and was used again for something else (an
     /// Acquire, or another set): a client bug.
@@ -205,12 +218,13 @@ pub enum RenewError {
         resource: ResourceName,
         permits: u32,
     },
-    /// The name is a read-write lock held by readers: each reader's lease is on its own slot.
-    /// Maps to `FAILED_PRECONDITION` (`kind_mismatch`), as for a semaphore.
+    /// The lease is a reader's of the read-write lock `resource`, named by the lock's name
+    /// instead of its slot's. Maps to `FAILED_PRECONDITION` (`kind_mismatch`), as for a
+    /// semaphore: the reader's lease is untouched, and it has only to use its slot's name.
     #[error(
-        "{resource} is a read-write lock held by readers, not a lease: a reader renews and releases under its own name, {resource}@read-K (the resource its grant names)"
+        "the lease is a reader's of the read-write lock {resource}: a reader renews and releases under its own slot's name, {resource}@read-{slot} (the resource its grant names)"
     )]
-    Readers { resource: ResourceName },
+    Readers { resource: ResourceName, slot: u32 },
 }
 
 fn not_writer_message(resource: &ResourceName, current: Option<FencingToken>) -> String {

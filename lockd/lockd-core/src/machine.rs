@@ -147,6 +147,9 @@ pub struct Core {
     semaphores: HashMap<ResourceName, semaphore::Semaphore>,
     /// Read-write locks in use (held or waited for), by name.
     rwlocks: HashMap<ResourceName, rwlock::RwLock>,
+    /// Read-write locks whose first waiter is a reader the lock admits, waiting for room for
+    /// one more lease (lockd's or the tenant's): served, in name order, when a lease ends.
+    rw_room_wait: BTreeSet<ResourceName>,
 }
 
 impl Core {
@@ -170,6 +173,7 @@ impl Core {
             caps: Vec::new(),
             semaphores: HashMap::new(),
             rwlocks: HashMap::new(),
+            rw_room_wait: BTreeSet::new(),
         }
     }
 
@@ -191,10 +195,10 @@ impl Core {
             .iter()
             .filter_map(|r| Some((r.resource.clone(), r.permits?)))
             .collect();
-        let roles: Vec<(ResourceName, RwRole)> = snapshot
+        let roles: Vec<(ResourceName, RwRole, LeaseId)> = snapshot
             .leases
             .iter()
-            .filter_map(|r| Some((r.resource.clone(), r.rw?)))
+            .filter_map(|r| Some((r.resource.clone(), r.rw?, r.lease_id)))
             .collect();
         for rec in snapshot.leases {
             let invalid = |reason: &str| RecoverError::InvalidRecord {
@@ -443,9 +447,12 @@ impl Core {
         self.advance(now, fx);
         match self.leases.renew(resource.as_str(), lease_id, self.now) {
             Ok((expires_at, ttl_ms)) => Ok(Renewed { expires_at, ttl_ms }),
-            Err(_) if self.held_by_readers(resource) => Err(RenewError::Readers {
-                resource: resource.clone(),
-            }),
+            Err(_) if let Some(slot) = self.reader_slot(resource, lease_id) => {
+                Err(RenewError::Readers {
+                    resource: resource.clone(),
+                    slot,
+                })
+            }
             Err(current) => Err(match self.semaphores.get(resource) {
                 Some(sem) => RenewError::Semaphore {
                     resource: resource.clone(),
@@ -474,7 +481,7 @@ impl Core {
                 return ReleaseOutcome::NotHeld {
                     current: other.map(|l| l.token),
                     semaphore: self.semaphores.get(resource).map(|s| s.permits),
-                    readers: self.held_by_readers(resource),
+                    reader_slot: self.reader_slot(resource, lease_id),
                 };
             }
         }
@@ -534,7 +541,11 @@ impl Core {
                 ttl_ms: l.ttl_ms(),
                 holds: l.reentry.as_ref().map_or(1, |r| r.holds),
             }),
-            waiters: self.queues.get(resource).map_or(0, VecDeque::len),
+            // A permit's waiters are its semaphore's, a reader's its lock's.
+            waiters: self
+                .queues
+                .get(fencing::owner_name(resource.as_str()))
+                .map_or(0, VecDeque::len),
             permits: self.semaphore_use(resource),
             readers: self.rw_readers(resource),
         }
@@ -882,6 +893,21 @@ impl Core {
             }));
         }
         let current = self.leases.current(rem);
+        // A grant on the name itself, still held, says which kind it is: a writer's when the
+        // name is a read-write lock in use, else a lock's.
+        let writer = self.rwlocks.get(&original).is_some_and(|rw| rw.writer);
+        if current.is_some() && !reads && writer != req.rw.is_some() {
+            let kind = |writer| match writer {
+                true => "a read-write lock's writer",
+                false => "an exclusive lock",
+            };
+            return Some(Err(AcquireError::RequestIdUsedAs {
+                request_id: id.as_str().to_string(),
+                resource: original,
+                used_as: kind(writer).to_string(),
+                asked_as: kind(!writer).to_string(),
+            }));
+        }
         let grant = Grant {
             resource: original,
             lease_id: rem.lease_id,

@@ -67,9 +67,9 @@ pub enum ReleaseOutcome {
         /// The name is a semaphore's in use, of this many permits: its permits are released
         /// under their own names (a client bug, which the server refuses as such).
         semaphore: Option<u32>,
-        /// The name is a read-write lock held by readers: a reader releases under its own
-        /// slot's name (a client bug, refused as such).
-        readers: bool,
+        /// The lease is a reader's of the read-write lock of that name, on this slot: a reader
+        /// releases under its own slot's name (a client bug, refused as such).
+        reader_slot: Option<u32>,
     },
 }
 

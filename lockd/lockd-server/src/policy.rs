@@ -463,10 +463,13 @@ impl Policy {
             return Ok(());
         }
         let t = &self.tenancy.tenants()[tenant];
-        let semaphore = lockd_core::permits::owner_name(resource);
-        let whose = match semaphore == resource {
-            true => String::new(),
-            false => format!(" (a semaphore's permit, which is {semaphore:?}'s tenant's)"),
+        let owner = lockd_core::permits::owner_name(resource);
+        let whose = match (owner == resource, fencing::reader::is_reserved(resource)) {
+            (true, _) => String::new(),
+            (false, true) => {
+                format!(" (a read-write lock's reader, which is {owner:?}'s tenant's)")
+            }
+            (false, false) => format!(" (a semaphore's permit, which is {owner:?}'s tenant's)"),
         };
         Err(permission_denied(format!(
             "identity {} (tenant {}) may not use {resource:?}{whose}: its tenant's resources start with {}",

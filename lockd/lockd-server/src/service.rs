@@ -341,9 +341,7 @@ fn rw_mode(mode: i32, downgrade: &str) -> Result<Option<lockd_core::Rw>, Status>
         (Mode::Write, "") => Some(lockd_core::Rw::Write),
         (Mode::Read, lease) => {
             let lease = lease.parse().map_err(|e: fencing::ParseLeaseIdError| {
-                invalid_argument(&InvalidArgument::LeaseId(format!(
-                    "downgrade_lease_id: {e}"
-                )))
+                invalid_argument(&InvalidArgument::DowngradeLeaseId(e.to_string()))
             })?;
             Some(lockd_core::Rw::Downgrade(lease))
         }
@@ -481,8 +479,11 @@ impl LockApi {
                 let e = lockd_core::RenewError::Semaphore { resource, permits };
                 return Err(crate::status::from_driver(&DriverError::Renew(e)));
             }
-            ReleaseOutcome::NotHeld { readers: true, .. } => {
-                let e = lockd_core::RenewError::Readers { resource };
+            ReleaseOutcome::NotHeld {
+                reader_slot: Some(slot),
+                ..
+            } => {
+                let e = lockd_core::RenewError::Readers { resource, slot };
                 return Err(crate::status::from_driver(&DriverError::Renew(e)));
             }
             _ => {}

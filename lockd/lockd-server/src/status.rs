@@ -62,6 +62,7 @@ fn from_acquire(a: &AcquireError) -> Status {
         AcquireError::Invalid(i) => invalid_argument(i),
         AcquireError::RequestIdReused { .. }
         | AcquireError::RequestIdWaitsAs { .. }
+        | AcquireError::RequestIdUsedAs { .. }
         | AcquireError::SetIdReused { .. } => {
             status(Code::InvalidArgument, codes::REQUEST_ID_REUSED, message)
         }

@@ -59,11 +59,26 @@ pub fn a_read_write_lock_shares_readers_and_keeps_a_waiting_writer_first(b: &dyn
         .renew("job/doc", &r1.lease_id)
         .expect_err("a renewal under the lock's name");
     assert_refused(&err, Code::FailedPrecondition, "kind_mismatch");
-    assert!(err.message().contains("job/doc@read-K"), "{err:?}");
+    assert!(
+        err.message().contains("job/doc@read-1"),
+        "names its slot: {err:?}"
+    );
     let err = api
         .try_release("job/doc", &r1.lease_id)
         .expect_err("a release under the lock's name");
     assert_refused(&err, Code::FailedPrecondition, "kind_mismatch");
+    // Any other lease id under the lock's name is a lease that is not current, as anywhere.
+    let stale = "0123456789abcdef0123456789abcdef";
+    assert!(!api.release("job/doc", stale).released);
+    let err = api
+        .renew("job/doc", stale)
+        .expect_err("a lease that is not current");
+    assert_refused(&err, Code::FailedPrecondition, "lease_not_current");
+    assert_eq!(
+        api.describe("job/doc@read-1").waiters,
+        3,
+        "a reader's waiters are its lock's"
+    );
     // One kind per name; the slots' names are lockd's; fields that do not go with a mode.
     let refusals = [
         (

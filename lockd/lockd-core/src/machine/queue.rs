@@ -23,7 +23,8 @@ impl Core {
             .get_mut(&waiter)
             .expect("waiting request ids name waiters");
         let reads = matches!(req.rw, Some(super::Rw::Read | super::Rw::Downgrade(_)));
-        if w.resource == req.resource && w.reads != reads {
+        let downgrade = matches!(req.rw, Some(super::Rw::Downgrade(_)));
+        if w.resource == req.resource && (w.reads != reads || downgrade) {
             let side = |reads| if reads { "a reader" } else { "its writer" };
             return Err(AcquireError::RequestIdWaitsAs {
                 request_id: req
@@ -32,7 +33,11 @@ impl Core {
                     .unwrap_or_default(),
                 resource: req.resource,
                 waits_as: side(w.reads),
-                asked_as: side(reads),
+                asked_as: if downgrade {
+                    "a downgrade (which never waits)"
+                } else {
+                    side(reads)
+                },
             });
         }
         if w.resource != req.resource {

@@ -17,9 +17,13 @@
 //!   what it must know (a new write grant is a new token, so the fence tells it).
 //! - A name is one kind at a time. Read-write leases are not reentrant.
 //! - At most `limits::READERS_MAX` readers at once; more are busy, or wait.
+//! - A hand-off grants the first waiter in the room the ended lease left; every further
+//!   reader it grants needs room for one more lease (lockd's `leases_max`, the tenant's quota),
+//!   as an Acquire does. Readers that the lock admits but that find no room keep their place;
+//!   whenever any lease ends, such locks are served again, in name order.
 //! - A lock exists while it has a writer, a reader, or a waiter.
 
-use std::collections::{BTreeSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 
 use fencing::{LeaseId, ResourceName};
 
@@ -35,8 +39,10 @@ use crate::tenants::TenantIx;
 pub(super) struct RwLock {
     /// Its writer holds the lease on the lock's name.
     pub writer: bool,
-    /// Reader slots that hold a lease.
-    pub readers: BTreeSet<u32>,
+    /// Reader slots that hold a lease, with its lease id.
+    pub readers: BTreeMap<u32, LeaseId>,
+    /// The slot of each reader's lease id (to tell a reader's mistake from a stale writer).
+    reader_slots: HashMap<LeaseId, u32>,
     /// Slots below `high` that are free, lowest first.
     free: BTreeSet<u32>,
     /// The highest slot used since the lock was last unused.
@@ -162,7 +168,7 @@ impl Core {
         }));
         self.rwlocks.get_mut(&lock).expect("in use").writer = false;
         let grant = self.grant_rw(&lock, true, req.request_id, req.holder, ttl_ms, fx)?;
-        self.rw_hand_off(&lock, fx);
+        self.rw_hand_off(&lock, 0, fx);
         Ok(AcquireOutcome::Granted(grant))
     }
 
@@ -188,7 +194,8 @@ impl Core {
         let rw = self.rwlocks.get_mut(lock).expect("in use");
         rw.free.remove(&slot);
         rw.high = rw.high.max(slot);
-        rw.readers.insert(slot);
+        rw.readers.insert(slot, grant.lease_id);
+        rw.reader_slots.insert(grant.lease_id, slot);
         Ok(grant)
     }
 
@@ -208,14 +215,23 @@ impl Core {
     }
 
     /// The lock's head waiters that it admits now: the head, and every reader right behind
-    /// it; a writer alone.
-    pub(super) fn rw_hand_off(&mut self, lock: &ResourceName, fx: &mut Vec<Effect>) {
+    /// it; a writer alone. The first `credit` grants take the room of leases that just ended;
+    /// each further one needs room for one more lease, or the rest wait.
+    pub(super) fn rw_hand_off(&mut self, lock: &ResourceName, credit: u32, fx: &mut Vec<Effect>) {
+        let mut credit = credit;
+        self.rw_room_wait.remove(lock);
         loop {
             let Some(&waiter) = self.queues.get(lock).and_then(VecDeque::front) else {
                 return;
             };
             let reads = self.waiters[&waiter].reads;
             if !self.rwlocks[lock].admits(reads) {
+                return;
+            }
+            if credit > 0 {
+                credit -= 1;
+            } else if !self.room_for_one_more(lock) {
+                self.rw_room_wait.insert(lock.clone());
                 return;
             }
             let w = self
@@ -238,10 +254,11 @@ impl Core {
     pub(super) fn rw_lease_ended(&mut self, resource: &ResourceName, fx: &mut Vec<Effect>) -> bool {
         let lock = match fencing::reader::reader_of(resource.as_str()) {
             Some((lock, k)) => match self.rwlocks.get_key_value(lock) {
-                Some((name, rw)) if rw.readers.contains(&k) => {
+                Some((name, rw)) if rw.readers.contains_key(&k) => {
                     let name = name.clone();
                     let rw = self.rwlocks.get_mut(&name).expect("found above");
-                    rw.readers.remove(&k);
+                    let lease_id = rw.readers.remove(&k).expect("found above");
+                    rw.reader_slots.remove(&lease_id);
                     rw.free.insert(k);
                     name
                 }
@@ -255,9 +272,35 @@ impl Core {
                 _ => return false,
             },
         };
-        self.rw_hand_off(&lock, fx);
+        self.rw_hand_off(&lock, 1, fx);
         self.drop_unused_rw(&lock);
         true
+    }
+
+    /// A lease ended: the read-write locks whose readers wait for room are served again, in
+    /// name order, while there is room.
+    pub(super) fn serve_room_waiters(&mut self, fx: &mut Vec<Effect>) {
+        let mut next = self.rw_room_wait.first().cloned();
+        while let Some(lock) = next {
+            if self.leases.held_count() >= self.limits.leases_max {
+                return;
+            }
+            self.rw_hand_off(&lock, 0, fx);
+            use std::ops::Bound::{Excluded, Unbounded};
+            next = self
+                .rw_room_wait
+                .range::<ResourceName, _>((Excluded(&lock), Unbounded))
+                .next()
+                .cloned();
+        }
+    }
+
+    /// Room for one more lease of `lock`: lockd's and its tenant's.
+    fn room_for_one_more(&self, lock: &ResourceName) -> bool {
+        self.leases.held_count() < self.limits.leases_max
+            && self
+                .check_quota(self.owner(lock), Counted::Leases, 1)
+                .is_ok()
     }
 
     /// A waiter left `resource`'s queue (its wait ended, or it was cancelled). A writer that
@@ -265,7 +308,7 @@ impl Core {
     /// admits: they are granted now, so that the head of a queue is always one that must wait.
     pub(super) fn rw_waiter_left(&mut self, resource: &ResourceName, fx: &mut Vec<Effect>) {
         if self.rwlocks.contains_key(resource) {
-            self.rw_hand_off(resource, fx);
+            self.rw_hand_off(resource, 0, fx);
             self.drop_unused_rw(resource);
         }
     }
@@ -281,20 +324,18 @@ impl Core {
         }
     }
 
-    /// Who holds a read-write lock, as a busy answer: its writer, else the reader whose lease
-    /// ends first; with the lock's waiters. `None` when it is not in use or held by nobody.
+    /// Who holds a read-write lock, as a busy answer: its writer, else the reader on the
+    /// lowest slot (one look, however many readers: a busy answer must not cost a scan under
+    /// the core's lock); with the lock's waiters. `None` when it is not in use or held by
+    /// nobody.
     pub(super) fn rw_busy(&self, lock: &ResourceName) -> Option<Busy> {
         let rw = self.rwlocks.get(lock)?;
         let first = if rw.writer {
             self.leases.held(lock.as_str())
         } else {
-            rw.readers
-                .iter()
-                .filter_map(|&k| {
-                    let name = fencing::reader::name(lock, k)?;
-                    self.leases.held(name.as_str())
-                })
-                .min_by_key(|l| (l.expires_at, l.token))
+            let (&k, _) = rw.readers.first_key_value()?;
+            let name = fencing::reader::name(lock, k)?;
+            self.leases.held(name.as_str())
         }?;
         Some(Busy {
             holder: first.holder.clone(),
@@ -309,20 +350,23 @@ impl Core {
         self.rwlocks.get(lock).map(|rw| rw.readers.len() as u32)
     }
 
-    /// Whether `resource` is a read-write lock held by readers only (so that a renew or a
-    /// release under its name is a reader's mistake, not a lost lease).
-    pub(super) fn held_by_readers(&self, resource: &ResourceName) -> bool {
+    /// The slot of `lease_id` if it is a reader's lease of the read-write lock `resource`:
+    /// then a renew or a release under the lock's name is that reader's mistake, not a lost
+    /// lease.
+    pub(super) fn reader_slot(&self, resource: &ResourceName, lease_id: LeaseId) -> Option<u32> {
         self.rwlocks
-            .get(resource)
-            .is_some_and(|rw| !rw.writer && !rw.readers.is_empty())
+            .get(resource)?
+            .reader_slots
+            .get(&lease_id)
+            .copied()
     }
 
     /// Rebuilds the read-write locks of the recovered leases that say they hold one.
     pub(super) fn recover_rwlocks(
         &mut self,
-        roles: &[(ResourceName, RwRole)],
+        roles: &[(ResourceName, RwRole, LeaseId)],
     ) -> Result<(), RecoverError> {
-        for (resource, role) in roles {
+        for (resource, role, lease_id) in roles {
             let invalid = |reason: &str| RecoverError::InvalidRecord {
                 resource: resource.clone(),
                 reason: reason.to_string(),
@@ -342,7 +386,8 @@ impl Core {
                     };
                     let lock = ResourceName::new(lock).map_err(|e| invalid(&e.to_string()))?;
                     let rw = self.rwlocks.entry(lock).or_default();
-                    rw.readers.insert(k);
+                    rw.readers.insert(k, *lease_id);
+                    rw.reader_slots.insert(*lease_id, k);
                     rw.high = rw.high.max(k);
                 }
             }
@@ -366,7 +411,7 @@ impl Core {
                 return Err(invalid("held as a semaphore and as a read-write lock"));
             }
             let free: BTreeSet<u32> = (1..rw.high)
-                .filter(|k| !rw.readers.contains(k))
+                .filter(|k| !rw.readers.contains_key(k))
                 .filter(|&k| {
                     fencing::reader::name(&lock, k)
                         .is_some_and(|n| self.leases.held(n.as_str()).is_none())

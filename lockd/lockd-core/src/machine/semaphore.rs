@@ -220,6 +220,13 @@ impl Core {
     /// A lease ended (released or expired): the next waiter gets it, a permit's semaphore's
     /// next waiter gets the permit, a read-write lock's head waiters get what it admits.
     pub(super) fn lease_ended(&mut self, resource: &ResourceName, fx: &mut Vec<Effect>) {
+        self.lease_ended_here(resource, fx);
+        if !self.rw_room_wait.is_empty() {
+            self.serve_room_waiters(fx);
+        }
+    }
+
+    fn lease_ended_here(&mut self, resource: &ResourceName, fx: &mut Vec<Effect>) {
         if self.rw_lease_ended(resource, fx) {
             return;
         }

@@ -376,14 +376,15 @@ fn run(rig: &mut Rig, words: &[&str], fx: &mut Vec<Effect>) -> String {
             ReleaseOutcome::NotHeld {
                 current,
                 semaphore: None,
-                readers: false,
+                reader_slot: None,
             } => format!("not held (current token {current:?})"),
             ReleaseOutcome::NotHeld {
                 semaphore: Some(n), ..
             } => format!("not held: a semaphore of {n} permits"),
-            ReleaseOutcome::NotHeld { readers: true, .. } => {
-                "not held: a read-write lock held by readers".to_string()
-            }
+            ReleaseOutcome::NotHeld {
+                reader_slot: Some(k),
+                ..
+            } => format!("not held: the lease of its reader on slot {k}"),
         },
         "cancel" => {
             let w = WaiterId(words[1].strip_prefix('w').unwrap().parse().unwrap());

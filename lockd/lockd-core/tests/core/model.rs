@@ -19,8 +19,10 @@
 //! - a read-write lock is held by one writer or by readers, never both (checked on the stored
 //!   leases after every step), each reader its own lease and token on the lowest free slot;
 //!   its queue is served from the head only, so a waiting writer is never overtaken by later
-//!   readers (writer preference) and the readers behind a writer get the lock together; a
-//!   downgrade ends the write lease and grants a read lease in one decision.
+//!   readers (writer preference) and the readers behind a writer get the lock together,
+//!   within `leases_max`; a downgrade ends the write lease and grants a read lease in one
+//!   decision; after every step no read-write lock's first waiter is one it admits while
+//!   there is room (checked: a departed writer or a lease ended elsewhere strands nobody).
 
 use fencing::{FencingToken, LeaseId};
 use lockd_core::{

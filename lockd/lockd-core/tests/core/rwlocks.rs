@@ -57,7 +57,7 @@ fn readers_share_a_writer_waits_behind_them_and_later_readers_wait_behind_the_wr
             @8 describe doc
               => read-write readers=2 waiters=4
             @8 describe doc@read-2
-              => held holder="r2" token=2 expires=1001 ttl=1000 waiters=0
+              => held holder="r2" token=2 expires=1001 ttl=1000 waiters=4
             @9 release doc@read-1 L1
               => released token=1 held=9
               ! persist remove doc@read-1 L1
@@ -136,7 +136,7 @@ fn a_writer_downgrades_to_a_reader_without_letting_a_writer_in_between() {
             @5 acquire doc holder=w ttl=1000 mode=read downgrade=L1
               => error: downgrade_lease_id is not the current write lease of doc (it has no writer now); stop working under it and acquire again
             @6 renew doc L1
-              => error: doc is a read-write lock held by readers, not a lease: a reader renews and releases under its own name, doc@read-K (the resource its grant names)
+              => error: the lease is not the current lease of doc (it expired or was released; it is not held now); stop working under it and acquire again
             @7 describe doc
               => read-write readers=1 waiters=2
             @8 release doc@read-1 L2
@@ -211,9 +211,9 @@ fn a_name_is_one_kind_at_a_time_and_readers_use_their_own_names() {
             @2 acquire jobs holder=y mode=read
               => error: jobs is held as a semaphore of 2 permits, and was asked for as a read-write lock; use one kind per name
             @3 renew doc L1
-              => error: doc is a read-write lock held by readers, not a lease: a reader renews and releases under its own name, doc@read-K (the resource its grant names)
+              => error: the lease is a reader's of the read-write lock doc: a reader renews and releases under its own slot's name, doc@read-1 (the resource its grant names)
             @3 release doc L1
-              => not held: a read-write lock held by readers
+              => not held: the lease of its reader on slot 1
             @4 renew doc@read-1 L1
               => renewed expires=1004 ttl=1000
             @5 acquire doc@read-1 holder=x
@@ -376,6 +376,111 @@ fn a_waiting_request_id_keeps_its_side() {
               => error: request_id "q1" was already used to acquire doc@read-1; use a new request id for doc
             @6 acquire doc holder=r ttl=1000 mode=read req=q1
               => duplicate doc@read-1 token=2 lease=L2 expires=1004 held=true
+        "#]],
+    );
+}
+
+#[test]
+fn readers_handed_the_lock_together_stay_within_the_lease_limit_and_wait_for_room() {
+    check(
+        r#"
+        limits leases_max=3
+        @0 acquire doc holder=w ttl=1000 mode=write
+        @1 acquire other holder=x ttl=5000
+        @2 acquire doc holder=r1 ttl=1000 mode=read wait=5000
+        @3 acquire doc holder=r2 ttl=1000 mode=read wait=5000
+        @4 acquire doc holder=r3 ttl=1000 mode=read wait=5000
+        # the writer's lease makes room for one reader; the next takes the last room; the
+        # third keeps its place
+        @5 release doc L1
+        @6 describe doc
+        @6 acquire more holder=y
+        # a lease of another name ends: the reader waiting for room is served
+        @7 release other L2
+        @8 describe doc
+        "#,
+        expect![[r#"
+            @0 acquire doc holder=w ttl=1000 mode=write
+              => granted token=1 lease=L1 expires=1000
+              ! persist grant doc token=1 lease=L1 holder="w" ttl=1000 req=- rw=write
+            @1 acquire other holder=x ttl=5000
+              => granted token=2 lease=L2 expires=5001
+              ! persist grant other token=2 lease=L2 holder="x" ttl=5000 req=-
+            @2 acquire doc holder=r1 ttl=1000 mode=read wait=5000
+              => queued w1 position=1
+            @3 acquire doc holder=r2 ttl=1000 mode=read wait=5000
+              => queued w2 position=2
+            @4 acquire doc holder=r3 ttl=1000 mode=read wait=5000
+              => queued w3 position=3
+            @5 release doc L1
+              => released token=1 held=5
+              ! persist remove doc L1
+              ! persist grant doc@read-1 token=3 lease=L3 holder="r1" ttl=1000 req=- rw=read
+              ! hand-off w1: doc@read-1 token=3 lease=L3 expires=1005
+              ! persist grant doc@read-2 token=4 lease=L4 holder="r2" ttl=1000 req=- rw=read
+              ! hand-off w2: doc@read-2 token=4 lease=L4 expires=1005
+            @6 describe doc
+              => read-write readers=2 waiters=1
+            @6 acquire more holder=y
+              => error: lockd holds the maximum number of leases (3); release unused locks or raise limits.leases_max
+            @7 release other L2
+              => released token=2 held=6
+              ! persist remove other L2
+              ! persist grant doc@read-3 token=5 lease=L5 holder="r3" ttl=1000 req=- rw=read
+              ! hand-off w3: doc@read-3 token=5 lease=L5 expires=1007
+            @8 describe doc
+              => read-write readers=3 waiters=0
+        "#]],
+    );
+}
+
+#[test]
+fn a_request_id_answers_only_its_own_kind_of_call() {
+    check(
+        r#"
+        @0 acquire doc holder=w ttl=1000 mode=write
+        @1 acquire doc holder=r ttl=1000 mode=read wait=5000 req=q1
+        # a downgrade never waits: it cannot take over a waiting reader's request id
+        @2 acquire doc holder=w ttl=1000 mode=read downgrade=L1 req=q1
+        @3 describe doc
+        # an exclusive lock's request id is not a writer's, nor the other way round
+        @4 acquire plain holder=x ttl=1000 req=q2
+        @5 acquire plain holder=x ttl=1000 mode=write req=q2
+        @6 acquire doc holder=w ttl=1000 mode=write req=q3
+        @7 release doc L1
+        @8 acquire doc2 holder=w ttl=1000 mode=write req=q4
+        @9 acquire doc2 holder=w ttl=1000 req=q4
+        @9 acquire doc2 holder=w ttl=1000 mode=write req=q4
+        "#,
+        expect![[r#"
+            @0 acquire doc holder=w ttl=1000 mode=write
+              => granted token=1 lease=L1 expires=1000
+              ! persist grant doc token=1 lease=L1 holder="w" ttl=1000 req=- rw=write
+            @1 acquire doc holder=r ttl=1000 mode=read wait=5000 req=q1
+              => queued w1 position=1
+            @2 acquire doc holder=w ttl=1000 mode=read downgrade=L1 req=q1
+              => error: request_id "q1" is waiting for doc as a reader; use a new request id to ask as a downgrade (which never waits)
+            @3 describe doc
+              => held holder="w" token=1 expires=1000 ttl=1000 waiters=1
+            @4 acquire plain holder=x ttl=1000 req=q2
+              => granted token=2 lease=L2 expires=1004
+              ! persist grant plain token=2 lease=L2 holder="x" ttl=1000 req=q2
+            @5 acquire plain holder=x ttl=1000 mode=write req=q2
+              => error: request_id "q2" was already used for plain as an exclusive lock; use a new request id to ask for it as a read-write lock's writer
+            @6 acquire doc holder=w ttl=1000 mode=write req=q3
+              => busy holder="w" token=1 expires=1000 waiters=1
+            @7 release doc L1
+              => released token=1 held=7
+              ! persist remove doc L1
+              ! persist grant doc@read-1 token=3 lease=L3 holder="r" ttl=1000 req=q1 rw=read
+              ! hand-off w1: doc@read-1 token=3 lease=L3 expires=1007
+            @8 acquire doc2 holder=w ttl=1000 mode=write req=q4
+              => granted token=4 lease=L4 expires=1008
+              ! persist grant doc2 token=4 lease=L4 holder="w" ttl=1000 req=q4 rw=write
+            @9 acquire doc2 holder=w ttl=1000 req=q4
+              => error: request_id "q4" was already used for doc2 as a read-write lock's writer; use a new request id to ask for it as an exclusive lock
+            @9 acquire doc2 holder=w ttl=1000 mode=write req=q4
+              => duplicate token=4 lease=L4 expires=1008 held=true
         "#]],
     );
 }

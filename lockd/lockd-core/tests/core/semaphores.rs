@@ -44,7 +44,7 @@ fn permits_are_granted_lowest_first_then_busy_then_handed_to_waiters_in_order() 
             @5 describe jobs
               => semaphore permits=2 held=2 waiters=2
             @6 describe jobs@permit-2
-              => held holder="b" token=2 expires=1001 ttl=1000 waiters=0
+              => held holder="b" token=2 expires=1001 ttl=1000 waiters=2
             @6 renew jobs L2
               => error: jobs is a semaphore of 2 permits, not a lease: a permit is renewed and released under its own name, jobs@permit-K (the resource its grant names)
             @6 release jobs L2

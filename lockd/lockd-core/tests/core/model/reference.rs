@@ -203,7 +203,7 @@ impl Model {
                     busy: Some(self.busy(&resource)),
                 });
                 if w.reads.is_some() {
-                    self.rw_hand_off(&resource, fx);
+                    self.rw_hand_off(&resource, 0, fx);
                 }
             }
         }
@@ -366,8 +366,13 @@ impl Model {
     /// `resource` is free: its first waiter gets it, or, for a permit, its semaphore's; for a
     /// read-write lock's lease (`rw`), what the lock admits.
     pub(crate) fn hand_off(&mut self, resource: &str, rw: Option<RwRole>, fx: &mut Vec<Effect>) {
+        self.hand_off_here(resource, rw, fx);
+        self.serve_room_waiters(fx);
+    }
+
+    fn hand_off_here(&mut self, resource: &str, rw: Option<RwRole>, fx: &mut Vec<Effect>) {
         if rw.is_some() {
-            return self.rw_hand_off(lockd_core::permits::owner_name(resource), fx);
+            return self.rw_hand_off(lockd_core::permits::owner_name(resource), 1, fx);
         }
         let (queue, permits) = match permit_of(resource) {
             Some((s, k)) if self.sems.get(s).is_some_and(|&n| k <= n) => (s, self.sems[s]),
@@ -436,6 +441,23 @@ impl Model {
                     });
                 }
                 let current = self.leases.get(&r.resource).filter(|l| l.token == r.token);
+                // Held on the name itself: a writer's grant answers a write, a lock's a lock.
+                if let Some(l) = current
+                    && !reads
+                    && (l.rw == Some(RwRole::Write)) != rw.is_some()
+                {
+                    let kind = |w: bool| match w {
+                        true => "a read-write lock's writer",
+                        false => "an exclusive lock",
+                    };
+                    let writer = l.rw == Some(RwRole::Write);
+                    return Err(AcquireError::RequestIdUsedAs {
+                        request_id: id.clone(),
+                        resource: name(&r.resource),
+                        used_as: kind(writer).to_string(),
+                        asked_as: kind(!writer).to_string(),
+                    });
+                }
                 let grant = Grant {
                     resource: name(&r.resource),
                     lease_id: r.lease_id,
@@ -481,13 +503,18 @@ impl Model {
             {
                 let w = &mut self.waiters[at];
                 let waits_read = w.reads.unwrap_or(false);
-                if w.resource == resource && waits_read != reads {
+                let downgrade = matches!(rw, Some(Rw::Downgrade(_)));
+                if w.resource == resource && (waits_read != reads || downgrade) {
                     let side = |r: bool| if r { "a reader" } else { "its writer" };
                     return Err(AcquireError::RequestIdWaitsAs {
                         request_id: id.clone(),
                         resource: name(resource),
                         waits_as: side(waits_read),
-                        asked_as: side(reads),
+                        asked_as: if downgrade {
+                            "a downgrade (which never waits)"
+                        } else {
+                            side(reads)
+                        },
                     });
                 }
                 if w.resource != resource {
@@ -809,7 +836,7 @@ impl Model {
         self.advance(self.now, fx);
         let now = self.now;
         let semaphore = self.sem(resource).map(|(n, _)| n);
-        let readers = self.rw_by_readers(resource);
+        let reader = self.reader_slot(resource, lid);
         match (self.leases.get_mut(resource), semaphore) {
             (Some(l), _) if l.lease_id == lid => {
                 l.expires = now + l.ttl;
@@ -818,8 +845,9 @@ impl Model {
                     ttl_ms: l.ttl,
                 })
             }
-            _ if readers => Err(RenewError::Readers {
+            _ if let Some(slot) = reader => Err(RenewError::Readers {
                 resource: name(resource),
+                slot,
             }),
             (_, Some(permits)) => Err(RenewError::Semaphore {
                 resource: name(resource),
@@ -840,7 +868,7 @@ impl Model {
     ) -> ReleaseOutcome {
         self.advance(self.now, fx);
         let semaphore = self.sem(resource).map(|(n, _)| n);
-        let readers = self.rw_by_readers(resource);
+        let reader_slot = self.reader_slot(resource, lid);
         match self.leases.get_mut(resource) {
             Some(l) if l.lease_id == lid && l.owned.as_ref().is_some_and(|o| o.1 > 1) => {
                 let o = l.owned.as_mut().unwrap();
@@ -870,7 +898,7 @@ impl Model {
             other => ReleaseOutcome::NotHeld {
                 semaphore,
                 current: other.map(|l| l.token),
-                readers,
+                reader_slot,
             },
         }
     }
@@ -881,7 +909,7 @@ impl Model {
             Some(at) => {
                 let w = self.waiters.remove(at);
                 if w.reads.is_some() {
-                    self.rw_hand_off(&w.resource, fx);
+                    self.rw_hand_off(&w.resource, 0, fx);
                 }
                 true
             }

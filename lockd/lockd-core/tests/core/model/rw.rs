@@ -42,9 +42,18 @@ impl Model {
                 .any(|w| w.resource == lock && w.reads.is_some())
     }
 
-    /// Whether `lock` is held by readers and no writer.
-    pub(crate) fn rw_by_readers(&self, lock: &str) -> bool {
-        self.writer(lock).is_none() && !self.readers(lock).is_empty()
+    /// The slot of `lid` if it is the lease of one of `lock`'s readers.
+    pub(crate) fn reader_slot(&self, lock: &str, lid: fencing::LeaseId) -> Option<u32> {
+        self.leases.iter().find_map(|(r, l)| {
+            let (owner, k) = r.rsplit_once("@read-")?;
+            (owner == lock && l.rw == Some(RwRole::Read) && l.lease_id == lid)
+                .then(|| k.parse().expect("a slot's number"))
+        })
+    }
+
+    /// Whether there is room for one more lease.
+    fn room(&self) -> bool {
+        self.leases.len() < self.limits.leases_max
     }
 
     /// Readers of a read-write lock in use, for Describe.
@@ -63,6 +72,7 @@ impl Model {
                 let head = self.waiters.iter().find(|h| h.resource == w.resource);
                 head.is_some_and(|h| h.id == w.id)
                     && self.admits(&w.resource, w.reads == Some(true))
+                    && self.room()
             })
             .map(|w| w.resource.as_str())
     }
@@ -80,10 +90,10 @@ impl Model {
         if !self.rw_in_use(lock) {
             return None;
         }
+        // The writer, else the reader on the lowest slot.
         let l = self.writer(lock).or_else(|| {
-            self.readers(lock)
-                .into_iter()
-                .min_by_key(|l| (l.expires, l.token))
+            (1..=lockd_core::limits::READERS_MAX)
+                .find_map(|k| self.leases.get(&reader_name(lock, k)))
         })?;
         Some(Busy {
             holder: holder(&l.holder),
@@ -112,11 +122,18 @@ impl Model {
         self.grant(&on, request, holder_, None, (ttl, 0, Some(role)), fx)
     }
 
-    /// Serves `lock`'s queue from its head while the lock admits the head.
-    pub(crate) fn rw_hand_off(&mut self, lock: &str, fx: &mut Vec<Effect>) {
+    /// Serves `lock`'s queue from its head while the lock admits the head: the first
+    /// `credit` grants in the room of leases that just ended, the others while there is room.
+    pub(crate) fn rw_hand_off(&mut self, lock: &str, credit: u32, fx: &mut Vec<Effect>) {
+        let mut credit = credit;
         while let Some(at) = self.waiters.iter().position(|w| w.resource == lock) {
             let reads = self.waiters[at].reads.expect("a read-write lock's waiter");
             if !self.admits(lock, reads) {
+                return;
+            }
+            if credit > 0 {
+                credit -= 1;
+            } else if !self.room() {
                 return;
             }
             let w = self.waiters.remove(at);
@@ -128,6 +145,23 @@ impl Model {
             if !reads {
                 return;
             }
+        }
+    }
+
+    /// A lease ended, so there may be room: every read-write lock with waiters, in name order,
+    /// serves its head while it admits it and there is room.
+    pub(crate) fn serve_room_waiters(&mut self, fx: &mut Vec<Effect>) {
+        let locks: std::collections::BTreeSet<String> = self
+            .waiters
+            .iter()
+            .filter(|w| w.reads.is_some())
+            .map(|w| w.resource.clone())
+            .collect();
+        for lock in locks {
+            if !self.room() {
+                return;
+            }
+            self.rw_hand_off(&lock, 0, fx);
         }
     }
 
@@ -156,7 +190,7 @@ impl Model {
             self.leases.remove(lock);
             self.store_remove(lock, lid, fx);
             let grant = self.grant_rw(lock, true, (request, holder_, ttl), fx);
-            self.rw_hand_off(lock, fx);
+            self.rw_hand_off(lock, 0, fx);
             return Ok(AcquireOutcome::Granted(grant));
         }
         let reads = rw == Rw::Read;
