@@ -103,7 +103,7 @@ impl Core {
         let lock = req.resource.clone();
         self.rwlocks.entry(lock.clone()).or_default();
         let outcome = match rw {
-            Rw::Downgrade(lease_id) => self.downgrade(req, lease_id, ttl_ms, owner, fx),
+            Rw::Downgrade(lease_id) => self.downgrade(req, lease_id, ttl_ms, fx),
             Rw::Read | Rw::Write => self.take_rw(req, rw == Rw::Read, ttl_ms, wait_ms, owner, fx),
         };
         // Whatever the outcome, a lock nobody holds or waits for is not kept.
@@ -144,7 +144,6 @@ impl Core {
         req: AcquireRequest,
         lease_id: LeaseId,
         ttl_ms: u64,
-        owner: Option<TenantIx>,
         fx: &mut Vec<Effect>,
     ) -> Result<AcquireOutcome, AcquireError> {
         let lock = req.resource.clone();
@@ -157,9 +156,12 @@ impl Core {
                     .map(|l| l.token),
             });
         }
-        // One lease ends and one is granted: only a request id needs room.
-        let _ = owner;
+        // One lease ends and one is granted: only a request id needs room, and the reader's
+        // token must exist before the writer's lease is ended.
         self.check_request_room(&req)?;
+        if self.last_token.is_some_and(|t| t.next().is_none()) {
+            return Err(AcquireError::TokensExhausted);
+        }
         let ended = self.leases.end(lock.as_str());
         self.count(lock.as_str(), Counted::Leases, -1);
         fx.push(Effect::Persist(Op::Remove {
