@@ -502,14 +502,19 @@ async fn lockd_take(
     lockd_send(c, req).await
 }
 
-/// Sends one lockd Acquire: the lease, on the name lockd grants, or `None`.
+/// Sends one lockd Acquire: the lease, on the name lockd grants (the name asked for when the
+/// lease names none: a lockd from before semaphores, as bench/kinds.sh runs), or `None`.
 async fn lockd_send(
     mut c: LockServiceClient<Channel>,
     req: AcquireRequest,
 ) -> anyhow::Result<Option<Held>> {
+    let asked = req.resource.clone();
     match c.acquire(authed(req)).await?.into_inner().outcome {
         Some(Outcome::Granted(l)) => Ok(Some(Held::Lockd {
-            resource: l.resource,
+            resource: match l.resource.is_empty() {
+                true => asked,
+                false => l.resource,
+            },
             lease_id: l.lease_id,
         })),
         Some(Outcome::NotGranted(_)) => Ok(None),
