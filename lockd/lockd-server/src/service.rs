@@ -699,25 +699,18 @@ impl LockApi {
 /// The audit record of one release (alone or in a batch).
 /// A refused reuse of a request id, named as the caller spelled the id, not as lockd keeps
 /// it (`scoped`).
-fn as_spelled(e: DriverError, request_id: &str) -> DriverError {
-    match e {
-        DriverError::Acquire(AcquireError::RequestIdReused {
-            original,
-            requested,
-            ..
-        }) => DriverError::Acquire(AcquireError::RequestIdReused {
-            request_id: request_id.to_string(),
-            original,
-            requested,
-        }),
-        DriverError::Acquire(AcquireError::SetIdReused { set, .. }) => {
-            DriverError::Acquire(AcquireError::SetIdReused {
-                request_id: request_id.to_string(),
-                set,
-            })
-        }
-        e => e,
+fn as_spelled(e: DriverError, spelled: &str) -> DriverError {
+    let DriverError::Acquire(mut a) = e else {
+        return e;
+    };
+    match &mut a {
+        AcquireError::RequestIdReused { request_id, .. }
+        | AcquireError::SetIdReused { request_id, .. }
+        | AcquireError::RequestIdWaitsAs { request_id, .. }
+        | AcquireError::RequestIdUsedAs { request_id, .. } => *request_id = spelled.to_string(),
+        _ => {}
     }
+    DriverError::Acquire(a)
 }
 
 /// The audit log's record of a grant answered (`set`: the size of the AcquireAll it is

@@ -39,8 +39,19 @@ pub fn a_read_write_lock_shares_readers_and_keeps_a_waiting_writer_first(b: &dyn
     assert!(r2.token > r1.token, "each reader has its own token");
     let w = busy(api.acquire(side("job/doc", Mode::Write, "", 0)));
     assert_eq!(w.token, r1.token, "busy names the reader that ends first");
-    let writer = api.queue(side("job/doc", Mode::Write, "", 60_000));
+    let writer = api.queue(side("job/doc", Mode::Write, "rw-w", 60_000));
     api.wait_waiters("job/doc", 1);
+    // Its request id waits as the writer: asked again as a reader, it is refused, and the
+    // message spells the id as the caller did (not as lockd keeps it, under the identity).
+    let err = api
+        .acquire(side("job/doc", Mode::Read, "rw-w", 0))
+        .expect_err("a writer's waiting request id sent as a read");
+    assert_refused(&err, Code::InvalidArgument, "request_id_reused");
+    assert!(
+        err.message()
+            .contains("\"rw-w\" is waiting for job/doc as its writer"),
+        "{err:?}"
+    );
     // A reader after the waiting writer does not overtake it.
     let late = busy(api.acquire(side("job/doc", Mode::Read, "", 0)));
     assert_eq!(late.waiters, 1, "{late:?}");
@@ -155,6 +166,17 @@ pub fn a_read_write_lock_shares_readers_and_keeps_a_waiting_writer_first(b: &dyn
         .acquire(side("job/lock", Mode::Read, "", 0))
         .expect_err("a held lock asked for as a read-write lock");
     assert_refused(&err, Code::FailedPrecondition, "kind_mismatch");
+    let excl = api.granted_now(req("job/excl", "rw-x", 60_000, 0), "an exclusive lock");
+    let err = api
+        .acquire(side("job/excl", Mode::Write, "rw-x", 0))
+        .expect_err("an exclusive lock's request id sent as a write");
+    assert_refused(&err, Code::InvalidArgument, "request_id_reused");
+    assert!(
+        err.message()
+            .contains("\"rw-x\" was already used for job/excl as an exclusive lock"),
+        "{err:?}"
+    );
+    assert!(api.release("job/excl", &excl.lease_id).released);
     assert!(api.release("job/lock", &lock.lease_id).released);
     // A reader is its lock's tenant's.
     let mut other = Api::with_token(&lockd, outsider);
