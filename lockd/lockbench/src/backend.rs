@@ -193,7 +193,7 @@ impl Backend {
     /// Try-lock. `Ok(None)`: held by someone else.
     pub async fn acquire(&self, resource: &str, ttl_ms: u64) -> anyhow::Result<Option<Held>> {
         match self {
-            Backend::Lockd(v) => lockd_take(Self::pick(v), resource, ttl_ms, 0, 0).await,
+            Backend::Lockd(v) => lockd_take(Self::pick(v), resource, ttl_ms, 0, (0, 0)).await,
             Backend::Etcd(v) => {
                 let lease =
                     etcd_take(Self::pick(v), &[format!("/locks/{resource}")], ttl_ms).await?;
@@ -320,32 +320,19 @@ impl Backend {
         match self {
             Backend::Lockd(v) => {
                 let wait_ms = wait.as_millis() as u64;
-                lockd_take(Self::pick(v), semaphore, ttl_ms, wait_ms, permits).await
+                lockd_take(Self::pick(v), semaphore, ttl_ms, wait_ms, (permits, 0)).await
             }
             Backend::Etcd(_) => bail!("etcd has no semaphore recipe: use --target lockd or redis"),
             Backend::Redis(v) => {
-                let mut c = Self::pick(v);
                 let member = format!("{:032x}", rand::random::<u128>());
-                let deadline = std::time::Instant::now() + wait;
-                loop {
-                    let got: i64 = redis::Script::new(REDIS_PERMIT)
-                        .key(semaphore)
-                        .arg(permits)
-                        .arg(ttl_ms)
-                        .arg(&member)
-                        .invoke_async(&mut c)
-                        .await?;
-                    if got == 1 {
-                        return Ok(Some(Held::RedisPermit {
-                            key: semaphore.to_string(),
-                            member,
-                        }));
-                    }
-                    if std::time::Instant::now() >= deadline {
-                        return Ok(None);
-                    }
-                    tokio::time::sleep(std::time::Duration::from_millis(1)).await;
-                }
+                let script = redis::Script::new(REDIS_PERMIT);
+                let mut take = script.prepare_invoke();
+                take.key(semaphore).arg(permits).arg(ttl_ms).arg(&member);
+                let got = redis_poll(Self::pick(v), &take, wait).await?;
+                Ok(got.then(|| Held::RedisPermit {
+                    key: semaphore.to_string(),
+                    member,
+                }))
             }
         }
     }
@@ -367,43 +354,22 @@ impl Backend {
             Backend::Lockd(v) => {
                 use lockd_proto::v1::acquire_request::Mode;
                 let mode = if reads { Mode::Read } else { Mode::Write };
-                let req = AcquireRequest {
-                    resource: lock.to_string(),
-                    request_id: lockd_client::new_request_id(),
-                    ttl_ms,
-                    wait_timeout_ms: wait.as_millis() as u64,
-                    holder: "lockbench".to_string(),
-                    mode: mode as i32,
-                    ..AcquireRequest::default()
-                };
-                lockd_send(Self::pick(v), req).await
+                let wait_ms = wait.as_millis() as u64;
+                lockd_take(Self::pick(v), lock, ttl_ms, wait_ms, (0, mode as i32)).await
             }
             Backend::Etcd(_) => {
                 bail!("etcd has no read-write lock recipe outside Go: use --target lockd or redis")
             }
             Backend::Redis(v) => {
-                let mut c = Self::pick(v);
                 let holder = format!("{:032x}", rand::random::<u128>());
                 let script = redis::Script::new(if reads { REDIS_READ } else { REDIS_WRITE });
-                let deadline = std::time::Instant::now() + wait;
-                loop {
-                    let got: i64 = script
-                        .key(lock)
-                        .arg(ttl_ms)
-                        .arg(&holder)
-                        .invoke_async(&mut c)
-                        .await?;
-                    if got == 1 {
-                        return Ok(Some(Held::RedisRw {
-                            key: lock.to_string(),
-                            holder,
-                        }));
-                    }
-                    if std::time::Instant::now() >= deadline {
-                        return Ok(None);
-                    }
-                    tokio::time::sleep(std::time::Duration::from_millis(1)).await;
-                }
+                let mut take = script.prepare_invoke();
+                take.key(lock).arg(ttl_ms).arg(&holder);
+                let got = redis_poll(Self::pick(v), &take, wait).await?;
+                Ok(got.then(|| Held::RedisRw {
+                    key: lock.to_string(),
+                    holder,
+                }))
             }
         }
     }
@@ -481,14 +447,16 @@ impl Backend {
     }
 }
 
-/// One lockd Acquire: the lease, on the name lockd grants (a permit's own name for a
-/// semaphore), or `None` when it was not granted.
+/// One lockd Acquire (`permits` for a semaphore's permit, `mode` for a side of a read-write
+/// lock): the lease, on the name lockd grants (a permit's or a reader's own name; the name
+/// asked for when the lease names none, as a lockd from before semaphores answers, which
+/// bench/kinds.sh runs), or `None` when it was not granted.
 async fn lockd_take(
-    c: LockServiceClient<Channel>,
+    mut c: LockServiceClient<Channel>,
     resource: &str,
     ttl_ms: u64,
     wait_timeout_ms: u64,
-    permits: u32,
+    (permits, mode): (u32, i32),
 ) -> anyhow::Result<Option<Held>> {
     let req = AcquireRequest {
         resource: resource.to_string(),
@@ -497,28 +465,40 @@ async fn lockd_take(
         wait_timeout_ms,
         holder: "lockbench".to_string(),
         permits,
+        mode,
         ..AcquireRequest::default()
     };
-    lockd_send(c, req).await
-}
-
-/// Sends one lockd Acquire: the lease, on the name lockd grants (the name asked for when the
-/// lease names none: a lockd from before semaphores, as bench/kinds.sh runs), or `None`.
-async fn lockd_send(
-    mut c: LockServiceClient<Channel>,
-    req: AcquireRequest,
-) -> anyhow::Result<Option<Held>> {
-    let asked = req.resource.clone();
     match c.acquire(authed(req)).await?.into_inner().outcome {
         Some(Outcome::Granted(l)) => Ok(Some(Held::Lockd {
             resource: match l.resource.is_empty() {
-                true => asked,
+                true => resource.to_string(),
                 false => l.resource,
             },
             lease_id: l.lease_id,
         })),
         Some(Outcome::NotGranted(_)) => Ok(None),
         None => bail!("empty AcquireResponse"),
+    }
+}
+
+/// Runs a Redis try-script until it answers 1 (`true`) or `wait` has passed (`false`),
+/// asking again 1 ms after each refusal: a client polling, as one without Redisson's pub/sub
+/// wake-ups does.
+async fn redis_poll(
+    mut c: redis::aio::MultiplexedConnection,
+    take: &redis::ScriptInvocation<'_>,
+    wait: std::time::Duration,
+) -> anyhow::Result<bool> {
+    let deadline = std::time::Instant::now() + wait;
+    loop {
+        let got: i64 = take.invoke_async(&mut c).await?;
+        if got == 1 {
+            return Ok(true);
+        }
+        if std::time::Instant::now() >= deadline {
+            return Ok(false);
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
     }
 }
 

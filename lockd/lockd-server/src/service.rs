@@ -603,6 +603,13 @@ impl LockApi {
         let resource = resource(&r.resource)?;
         let d = driver.describe(&resource).await?;
         let waiters = u32::try_from(d.waiters).unwrap_or(u32::MAX);
+        // Any name's waiters and read-write use; a lease's holder, or a semaphore's permits.
+        let common = pb::DescribeResponse {
+            waiters,
+            read_write: d.readers.is_some(),
+            readers: d.readers.unwrap_or(0),
+            ..Default::default()
+        };
         let answer = Response::new(match d.held {
             Some(h) => pb::DescribeResponse {
                 held: true,
@@ -610,21 +617,14 @@ impl LockApi {
                 token: h.token.get(),
                 expires_at_ms: driver.wall_ms(h.expires_at),
                 ttl_ms: h.ttl_ms,
-                waiters,
                 holds: h.holds,
-                ..Default::default()
+                ..common
             },
             None => pb::DescribeResponse {
-                waiters,
                 permits: d.permits.map_or(0, |p| p.permits),
                 permits_held: d.permits.map_or(0, |p| p.held),
-                ..Default::default()
+                ..common
             },
-        })
-        .map(|mut answer| {
-            answer.read_write = d.readers.is_some();
-            answer.readers = d.readers.unwrap_or(0);
-            answer
         });
         Ok((answer, "described"))
     }

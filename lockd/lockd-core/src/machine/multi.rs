@@ -17,6 +17,7 @@ use std::collections::HashSet;
 
 use fencing::{FencingToken, ResourceName};
 
+use super::semaphore::LockKind;
 use super::{Core, Counted};
 use crate::error::{AcquireError, InvalidArgument};
 use crate::limits::SET_MAX;
@@ -81,12 +82,12 @@ impl Core {
         }
         for resource in &req.resources {
             if let Some(held_as) = self.held_as(resource)
-                && held_as != super::semaphore::kind(0)
+                && held_as != LockKind::Exclusive
             {
                 return Err(AcquireError::KindMismatch {
                     resource: resource.clone(),
-                    held_as,
-                    asked_as: super::semaphore::kind(0),
+                    held_as: held_as.to_string(),
+                    asked_as: LockKind::Exclusive.to_string(),
                 });
             }
             if let Some(busy) = self.busy(resource) {

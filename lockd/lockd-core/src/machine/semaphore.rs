@@ -32,16 +32,35 @@ pub(super) struct Semaphore {
     pub held: u32,
 }
 
-/// What kind of lock an Acquire asks for, in words for an error.
-pub(super) fn kind(permits: u32) -> String {
-    match permits {
-        0 => "an exclusive lock".to_string(),
-        n => format!("a semaphore of {n} permits"),
+/// The kind of lock a name is in use as, or an Acquire asks for. Compared as is; put in
+/// words only for an error, so that an Acquire's kind check allocates nothing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum LockKind {
+    Exclusive,
+    Semaphore(u32),
+    ReadWrite,
+}
+
+impl LockKind {
+    /// The kind `req` asks for.
+    pub(super) fn asked(req: &AcquireRequest) -> LockKind {
+        match (req.rw, req.permits) {
+            (Some(_), _) => LockKind::ReadWrite,
+            (None, 0) => LockKind::Exclusive,
+            (None, n) => LockKind::Semaphore(n),
+        }
     }
 }
 
-/// A read-write lock, in words for an error.
-pub(super) const READ_WRITE: &str = "a read-write lock";
+impl std::fmt::Display for LockKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            LockKind::Exclusive => f.write_str("an exclusive lock"),
+            LockKind::Semaphore(n) => write!(f, "a semaphore of {n} permits"),
+            LockKind::ReadWrite => f.write_str("a read-write lock"),
+        }
+    }
+}
 
 /// The error for a name lockd reserves for the slots it hands out, if `resource` is one.
 pub(super) fn reserved(resource: &ResourceName) -> Option<InvalidArgument> {
@@ -73,14 +92,16 @@ impl Core {
         permits::check(&req.resource, req.permits)
     }
 
-    /// What kind of lock a name is in use as, in words; `None` when it is not in use.
-    pub(super) fn held_as(&self, resource: &ResourceName) -> Option<String> {
+    /// What kind of lock a name is in use as; `None` when it is not in use.
+    pub(super) fn held_as(&self, resource: &ResourceName) -> Option<LockKind> {
         if let Some(sem) = self.semaphores.get(resource) {
-            Some(kind(sem.permits))
+            Some(LockKind::Semaphore(sem.permits))
         } else if self.rwlocks.contains_key(resource) {
-            Some(READ_WRITE.to_string())
+            Some(LockKind::ReadWrite)
         } else {
-            self.leases.held(resource.as_str()).map(|_| kind(0))
+            self.leases
+                .held(resource.as_str())
+                .map(|_| LockKind::Exclusive)
         }
     }
 
@@ -97,15 +118,12 @@ impl Core {
                 asked: req.permits,
             });
         }
-        let asked_as = match req.rw {
-            Some(_) => READ_WRITE.to_string(),
-            None => kind(req.permits),
-        };
+        let asked_as = LockKind::asked(req);
         match self.held_as(&req.resource) {
             Some(held_as) if held_as != asked_as => Err(AcquireError::KindMismatch {
                 resource: req.resource.clone(),
-                held_as,
-                asked_as,
+                held_as: held_as.to_string(),
+                asked_as: asked_as.to_string(),
             }),
             _ => Ok(()),
         }
