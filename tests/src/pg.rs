@@ -15,6 +15,54 @@ pub struct Postgres {
     pub port: u16,
     process: Spawned,
     dir: tempfile::TempDir,
+    /// `shared_preload_libraries`, if any (the commit hook).
+    preload: Option<PathBuf>,
+}
+
+/// fence_hook (proxy/pg-hook), built once per test process with the C compiler against the
+/// server's headers (`pg_config --includedir-server`, from postgresql-server-dev-15), into a
+/// directory the `postgres` user can read. Fails, saying how to install them, if they are
+/// missing.
+fn fence_hook() -> &'static Path {
+    static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    BUILT.get_or_init(|| {
+        let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("../proxy/pg-hook/fence_hook.c");
+        let pg_config = bin_dir().join("pg_config");
+        let (status, include, stderr) = output({
+            let mut c = Command::new(&pg_config);
+            c.arg("--includedir-server");
+            c
+        });
+        assert!(status.success(), "{} failed: {stderr}", pg_config.display());
+        let include = PathBuf::from(include.trim());
+        assert!(
+            include.join("postgres.h").is_file(),
+            "PostgreSQL's server headers are not in {} (apt-get install postgresql-server-dev-15)",
+            include.display()
+        );
+        // One build per version of the source, shared by the test processes (nextest runs each
+        // test in its own): built under a name of this process's, then renamed into place.
+        let text = std::fs::read(&source).expect("reading fence_hook.c");
+        let hash = text.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+            (h ^ u64::from(*b)).wrapping_mul(0x100_0000_01b3)
+        });
+        let dir = std::env::temp_dir().join("e2e-fence-hook");
+        std::fs::create_dir_all(&dir).expect("a directory for fence_hook.so");
+        let lib = dir.join(format!("fence_hook-{hash:016x}.so"));
+        if !lib.is_file() {
+            let partial = dir.join(format!("building-{}.so", std::process::id()));
+            let mut cc = Command::new("cc");
+            cc.args(["-shared", "-fPIC", "-O2", "-Wall", "-Werror", "-I"])
+                .arg(&include)
+                .arg("-o")
+                .arg(&partial)
+                .arg(&source);
+            let (status, _, stderr) = output(cc);
+            assert!(status.success(), "building fence_hook.so failed: {stderr}");
+            std::fs::rename(&partial, &lib).expect("moving fence_hook.so into place");
+        }
+        lib
+    })
 }
 
 fn bin_dir() -> PathBuf {
@@ -106,16 +154,20 @@ impl Postgres {
     /// Starts PostgreSQL with `rules` placed before the trust rules of pg_hba.conf (for
     /// password authentication of particular roles).
     pub fn start_with_hba(rules: &[&str]) -> Postgres {
-        Postgres::start_configured(rules, None)
+        Postgres::start_configured(rules, None, None)
     }
 
     /// Starts PostgreSQL with `ssl = on` and `tls`'s files, and `rules` before the trust rules
     /// (`hostnossl all all 0.0.0.0/0 reject` makes it take TLS connections only).
     pub fn start_tls(tls: &PgTls<'_>, rules: &[&str]) -> Postgres {
-        Postgres::start_configured(rules, Some(tls))
+        Postgres::start_configured(rules, Some(tls), None)
     }
 
-    fn start_configured(rules: &[&str], tls: Option<&PgTls<'_>>) -> Postgres {
+    fn start_configured(
+        rules: &[&str],
+        tls: Option<&PgTls<'_>>,
+        preload: Option<PathBuf>,
+    ) -> Postgres {
         let bin = bin_dir();
         let dir = tempfile::tempdir().expect("temporary directory");
         if is_root() {
@@ -152,8 +204,19 @@ impl Postgres {
             .unwrap()
             .parse()
             .unwrap();
-        let process = launch(dir.path(), port);
-        Postgres { port, process, dir }
+        let process = launch(dir.path(), port, preload.as_deref());
+        Postgres {
+            port,
+            process,
+            dir,
+            preload,
+        }
+    }
+
+    /// Starts PostgreSQL with fence_hook loaded (`shared_preload_libraries`): it judges every
+    /// commit by the fence check itself.
+    pub fn start_with_hook() -> Postgres {
+        Postgres::start_configured(&[], None, Some(fence_hook().to_path_buf()))
     }
 
     /// Crashes PostgreSQL (an immediate shutdown: no checkpoint, every session cut) and starts
@@ -173,7 +236,7 @@ impl Postgres {
     /// Starts PostgreSQL again after [`Postgres::stop`], on the same port and data; returns once
     /// it accepts connections.
     pub fn resume(&mut self) {
-        self.process = launch(self.dir.path(), self.port);
+        self.process = launch(self.dir.path(), self.port, self.preload.as_deref());
     }
 
     /// Runs `program` (psql, pgbench...) from the PostgreSQL client tools with `args`.
@@ -240,7 +303,7 @@ impl Postgres {
 }
 
 /// Starts `postgres` on `dir/data` and waits until it accepts connections.
-fn launch(dir: &Path, port: u16) -> Spawned {
+fn launch(dir: &Path, port: u16, preload: Option<&Path>) -> Spawned {
     let mut cmd = as_postgres(&bin_dir().join("postgres"));
     cmd.arg("-D")
         .arg(dir.join("data"))
@@ -254,6 +317,10 @@ fn launch(dir: &Path, port: u16) -> Spawned {
         ])
         .arg("-k")
         .arg(dir);
+    if let Some(lib) = preload {
+        cmd.arg("-c")
+            .arg(format!("shared_preload_libraries={}", lib.display()));
+    }
     let process = Spawned::spawn(cmd);
     process
         .stderr

@@ -272,6 +272,26 @@ impl Raw {
         self.answer()
     }
 
+    /// A FunctionCall message (the fast-path interface libpq's large objects use): the
+    /// function `oid` with text arguments, answered with a text result.
+    pub fn function_call(&mut self, oid: u32, args: &[&str]) -> Answer {
+        let mut body = Vec::new();
+        body.extend_from_slice(&oid.to_be_bytes());
+        body.extend_from_slice(&1u16.to_be_bytes()); // one format code for every argument:
+        body.extend_from_slice(&0u16.to_be_bytes()); // text
+        body.extend_from_slice(&(args.len() as u16).to_be_bytes());
+        for a in args {
+            body.extend_from_slice(&(a.len() as u32).to_be_bytes());
+            body.extend_from_slice(a.as_bytes());
+        }
+        body.extend_from_slice(&0u16.to_be_bytes()); // the result, as text
+        let mut m = vec![b'F'];
+        m.extend_from_slice(&(body.len() as u32 + 4).to_be_bytes());
+        m.extend_from_slice(&body);
+        self.send(&m);
+        self.answer()
+    }
+
     /// One statement with bound parameters (Parse, Bind, Execute, Sync).
     pub fn extended(&mut self, sql: &str, params: &[&str]) -> Answer {
         self.batch(&[(sql, params)])

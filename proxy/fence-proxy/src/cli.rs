@@ -210,6 +210,10 @@ pub struct PgArgs {
     /// Largest message a client may send, in bytes (COPY data excepted).
     #[arg(long, env = "FENCE_PROXY_PG_MESSAGE_MAX_BYTES", default_value_t = 64 << 20, value_name = "BYTES")]
     pub message_max_bytes: u64,
+    /// Leave commit points to PostgreSQL where its start-up reports fence_hook (false: check
+    /// every commit point here).
+    #[arg(long, env = "FENCE_PROXY_PG_TRUST_COMMIT_HOOK", default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
+    pub trust_commit_hook: bool,
     /// With --tls-cert: refuse sessions that stay in plaintext (false: take both).
     #[arg(long, env = "FENCE_PROXY_PG_TLS_REQUIRED", default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
     pub tls_required: bool,

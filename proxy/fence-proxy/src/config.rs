@@ -81,6 +81,10 @@ pub struct PgConfig {
     /// How long a fenced session's error waits for the client's next message.
     #[serde(default = "d_fenced_hold")]
     pub fenced_hold_ms: u64,
+    /// Leave commit points to PostgreSQL where its start-up reports fence_hook (false: the
+    /// proxy checks every commit point itself, hook or not).
+    #[serde(default = "d_true")]
+    pub trust_commit_hook: bool,
     /// TLS towards clients: the certificate chain and its key (PEM). An SSLRequest is then
     /// answered `S`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -162,6 +166,7 @@ impl PgConfig {
             connect_timeout_ms: d_pg_connect_timeout(),
             startup_timeout_ms: d_startup_timeout(),
             fenced_hold_ms: d_fenced_hold(),
+            trust_commit_hook: true,
             tls_cert: None,
             tls_key: None,
             tls_client_ca: None,
@@ -194,6 +199,7 @@ impl PgConfig {
             startup_timeout: Duration::from_millis(self.startup_timeout_ms),
             marks_max,
             fenced_hold: Duration::from_millis(self.fenced_hold_ms),
+            trust_commit_hook: self.trust_commit_hook,
             // From `tls()`, which reads files.
             tls: None,
             upstream_tls: None,
@@ -530,6 +536,7 @@ impl Config {
                 pg.tls_key = a.common.tls_key.clone();
                 pg.tls_client_ca = a.common.tls_client_ca.clone();
                 pg.tls_required = a.tls_required;
+                pg.trust_commit_hook = a.trust_commit_hook;
                 pg.upstream_tls = a.upstream_tls;
                 pg.upstream_ca = a.common.upstream_ca.clone();
                 pg.upstream_cert = a.common.upstream_cert.clone();
@@ -730,6 +737,7 @@ mod tests {
         assert_eq!(c.pg[0].upstream, "127.0.0.1:5432");
         assert_eq!(c.pg[0].fence_wait_ms, 1000);
         assert_eq!(c.pg[0].schema_wait_ms, 30_000);
+        assert!(c.pg[0].trust_commit_hook);
         assert_eq!(c.workers, 0);
         assert!(c.http.is_empty());
         let c = Config::from_cli(&cli(&[
@@ -744,8 +752,12 @@ mod tests {
             "1",
             "--schema-wait-ms",
             "0",
+            "--trust-commit-hook",
+            "false",
         ]))
         .unwrap();
+        assert!(!c.pg[0].trust_commit_hook);
+        assert!(!c.pg[0].relay(1, false).trust_commit_hook);
         assert_eq!(c.pg[0].schema_urls.len(), 2);
         assert_eq!(c.pg[0].schema_wait_ms, 0);
         assert_eq!((c.workers, c.workers()), (1, 1));
@@ -767,6 +779,7 @@ mod tests {
             upstream = "127.0.0.1:5432"
             schema_urls = ["postgres://postgres@127.0.0.1:5432/app"]
             fence_wait_ms = 500
+            trust_commit_hook = false
             [[http]]
             listen = "127.0.0.1:8420"
             upstream = "http://127.0.0.1:8080"
@@ -775,6 +788,7 @@ mod tests {
         let c = Config::from_cli(&cli(&["--config", &p])).unwrap();
         assert_eq!((c.pg.len(), c.http.len()), (1, 1));
         assert_eq!(c.pg[0].fence_wait_ms, 500);
+        assert!(!c.pg[0].trust_commit_hook);
         let (_d2, p2) = file(&c.to_toml());
         assert_eq!(Config::from_cli(&cli(&["--config", &p2])).unwrap(), c);
     }

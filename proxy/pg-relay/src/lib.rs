@@ -70,6 +70,10 @@ pub struct PgRelayConfig {
     /// How long the fenced error of a session that was idle when PostgreSQL ended it waits for
     /// the client's next message (after which the connection is closed without it).
     pub fenced_hold: Duration,
+    /// Leave the checks at commit points to PostgreSQL in sessions whose start-up reports
+    /// `fence_hook.active = on` (proxy/pg-hook, docs/fence-proxy.md "The commit hook").
+    /// `false`: every commit point is checked by the proxy, as without the hook.
+    pub trust_commit_hook: bool,
     /// With signed tokens on: the databases this proxy installed its keys in. PostgreSQL
     /// verifies signatures only where it has the keys, so in any other database a session
     /// may not present a token at all (its checks take the bare form: FN004). `None`: every
@@ -93,6 +97,7 @@ impl Default for PgRelayConfig {
             startup_timeout: Duration::from_secs(10),
             marks_max: 1_000_000,
             fenced_hold: Duration::from_secs(60),
+            trust_commit_hook: true,
             verified_databases: None,
             tls: None,
             upstream_tls: None,

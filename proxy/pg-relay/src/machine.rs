@@ -144,11 +144,15 @@ impl Plan {
     /// one; for a statement of unknown text, both (it may be either). Where the check goes
     /// (before the statement, right after it, or at the commit point) the machine decides
     /// (`Machine::defer`, [`check_after`]).
-    fn needs_check(&self, kind: Kind) -> bool {
+    ///
+    /// `hook`: PostgreSQL judges every commit itself ([`Machine::hook_judges`]), so no commit
+    /// point needs a check of ours; the checks before statements remain.
+    fn needs_check(&self, kind: Kind, hook: bool) -> bool {
+        let commit_point = !hook && self.data >= 1;
         match kind {
             Kind::Data | Kind::CopyIn => !self.checked || self.pending,
-            Kind::Commit { .. } => self.data >= 1,
-            Kind::Unknown => !self.checked || self.pending || self.data >= 1,
+            Kind::Commit { .. } => commit_point,
+            Kind::Unknown => !self.checked || self.pending || commit_point,
             _ => false,
         }
     }
@@ -509,6 +513,10 @@ pub(crate) struct Machine {
     no_channel_binding: bool,
     /// PostgreSQL asked for SASL: the client's next authentication message names the mechanism.
     sasl_asked: bool,
+    /// The server's start-up reported `fence_hook.active = on` (see [`Machine::hook_judges`]).
+    hook_reported: bool,
+    /// The listener does not trust that report (`trust_commit_hook = false`).
+    hook_ignored: bool,
 }
 
 impl Machine {
@@ -548,6 +556,8 @@ impl Machine {
             held_after: Vec::new(),
             no_channel_binding: false,
             sasl_asked: false,
+            hook_reported: false,
+            hook_ignored: false,
         }
     }
 
@@ -568,6 +578,12 @@ impl Machine {
     /// setting (FN004) and passes sessions without one.
     pub(crate) fn refuse_tokens(&mut self) {
         self.installed = Installed::No;
+    }
+
+    /// For a listener with `trust_commit_hook = false`: the server's report of fence_hook is
+    /// not taken, and every commit point is checked here.
+    pub(crate) fn ignore_hook(&mut self) {
+        self.hook_ignored = true;
     }
 
     /// Keeps `error` for the client's next message (see [`Verdict::Hold`]).
@@ -807,7 +823,7 @@ impl Machine {
     }
 
     fn on_sync(&mut self, message: &[u8], out: &mut Vec<u8>, marks: &dyn Marks) {
-        if self.plan.end_needs_check() {
+        if self.plan.end_needs_check() && !self.hook_judges() {
             self.push_form(out, b"", marks, Form::Commit);
         }
         self.commit_in_flight |= std::mem::take(&mut self.commit_unsynced);
@@ -822,7 +838,19 @@ impl Machine {
     /// nothing (PostgreSQL answers it `ROLLBACK`; a check would only fail with 25P02 and leave
     /// the transaction open).
     fn needs_check(&self, kind: Kind) -> bool {
-        !(self.aborted && matches!(kind, Kind::Commit { .. })) && self.plan.needs_check(kind)
+        !(self.aborted && matches!(kind, Kind::Commit { .. }))
+            && self.plan.needs_check(kind, self.hook_judges())
+    }
+
+    /// Whether PostgreSQL judges every commit of this session by the fence check itself: its
+    /// start-up reported `fence_hook.active = on` (proxy/pg-hook: a read-only setting that only
+    /// the loaded library defines, and a report that only the server sends), and the check is
+    /// installed in this database. Then the relay sends no check at a commit point; PostgreSQL
+    /// runs the general check at every commit, after the deferred triggers and held cursors,
+    /// inside procedures too. Not in a database without the check, nor where tokens are
+    /// refused here ([`Machine::refuse_tokens`]): the bare check says FN004 there.
+    pub(crate) fn hook_judges(&self) -> bool {
+        self.hook_reported && !self.hook_ignored && self.installed == Installed::Yes
     }
 
     /// A statement of `class` is being sent: the plan and the settings generation follow it.
@@ -1094,7 +1122,7 @@ impl Machine {
                 self.plan.declared_now();
             }
         }
-        if self.plan.end_needs_check() {
+        if self.plan.end_needs_check() && !self.hook_judges() {
             note_check(&mut q, n, Form::Commit);
             self.plan.checked_now();
         }
@@ -1392,7 +1420,11 @@ impl Machine {
                 Verdict::Forward
             }
             Backend::ParameterStatus { name, value } => {
-                if name == b"standard_conforming_strings" {
+                if name == b"fence_hook.active" {
+                    // Only a report of the start-up counts: it is there from the session's
+                    // first transaction.
+                    self.hook_reported = self.phase == Phase::Auth && value == b"on";
+                } else if name == b"standard_conforming_strings" {
                     self.lexing.standard_strings = value == b"on";
                 } else if name == b"client_encoding" {
                     self.lexing.encoding = Encoding::from_name(value);

@@ -208,8 +208,16 @@ fn describe_server(bytes: &[u8]) -> String {
 /// Runs `script` through a machine that has finished its start-up (the probe answered; with
 /// `installed` false, the probe's second statement failed).
 fn run(script: &str, installed: bool) -> String {
+    run_after(Machine::new(1000), &[], script, installed)
+}
+
+/// [`run`], for machine `m`, after the server messages `startup` (ParameterStatus and the
+/// like, before the first ReadyForQuery).
+fn run_after(mut m: Machine, startup: &[&str], script: &str, installed: bool) -> String {
     let marks = TestMarks::default();
-    let mut m = Machine::new(1000);
+    for s in startup {
+        assert_eq!(m.server(&server_message(s), &marks), Verdict::Forward);
+    }
     assert_eq!(m.server(&server_message("Z I"), &marks), Verdict::Hide);
     let probe = m.take_to_server();
     assert_eq!(
@@ -1555,4 +1563,50 @@ fn a_refused_commit_ends_its_transaction_as_a_failed_commit_does() {
             S Z I                    forward
         "#]],
     );
+}
+
+#[test]
+fn only_a_start_up_report_of_the_commit_hook_leaves_commit_points_to_postgresql() {
+    // An autocommit write (checked before, the token not known current), then an explicit
+    // transaction's write and COMMIT. With fence_hook reported at start-up in a database with
+    // the check, no check goes at a commit point; every other way keeps them.
+    let script = "
+        C Q UPDATE t SET v = 1
+        S Z I
+        C Q BEGIN
+        S C BEGIN
+        S Z T
+        C Q UPDATE t SET v = 2
+        S C UPDATE 1
+        S Z T
+        C Q COMMIT
+    ";
+    let hook = ["S fence_hook.active on"];
+    let trusted = run_after(Machine::new(1000), &hook, script, true);
+    assert!(!trusted.contains("at commit"), "{trusted}");
+    assert!(
+        trusted.contains("Bind \"\" any"),
+        "the check before stays: {trusted}"
+    );
+    // Without the report, and with a report of anything but `on`.
+    for startup in [
+        &[][..],
+        &["S fence_hook.active off"],
+        &["S fence_hook.active ON"],
+    ] {
+        let t = run_after(Machine::new(1000), startup, script, true);
+        assert_eq!(t.matches("at commit").count(), 2, "{startup:?}: {t}");
+    }
+    // A report after start-up (the setting cannot change; whatever sends it later is not
+    // the start-up of the session).
+    let t = run(&format!("S S fence_hook.active on\n{script}"), true);
+    assert_eq!(t.matches("at commit").count(), 2, "{t}");
+    // In a database without the check: the bare form, at commit points too.
+    let t = run_after(Machine::new(1000), &hook, script, false);
+    assert_eq!(t.matches("bare at commit").count(), 2, "{t}");
+    // On a listener that does not trust the report.
+    let mut m = Machine::new(1000);
+    m.ignore_hook();
+    let t = run_after(m, &hook, script, true);
+    assert_eq!(t.matches("at commit").count(), 2, "{t}");
 }

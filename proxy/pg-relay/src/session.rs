@@ -361,6 +361,9 @@ async fn session(
     if opskit::fence::observing() {
         machine.observe();
     }
+    if !relay.config.trust_commit_hook {
+        machine.ignore_hook();
+    }
     let who = Who { peer, database };
     if let Some(ours) = &leaf
         && upstream.is_tls()

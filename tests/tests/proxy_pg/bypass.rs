@@ -8,18 +8,24 @@
 //! proxy checked every transaction (the proxy of commit a54c88f let them all through; the
 //! closing note of issue 14 lists the run). The ones in `guards` were already refused then
 //! and stay here so that they stay refused.
+//!
+//! Each runs twice: against a plain PostgreSQL, where the proxy's own checks judge, and
+//! against one with fence_hook loaded, where the proxy sends no check at a commit point and
+//! PostgreSQL judges every commit itself.
 
 use e2e::raw::{Answer, Raw};
 
-use crate::{Setup, setup};
+use e2e::pg::Postgres;
+
+use crate::{Setup, setup_with};
 
 const UPDATE: &str = "UPDATE stock SET n = n - 1 WHERE sku = 'a'";
 
 /// A database with `stock` (n = 10), the mark of `inv:a` at 100, a role `app`, and a helper
 /// function and procedure that set the token where the proxy cannot see it (the names are
 /// spelled in pieces, so that no SQL text the proxy reads says "fencing").
-fn prepared() -> Setup {
-    let s = setup(1000);
+fn prepared(pg: Postgres) -> Setup {
+    let s = setup_with(pg, 1000, "");
     s.pg.psql(
         "CREATE TABLE stock (sku text PRIMARY KEY, n int); INSERT INTO stock VALUES ('a', 10);
          INSERT INTO fencing.tokens (resource, token) VALUES ('inv:a', 100);
@@ -54,14 +60,31 @@ fn first_error(answers: Vec<Answer>) -> Answer {
 
 /// `write(s, token)` declares `token` for `inv:a` its way and writes once. With token 1 the
 /// write must fail with `code` and change nothing; with 100 it must go through.
+/// Both with the proxy's checks and with the commit hook's.
 fn fenced(write: impl Fn(&Setup, &str) -> Answer, code: &str) {
-    let s = prepared();
-    let stale = write(&s, "1");
-    assert_eq!(stale.code(), code, "the stale write: {stale:?}");
-    assert_eq!(stock(&s), "10", "the stale write changed the table");
-    let current = write(&s, "100");
-    assert!(current.errors.is_empty(), "the current write: {current:?}");
-    assert_eq!(stock(&s), "9", "the current write did not land");
+    for (judge, pg) in [
+        ("the proxy", Postgres::start()),
+        ("fence_hook", Postgres::start_with_hook()),
+    ] {
+        let s = prepared(pg);
+        let stale = write(&s, "1");
+        assert_eq!(
+            stale.code(),
+            code,
+            "the stale write, judged by {judge}: {stale:?}"
+        );
+        assert_eq!(
+            stock(&s),
+            "10",
+            "the stale write changed the table ({judge})"
+        );
+        let current = write(&s, "100");
+        assert!(
+            current.errors.is_empty(),
+            "the current write ({judge}): {current:?}"
+        );
+        assert_eq!(stock(&s), "9", "the current write did not land ({judge})");
+    }
 }
 
 mod catalogue {
@@ -284,9 +307,15 @@ mod catalogue {
     fn database_defaults() {
         fenced(
             |s, t| {
-                s.pg.psql(&format!(
-                    "ALTER DATABASE postgres SET fencing.resource = 'inv:a'; ALTER DATABASE postgres SET fencing.token = '{t}'"
-                ));
+                // The admin's own session inherits the stale default of the first write; under
+                // fence_hook its ALTER DATABASE (a catalogue write) is judged like any other,
+                // so it clears the settings first (docs/fence-proxy.md, "The commit hook").
+                s.pg.psql_each(&[
+                    "SET fencing.resource = ''",
+                    "SET fencing.token = ''",
+                    "ALTER DATABASE postgres SET fencing.resource = 'inv:a'",
+                    &format!("ALTER DATABASE postgres SET fencing.token = '{t}'"),
+                ]);
                 Raw::connect(s.addr(), &[]).simple(UPDATE)
             },
             "FN001",
