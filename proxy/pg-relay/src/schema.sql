@@ -279,9 +279,12 @@ BEGIN
     END IF;
     k := fencing.lock_key(r);
     read_committed := current_setting('transaction_isolation') = 'read committed';
-    IF current_setting('transaction_read_only') = 'on' THEN
+    IF current_setting('transaction_read_only') = 'on' AND pg_current_xact_id_if_assigned() IS NULL THEN
         -- A read-only transaction writes nothing, so it needs no raise and no locking read
         -- (which it may not do): a token not below the mark passes, holding the lock shared.
+        -- Only one that has not written yet: SET TRANSACTION READ ONLY is allowed after writes,
+        -- and such a transaction takes the path below (whose raise PostgreSQL then refuses,
+        -- 25006), so that a write under a newer token never commits without raising the mark.
         -- It advertises its token, so that a raise to an older one does not end it.
         PERFORM fencing.advertise(k, t);
         PERFORM pg_advisory_xact_lock_shared(k);

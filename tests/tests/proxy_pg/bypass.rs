@@ -87,6 +87,43 @@ fn fenced(write: impl Fn(&Setup, &str) -> Answer, code: &str) {
     }
 }
 
+/// A transaction may turn read-only after it wrote (`SET TRANSACTION READ ONLY` is allowed at
+/// any point). The check once let a read-only transaction's token pass without raising the
+/// mark, so a write under a newer token (declared unseen) committed, and the older token went
+/// on writing after it. Now the raise is tried, and PostgreSQL refuses it in a read-only
+/// transaction (25006): the write does not commit. (Found by an outside breaker; failed
+/// before the fix under both judges.)
+#[test]
+fn a_transaction_made_read_only_after_a_newer_token_wrote() {
+    for (judge, pg) in [
+        ("the proxy", Postgres::start()),
+        ("fence_hook", Postgres::start_with_hook()),
+    ] {
+        let s = prepared(pg);
+        let mut c = Raw::connect(s.addr(), &[]);
+        for q in [
+            "BEGIN",
+            "SELECT app_work('inv:a', '101')",
+            "SET TRANSACTION READ ONLY",
+        ] {
+            let a = c.simple(q);
+            assert!(a.errors.is_empty(), "{q} ({judge}): {a:?}");
+        }
+        let commit = c.simple("COMMIT");
+        assert_eq!(commit.code(), "25006", "the COMMIT ({judge}): {commit:?}");
+        assert_eq!(
+            stock(&s),
+            "10",
+            "the newer token's write committed ({judge})"
+        );
+        assert_eq!(
+            s.pg.psql("SELECT token FROM fencing.tokens WHERE resource = 'inv:a'"),
+            "100",
+            "({judge})"
+        );
+    }
+}
+
 mod catalogue {
     use super::*;
 
