@@ -23,7 +23,7 @@ wait_port() {
 start_postgres() {
   runuser -u postgres -- "$PGBIN/initdb" -D "$OUT/data" -A trust -U postgres --no-sync >/dev/null
   runuser -u postgres -- "$PGBIN/postgres" -D "$OUT/data" -p "$PG" -k "$OUT" \
-    -c listen_addresses=127.0.0.1 -c max_connections=200 -c shared_buffers=256MB 2>"$OUT/postgres.log" &
+    -c listen_addresses=127.0.0.1 -c max_connections=200 -c shared_buffers=256MB "$@" 2>"$OUT/postgres.log" &
   pids+=("$!")
   wait_port "$PG"
 }

@@ -3,15 +3,19 @@
 # instead, in alternating rounds on one machine:
 # - PostgreSQL: pgbench through PgBouncer (session mode, client_tls_sslmode = allow) and
 #   through fence-proxy (tls_cert, tls_required = false), both in front of one throwaway
-#   PostgreSQL 15 over plaintext loopback, with sslmode=require and, for reference, with
+#   PostgreSQL 15 over plaintext loopback that loads fence_hook (proxy/pg-hook, built here:
+#   needs postgresql-server-dev-15), so that the proxy leaves commit points to PostgreSQL;
+#   and, for reference, a second fence-proxy listener with trust_commit_hook = false, which
+#   checks every commit point itself (select-only and simple-update, sslmode=require). With
+#   sslmode=require and, for reference, with
 #   sslmode=disable; select-only and simple-update (-N), 16 clients; and with a new
 #   connection per transaction (-C), where the handshake and the connection to PostgreSQL
 #   (which PgBouncer's pool keeps and fence-proxy opens per session) dominate.
 # - HTTP: wrk over HTTPS through nginx terminating TLS (proxy_pass with upstream keep-alive)
 #   and through fence-proxy (tls_cert), to an nginx upstream answering 200; GET unfenced, and
 #   a fenced POST with a steady token; 64 connections.
-# Needs pgbouncer, nginx, wrk, openssl and PostgreSQL 15 (apt-get install pgbouncer nginx wrk
-# openssl); about 8 minutes. Run as root. Prints Markdown tables; raw output in $OUT.
+# Needs pgbouncer, nginx, wrk, openssl and PostgreSQL 15 with its server headers (apt-get
+# install pgbouncer nginx wrk openssl postgresql-server-dev-15); about 10 minutes. Run as root. Prints Markdown tables; raw output in $OUT.
 #
 #   bench/proxy_tls.sh
 #   ROUNDS=1 SECONDS_PER_RUN=5 bench/proxy_tls.sh
@@ -22,15 +26,16 @@ ROUNDS=${ROUNDS:-3}
 PGBIN=${PG_BIN:-/usr/lib/postgresql/15/bin}
 OUT=${OUT:-$(mktemp -d /tmp/proxy-tls.XXXXXX)}
 mkdir -p "$OUT"; chown postgres "$OUT"
-for b in pgbouncer nginx wrk openssl; do
-  command -v "$b" >/dev/null || { echo "bench/proxy_tls.sh: $b is missing (apt-get install pgbouncer nginx wrk openssl)" >&2; exit 1; }
+for b in pgbouncer nginx wrk openssl pg_config; do
+  command -v "$b" >/dev/null || { echo "bench/proxy_tls.sh: $b is missing (apt-get install pgbouncer nginx wrk openssl postgresql-server-dev-15)" >&2; exit 1; }
 done
+[ -f "$(pg_config --pgxs)" ] || { echo "bench/proxy_tls.sh: no PGXS (apt-get install postgresql-server-dev-15)" >&2; exit 1; }
 [ -x "$PGBIN/postgres" ] || { echo "bench/proxy_tls.sh: no PostgreSQL in $PGBIN (apt-get install postgresql-15)" >&2; exit 1; }
 cargo build --release -q -p fence-proxy
 . bench/common.sh
 
-PG=16432; BOUNCER=16433; PROXY=16434; UP=16080; NGINX=16443; FPH=16444
-for port in $PG $BOUNCER $PROXY $UP $NGINX $FPH; do
+PG=16432; BOUNCER=16433; PROXY=16434; PROXY2=16435; UP=16080; NGINX=16443; FPH=16444
+for port in $PG $BOUNCER $PROXY $PROXY2 $UP $NGINX $FPH; do
   if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
     echo "bench/proxy_tls.sh: something already listens on port $port; stop it first" >&2; exit 1
   fi
@@ -44,7 +49,10 @@ mv "$OUT/proxy.pem" "$OUT/cert.pem"; mv "$OUT/proxy-key.pem" "$OUT/key.pem"
 chown postgres "$OUT/key.pem" "$OUT/cert.pem"; chmod 600 "$OUT/key.pem"
 
 # --- PostgreSQL -----------------------------------------------------------------------------
-start_postgres
+# fence_hook in PostgreSQL, for both sides: the proxy then leaves commit points to it.
+make -s -C proxy/pg-hook >/dev/null
+cp proxy/pg-hook/fence_hook.so "$OUT/"; chown postgres "$OUT/fence_hook.so"
+start_postgres -c shared_preload_libraries="$OUT/fence_hook.so"
 start_pgbouncer <<INI
 client_tls_sslmode = allow
 client_tls_cert_file = $OUT/cert.pem
@@ -59,9 +67,17 @@ schema_urls = ["postgres://postgres@127.0.0.1:$PG/postgres"]
 tls_cert = "$OUT/cert.pem"
 tls_key = "$OUT/key.pem"
 tls_required = false
+[[pg]]
+listen = "127.0.0.1:$PROXY2"
+upstream = "127.0.0.1:$PG"
+schema_urls = ["postgres://postgres@127.0.0.1:$PG/postgres"]
+tls_cert = "$OUT/cert.pem"
+tls_key = "$OUT/key.pem"
+tls_required = false
+trust_commit_hook = false
 TOML
 target/release/fence-proxy --config "$OUT/proxy.toml" 2>"$OUT/fence-proxy-pg.log" & pids+=("$!")
-wait_port $BOUNCER; wait_port $PROXY
+wait_port $BOUNCER; wait_port $PROXY; wait_port $PROXY2
 
 pgb() { PGSSLMODE=$SSLMODE "$PGBIN/pgbench" -h 127.0.0.1 -U postgres "$@" postgres; }
 PGSSLMODE=disable "$PGBIN/pgbench" -h 127.0.0.1 -U postgres -p $PG -i -s 10 -q postgres >/dev/null 2>&1
@@ -84,6 +100,15 @@ for r in $(seq "$ROUNDS"); do
       run_pg "$name|fence-proxy" $PROXY $args; run_pg "$name|pgbouncer" $BOUNCER $args
     fi
    done
+  done
+  # For reference: the proxy checking every commit point itself (trust_commit_hook = false).
+  for w in "select-only:-S -c 16 -j 2" "simple-update:-N -c 16 -j 2"; do
+    SSLMODE=require; name="${w%%:*}, sslmode=require, trust_commit_hook = false"; args=${w#*:}
+    if (( r % 2 )); then
+      run_pg "$name|pgbouncer" $BOUNCER $args; run_pg "$name|fence-proxy" $PROXY2 $args
+    else
+      run_pg "$name|fence-proxy" $PROXY2 $args; run_pg "$name|pgbouncer" $BOUNCER $args
+    fi
   done
 done
 
