@@ -148,7 +148,7 @@ impl Plan {
     /// `hook`: PostgreSQL judges every commit itself ([`Machine::hook_judges`]), so no commit
     /// point needs a check of ours; the checks before statements remain.
     fn needs_check(&self, kind: Kind, hook: bool) -> bool {
-        let commit_point = !hook && self.data >= 1;
+        let commit_point = self.commit_point_needs_check(hook);
         match kind {
             Kind::Data | Kind::CopyIn => !self.checked || self.pending,
             Kind::Commit { .. } => commit_point,
@@ -157,11 +157,16 @@ impl Plan {
         }
     }
 
+    /// Whether a commit point needs a check of ours: a statement that may touch data ran since
+    /// the last check, and PostgreSQL does not judge the commit itself (`hook`).
+    fn commit_point_needs_check(&self, hook: bool) -> bool {
+        !hook && self.data >= 1
+    }
+
     /// Whether the end of the unit (a Sync, the end of a query string) is a commit point that
-    /// needs a check: an implicit transaction in which a statement that may touch data ran
-    /// since the last check.
-    fn end_needs_check(&self) -> bool {
-        self.open == Open::Implicit && self.data >= 1
+    /// needs a check: that of an implicit transaction ([`Plan::commit_point_needs_check`]).
+    fn end_needs_check(&self, hook: bool) -> bool {
+        self.open == Open::Implicit && self.commit_point_needs_check(hook)
     }
 
     /// A declared check ran ([`Form::Declared`]): it may have passed half a declaration, so
@@ -823,7 +828,7 @@ impl Machine {
     }
 
     fn on_sync(&mut self, message: &[u8], out: &mut Vec<u8>, marks: &dyn Marks) {
-        if self.plan.end_needs_check() && !self.hook_judges() {
+        if self.plan.end_needs_check(self.hook_judges()) {
             self.push_form(out, b"", marks, Form::Commit);
         }
         self.commit_in_flight |= std::mem::take(&mut self.commit_unsynced);
@@ -1122,7 +1127,7 @@ impl Machine {
                 self.plan.declared_now();
             }
         }
-        if self.plan.end_needs_check() && !self.hook_judges() {
+        if self.plan.end_needs_check(self.hook_judges()) {
             note_check(&mut q, n, Form::Commit);
             self.plan.checked_now();
         }
