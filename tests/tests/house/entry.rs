@@ -104,3 +104,111 @@ fn an_unknown_command_is_a_usage_error() {
     assert_eq!(code, 1, "{out}");
     assert!(out.contains("usage: ./x deps [demo|test]"), "{out}");
 }
+
+/// A new machine of the project's kind (`polyglot`: Debian 12 with Rust, a JDK, Node.js and
+/// pyenv's CPython, but no cargo-nextest and no test drivers), stubbed: `cargo nextest` is
+/// missing, `python3` is pyenv's (`python`: what `sys.executable` says) and lacks the drivers,
+/// `externally_managed` says whether it refuses pip installs (PEP 668, as Debian's does).
+fn polyglot_stubs(dir: &Path, python: &str, externally_managed: bool) {
+    stubs(dir, 0, "installed");
+    let log = dir.join("calls.log");
+    let write = |name: &str, body: String| {
+        let path = dir.join(name);
+        std::fs::write(&path, format!("#!/bin/sh\n{body}\n")).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    };
+    write(
+        "cargo",
+        format!("echo \"cargo $*\" >> {log:?}; [ \"$1\" != nextest ]"),
+    );
+    let managed = if externally_managed { 0 } else { 1 };
+    write(
+        "python3",
+        format!(
+            "echo \"python3 $*\" >> {log:?}
+case \"$*\" in
+  '-c import psycopg, asyncpg') exit 1 ;;
+  '-c import sys; print(sys.executable)') echo {python} ;;
+  '-m pip --version') echo 'pip 23.2.1' ;;
+  -c*EXTERNALLY-MANAGED*) exit {managed} ;;
+esac"
+        ),
+    );
+    for program in ["java", "node", "npm"] {
+        write(program, format!("echo \"{program} $*\" >> {log:?}"));
+    }
+}
+
+#[test]
+fn on_a_new_polyglot_machine_it_builds_nextest_and_installs_the_drivers_into_pyenvs_python() {
+    let dir = tempfile::tempdir().unwrap();
+    polyglot_stubs(
+        dir.path(),
+        "/root/.pyenv/versions/3.11.7/bin/python3",
+        false,
+    );
+    let (code, out, calls) = x(dir.path(), &["deps", "test"]);
+    assert_eq!(code, 0, "{out}\n{calls}");
+    assert!(
+        calls.contains("cargo install --quiet --locked --version 0.9.151 cargo-nextest\n"),
+        "cargo-nextest is built from crates.io, pinned: {calls}"
+    );
+    assert!(
+        calls.contains(
+            "python3 -m pip install -q --disable-pip-version-check -r tests/drivers/requirements.txt --root-user-action=ignore\n"
+        ),
+        "the drivers go into the python3 on PATH through its own pip: {calls}"
+    );
+    assert!(
+        out.contains("into /root/.pyenv/versions/3.11.7/bin/python3"),
+        "{out}"
+    );
+    // The machine's runtimes are used: no Debian JDK, Node.js, Python or pip on top of them.
+    assert!(!calls.contains("apt-get"), "{calls}");
+    assert!(!calls.contains("break-system-packages"), "{calls}");
+}
+
+#[test]
+fn debians_own_python_gets_the_drivers_past_pep_668() {
+    let dir = tempfile::tempdir().unwrap();
+    polyglot_stubs(dir.path(), "/usr/bin/python3", true);
+    let (code, out, calls) = x(dir.path(), &["deps", "test"]);
+    assert_eq!(code, 0, "{out}\n{calls}");
+    assert!(
+        calls.contains(
+            "python3 -m pip install -q --disable-pip-version-check -r tests/drivers/requirements.txt --root-user-action=ignore --break-system-packages\n"
+        ),
+        "{calls}"
+    );
+}
+
+#[test]
+fn a_second_run_installs_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    polyglot_stubs(
+        dir.path(),
+        "/root/.pyenv/versions/3.11.7/bin/python3",
+        false,
+    );
+    // nextest and the drivers are there now.
+    let log = dir.path().join("calls.log");
+    std::fs::write(
+        dir.path().join("cargo"),
+        format!("#!/bin/sh\necho \"cargo $*\" >> {log:?}\n"),
+    )
+    .unwrap();
+    std::fs::write(
+        dir.path().join("python3"),
+        format!("#!/bin/sh\necho \"python3 $*\" >> {log:?}\n"),
+    )
+    .unwrap();
+    let (code, out, calls) = x(dir.path(), &["deps", "test"]);
+    assert_eq!(code, 0, "{out}\n{calls}");
+    assert!(calls.contains("cargo nextest --version"), "{calls}");
+    assert!(
+        !calls.contains("cargo install")
+            && !calls.contains("pip install")
+            && !calls.contains("apt-get"),
+        "{calls}"
+    );
+}

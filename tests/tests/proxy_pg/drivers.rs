@@ -62,7 +62,7 @@ fn python(module: &str, script: &str) -> Command {
         .output();
     assert!(
         probe.is_ok_and(|o| o.status.success()),
-        "python3 with {module} is needed: pip install -r tests/drivers/requirements.txt"
+        "python3 (the first on PATH) with {module} is needed: ./x deps, or python3 -m pip install -r tests/drivers/requirements.txt"
     );
     let mut cmd = Command::new("python3");
     cmd.arg(drivers_dir().join(script));
