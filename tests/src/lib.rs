@@ -25,6 +25,7 @@ pub mod etcd;
 pub mod keys;
 pub mod pg;
 pub mod raw;
+pub mod stacks;
 pub mod tap;
 pub mod upstream;
 

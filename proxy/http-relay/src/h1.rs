@@ -53,8 +53,9 @@ pub(crate) struct Request {
     /// The path (without the query) in the input; empty for `*` and for an absolute-form
     /// target without a path (both mean `/` to the routes).
     pub path: Range<usize>,
-    /// The path's normal form when it differs from the input's (`crate::path`): the one the
-    /// routes judge and the upstream receives.
+    /// The path as the listener's reading reads it, when that differs from the input
+    /// (`crate::path`): the one the routes judge (and, spelled for that reading, the one the
+    /// upstream receives).
     pub normalized: Option<String>,
     /// The `Fencing-Token` and `Fencing-Resource` values in the input, and how many of each
     /// there were.
@@ -77,6 +78,8 @@ pub(crate) struct Context<'a> {
     pub host: &'a str,
     /// The client's address, as it goes into the forwarding headers.
     pub peer: &'a Peer,
+    /// How the upstream reads paths.
+    pub reading: crate::path::PathReading,
 }
 
 /// A client's IP address as text, made once per connection.
@@ -263,8 +266,8 @@ pub(crate) fn request(
     } else {
         offset(buf, path_text.as_bytes())
     };
-    let normalized = if path_text.starts_with('/') {
-        crate::path::normalize(path_text).map_err(|e| Reject::Bad(e.0))?
+    let normal = if path_text.starts_with('/') {
+        crate::path::normalize(path_text, ctx.reading).map_err(|e| Reject::Bad(e.0))?
     } else {
         None
     };
@@ -295,10 +298,10 @@ pub(crate) fn request(
         if !origin.starts_with('/') {
             out.push(b'/');
         }
-        match &normalized {
-            // The normal path, then the query as it came.
-            Some(p) => {
-                out.extend_from_slice(p.as_bytes());
+        match &normal {
+            // The path as read, then the query as it came.
+            Some(n) => {
+                out.extend_from_slice(n.sent.as_ref().unwrap_or(&n.judged).as_bytes());
                 out.extend_from_slice(&origin.as_bytes()[path_text.len()..]);
             }
             None => out.extend_from_slice(origin.as_bytes()),
@@ -336,9 +339,16 @@ pub(crate) fn request(
         } else if name.eq_ignore_ascii_case(fencing::wire::HTTP_HEADER_TOKEN) {
             tokens = tokens.saturating_add(1);
             token.get_or_insert_with(|| offset(buf, h.value));
+            // Judged here; named in `Connection`, it was meant for this hop only.
+            if connection.names(name) {
+                continue;
+            }
         } else if name.eq_ignore_ascii_case(fencing::wire::HTTP_HEADER_RESOURCE) {
             resources = resources.saturating_add(1);
             resource.get_or_insert_with(|| offset(buf, h.value));
+            if connection.names(name) {
+                continue;
+            }
         } else if name.eq_ignore_ascii_case("content-length")
             || is_hop_by_hop(name)
             || connection.names(name)
@@ -394,7 +404,7 @@ pub(crate) fn request(
         head_len,
         method,
         path,
-        normalized,
+        normalized: normal.map(|n| n.judged),
         token,
         tokens,
         resource,
@@ -729,6 +739,7 @@ mod tests {
             prefix: "",
             host: "up:8080",
             peer: &PEER,
+            reading: crate::path::PathReading::Strict,
         }
     }
 
@@ -762,6 +773,42 @@ mod tests {
         assert_eq!((r.tokens, r.resources), (1, 1));
         assert_eq!(r.framing, Framing::Length(7));
         assert!(r.keep_alive && !r.http10);
+    }
+
+    /// The fencing headers are judged by the proxy either way; named in `Connection`, they
+    /// were meant for this hop only and go no further (they went on before).
+    #[test]
+    fn fencing_headers_named_in_connection_are_judged_and_dropped() {
+        let raw = "PUT /a HTTP/1.1\r\nHost: h\r\nConnection: Fencing-Token, fencing-resource\r\n\
+                   Fencing-Token: 42\r\nFencing-Resource: r\r\n\r\n";
+        let (r, head) = upstream_head(raw);
+        assert_eq!(&raw[r.token.clone().unwrap()], "42");
+        assert_eq!(&raw[r.resource.clone().unwrap()], "r");
+        assert!(!head.to_ascii_lowercase().contains("fencing-"), "{head}");
+    }
+
+    /// A decoding reading sends the path it judged, spelled for one decoding.
+    #[test]
+    fn the_upstream_gets_the_path_as_the_reading_read_it() {
+        let mut out = Vec::new();
+        let c = Context {
+            reading: crate::path::PathReading::Decoded,
+            ..ctx()
+        };
+        let raw = b"PUT /x/..%2Finventory%2Fsku1?q=%2F HTTP/1.1\r\nHost: h\r\n\r\n";
+        let r = request(raw, &c, &mut out).unwrap().unwrap();
+        assert_eq!(r.normalized.as_deref(), Some("/inventory/sku1"));
+        let head = String::from_utf8(out.clone()).unwrap();
+        assert!(
+            head.starts_with("PUT /inventory/sku1?q=%2F HTTP/1.1\r\n"),
+            "{head}"
+        );
+        // The strict reading refuses it.
+        let err = request(raw, &ctx(), &mut out).unwrap_err();
+        assert!(
+            matches!(&err, Reject::Bad(m) if m.contains("%2F")),
+            "{err:?}"
+        );
     }
 
     #[test]

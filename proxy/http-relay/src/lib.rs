@@ -1,7 +1,8 @@
 //! http-relay: a reverse proxy for HTTP services that fences writes by token.
 //!
-//! - `path`: request paths in their normal form (RFC 3986 §6.2.2), which the routes judge and
-//!   the upstream receives;
+//! - `path`: request paths as the upstream reads them (a path common upstream stacks read
+//!   differently is refused, unless the upstream's reading is configured), in their normal
+//!   form (RFC 3986 §6.2.2), which the routes judge and the upstream receives;
 //! - `routes`: which requests are fenced and which resource they name;
 //! - `fence`: the rule (stale refused, equal shared, higher raises) and the barrier that keeps a
 //!   new token from overtaking older requests still at the upstream; durable marks behind a
@@ -45,6 +46,7 @@ mod upstream;
 pub use fence::{
     BoxFuture, Fence, FenceLimits, LocalFence, MarkStore, MemoryMarks, Permit, Refusal,
 };
+pub use path::PathReading;
 pub use problem::Problem;
 pub use relay::{Relay, RelayConfig, parse_upstream};
 pub use routes::{Classification, RouteConfig, RouteError, Routes, Unmatched, is_safe};

@@ -44,6 +44,20 @@ pub enum Problem {
     NotImplemented { reason: String },
 }
 
+impl From<crate::h1::Reject> for Problem {
+    fn from(reject: crate::h1::Reject) -> Problem {
+        use crate::h1::{HEAD_MAX, HEADERS_MAX, Reject};
+        match reject {
+            Reject::Bad(reason) => Problem::BadRequest { reason },
+            Reject::TooLarge => Problem::HeadTooLarge {
+                limit: HEAD_MAX,
+                fields: HEADERS_MAX,
+            },
+            Reject::NotImplemented(reason) => Problem::NotImplemented { reason },
+        }
+    }
+}
+
 impl Problem {
     fn parts(&self) -> (StatusCode, &'static str, &'static str) {
         match self {

@@ -67,6 +67,8 @@ pub struct RelayConfig {
     pub pool_idle_timeout: Duration,
     /// Which tokens must be signed, and the keys that verify them.
     pub signing: Arc<fencing::signed::Policy>,
+    /// How the upstream reads request paths, and so how the routes read them.
+    pub path_reading: crate::path::PathReading,
 }
 
 /// Checks an upstream URL: HTTP or HTTPS, with a host, no query.
@@ -233,6 +235,7 @@ impl Conn<'_> {
                     prefix: &self.relay.prefix,
                     host: &self.relay.host,
                     peer: &self.forwarded_for,
+                    reading: self.relay.config.path_reading,
                 };
                 let parsed = if h1::may_be_complete(&self.input, searched) {
                     h1::request(&self.input, &ctx, &mut self.out)
@@ -246,16 +249,7 @@ impl Conn<'_> {
                     Ok(Some(req)) => return Some(req),
                     Ok(None) => {}
                     Err(reject) => {
-                        let problem = match reject {
-                            h1::Reject::Bad(reason) => Problem::BadRequest { reason },
-                            h1::Reject::TooLarge => Problem::HeadTooLarge {
-                                limit: h1::HEAD_MAX,
-                                fields: h1::HEADERS_MAX,
-                            },
-                            h1::Reject::NotImplemented(reason) => {
-                                Problem::NotImplemented { reason }
-                            }
-                        };
+                        let problem = Problem::from(reject);
                         self.answer(&problem, true).await;
                         self.close(false).await;
                         return None;
@@ -306,6 +300,7 @@ impl Conn<'_> {
             Classification::Pass => None,
             Classification::FenceByHeader => Some(self.fence_args(&req, None)),
             Classification::FenceNamed(name) => Some(self.fence_args(&req, Some(name))),
+            Classification::Ambiguous(reason) => Some(Err(Problem::BadRequest { reason })),
         };
         // A refusal is tallied before the head (its method and path) leaves the buffer.
         let permit: Option<Permit> = match admission {

@@ -263,6 +263,7 @@ async fn proxy_until(
         pool_idle_timeout: Duration::from_secs(600),
         signing: Default::default(),
         upstream_tls: None,
+        path_reading: Default::default(),
     };
     let mut limits = ServerLimits {
         header_read_timeout: Duration::from_secs(600),

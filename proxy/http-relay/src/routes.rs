@@ -114,6 +114,8 @@ struct Route {
 pub struct Routes {
     routes: Vec<Route>,
     unmatched: Unmatched,
+    /// Some route's literal segment has an upper-case letter.
+    upper_literals: bool,
 }
 
 /// How a request is to be handled.
@@ -125,6 +127,19 @@ pub enum Classification {
     FenceByHeader,
     /// Fenced; the resource name built from the path (not yet validated as a name).
     FenceNamed(String),
+    /// Refused: upstreams that route paths ignoring case would handle it otherwise (why).
+    Ambiguous(String),
+}
+
+impl Classification {
+    fn describe(&self) -> String {
+        match self {
+            Classification::Pass => "relayed unfenced".into(),
+            Classification::FenceByHeader => "fenced by its Fencing-Resource header".into(),
+            Classification::FenceNamed(r) => format!("fenced as {r:?}"),
+            Classification::Ambiguous(why) => why.clone(),
+        }
+    }
 }
 
 /// Methods that are not fenced by default: they do not write.
@@ -143,11 +158,41 @@ impl Routes {
             .map(parse_route)
             .collect::<Result<Vec<_>, _>>()?;
         let unmatched = unmatched.unwrap_or_default();
-        Ok(Routes { routes, unmatched })
+        let upper_literals = routes.iter().any(|r| {
+            r.path.iter().any(
+                |seg| matches!(seg, Segment::Literal(l) if l.bytes().any(|b| b.is_ascii_uppercase())),
+            )
+        });
+        Ok(Routes {
+            routes,
+            unmatched,
+            upper_literals,
+        })
     }
 
-    /// Decides how to handle `method path` (path without the query).
+    /// Decides how to handle `method path` (path without the query, as the listener reads
+    /// it). The path is also read as upstreams that ignore case in paths read it (Express and
+    /// ASP.NET Core route so by default); if that reading is handled otherwise, the request is
+    /// [`Classification::Ambiguous`].
     pub fn classify(&self, method: &Method, path: &str) -> Classification {
+        let exact = self.classify_as(method, path, false);
+        // Folding case changes nothing unless the path or a route has an upper-case letter.
+        if !self.upper_literals && !path.bytes().any(|b| b.is_ascii_uppercase()) {
+            return exact;
+        }
+        let folded = self.classify_as(method, path, true);
+        if folded == exact {
+            return exact;
+        }
+        Classification::Ambiguous(format!(
+            "the path {path:?} is {}, but {} by upstreams that route ignoring case (Express, \
+             ASP.NET Core): spell it as the route does",
+            exact.describe(),
+            folded.describe()
+        ))
+    }
+
+    fn classify_as(&self, method: &Method, path: &str, fold: bool) -> Classification {
         for route in &self.routes {
             let method_ok = match &route.methods {
                 Some(ms) => ms.contains(method),
@@ -156,22 +201,33 @@ impl Routes {
             if !method_ok {
                 continue;
             }
-            let Some(captures) = match_path(&route.path, path) else {
+            let Some(captures) = match_path(&route.path, path, fold) else {
                 continue;
             };
             if !route.fenced {
                 return Classification::Pass;
             }
-            return match &route.resource {
-                ResourceFrom::Header => Classification::FenceByHeader,
-                ResourceFrom::Template(pieces) => {
-                    Classification::FenceNamed(render(pieces, &captures))
-                }
-            };
+            return route.fence(&captures);
         }
-        match self.unmatched {
-            Unmatched::Fence if !is_safe(method) => Classification::FenceByHeader,
-            _ => Classification::Pass,
+        if is_safe(method) || self.unmatched == Unmatched::Pass {
+            return Classification::Pass;
+        }
+        // A write that a fenced route's path matches, in a method the route does not list, is
+        // fenced as that route fences (the upstream may serve the method at that path too),
+        // never under a resource the client names.
+        self.routes
+            .iter()
+            .filter(|r| r.fenced)
+            .find_map(|r| match_path(&r.path, path, fold).map(|c| r.fence(&c)))
+            .unwrap_or(Classification::FenceByHeader)
+    }
+}
+
+impl Route {
+    fn fence(&self, captures: &[(&str, &str)]) -> Classification {
+        match &self.resource {
+            ResourceFrom::Header => Classification::FenceByHeader,
+            ResourceFrom::Template(pieces) => Classification::FenceNamed(render(pieces, captures)),
         }
     }
 }
@@ -306,8 +362,13 @@ fn parse_template(path: &str, t: &str, names: &HashSet<String>) -> Result<Vec<Pi
     Ok(pieces)
 }
 
-/// Matches `path` against a template; returns the captures (name, value).
-fn match_path<'r, 'p>(template: &'r [Segment], path: &'p str) -> Option<Vec<(&'r str, &'p str)>> {
+/// Matches `path` against a template (its literals ignoring ASCII case if `fold`); returns the
+/// captures (name, value).
+fn match_path<'r, 'p>(
+    template: &'r [Segment],
+    path: &'p str,
+    fold: bool,
+) -> Option<Vec<(&'r str, &'p str)>> {
     let rest = path.strip_prefix('/')?;
     let rest = if rest.len() > 1 {
         rest.strip_suffix('/').unwrap_or(rest)
@@ -324,7 +385,13 @@ fn match_path<'r, 'p>(template: &'r [Segment], path: &'p str) -> Option<Vec<(&'r
     for seg in template {
         match seg {
             Segment::Literal(l) => {
-                if parts.get(i) != Some(&l.as_str()) {
+                let part = parts.get(i)?;
+                let same = if fold {
+                    part.eq_ignore_ascii_case(l)
+                } else {
+                    part == l
+                };
+                if !same {
                     return None;
                 }
             }
@@ -426,10 +493,11 @@ mod tests {
             r.classify(&Method::POST, "/payments/acme/charges/7"),
             named("pay/acme")
         );
-        // A method the route does not list: unmatched, so fenced by header.
+        // A method the route does not list: fenced as the route fences its path, not by a
+        // header the client chose.
         assert_eq!(
             r.classify(&Method::PUT, "/payments/acme/charges/7"),
-            Classification::FenceByHeader
+            named("pay/acme")
         );
         assert_eq!(
             r.classify(&Method::DELETE, "/files/a/b/c.txt"),
@@ -493,5 +561,47 @@ mod tests {
                 .to_string();
             assert!(err.contains(needle), "{config:?}: {err}");
         }
+    }
+
+    /// Express and ASP.NET Core route `/Inventory/sku-1` to `/inventory/{sku}`: a path whose
+    /// case decides how it is handled is refused (it was fenced by the header before).
+    #[test]
+    fn a_path_that_ignoring_case_routes_elsewhere_is_ambiguous() {
+        let unfenced = RouteConfig {
+            fenced: false,
+            ..route(Some(&["POST"]), "/Health", None)
+        };
+        let r = Routes::new(
+            &[
+                unfenced,
+                route(None, "/inventory/{sku}", Some("inventory:{sku}")),
+                route(None, "/{x}", Some("any:{x}")),
+            ],
+            None,
+        )
+        .unwrap();
+        for (method, p) in [
+            (Method::PUT, "/Inventory/sku-1"),
+            (Method::PUT, "/INVENTORY/sku-1/"),
+            // `/health` is fenced as `any:health`, but a case-blind upstream takes it for the
+            // unfenced `/Health`.
+            (Method::POST, "/health"),
+        ] {
+            let got = r.classify(&method, p);
+            assert!(
+                matches!(&got, Classification::Ambiguous(why) if why.contains("ignoring case")),
+                "{p}: {got:?}"
+            );
+        }
+        // Captures keep their case; spelled as the routes do, nothing changes.
+        assert_eq!(
+            r.classify(&Method::PUT, "/inventory/SKU-1"),
+            Classification::FenceNamed("inventory:SKU-1".into())
+        );
+        assert_eq!(r.classify(&Method::POST, "/Health"), Classification::Pass);
+        assert_eq!(
+            r.classify(&Method::GET, "/Inventory/x"),
+            Classification::Pass
+        );
     }
 }

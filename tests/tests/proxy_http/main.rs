@@ -7,7 +7,9 @@
 //! - `durability`: `kill -9` and restart;
 //! - `replicas`: two proxies with their marks in a real PostgreSQL;
 //! - `streaming`: large bodies both ways without holding them;
-//! - `tls`: HTTPS on both sides with curl, every failure, mutual TLS, SIGHUP.
+//! - `tls`: HTTPS on both sides with curl, every failure, mutual TLS, SIGHUP;
+//! - `bypass` and `stacks`: the bypass catalogue, the latter against real upstream stacks
+//!   (WSGI, Node.js, nginx) that read paths their own way.
 //!
 //! Needs the binaries: `cargo build --bins` first.
 
@@ -18,6 +20,7 @@ mod observe;
 mod ordering;
 mod replicas;
 mod signed;
+mod stacks;
 mod status_pages;
 mod streaming;
 mod tls;
@@ -33,10 +36,14 @@ use e2e::upstream::{Seen, Upstream};
 
 /// A proxy in front of `upstream` with `extra` TOML for its listener (routes, limits).
 pub fn proxy(dir: &Path, upstream: &Upstream, fence: &str, listener: &str) -> FenceProxy {
+    proxy_to(dir, &upstream.url(), fence, listener)
+}
+
+/// A proxy in front of the service at `url`, as [`proxy`].
+pub fn proxy_to(dir: &Path, url: &str, fence: &str, listener: &str) -> FenceProxy {
     let config = format!(
-        "data_dir = \"{}\"\n[fence]\n{fence}\n[[http]]\nlisten = \"127.0.0.1:0\"\nupstream = \"{}\"\n{listener}\n",
+        "data_dir = \"{}\"\n[fence]\n{fence}\n[[http]]\nlisten = \"127.0.0.1:0\"\nupstream = \"{url}\"\n{listener}\n",
         dir.join("data").display(),
-        upstream.url()
     );
     FenceProxy::start(dir, &config, 1)
 }
