@@ -215,6 +215,11 @@ impl Postgres {
 
     /// Starts PostgreSQL with fence_hook loaded (`shared_preload_libraries`): it judges every
     /// commit by the fence check itself.
+    /// Waits for the first line of the server's log that `pred` accepts, and returns it.
+    pub fn wait_log(&self, what: &str, pred: impl Fn(&str) -> bool) -> String {
+        self.process.stderr.wait_for(what, pred)
+    }
+
     pub fn start_with_hook() -> Postgres {
         Postgres::start_configured(&[], None, Some(fence_hook().to_path_buf()))
     }

@@ -132,6 +132,20 @@ BEGIN
 END;
 $fn$;
 
+-- What is shown of a presented token: a signed one (two dots) cut to its number, key id and
+-- the first 8 characters of its MAC, as fence-proxy's logs show it (a signed token is never
+-- shown whole); anything else bounded to 160 characters.
+CREATE OR REPLACE FUNCTION fencing.shown_token(t_text text)
+RETURNS text
+LANGUAGE sql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+    SELECT CASE WHEN m IS NULL THEN left(t_text, 160)
+                ELSE left(m[1], 160) || left(m[2], 8) || CASE WHEN length(m[2]) > 8 THEN '…' ELSE '' END
+           END
+    FROM (SELECT regexp_match(t_text, '^([^.]*\.[^.]*\.)(.*)$') AS m) AS parts
+$fn$;
+
 -- FN007: the token is not lockd's for resource `r`.
 CREATE OR REPLACE FUNCTION fencing.refuse_signature(r text, t_text text, why text)
 RETURNS void
@@ -141,8 +155,8 @@ AS $fn$
 BEGIN
     RAISE EXCEPTION USING ERRCODE = 'FN007',
         MESSAGE = format('fencing token %s for resource %s is refused: %s',
-                         quote_literal(left(t_text, 160)), quote_literal(r), why),
-        DETAIL = format('resource: %s, presented token: %s', r, left(t_text, 160)),
+                         quote_literal(fencing.shown_token(t_text)), quote_literal(r), why),
+        DETAIL = format('resource: %s, presented token: %s', r, fencing.shown_token(t_text)),
         HINT = 'present the signed token lockd gave with the grant (TOKEN.KEY_ID.MAC), for this resource';
 END;
 $fn$;

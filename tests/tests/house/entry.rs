@@ -127,7 +127,7 @@ fn polyglot_stubs(dir: &Path, python: &str, externally_managed: bool) {
         format!(
             "echo \"python3 $*\" >> {log:?}
 case \"$*\" in
-  '-c import psycopg, asyncpg') exit 1 ;;
+  '-c import psycopg'*) exit 1 ;;
   '-c import sys; print(sys.executable)') echo {python} ;;
   '-m pip --version') echo 'pip 23.2.1' ;;
   -c*EXTERNALLY-MANAGED*) exit {managed} ;;

@@ -104,3 +104,58 @@ fn jdbc_with_set_and_options() {
         .arg(drivers_dir().join("Zombie.java"));
     scenario(cmd, "JDBC");
 }
+
+/// SQLAlchemy's pool, one connection handed out again and again (docs/fence-proxy.md, "Under
+/// a connection pool"): a token declared per transaction reaches no later checkout; one
+/// declared with a session-level `SET` does, and the next user's unrelated write is refused
+/// under it, which is why the docs say never to.
+#[test]
+fn sqlalchemys_pool_keeps_a_per_transaction_token_to_its_transaction() {
+    let s = setup(300);
+    s.pg.psql(
+        "CREATE TABLE acct (id int PRIMARY KEY, owner text); INSERT INTO acct VALUES (1, 'init'); \
+         CREATE TABLE other (v int); INSERT INTO other VALUES (0)",
+    );
+    let (host, port) = s.addr().rsplit_once(':').unwrap();
+    let mut cmd = python("sqlalchemy", "sqlalchemy_pool.py");
+    cmd.args([host, port]);
+    let (status, stdout, stderr) = e2e::output(cmd);
+    assert!(status.success(), "{stdout}\n{stderr}");
+    let cases: HashMap<String, serde_json::Value> = stdout
+        .lines()
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).unwrap();
+            (v["case"].as_str().unwrap().to_string(), v)
+        })
+        .collect();
+    let case = |name: &str| {
+        cases
+            .get(name)
+            .unwrap_or_else(|| panic!("{name}: {stdout}"))
+    };
+    assert_eq!(case("per_transaction_write")["ok"], true, "{stdout}");
+    let seen = &case("per_transaction_next_checkout")["value"];
+    assert!(
+        seen.is_null() || seen == "",
+        "the next checkout inherited {seen}: {stdout}"
+    );
+    assert_eq!(
+        case("per_transaction_unrelated_write")["ok"],
+        true,
+        "{stdout}"
+    );
+    assert_eq!(
+        case("per_transaction_stale_write")["sqlstate"],
+        "FN001",
+        "{stdout}"
+    );
+    assert_eq!(s.pg.psql("SELECT owner FROM acct"), "holder");
+    // The hazard: a session-level SET stays on the pooled connection.
+    assert_eq!(case("session_set_next_checkout")["value"], "49", "{stdout}");
+    assert_eq!(
+        case("session_set_unrelated_write")["sqlstate"],
+        "FN001",
+        "{stdout}"
+    );
+    assert_eq!(s.pg.psql("SELECT v FROM other"), "1");
+}

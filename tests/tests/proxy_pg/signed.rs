@@ -84,6 +84,22 @@ fn forged_tokens_are_refused_by_postgresql_and_the_mark_does_not_move() {
     }
     let retired = write(&s, R, &cases[3].0);
     assert!(retired.errors[0].1.contains("retired"), "{retired:?}");
+    // A signed token is never shown whole, in the error or in the server's log: its MAC is cut
+    // to 8 characters (it was shown whole before).
+    let mac = cases[1].0.rsplit('.').next().unwrap();
+    let shown = format!("{}…", &mac[..8]);
+    let other = write(&s, R, &cases[1].0);
+    let message = &other.errors[0].1;
+    assert!(
+        message.contains(&shown) && !message.contains(mac),
+        "{message}"
+    );
+    for part in ["ERROR", "DETAIL"] {
+        let line = s.pg.wait_log(&format!("the {part} of the refusal"), |l| {
+            l.contains(part) && l.contains(&shown)
+        });
+        assert!(!line.contains(mac), "{line}");
+    }
     let unsigned = write(&s, R, "100");
     assert!(
         unsigned.errors[0]
