@@ -9,6 +9,17 @@
  * triggers have fired and its held cursors have run, so the check judges everything the
  * transaction did, including commits inside procedures and what a FunctionCall wrote.
  *
+ * A transaction that wrote only through another connection has no transaction id, and a
+ * write that leaves that way commits on the far side when it is made (dblink_exec) or before
+ * this callback runs (postgres_fdw commits its remote transaction in a commit callback of its
+ * own, registered later, so called earlier). So such writes are judged where they are made:
+ * every call of a function of dblink's library, in a session with any fencing setting, first
+ * runs the same check (a stale token fails before the call) and takes a transaction id, so
+ * that the commit is judged too; so is every TRUNCATE of a foreign table (or of a table with
+ * a foreign partition), which no trigger can see. Other writes to foreign tables are judged
+ * by the row triggers the check's schema puts on them (fencing.judge_foreign), with or
+ * without this library.
+ *
  * It reports `fence_hook.active = on` (a read-only setting, GUC_REPORT) in the start-up of
  * every session. fence-proxy takes that report, which only the server can send and only a
  * loaded library can define, as its sign that PostgreSQL judges the commits, and then sends no
@@ -17,14 +28,24 @@
  */
 #include "postgres.h"
 
+#include "access/transam.h"
 #include "access/xact.h"
+#include "catalog/namespace.h"
+#include "catalog/pg_inherits.h"
+#include "catalog/pg_language.h"
+#include "catalog/pg_proc.h"
 #include "catalog/pg_type.h"
 #include "executor/spi.h"
 #include "fmgr.h"
 #include "miscadmin.h"
+#include "nodes/parsenodes.h"
 #include "postmaster/autovacuum.h"
+#include "tcop/utility.h"
 #include "utils/guc.h"
+#include "utils/lsyscache.h"
+#include "utils/builtins.h"
 #include "utils/snapmgr.h"
+#include "utils/syscache.h"
 
 PG_MODULE_MAGIC;
 
@@ -36,6 +57,9 @@ static bool fence_hook_active = true;
 static int fence_hook_wait_ms = 1000;
 /* The check, prepared once per backend; the plan cache re-plans it when the schema changes. */
 static SPIPlanPtr check_plan = NULL;
+static needs_fmgr_hook_type prev_needs_fmgr_hook = NULL;
+static fmgr_hook_type prev_fmgr_hook = NULL;
+static ProcessUtility_hook_type prev_utility_hook = NULL;
 
 static bool
 is_set(const char *value)
@@ -51,7 +75,18 @@ check_error_context(void *arg)
 }
 
 static void
-judge_commit(void)
+remote_error_context(void *arg)
+{
+	errcontext("fence_hook: the fence check before a call that writes through another connection (fencing.resource = %s)",
+			   (const char *) arg);
+}
+
+/*
+ * Runs the general check with the session's settings, if it has any: it raises when the
+ * token is stale, half declared or forged. `where` names the moment in errors.
+ */
+static void
+run_check(void (*where) (void *))
 {
 	const char *resource;
 	const char *token;
@@ -59,9 +94,6 @@ judge_commit(void)
 	int			rc;
 	ErrorContextCallback context;
 
-	/* Nothing written, nothing to fence (as the relay's own check at a commit point). */
-	if (!TransactionIdIsValid(GetTopTransactionIdIfAny()))
-		return;
 	/*
 	 * Autovacuum carries no client's token: fencing settings in postgresql.conf would
 	 * otherwise fail its ANALYZE commits (statistics) forever under a stale token.
@@ -73,7 +105,7 @@ judge_commit(void)
 	if (!is_set(resource) && !is_set(token))
 		return;
 
-	context.callback = check_error_context;
+	context.callback = where;
 	context.arg = (void *) (is_set(resource) ? resource : "''");
 	context.previous = error_context_stack;
 	error_context_stack = &context;
@@ -106,10 +138,122 @@ judge_commit(void)
 }
 
 static void
+judge_commit(void)
+{
+	/*
+	 * Nothing written, nothing to fence (as the relay's own check at a commit point): a write
+	 * through another connection took a transaction id when it was judged (fence_fmgr, and
+	 * the foreign tables' triggers).
+	 */
+	if (!TransactionIdIsValid(GetTopTransactionIdIfAny()))
+		return;
+	run_check(check_error_context);
+}
+
+static void
 fence_hook_xact(XactEvent event, void *arg)
 {
 	if (event == XACT_EVENT_PRE_COMMIT || event == XACT_EVENT_PRE_PREPARE)
 		judge_commit();
+}
+
+/*
+ * Whether function `fn_oid` is one that writes through a connection of its own: a C function
+ * of dblink's library. Built-in functions are never (checked without a catalog lookup).
+ */
+static bool
+reaches_out(Oid fn_oid)
+{
+	HeapTuple	tuple;
+	bool		result = false;
+
+	if (fn_oid < FirstNormalObjectId)
+		return false;
+	tuple = SearchSysCache1(PROCOID, ObjectIdGetDatum(fn_oid));
+	if (!HeapTupleIsValid(tuple))
+		return false;
+	if (((Form_pg_proc) GETSTRUCT(tuple))->prolang == ClanguageId)
+	{
+		bool		isnull;
+		Datum		bin = SysCacheGetAttr(PROCOID, tuple, Anum_pg_proc_probin, &isnull);
+
+		if (!isnull)
+		{
+			char	   *path = TextDatumGetCString(bin);
+			const char *base = strrchr(path, '/');
+
+			base = base ? base + 1 : path;
+			result = strncmp(base, "dblink", 6) == 0;
+			pfree(path);
+		}
+	}
+	ReleaseSysCache(tuple);
+	return result;
+}
+
+static bool
+fence_needs_fmgr(Oid fn_oid)
+{
+	if (prev_needs_fmgr_hook && (*prev_needs_fmgr_hook) (fn_oid))
+		return true;
+	return reaches_out(fn_oid);
+}
+
+/* Judges a write that leaves through another connection, before it leaves. */
+static void
+judge_remote(void)
+{
+	run_check(remote_error_context);
+	/* A transaction id: the commit is judged too, with the settings it ends with. */
+	if (is_set(GetConfigOption("fencing.resource", true, false)) ||
+		is_set(GetConfigOption("fencing.token", true, false)))
+		(void) GetTopTransactionId();
+}
+
+static void
+fence_fmgr(FmgrHookEventType event, FmgrInfo *flinfo, Datum *private)
+{
+	if (prev_fmgr_hook)
+		(*prev_fmgr_hook) (event, flinfo, private);
+	if (event == FHET_START && reaches_out(flinfo->fn_oid))
+		judge_remote();
+}
+
+/* Whether TRUNCATE `stmt` reaches a foreign table (named, or a partition or child of one named). */
+static bool
+truncates_foreign(TruncateStmt *stmt)
+{
+	ListCell   *cell;
+
+	foreach(cell, stmt->relations)
+	{
+		Oid			relid = RangeVarGetRelid((RangeVar *) lfirst(cell), NoLock, true);
+		ListCell   *member;
+
+		if (!OidIsValid(relid))
+			continue;
+		foreach(member, find_all_inheritors(relid, NoLock, NULL))
+		{
+			if (get_rel_relkind(lfirst_oid(member)) == RELKIND_FOREIGN_TABLE)
+				return true;
+		}
+	}
+	return false;
+}
+
+static void
+fence_utility(PlannedStmt *pstmt, const char *queryString, bool readOnlyTree,
+			  ProcessUtilityContext context, ParamListInfo params,
+			  QueryEnvironment *queryEnv, DestReceiver *dest, QueryCompletion *qc)
+{
+	Node	   *parsetree = pstmt->utilityStmt;
+
+	if (IsA(parsetree, TruncateStmt) && truncates_foreign((TruncateStmt *) parsetree))
+		judge_remote();
+	if (prev_utility_hook)
+		(*prev_utility_hook) (pstmt, queryString, readOnlyTree, context, params, queryEnv, dest, qc);
+	else
+		standard_ProcessUtility(pstmt, queryString, readOnlyTree, context, params, queryEnv, dest, qc);
 }
 
 void
@@ -131,4 +275,10 @@ _PG_init(void)
 							GUC_UNIT_MS, NULL, NULL, NULL);
 	MarkGUCPrefixReserved("fence_hook");
 	RegisterXactCallback(fence_hook_xact, NULL);
+	prev_needs_fmgr_hook = needs_fmgr_hook;
+	needs_fmgr_hook = fence_needs_fmgr;
+	prev_fmgr_hook = fmgr_hook;
+	fmgr_hook = fence_fmgr;
+	prev_utility_hook = ProcessUtility_hook;
+	ProcessUtility_hook = fence_utility;
 }

@@ -611,6 +611,92 @@ BEGIN
 END
 $do$;
 
+-- Writes that leave through another connection: a foreign table's rows (postgres_fdw or any
+-- other wrapper, a partition that is one included) go to another server, where no check of
+-- this database runs, and the local transaction gets no transaction id, so "wrote nothing"
+-- cannot be told from it. Every foreign table gets a row trigger that judges each write
+-- before it leaves, in a session with any fencing setting: the general check, with the
+-- settings in force at that row (a stale token fails, FN001, before the row is sent; a newer
+-- one raises the mark), and then a transaction id, so that the check at the commit point
+-- judges the transaction too. A row trigger also keeps postgres_fdw from sending an UPDATE or
+-- DELETE as one remote statement, so every row is judged. Sessions without a token write
+-- unchanged. (PostgreSQL allows no TRUNCATE trigger on a foreign table: the commit hook
+-- judges a TRUNCATE of one.)
+CREATE OR REPLACE FUNCTION fencing.judge_foreign()
+RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+BEGIN
+    IF coalesce(current_setting('fencing.resource', true), '') <> ''
+       OR coalesce(current_setting('fencing.token', true), '') <> '' THEN
+        PERFORM fencing.check(TG_ARGV[0]::integer);
+        PERFORM pg_current_xact_id();
+    END IF;
+    IF TG_OP = 'DELETE' THEN
+        RETURN OLD;
+    END IF;
+    RETURN NEW;
+END;
+$fn$;
+
+-- Gives every foreign table of the database that has none the trigger above, with fence
+-- wait `p_wait_ms`; returns how many it gave them to. One it may not create triggers on (it
+-- needs to own the table, or be a superuser) is named in a WARNING and left unjudged.
+CREATE OR REPLACE FUNCTION fencing.judge_foreign_tables(p_wait_ms integer DEFAULT 1000)
+RETURNS integer
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+DECLARE
+    rel regclass;
+    n integer := 0;
+BEGIN
+    FOR rel IN
+        SELECT c.oid::regclass FROM pg_class c
+        WHERE c.relkind = 'f'
+          AND NOT EXISTS (SELECT 1 FROM pg_trigger t WHERE t.tgrelid = c.oid AND t.tgname = 'fencing_judge_rows')
+    LOOP
+        BEGIN
+            EXECUTE format('CREATE TRIGGER fencing_judge_rows BEFORE INSERT OR UPDATE OR DELETE ON %s '
+                           'FOR EACH ROW EXECUTE FUNCTION fencing.judge_foreign(%L)', rel, p_wait_ms);
+            n := n + 1;
+        EXCEPTION WHEN insufficient_privilege THEN
+            RAISE WARNING 'fence-proxy: writes to foreign table % are not judged: % may not create triggers on it', rel, current_user
+                USING HINT = 'run SELECT fencing.judge_foreign_tables() as its owner or a superuser';
+        END;
+    END LOOP;
+    RETURN n;
+END;
+$fn$;
+
+SELECT fencing.judge_foreign_tables();
+
+-- Foreign tables that appear later (CREATE FOREIGN TABLE, IMPORT FOREIGN SCHEMA, a foreign
+-- partition) are judged as they come, where the event trigger is installed (a superuser).
+CREATE OR REPLACE FUNCTION fencing.judge_new_foreign_tables()
+RETURNS event_trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+BEGIN
+    PERFORM fencing.judge_foreign_tables();
+END;
+$fn$;
+
+DO $do$
+BEGIN
+    IF (SELECT rolsuper FROM pg_roles WHERE rolname = current_user) THEN
+        DROP EVENT TRIGGER IF EXISTS fencing_judge_new_foreign_tables;
+        CREATE EVENT TRIGGER fencing_judge_new_foreign_tables ON ddl_command_end
+            WHEN TAG IN ('CREATE FOREIGN TABLE', 'IMPORT FOREIGN SCHEMA')
+            EXECUTE FUNCTION fencing.judge_new_foreign_tables();
+    ELSE
+        RAISE NOTICE 'fence-proxy: not a superuser: foreign tables created after the installation need SELECT fencing.judge_foreign_tables()';
+    END IF;
+END
+$do$;
+
 -- The protected tables, their prefixes and waits.
 CREATE OR REPLACE VIEW fencing.protected_tables AS
     SELECT t.tgrelid::regclass AS table_name,
@@ -641,6 +727,8 @@ GRANT EXECUTE ON FUNCTION fencing.check_token(integer) TO PUBLIC;
 GRANT EXECUTE ON FUNCTION fencing.held_cursor() TO PUBLIC;
 GRANT EXECUTE ON FUNCTION fencing.fire_deferred() TO PUBLIC;
 REVOKE ALL ON FUNCTION fencing.guard() FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION fencing.judge_foreign() TO PUBLIC;
+GRANT EXECUTE ON FUNCTION fencing.judge_foreign_tables(integer) TO PUBLIC;
 GRANT EXECUTE ON FUNCTION fencing.protect(regclass, text, integer) TO PUBLIC;
 GRANT EXECUTE ON FUNCTION fencing.unprotect(regclass) TO PUBLIC;
 GRANT EXECUTE ON FUNCTION fencing.drop_guards(regclass) TO PUBLIC;

@@ -20,6 +20,7 @@ mod combined;
 mod commit_point;
 mod drivers;
 mod fencing;
+mod foreign;
 mod hook;
 mod input;
 mod observe;
