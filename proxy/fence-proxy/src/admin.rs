@@ -299,12 +299,10 @@ impl Tables {
         marks: "fencing.tokens",
         changes: "fencing.mark_changes",
         create: None,
-        // It advertises the largest token first, so that a raise waiting meanwhile does not
-        // take it for an older transaction and end it (fencing.evict_older).
-        lock: Some(
-            "SELECT fencing.advertise(fencing.lock_key($1), 9223372036854775807), \
-             pg_advisory_xact_lock(fencing.lock_key($1))",
-        ),
+        // It announces the largest token first, so that a raise waiting meanwhile does not
+        // take it for an older transaction and end it (fencing.evict_older); after the wait it
+        // ends the holders that proved no token (fencing.take_for_change).
+        lock: Some("SELECT fencing.take_for_change($1)"),
         clear: ", signed_hash = NULL",
     };
 }
@@ -396,7 +394,7 @@ async fn pg_run(
     if let Err(e) = locked {
         if e.as_database_error().and_then(|d| d.code()).as_deref() == Some("55P03") {
             bail!(
-                "{resource}: transactions in progress held its fence lock for longer than {} ms (see pg_locks); let them finish, end them, or raise --wait-ms",
+                "{resource}: transactions with a proved token held its fence lock for longer than {} ms (see pg_locks); let them finish, end them, or raise --wait-ms",
                 change.wait.as_millis()
             );
         }

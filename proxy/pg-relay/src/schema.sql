@@ -32,6 +32,18 @@ CREATE TABLE IF NOT EXISTS fencing.keys (
     CHECK (retired OR (ipad IS NOT NULL AND opad IS NOT NULL))
 );
 
+-- The key of the proofs with which transactions announce their tokens (fencing.advertise):
+-- 256 random bits made once, at the first installation. Nobody but the owner of schema
+-- `fencing` may read it: a role that could would forge announcements, and so keep a newer
+-- token waiting for it.
+CREATE TABLE IF NOT EXISTS fencing.secret (
+    only_row boolean PRIMARY KEY DEFAULT true CHECK (only_row),
+    k        bytea   NOT NULL CHECK (length(k) = 32)
+);
+INSERT INTO fencing.secret (k)
+    VALUES (sha256(convert_to(gen_random_uuid()::text || gen_random_uuid()::text || clock_timestamp()::text, 'UTF8')))
+    ON CONFLICT DO NOTHING;
+
 -- The resources that need signed tokens: those whose name starts with one of these ('' for
 -- every resource). Readable by all, so that the relay's fast read can see it.
 CREATE TABLE IF NOT EXISTS fencing.signed_prefixes (
@@ -60,52 +72,107 @@ RETURNS bigint
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 AS $fn$ SELECT pg_catalog.hashtextextended(p_resource, 1178946115) $fn$;
 
+-- The proof of an announcement (fencing.advertise): 64 bits of SHA-256 over the secret, the
+-- resource's lock key, the token and the announcing backend's pid. Only the schema's owner may
+-- compute it (SECURITY DEFINER, EXECUTE revoked from PUBLIC); the pid in it keeps one session
+-- from showing another's proof as its own.
+CREATE OR REPLACE FUNCTION fencing.proof(p_key bigint, p_token bigint, p_pid integer)
+RETURNS bigint
+LANGUAGE sql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+    SELECT ('x' || encode(substr(sha256(s.k || int8send(p_key) || int8send(p_token) || int4send(p_pid)), 1, 8), 'hex'))::bit(64)::bigint
+    FROM fencing.secret s
+$fn$;
+
+-- The sessions, other than the caller's, that hold `p_resource`'s fence lock (shared or
+-- exclusively), each with the highest token it proved it announced for this resource (NULL
+-- when it proved none). A transaction announces a token through fencing.advertise, which only
+-- fencing.check and `fence-proxy marks` call: two-key advisory locks whose first key is a
+-- half of the resource's lock key and whose second is a half of the token (anyone can take
+-- those), and a lock on its proof, which no application role can compute. Every token the
+-- two-key locks of a holder could spell (a low half, with each high half or none) is tried
+-- against its proof locks; locks taken by hand, or copied from another session, prove nothing.
+CREATE OR REPLACE FUNCTION fencing.holders(p_resource text)
+RETURNS TABLE (pid integer, token bigint)
+LANGUAGE sql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+    WITH key AS (
+        SELECT fencing.lock_key(p_resource) AS k,
+               ((fencing.lock_key(p_resource) >> 32) & 4294967295)::text::oid AS hi,
+               (fencing.lock_key(p_resource) & 4294967295)::text::oid AS lo,
+               (SELECT oid FROM pg_database WHERE datname = current_database()) AS db
+    ), holding AS (
+        SELECT DISTINCT l.pid FROM pg_locks l, key
+        WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.classid = key.hi
+          AND l.objid = key.lo AND l.database = key.db AND l.granted
+          AND l.pid <> pg_backend_pid()
+    ), claims AS (
+        SELECT lo.pid, h.high * 4294967296 + lo.objid::text::bigint AS token
+        FROM key CROSS JOIN pg_locks lo
+        CROSS JOIN LATERAL (
+            SELECT hi.objid::text::bigint AS high FROM pg_locks hi
+            WHERE hi.pid = lo.pid AND hi.locktype = 'advisory' AND hi.objsubid = 2
+              AND hi.classid = key.lo AND hi.database = key.db
+            UNION ALL SELECT 0
+        ) h
+        WHERE lo.locktype = 'advisory' AND lo.objsubid = 2 AND lo.classid = key.hi
+          AND lo.database = key.db AND lo.pid IN (SELECT pid FROM holding)
+    ), proved AS (
+        SELECT c.pid, max(c.token) AS token FROM claims c, key
+        WHERE EXISTS (
+            SELECT 1 FROM pg_locks p
+            WHERE p.pid = c.pid AND p.locktype = 'advisory' AND p.objsubid = 1 AND p.database = key.db
+              AND p.classid = ((fencing.proof(key.k, c.token, c.pid) >> 32) & 4294967295)::text::oid
+              AND p.objid = (fencing.proof(key.k, c.token, c.pid) & 4294967295)::text::oid)
+        GROUP BY c.pid
+    )
+    SELECT h.pid, p.token FROM holding h LEFT JOIN proved p ON p.pid = h.pid
+$fn$;
+
 -- Ends the open transactions, other than the caller's, that a raise to `p_token` on
--- `p_resource` waits for and that presented an older token: those holding the resource's lock
--- shared (their token is the mark, which is below `p_token`) and raisers that advertised a lower
--- token for this resource (see fencing.check: two-key advisory locks whose first key is a half
--- of the resource's lock key). Returns how many it ended. Does nothing if the mark has
--- meanwhile reached `p_token` (the caller is then the older one).
+-- `p_resource` waits for and that are not provably a newer token's: those holding the
+-- resource's lock (shared: their token is the mark, below `p_token`; or exclusively) that
+-- proved no announcement for this resource, or the announcement of a lower token (see
+-- fencing.holders). Returns how many it ended. Does nothing if the mark has meanwhile reached
+-- `p_token` (the caller is then the older one). A holder that announced nothing is ended
+-- whether it holds the lock shared or exclusively: every raiser announces before it takes the
+-- lock, so an exclusive holder without a proof is a session that took the lock by hand (or
+-- forged an announcement), and would otherwise keep the resource from its new holder.
 CREATE OR REPLACE FUNCTION fencing.evict_older(p_resource text, p_token bigint)
 RETURNS integer
 LANGUAGE sql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $fn$
-    WITH key AS (
-        SELECT ((fencing.lock_key(p_resource) >> 32) & 4294967295)::text::oid AS hi,
-               (fencing.lock_key(p_resource) & 4294967295)::text::oid AS lo,
-               (SELECT oid FROM pg_database WHERE datname = current_database()) AS db
-    ), holders AS (
-        SELECT l.pid, l.mode FROM pg_locks l, key
-        WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.classid = key.hi
-          AND l.objid = key.lo AND l.database = key.db AND l.granted
-          AND l.pid <> pg_backend_pid()
-    ), advertised AS (
-        -- The token a raiser advertised for this resource: its low half under the first key
-        -- hi (the lock key's high half), its high half under the first key lo. Anything else
-        -- under those keys (another resource whose halves collide, an application's own
-        -- two-key lock) can only make the bound higher: an older token never ends a
-        -- transaction that may be raising this resource to a newer one; at worst it waits.
-        SELECT lo.pid, coalesce(max(hi.objid::text::bigint), 0) * 4294967296 + max(lo.objid::text::bigint) AS token
-        FROM key CROSS JOIN pg_locks lo
-        LEFT JOIN pg_locks hi ON hi.pid = lo.pid AND hi.locktype = 'advisory' AND hi.objsubid = 2
-                             AND hi.classid = key.lo AND hi.database = lo.database
-        WHERE lo.locktype = 'advisory' AND lo.objsubid = 2 AND lo.classid = key.hi
-          AND lo.database = key.db
-        GROUP BY lo.pid
-    )
-    -- A holder is older if its token is: a share holder's is the mark it checked (below
-    -- p_token) unless it also advertised one for this resource (it raised it since, or reads
-    -- with a newer token), and then, as for a raiser, the bound of what it advertised is.
-    -- A holder that advertised nothing is ended too, whether it holds the lock shared or
-    -- exclusively: every raiser advertises before it takes the lock (and `fence-proxy marks`
-    -- advertises the largest token), so an exclusive holder without one is a session that
-    -- took the lock by hand, and would otherwise keep the resource from its new holder.
     SELECT count(*)::integer FROM (
-        SELECT pg_terminate_backend(h.pid) FROM (SELECT DISTINCT pid FROM holders) h
+        SELECT pg_terminate_backend(h.pid) FROM fencing.holders(p_resource) h
         WHERE NOT EXISTS (SELECT 1 FROM fencing.tokens k WHERE k.resource = p_resource AND k.token >= p_token)
-          AND coalesce((SELECT a.token < p_token FROM advertised a WHERE a.pid = h.pid), true)
+          AND coalesce(h.token < p_token, true)
     ) ended;
+$fn$;
+
+-- `fence-proxy marks lower|reset`: takes `p_resource`'s fence lock exclusively, announcing the
+-- largest token, within the caller's lock_timeout; if it is still held then, ends the holders
+-- that proved no announcement (sessions holding it by hand, forged announcements, transactions
+-- with the current token) and tries once more within the same timeout. A transaction with a
+-- proved token keeps it: the command then fails with 55P03 and says so.
+CREATE OR REPLACE FUNCTION fencing.take_for_change(p_resource text)
+RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+DECLARE
+    k bigint := fencing.lock_key(p_resource);
+BEGIN
+    PERFORM fencing.advertise(k, 9223372036854775807);
+    BEGIN
+        PERFORM pg_advisory_xact_lock(k);
+    EXCEPTION WHEN lock_not_available THEN
+        PERFORM pg_terminate_backend(h.pid) FROM fencing.holders(p_resource) h WHERE h.token IS NULL;
+        PERFORM pg_advisory_xact_lock(k);
+    END;
+END;
 $fn$;
 
 -- The low 32 bits of `v` as a signed integer (what a two-key advisory lock takes; pg_locks
@@ -117,7 +184,8 @@ AS $fn$ SELECT ((v & 4294967295) - CASE WHEN (v & 4294967295) > 2147483647 THEN 
 
 -- Advertises token `t` for the resource whose lock key is `k` until the transaction ends:
 -- two-key advisory locks, the first key a half of `k`, the second a half of `t` (the high half
--- only for tokens above 2^32), which evict_older reads.
+-- only for tokens above 2^32), and a lock on the announcement's proof, which evict_older reads
+-- (fencing.holders).
 CREATE OR REPLACE FUNCTION fencing.advertise(k bigint, t bigint)
 RETURNS void
 LANGUAGE plpgsql VOLATILE
@@ -129,6 +197,8 @@ BEGIN
         PERFORM pg_catalog.pg_advisory_xact_lock_shared(fencing.signed32(k & 4294967295),
             (t >> 32)::integer);
     END IF;
+    -- The proof that this announcement is the check's (fencing.holders).
+    PERFORM pg_catalog.pg_advisory_xact_lock_shared(fencing.proof(k, t, pg_catalog.pg_backend_pid()));
 END;
 $fn$;
 
@@ -710,6 +780,10 @@ REVOKE ALL ON TABLE fencing.tokens FROM PUBLIC;
 GRANT SELECT ON TABLE fencing.tokens TO PUBLIC;
 GRANT USAGE ON SCHEMA fencing TO PUBLIC;
 REVOKE ALL ON FUNCTION fencing.evict_older(text, bigint) FROM PUBLIC;
+REVOKE ALL ON FUNCTION fencing.proof(bigint, bigint, integer) FROM PUBLIC;
+REVOKE ALL ON FUNCTION fencing.holders(text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION fencing.take_for_change(text) FROM PUBLIC;
+REVOKE ALL ON TABLE fencing.secret FROM PUBLIC;
 REVOKE ALL ON FUNCTION fencing.advertise(bigint, bigint) FROM PUBLIC;
 REVOKE ALL ON FUNCTION fencing.refuse_stale(text, bigint, bigint) FROM PUBLIC;
 REVOKE ALL ON FUNCTION fencing.refuse_signature(text, text, text) FROM PUBLIC;

@@ -21,6 +21,7 @@ mod commit_point;
 mod drivers;
 mod fencing;
 mod foreign;
+mod freeze;
 mod hook;
 mod input;
 mod observe;

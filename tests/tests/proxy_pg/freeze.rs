@@ -1,0 +1,114 @@
+//! A session without a token cannot freeze a resource (issue 38). As an ordinary role, through
+//! the proxy, it takes the resource's fence lock at session level and the two-key locks with
+//! which transactions announce their token, announcing the largest one, and sits idle. Its
+//! announcement proves nothing (`fencing.holders`: a real one carries a lock on a MAC no
+//! application role can compute): the newer holder ends it after the fence wait and writes,
+//! and `fence-proxy marks lower` ends it and lowers the mark. Through the proxy of 33166a7
+//! the holder waited until its statement_timeout, and `marks lower` failed. A transaction that
+//! really announced a newer token is still waited for.
+
+use e2e::raw::Raw;
+
+use crate::{Setup, mark, setup};
+
+const R: &str = "inv:a";
+const UPDATE: &str = "UPDATE stock SET n = n - 1 WHERE sku = 'a'";
+
+/// `stock` (n = 10), a role `app` with no privileges but on it, and the mark of `inv:a` at 100.
+fn prepared() -> Setup {
+    let s = setup(300);
+    s.pg.psql(
+        "CREATE TABLE stock (sku text PRIMARY KEY, n int); INSERT INTO stock VALUES ('a', 10);
+         CREATE ROLE app LOGIN; GRANT ALL ON stock TO app;
+         INSERT INTO fencing.tokens (resource, token) VALUES ('inv:a', 100);",
+    );
+    s
+}
+
+/// The forger: as `app`, through the proxy, the fence lock of `inv:a` at session level and an
+/// announcement of the largest token, held by an idle session.
+fn forge(s: &Setup, lock: &str) -> Raw {
+    let mut c = Raw::connect_as(s.addr(), "app", &[]);
+    let a = c.simple(&format!(
+        "SELECT {lock}(fencing.lock_key('{R}')), \
+         pg_advisory_lock_shared(fencing.signed32(fencing.lock_key('{R}') >> 32), \
+                                 fencing.signed32(9223372036854775807 & 4294967295)), \
+         pg_advisory_lock_shared(fencing.signed32(fencing.lock_key('{R}') & 4294967295), \
+                                 (9223372036854775807 >> 32)::integer)"
+    ));
+    assert!(a.errors.is_empty(), "the forger: {a:?}");
+    c
+}
+
+/// A session of `postgres` through the proxy with `token` for `inv:a`, bounded by a statement
+/// timeout so that a freeze fails the test instead of hanging it.
+fn holder(s: &Setup, token: &str) -> Raw {
+    let mut c = Raw::connect(s.addr(), &[]);
+    let a = c.simple(&format!(
+        "SET statement_timeout = '20s'; SET fencing.resource = '{R}'; SET fencing.token = '{token}'"
+    ));
+    assert!(a.errors.is_empty(), "{a:?}");
+    c
+}
+
+#[test]
+fn a_forged_announcement_does_not_keep_the_newer_holder_waiting() {
+    for lock in ["pg_advisory_lock", "pg_advisory_lock_shared"] {
+        let s = prepared();
+        let _forger = forge(&s, lock);
+        let a = holder(&s, "101").simple(UPDATE);
+        assert!(a.errors.is_empty(), "the newer holder ({lock}): {a:?}");
+        assert_eq!(mark(&s.pg, R), "101");
+        assert_eq!(s.pg.psql("SELECT n FROM stock"), "9");
+    }
+}
+
+#[test]
+fn marks_lower_works_on_a_resource_held_by_a_forged_announcement() {
+    let s = prepared();
+    let _forger = forge(&s, "pg_advisory_lock");
+    let url = s.pg.url();
+    let mut cmd = std::process::Command::new(e2e::bin("fence-proxy"));
+    cmd.args(["marks", "lower", R, "--to", "50", "--force", "--by", "ops"])
+        .args([
+            "--reason",
+            "a test",
+            "--wait-ms",
+            "200",
+            "--database-url",
+            &url,
+        ]);
+    let (st, out, err) = e2e::output(cmd);
+    assert!(st.success(), "{out}{err}");
+    assert_eq!(mark(&s.pg, R), "50");
+}
+
+/// A real announcement is still believed: a transaction that raised the mark to 105 and is
+/// still open keeps `marks lower` out (it says so), and its commit stands.
+#[test]
+fn a_proved_announcement_is_still_waited_for() {
+    let s = prepared();
+    let mut raiser = holder(&s, "105");
+    let a = raiser.simple(&format!("BEGIN; {UPDATE}"));
+    assert!(a.errors.is_empty(), "{a:?}");
+    let url = s.pg.url();
+    let mut cmd = std::process::Command::new(e2e::bin("fence-proxy"));
+    cmd.args(["marks", "lower", R, "--to", "50", "--force", "--by", "ops"])
+        .args([
+            "--reason",
+            "a test",
+            "--wait-ms",
+            "200",
+            "--database-url",
+            &url,
+        ]);
+    let (st, _, err) = e2e::output(cmd);
+    assert_eq!(st.code(), Some(1), "{err}");
+    assert!(
+        err.contains("with a proved token held its fence lock"),
+        "{err}"
+    );
+    let a = raiser.simple("COMMIT");
+    assert!(a.errors.is_empty(), "{a:?}");
+    assert_eq!(mark(&s.pg, R), "105");
+}
