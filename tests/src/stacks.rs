@@ -6,8 +6,9 @@
 //!   path percent-decoded before routing, as Flask, Django and gunicorn apps see it;
 //! - [`Stack::node`]: Node.js's `http` module routing `new URL()`'s path as Express does
 //!   (`tests/stacks/url_store.js`): `\` is `/`, `#` ends the path, case is ignored;
-//! - [`Stack::nginx`]: nginx storing PUT bodies as files (WebDAV): the path decoded and
-//!   normalised before it names a file.
+//! - [`Stack::nginx`]: nginx storing PUT bodies as files (WebDAV, with COPY and MOVE to the
+//!   path a `Destination` header names): the path decoded and normalised before it names a
+//!   file.
 //!
 //! A missing interpreter or server fails the test with the command that installs it.
 
@@ -82,7 +83,7 @@ impl Stack {
                  proxy_temp_path {d}/tmp/proxy;\n  fastcgi_temp_path {d}/tmp/fastcgi;\n\
                  uwsgi_temp_path {d}/tmp/uwsgi;\n  scgi_temp_path {d}/tmp/scgi;\n\
                  server {{\n    listen {addr};\n    root {d}/www;\n\
-                 location / {{ dav_methods PUT; create_full_put_path on; }}\n  }}\n}}\n"
+                 location / {{ dav_methods PUT DELETE MKCOL COPY MOVE; create_full_put_path on; }}\n  }}\n}}\n"
             ),
         )
         .unwrap();

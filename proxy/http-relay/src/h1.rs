@@ -63,11 +63,24 @@ pub(crate) struct Request {
     pub tokens: u8,
     pub resource: Option<Range<usize>>,
     pub resources: u8,
+    /// The WebDAV `Destination` (COPY, MOVE: a second path the upstream writes), and how many
+    /// there were.
+    pub destination: Option<Range<usize>>,
+    pub destinations: u8,
     pub framing: Framing,
     /// The client lets the connection stay open after this exchange.
     pub keep_alive: bool,
     /// HTTP/1.0 client (no chunked responses, closed after the exchange).
     pub http10: bool,
+}
+
+impl Request {
+    /// The `Destination` header's bytes in `input` (the buffer the head was parsed from), and
+    /// how many there were.
+    pub(crate) fn destination_in<'b>(&self, input: &'b [u8]) -> Option<(&'b [u8], u8)> {
+        let range = self.destination.clone()?;
+        Some((&input[range], self.destinations))
+    }
 }
 
 /// What the request head towards the upstream needs besides the client's head.
@@ -314,6 +327,7 @@ pub(crate) fn request(
     let mut forwarded: Option<&[u8]> = None;
     let mut forwarded_more = Vec::new();
     let (mut token, mut tokens, mut resource, mut resources) = (None, 0u8, None, 0u8);
+    let (mut destination, mut destinations) = (None, 0u8);
     for h in headers {
         let name = h.name;
         if name.eq_ignore_ascii_case("host") {
@@ -349,9 +363,15 @@ pub(crate) fn request(
             if connection.names(name) {
                 continue;
             }
+        } else if name.eq_ignore_ascii_case("destination") {
+            destinations = destinations.saturating_add(1);
+            destination.get_or_insert_with(|| offset(buf, h.value));
         } else if name.eq_ignore_ascii_case("content-length")
             || is_hop_by_hop(name)
             || connection.names(name)
+            // Paths a client could name to stacks that route by them (Symfony, IIS).
+            || name.eq_ignore_ascii_case("x-original-url")
+            || name.eq_ignore_ascii_case("x-rewrite-url")
         {
             continue;
         }
@@ -409,6 +429,8 @@ pub(crate) fn request(
         tokens,
         resource,
         resources,
+        destination,
+        destinations,
         framing,
         keep_alive,
         http10,
@@ -780,11 +802,15 @@ mod tests {
     #[test]
     fn fencing_headers_named_in_connection_are_judged_and_dropped() {
         let raw = "PUT /a HTTP/1.1\r\nHost: h\r\nConnection: Fencing-Token, fencing-resource\r\n\
-                   Fencing-Token: 42\r\nFencing-Resource: r\r\n\r\n";
+                   Fencing-Token: 42\r\nFencing-Resource: r\r\nX-Original-URL: /b\r\n\
+                   X-Rewrite-URL: /b\r\n\r\n";
         let (r, head) = upstream_head(raw);
         assert_eq!(&raw[r.token.clone().unwrap()], "42");
         assert_eq!(&raw[r.resource.clone().unwrap()], "r");
-        assert!(!head.to_ascii_lowercase().contains("fencing-"), "{head}");
+        let head = head.to_ascii_lowercase();
+        assert!(!head.contains("fencing-"), "{head}");
+        // Nor do the headers that name another path to stacks that route by them.
+        assert!(!head.contains("/b"), "{head}");
     }
 
     /// A decoding reading sends the path it judged, spelled for one decoding.

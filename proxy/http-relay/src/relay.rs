@@ -296,7 +296,10 @@ impl Conn<'_> {
             None => std::str::from_utf8(&self.input[req.path.clone()]).unwrap_or("/"),
         };
         let path = if path.is_empty() { "/" } else { path };
-        let admission = match relay.routes.classify(&req.method, path) {
+        let destination = req.destination_in(&self.input);
+        let reading = relay.config.path_reading;
+        let class = (relay.routes).classify_request(&req.method, path, destination, reading);
+        let admission = match class {
             Classification::Pass => None,
             Classification::FenceByHeader => Some(self.fence_args(&req, None)),
             Classification::FenceNamed(name) => Some(self.fence_args(&req, Some(name))),

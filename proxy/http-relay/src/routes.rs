@@ -192,6 +192,67 @@ impl Routes {
         ))
     }
 
+    /// [`Routes::classify`], then [`Routes::with_destination`] when the request has a
+    /// `Destination` header (its bytes, and how many there were).
+    pub fn classify_request(
+        &self,
+        method: &Method,
+        path: &str,
+        destination: Option<(&[u8], u8)>,
+        reading: crate::path::PathReading,
+    ) -> Classification {
+        let class = self.classify(method, path);
+        match destination {
+            None => class,
+            Some((to, count)) => {
+                let to = String::from_utf8_lossy(to);
+                self.with_destination(method, class, &to, count, reading)
+            }
+        }
+    }
+
+    /// `class` (the request's own), given that the request also names `destination` (its
+    /// `Destination` header, `count` of them: WebDAV's COPY and MOVE write there): kept when
+    /// the destination's path is handled the same way, or relayed unfenced; otherwise
+    /// [`Classification::Ambiguous`], saying why (a write to a fenced path under the token of
+    /// another resource, or of none).
+    fn with_destination(
+        &self,
+        method: &Method,
+        class: Classification,
+        destination: &str,
+        count: u8,
+        reading: crate::path::PathReading,
+    ) -> Classification {
+        if count > 1 {
+            return Classification::Ambiguous("more than one Destination header".into());
+        }
+        // An absolute URI (RFC 4918 §10.3) or an absolute path; the query is not the path.
+        let rest = destination
+            .split_once("://")
+            .map_or(destination, |(_, r)| r.find('/').map_or("/", |i| &r[i..]));
+        let raw = rest.split(['?', '#']).next().unwrap_or("/");
+        if !raw.starts_with('/') {
+            return Classification::Ambiguous(format!(
+                "the Destination {destination:?} names no absolute path"
+            ));
+        }
+        let judged = match crate::path::normalize(raw, reading) {
+            Ok(n) => n.map_or_else(|| raw.to_string(), |n| n.judged),
+            Err(e) => return Classification::Ambiguous(format!("in the Destination: {}", e.0)),
+        };
+        let there = self.classify(method, &judged);
+        if there == Classification::Pass || there == class {
+            return class;
+        }
+        Classification::Ambiguous(format!(
+            "the Destination {judged:?} is {}, but the request's path is {}: a COPY or MOVE \
+             may only write where its own path's token is judged",
+            there.describe(),
+            class.describe()
+        ))
+    }
+
     fn classify_as(&self, method: &Method, path: &str, fold: bool) -> Classification {
         for route in &self.routes {
             let method_ok = match &route.methods {
@@ -603,5 +664,52 @@ mod tests {
             r.classify(&Method::GET, "/Inventory/x"),
             Classification::Pass
         );
+    }
+
+    /// WebDAV's COPY and MOVE write where their `Destination` header says: a destination
+    /// fenced otherwise than the request's own path is refused (a MOVE of a scratch file over
+    /// `inventory:sku1` under the scratch file's token wrote it before).
+    #[test]
+    fn a_destination_is_judged_as_a_second_path() {
+        let unfenced = RouteConfig {
+            fenced: false,
+            ..route(None, "/public/{*rest}", None)
+        };
+        let r = Routes::new(
+            &[
+                route(None, "/inventory/{sku}", Some("inventory:{sku}")),
+                unfenced,
+            ],
+            None,
+        )
+        .unwrap();
+        let strict = crate::path::PathReading::Strict;
+        let m = Method::from_bytes(b"MOVE").unwrap();
+        let with = |path: &str, destination: &str| {
+            r.with_destination(&m, r.classify(&m, path), destination, 1, strict)
+        };
+        let refused = |c: Classification| matches!(c, Classification::Ambiguous(_));
+        for (path, destination) in [
+            ("/inventory/tmp", "http://x/inventory/sku1"),
+            ("/inventory/tmp", "/inventory/sku1"),
+            ("/public/x", "http://x/inventory/sku1"),
+            ("/public/x", "http://x/public/../inventory/sku1?q"),
+            ("/inventory/tmp", "http://x/elsewhere"),
+            ("/inventory/tmp", "http://x/inventory%2Fsku1"),
+            ("/inventory/tmp", "sku1"),
+        ] {
+            assert!(refused(with(path, destination)), "{path} -> {destination}");
+        }
+        assert_eq!(
+            with("/inventory/sku1", "http://x/inventory/sku1/"),
+            Classification::FenceNamed("inventory:sku1".into())
+        );
+        assert_eq!(
+            with("/inventory/sku1", "/public/archive/sku1"),
+            Classification::FenceNamed("inventory:sku1".into())
+        );
+        assert_eq!(with("/public/a", "/public/b"), Classification::Pass);
+        let two = r.with_destination(&m, Classification::Pass, "/public/b", 2, strict);
+        assert!(refused(two));
     }
 }

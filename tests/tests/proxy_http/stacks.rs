@@ -136,3 +136,57 @@ fn with_the_decoding_reading_a_wsgi_upstream_is_judged_as_it_reads() {
         "not a resource name"
     );
 }
+
+/// WebDAV's COPY and MOVE write where their `Destination` header says (found by an outside
+/// breaker: a MOVE of a scratch file under its own token, or of an unfenced file with no token,
+/// over `/inventory/sku1` wrote it through the proxy). A destination fenced otherwise than the
+/// request's own path is refused; one handled alike is relayed.
+#[test]
+fn an_nginx_move_or_copy_cannot_write_a_fenced_path_under_another_token() {
+    let dir = tempfile::tempdir().unwrap();
+    let stack = Stack::nginx(dir.path());
+    let pdir = tempfile::tempdir().unwrap();
+    let px = proxy_to(pdir.path(), &stack.url(), "", ROUTES);
+    let proxy = px.urls[0].strip_prefix("http://").unwrap();
+    let send = |method: &str, target: &str, headers: &str, body: &str| {
+        exchange(proxy, method, target, headers, body)
+    };
+    let written = |status: u16| (200..300).contains(&status);
+    assert!(written(
+        send("PUT", "/inventory/sku1", CURRENT, "current").0
+    ));
+    let scratch = "Fencing-Token: 50\r\n";
+    assert!(written(send("PUT", "/inventory/tmp", scratch, "zombie").0));
+    assert!(written(send("PUT", "/public/x", "", "stray").0));
+    for (method, from, headers) in [
+        ("MOVE", "/inventory/tmp", scratch),
+        ("COPY", "/inventory/tmp", scratch),
+        ("MOVE", "/public/x", ""),
+        ("COPY", "/public/x", ""),
+    ] {
+        for to in [
+            "http://shop/inventory/sku1",
+            "/inventory/sku1",
+            "http://shop/public/../inventory/sku1",
+        ] {
+            let (status, answer) =
+                send(method, from, &format!("{headers}Destination: {to}\r\n"), "");
+            assert_eq!(status, 400, "{method} {from} -> {to}: {answer}");
+            assert_eq!(
+                stack.stored("sku1").as_deref(),
+                Some("current"),
+                "{method} {from} -> {to}"
+            );
+        }
+    }
+    // Within the unfenced route, a MOVE is relayed.
+    let (status, answer) = send(
+        "MOVE",
+        "/public/x",
+        "Destination: http://shop/public/y\r\n",
+        "",
+    );
+    assert!(written(status), "{answer}");
+    assert!(written(send("PUT", "/inventory/sku1", CURRENT, "newer").0));
+    assert_eq!(stack.stored("sku1").as_deref(), Some("newer"));
+}
