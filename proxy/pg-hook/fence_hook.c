@@ -150,9 +150,44 @@ judge_commit(void)
 	run_check(check_error_context);
 }
 
+/*
+ * A prepared transaction keeps its locks after its session is gone, and no session can end
+ * it: one that held a resource's fence lock (or an announcement) would keep every newer token
+ * waiting until an administrator rolled it back. In a database with the fence check, a
+ * transaction that holds any advisory lock is not prepared.
+ */
+static void
+refuse_prepare_with_fence_locks(void)
+{
+	int			rc;
+	bool		isnull;
+	bool		holds;
+
+	if (SPI_connect() != SPI_OK_CONNECT)
+		elog(ERROR, "fence_hook: SPI_connect failed");
+	PushActiveSnapshot(GetTransactionSnapshot());
+	rc = SPI_execute("SELECT pg_catalog.to_regnamespace('fencing') IS NOT NULL AND EXISTS ("
+					 "SELECT FROM pg_catalog.pg_locks l WHERE l.pid OPERATOR(pg_catalog.=) pg_catalog.pg_backend_pid() "
+					 "AND l.locktype OPERATOR(pg_catalog.=) 'advisory')",
+					 true, 1);
+	PopActiveSnapshot();
+	if (rc != SPI_OK_SELECT || SPI_processed != 1)
+		elog(ERROR, "fence_hook: looking for advisory locks answered %s", SPI_result_code_string(rc));
+	holds = DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
+	SPI_finish();
+	if (!isnull && holds)
+		ereport(ERROR,
+				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+				 errmsg("fence_hook: a transaction that holds advisory locks cannot be prepared in a database with the fence check"),
+				 errdetail("A prepared transaction keeps its locks after its session ends and no session can end it: holding a resource's fence lock, it would keep every newer token waiting."),
+				 errhint("Release the advisory locks before PREPARE TRANSACTION, or commit the transaction instead.")));
+}
+
 static void
 fence_hook_xact(XactEvent event, void *arg)
 {
+	if (event == XACT_EVENT_PRE_PREPARE)
+		refuse_prepare_with_fence_locks();
 	if (event == XACT_EVENT_PRE_COMMIT || event == XACT_EVENT_PRE_PREPARE)
 		judge_commit();
 }

@@ -3,6 +3,10 @@
 -- The owner of these objects must be able to end other sessions (a superuser, or a member of
 -- pg_signal_backend when the application roles are not superusers): that is how an older-token
 -- transaction that a newer token waits for is ended.
+-- No statement here waits for a lock for long: a session that holds one of these tables (any
+-- role may read fencing.tokens) would otherwise keep the installation waiting, and with it every
+-- session that needs the table after it. It fails instead (55P03), and says what it waited for.
+SET LOCAL lock_timeout = '10s';
 SELECT pg_advisory_xact_lock(1178946114);  -- one installer at a time (two proxies may start together)
 
 CREATE SCHEMA IF NOT EXISTS fencing;
@@ -17,7 +21,16 @@ CREATE TABLE IF NOT EXISTS fencing.tokens (
 -- The signed form that raised the mark, hashed (NULL: a plain token, or changed since): the
 -- relay's fast read lets a session whose token hashes to it pass without the full check, and
 -- a hash tells a reader nothing it could present (the preimage is the signed token).
-ALTER TABLE fencing.tokens ADD COLUMN IF NOT EXISTS signed_hash bytea;
+-- (Added by a catalog look first: ALTER TABLE takes the table exclusively even when it changes
+-- nothing, and queued, that lock would hold up every session that reads the marks.)
+DO $do$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_attribute
+                   WHERE attrelid = 'fencing.tokens'::regclass AND attname = 'signed_hash' AND NOT attisdropped) THEN
+        ALTER TABLE fencing.tokens ADD COLUMN signed_hash bytea;
+    END IF;
+END
+$do$;
 
 -- Signed tokens (docs/security.md). The keys that verify them: HMAC-SHA256 pads of each key
 -- (RFC 2104: the secret padded to 64 bytes, XOR 0x36 and 0x5c), so that the check computes
@@ -202,16 +215,20 @@ BEGIN
 END;
 $fn$;
 
--- What is shown of a presented token: a signed one (two dots) cut to its number, key id and
--- the first 8 characters of its MAC, as fence-proxy's logs show it (a signed token is never
--- shown whole); anything else bounded to 160 characters.
+-- What is shown of a presented token: never a whole MAC. A signed one (two dots or more) cut
+-- to its number, key id and the first 8 characters of what follows, as fence-proxy's logs
+-- show it; a plain number whole; anything else (a malformed form, which may hold a valid MAC
+-- with a character added or changed) cut to 16 characters.
 CREATE OR REPLACE FUNCTION fencing.shown_token(t_text text)
 RETURNS text
 LANGUAGE sql IMMUTABLE
 SET search_path = pg_catalog, pg_temp
 AS $fn$
-    SELECT CASE WHEN m IS NULL THEN left(t_text, 160)
-                ELSE left(m[1], 160) || left(m[2], 8) || CASE WHEN length(m[2]) > 8 THEN '…' ELSE '' END
+    SELECT CASE WHEN t_text ~ '^[0-9]{1,19}$' THEN t_text
+                WHEN m IS NOT NULL THEN
+                    left(m[1], 60) || left(m[2], 8) || CASE WHEN length(m[2]) > 8 THEN '…' ELSE '' END
+                WHEN length(t_text) > 16 THEN left(t_text, 16) || '…'
+                ELSE t_text
            END
     FROM (SELECT regexp_match(t_text, '^([^.]*\.[^.]*\.)(.*)$') AS m) AS parts
 $fn$;
@@ -264,7 +281,7 @@ BEGIN
     END IF;
     IF t IS NULL THEN
         RAISE EXCEPTION USING ERRCODE = 'FN002',
-            MESSAGE = format('fencing.token %s is not a valid fencing token', quote_literal(left(t_text, 160))),
+            MESSAGE = format('fencing.token %s is not a valid fencing token', quote_literal(fencing.shown_token(t_text))),
             HINT = 'a whole number from 1 to 9223372036854775807, or the signed form TOKEN.KEY_ID.MAC lockd gives';
     END IF;
     IF array_length(parts, 1) = 1 THEN
@@ -710,9 +727,12 @@ BEGIN
 END;
 $fn$;
 
--- Gives every foreign table of the database that has none the trigger above, with fence
--- wait `p_wait_ms`; returns how many it gave them to. One it may not create triggers on (it
--- needs to own the table, or be a superuser) is named in a WARNING and left unjudged.
+-- Gives every foreign table of the database whose trigger is missing, disabled (or enabled for
+-- replicas only), conditional or replaced the trigger above, with fence wait `p_wait_ms`;
+-- returns how many it gave it to. One it may not create triggers on (it needs to own the
+-- table, or be a superuser) is named in a WARNING and left unjudged. The event trigger below
+-- runs it after every command that could have changed one, so that what the table's owner
+-- undoes is done again at once.
 CREATE OR REPLACE FUNCTION fencing.judge_foreign_tables(p_wait_ms integer DEFAULT 1000)
 RETURNS integer
 LANGUAGE plpgsql
@@ -725,11 +745,31 @@ BEGIN
     FOR rel IN
         SELECT c.oid::regclass FROM pg_class c
         WHERE c.relkind = 'f'
-          AND NOT EXISTS (SELECT 1 FROM pg_trigger t WHERE t.tgrelid = c.oid AND t.tgname = 'fencing_judge_rows')
+          AND NOT EXISTS (
+              SELECT 1 FROM pg_trigger t
+              WHERE t.tgrelid = c.oid AND t.tgname = 'fencing_judge_rows'
+                AND t.tgfoid = 'fencing.judge_foreign()'::regprocedure
+                AND t.tgtype = 31  -- BEFORE, FOR EACH ROW, INSERT OR UPDATE OR DELETE
+                AND t.tgqual IS NULL AND t.tgenabled IN ('O', 'A'))
     LOOP
         BEGIN
-            EXECUTE format('CREATE TRIGGER fencing_judge_rows BEFORE INSERT OR UPDATE OR DELETE ON %s '
-                           'FOR EACH ROW EXECUTE FUNCTION fencing.judge_foreign(%L)', rel, p_wait_ms);
+            -- Each command here runs this again (the event trigger), which finds it done or
+            -- does it first: hence the looks before each step.
+            IF EXISTS (SELECT 1 FROM pg_trigger t
+                       WHERE t.tgrelid = rel AND t.tgname = 'fencing_judge_rows'
+                         AND NOT (t.tgfoid = 'fencing.judge_foreign()'::regprocedure
+                                  AND t.tgtype = 31 AND t.tgqual IS NULL)) THEN
+                EXECUTE format('DROP TRIGGER fencing_judge_rows ON %s', rel);
+            END IF;
+            IF EXISTS (SELECT 1 FROM pg_trigger t WHERE t.tgrelid = rel AND t.tgname = 'fencing_judge_rows') THEN
+                IF EXISTS (SELECT 1 FROM pg_trigger t WHERE t.tgrelid = rel AND t.tgname = 'fencing_judge_rows'
+                           AND t.tgenabled NOT IN ('O', 'A')) THEN
+                    EXECUTE format('ALTER FOREIGN TABLE %s ENABLE TRIGGER fencing_judge_rows', rel);
+                END IF;
+            ELSE
+                EXECUTE format('CREATE TRIGGER fencing_judge_rows BEFORE INSERT OR UPDATE OR DELETE ON %s '
+                               'FOR EACH ROW EXECUTE FUNCTION fencing.judge_foreign(%L)', rel, p_wait_ms);
+            END IF;
             n := n + 1;
         EXCEPTION WHEN insufficient_privilege THEN
             RAISE WARNING 'fence-proxy: writes to foreign table % are not judged: % may not create triggers on it', rel, current_user
@@ -743,7 +783,9 @@ $fn$;
 SELECT fencing.judge_foreign_tables();
 
 -- Foreign tables that appear later (CREATE FOREIGN TABLE, IMPORT FOREIGN SCHEMA, a foreign
--- partition) are judged as they come, where the event trigger is installed (a superuser).
+-- partition) are judged as they come, and a trigger their owner disables, drops, renames or
+-- replaces is made again at the end of that command, where the event trigger is installed (a
+-- superuser's installation; altering it needs a superuser).
 CREATE OR REPLACE FUNCTION fencing.judge_new_foreign_tables()
 RETURNS event_trigger
 LANGUAGE plpgsql
@@ -759,10 +801,56 @@ BEGIN
     IF (SELECT rolsuper FROM pg_roles WHERE rolname = current_user) THEN
         DROP EVENT TRIGGER IF EXISTS fencing_judge_new_foreign_tables;
         CREATE EVENT TRIGGER fencing_judge_new_foreign_tables ON ddl_command_end
-            WHEN TAG IN ('CREATE FOREIGN TABLE', 'IMPORT FOREIGN SCHEMA')
+            WHEN TAG IN ('CREATE FOREIGN TABLE', 'IMPORT FOREIGN SCHEMA', 'ALTER FOREIGN TABLE',
+                         'ALTER TABLE', 'CREATE TRIGGER', 'ALTER TRIGGER', 'DROP TRIGGER')
             EXECUTE FUNCTION fencing.judge_new_foreign_tables();
     ELSE
         RAISE NOTICE 'fence-proxy: not a superuser: foreign tables created after the installation need SELECT fencing.judge_foreign_tables()';
+    END IF;
+END
+$do$;
+
+-- dblink commits on the far side as each of its calls runs, before any commit point: only the
+-- commit hook, which judges each call before it is made, can fence it. Where the hook is not
+-- loaded, a database with dblink cannot be fenced: the installation says so and stops, and
+-- (with a superuser's installation) so does a later CREATE EXTENSION dblink, unless the
+-- database says that it accepts unjudged dblink calls (ALTER DATABASE ... SET
+-- fencing.allow_unjudged_dblink = on).
+CREATE OR REPLACE FUNCTION fencing.refuse_unjudged_dblink()
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+BEGIN
+    IF EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'dblink')
+       AND current_setting('fence_hook.active', true) IS DISTINCT FROM 'on'
+       AND current_setting('fencing.allow_unjudged_dblink', true) IS DISTINCT FROM 'on' THEN
+        RAISE EXCEPTION USING ERRCODE = '0A000',
+            MESSAGE = format('fence-proxy: database %s has dblink, whose calls write on the far side before any commit point, and fence_hook is not loaded to judge them', quote_ident(current_database())),
+            HINT = 'load fence_hook (shared_preload_libraries), or DROP EXTENSION dblink, or accept that dblink calls are not fenced: ALTER DATABASE ... SET fencing.allow_unjudged_dblink = on';
+    END IF;
+END;
+$fn$;
+
+SELECT fencing.refuse_unjudged_dblink();
+
+CREATE OR REPLACE FUNCTION fencing.refuse_unjudged_dblink_event()
+RETURNS event_trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+BEGIN
+    PERFORM fencing.refuse_unjudged_dblink();
+END;
+$fn$;
+
+DO $do$
+BEGIN
+    IF (SELECT rolsuper FROM pg_roles WHERE rolname = current_user) THEN
+        DROP EVENT TRIGGER IF EXISTS fencing_refuse_unjudged_dblink;
+        CREATE EVENT TRIGGER fencing_refuse_unjudged_dblink ON ddl_command_end
+            WHEN TAG IN ('CREATE EXTENSION', 'ALTER EXTENSION')
+            EXECUTE FUNCTION fencing.refuse_unjudged_dblink_event();
     END IF;
 END
 $do$;

@@ -23,7 +23,7 @@ fn prepared(pg: Postgres) -> Setup {
     let s = setup_with(pg, 1000, "");
     let port = s.pg.port;
     s.pg.psql(&format!(
-        "CREATE EXTENSION postgres_fdw; CREATE EXTENSION dblink;
+        "CREATE EXTENSION postgres_fdw;
          CREATE SERVER loop FOREIGN DATA WRAPPER postgres_fdw
            OPTIONS (host '127.0.0.1', port '{port}', dbname 'postgres');
          CREATE USER MAPPING FOR PUBLIC SERVER loop OPTIONS (user 'postgres');
@@ -37,6 +37,13 @@ fn prepared(pg: Postgres) -> Setup {
          CREATE FUNCTION app_fence(r text, t text) RETURNS void LANGUAGE sql AS
            $$ SELECT set_config('fen' || 'cing.resource', r, false), set_config('fen' || 'cing.token', t, false) $$;"
     ));
+    // dblink only where the commit hook can judge it (see `dblink_without_the_hook...`).
+    if s.pg
+        .psql("SELECT current_setting('fence_hook.active', true)")
+        == "on"
+    {
+        s.pg.psql("CREATE EXTENSION dblink");
+    }
     s
 }
 
@@ -192,6 +199,81 @@ fn a_foreign_table_older_than_the_installation() {
     let mut c = Raw::connect(&again.pg[0], &[]);
     c.simple(&by_set("1"));
     let stale = c.simple("UPDATE older SET n = 0");
+    assert_eq!(stale.code(), "FN001", "{stale:?}");
+    assert_eq!(s.pg.psql("SELECT n FROM stock"), "10");
+}
+
+/// Without the commit hook nothing can judge a dblink call before it writes: a database with
+/// dblink is refused, at the installation (fence-proxy does not start) and at a later `CREATE
+/// EXTENSION`, unless the database accepts unjudged dblink calls.
+#[test]
+fn dblink_without_the_hook_is_refused_unless_accepted() {
+    let s = prepared(Postgres::start());
+    let refused = std::process::Command::new("psql")
+        .args([&s.pg.url(), "-Atc", "CREATE EXTENSION dblink"])
+        .output()
+        .unwrap();
+    assert!(!refused.status.success());
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert!(err.contains("fence_hook is not loaded"), "{err}");
+    s.pg.psql("CREATE DATABASE other");
+    let other = format!("postgres://postgres@127.0.0.1:{}/other", s.pg.port);
+    let direct = std::process::Command::new("psql")
+        .args([&other, "-Atc", "CREATE EXTENSION dblink"])
+        .output()
+        .unwrap();
+    assert!(
+        direct.status.success(),
+        "no check in `other` yet: {}",
+        String::from_utf8_lossy(&direct.stderr)
+    );
+    let config = format!(
+        "[[pg]]\nlisten = \"127.0.0.1:0\"\nupstream = \"127.0.0.1:{}\"\nschema_urls = [\"{other}\"]\nschema_wait_ms = 0\n",
+        s.pg.port
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let mut p = e2e::FenceProxy::spawn(dir.path(), &config);
+    assert_eq!(p.wait().code(), Some(1), "{}", p.stderr.text());
+    assert!(
+        p.stderr.text().contains("has dblink"),
+        "{}",
+        p.stderr.text()
+    );
+    s.pg.psql("ALTER DATABASE other SET fencing.allow_unjudged_dblink = on");
+    let mut p = e2e::FenceProxy::spawn(dir.path(), &config);
+    let line = p.stderr.wait_for("the check installed in `other`", |l| {
+        l.contains("installed the fence check")
+    });
+    assert!(line.contains("other"), "{line}");
+    p.signal(libc::SIGTERM);
+}
+
+/// The judge trigger of a foreign table, as the installation makes it.
+const JUDGED: &str = "SELECT count(*) FROM pg_trigger WHERE tgrelid = 'far_stock'::regclass \
+     AND tgname = 'fencing_judge_rows' AND tgenabled IN ('O', 'A') AND tgqual IS NULL \
+     AND tgtype = 31 AND tgfoid = 'fencing.judge_foreign()'::regprocedure";
+
+/// The owner of a foreign table can disable, drop, rename or replace its trigger (found by an
+/// outside breaker: a zombie's write then committed through it). Each is undone at the end of
+/// the command, and the zombie's write is refused after them all.
+#[test]
+fn a_foreign_tables_trigger_is_made_again_after_its_owner_undoes_it() {
+    let s = prepared(Postgres::start());
+    for tamper in [
+        "ALTER FOREIGN TABLE far_stock DISABLE TRIGGER fencing_judge_rows",
+        "ALTER TABLE far_stock DISABLE TRIGGER ALL",
+        "ALTER FOREIGN TABLE far_stock ENABLE REPLICA TRIGGER fencing_judge_rows",
+        "DROP TRIGGER fencing_judge_rows ON far_stock",
+        "ALTER TRIGGER fencing_judge_rows ON far_stock RENAME TO other",
+        "CREATE OR REPLACE TRIGGER fencing_judge_rows BEFORE INSERT OR UPDATE OR DELETE \
+         ON far_stock FOR EACH ROW WHEN (false) EXECUTE FUNCTION fencing.judge_foreign('1000')",
+    ] {
+        s.pg.psql(tamper);
+        assert_eq!(s.pg.psql(JUDGED), "1", "after {tamper}");
+    }
+    let mut zombie = session(&s, by_set, "50");
+    let _holder = session(&s, by_set, "100");
+    let stale = zombie.simple("UPDATE far_stock SET n = n - 1 WHERE sku = 'a'");
     assert_eq!(stale.code(), "FN001", "{stale:?}");
     assert_eq!(s.pg.psql("SELECT n FROM stock"), "10");
 }

@@ -112,3 +112,54 @@ fn a_proved_announcement_is_still_waited_for() {
     assert!(a.errors.is_empty(), "{a:?}");
     assert_eq!(mark(&s.pg, R), "105");
 }
+
+/// Every role may read `fencing.tokens`, so any session can hold it (found by an outside
+/// breaker: the installation of a proxy starting meanwhile queued for the table exclusively,
+/// and every session that needed the marks queued behind it, for as long as that session
+/// stayed). The installation takes no lock on it when nothing changes: a new proxy starts, and
+/// sessions through both write.
+#[test]
+fn a_session_holding_the_marks_table_holds_up_no_installation() {
+    let s = prepared();
+    let mut reader = Raw::connect_as(s.addr(), "app", &[]);
+    let a = reader.simple("BEGIN; LOCK TABLE fencing.tokens IN ACCESS SHARE MODE");
+    assert!(a.errors.is_empty(), "{a:?}");
+    let again = crate::start_proxy(&s.dir, &s.pg, 300, "");
+    let mut through_new = Raw::connect(&again.pg[0], &[]);
+    let a = through_new.simple(&format!(
+        "SET statement_timeout = '20s'; SET fencing.resource = '{R}'; SET fencing.token = '101'"
+    ));
+    assert!(a.errors.is_empty(), "{a:?}");
+    let a = through_new.simple(UPDATE);
+    assert!(a.errors.is_empty(), "{a:?}");
+    let a = holder(&s, "101").simple(UPDATE);
+    assert!(a.errors.is_empty(), "{a:?}");
+    assert_eq!(mark(&s.pg, R), "101");
+}
+
+/// A prepared transaction keeps its locks after its session, and no session can end it: with
+/// the commit hook, one that holds a fence lock (taken by hand, as an ordinary role, through
+/// the proxy) is not prepared (an outside breaker froze a resource so), and the newer holder
+/// writes.
+#[test]
+fn with_the_hook_no_transaction_holding_a_fence_lock_is_prepared() {
+    let mut pg = e2e::pg::Postgres::start_with_hook();
+    pg.psql_each(&["ALTER SYSTEM SET max_prepared_transactions = 5"]);
+    pg.restart();
+    let s = crate::setup_with(pg, 300, "");
+    s.pg.psql(
+        "CREATE TABLE stock (sku text PRIMARY KEY, n int); INSERT INTO stock VALUES ('a', 10);
+         CREATE ROLE app LOGIN; GRANT ALL ON stock TO app;
+         INSERT INTO fencing.tokens (resource, token) VALUES ('inv:a', 100);",
+    );
+    let mut c = Raw::connect_as(s.addr(), "app", &[]);
+    let a = c.simple(&format!(
+        "BEGIN; SELECT pg_advisory_xact_lock(fencing.lock_key('{R}'))"
+    ));
+    assert!(a.errors.is_empty(), "{a:?}");
+    let a = c.simple("PREPARE TRANSACTION 'frozen'");
+    assert_eq!(a.code(), "0A000", "{a:?}");
+    assert_eq!(s.pg.psql("SELECT count(*) FROM pg_prepared_xacts"), "0");
+    let a = holder(&s, "101").simple(UPDATE);
+    assert!(a.errors.is_empty(), "{a:?}");
+}

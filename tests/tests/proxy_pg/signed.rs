@@ -94,6 +94,15 @@ fn forged_tokens_are_refused_by_postgresql_and_the_mark_does_not_move() {
         message.contains(&shown) && !message.contains(mac),
         "{message}"
     );
+    // Nor in a malformed form that holds it (FN002): a character added, or a dot changed.
+    for bent in [
+        format!("{}x", cases[1].0),
+        cases[1].0.replacen(".k2.", ".k2:", 1),
+    ] {
+        let a = write(&s, R, &bent);
+        assert_eq!(a.code(), "FN002", "{a:?}");
+        assert!(!a.errors[0].1.contains(mac), "{a:?}");
+    }
     for part in ["ERROR", "DETAIL"] {
         let line = s.pg.wait_log(&format!("the {part} of the refusal"), |l| {
             l.contains(part) && l.contains(&shown)

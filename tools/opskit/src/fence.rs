@@ -439,16 +439,26 @@ fn clip(text: &mut String) {
 /// Hex digits of a signed token's MAC that are kept (enough to tell two apart).
 const MAC_SHOWN: usize = 8;
 
-/// `TOKEN.KEY_ID.MAC` cut to its number, key id and the first [`MAC_SHOWN`] characters of
-/// its MAC: what is shown of a presented token (anything with two dots is taken for one).
+/// Characters kept of a presented token that is neither a plain number nor of the signed form:
+/// a malformed form may be a valid signed token with a character added or changed.
+const MALFORMED_SHOWN: usize = 16;
+
+/// What is shown of a presented token, never a whole MAC: `TOKEN.KEY_ID.MAC` (anything with
+/// two dots) cut to its number, key id and the first [`MAC_SHOWN`] characters of its MAC; a
+/// plain number whole; anything else cut to [`MALFORMED_SHOWN`] characters. PostgreSQL's
+/// `fencing.shown_token` shows the same.
 fn redact_signature(token: &mut String) {
-    let Some(first) = token.find('.') else {
+    if token.len() <= 19 && token.bytes().all(|b| b.is_ascii_digit()) {
         return;
-    };
-    let Some(second) = token[first + 1..].find('.').map(|i| first + 1 + i) else {
-        return;
-    };
-    let mut end = (second + 1 + MAC_SHOWN).min(token.len());
+    }
+    let second = token
+        .find('.')
+        .and_then(|first| token[first + 1..].find('.').map(|i| first + 1 + i));
+    let mut end = match second {
+        Some(second) => second + 1 + MAC_SHOWN,
+        None => MALFORMED_SHOWN,
+    }
+    .min(token.len());
     while !token.is_char_boundary(end) {
         end -= 1;
     }
@@ -570,6 +580,13 @@ mod tests {
         let mut odd = "1.é.éééééééééé".to_string();
         super::redact_signature(&mut odd);
         assert!(odd.ends_with('…') && !odd.contains("éééééééé"), "{odd}");
+        // A malformed form that holds a whole MAC: cut all the same.
+        let mut bent = format!("20.k1:{mac}");
+        super::redact_signature(&mut bent);
+        assert_eq!(bent, "20.k1:ababababab…");
+        let mut long = "99999999999999999999".to_string();
+        super::redact_signature(&mut long);
+        assert_eq!(long, "9999999999999999…");
     }
 
     #[test]
