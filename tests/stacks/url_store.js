@@ -2,8 +2,9 @@
 // (tests/tests/proxy_http/stacks.rs). It routes as Express does by default: the path of
 // `new URL(req.url, base)` (a WHATWG URL parser: `\` is `/`, `#` ends the path, `%2e`
 // segments are dot segments), matched ignoring case and a trailing slash, the parameter
-// percent-decoded. PUT /inventory/:sku stores the body under the sku, GET answers it (404
-// when there is none). Prints its port, then serves until killed.
+// percent-decoded; and an `X-HTTP-Method-Override` header taken for the method, as
+// method-override middlewares do. PUT /inventory/:sku stores the body under the sku, GET
+// answers it (404 when there is none). Prints its port, then serves until killed.
 'use strict';
 const http = require('node:http');
 
@@ -29,7 +30,8 @@ const server = http.createServer((req, res) => {
     answer(res, 404, 'no such route\n');
     return;
   }
-  if (req.method === 'PUT') {
+  const method = (req.headers['x-http-method-override'] || req.method).toUpperCase();
+  if (method === 'PUT') {
     const chunks = [];
     req.on('data', (c) => chunks.push(c));
     req.on('end', () => {

@@ -67,6 +67,11 @@ pub(crate) struct Request {
     /// there were.
     pub destination: Option<Range<usize>>,
     pub destinations: u8,
+    /// The first method override header (`X-HTTP-Method-Override`, `X-HTTP-Method`,
+    /// `X-Method-Override`: a method some stacks take instead of the request's), and how many
+    /// there were of all three.
+    pub method_override: Option<Range<usize>>,
+    pub method_overrides: u8,
     pub framing: Framing,
     /// The client lets the connection stay open after this exchange.
     pub keep_alive: bool,
@@ -74,12 +79,22 @@ pub(crate) struct Request {
     pub http10: bool,
 }
 
+/// What a request names besides its method and path that may make an upstream write elsewhere
+/// or otherwise: each header's bytes, and how many there were.
+#[derive(Clone, Copy, Default)]
+pub(crate) struct Named<'b> {
+    pub destination: Option<(&'b [u8], u8)>,
+    pub method_override: Option<(&'b [u8], u8)>,
+}
+
 impl Request {
-    /// The `Destination` header's bytes in `input` (the buffer the head was parsed from), and
-    /// how many there were.
-    pub(crate) fn destination_in<'b>(&self, input: &'b [u8]) -> Option<(&'b [u8], u8)> {
-        let range = self.destination.clone()?;
-        Some((&input[range], self.destinations))
+    /// The headers of [`Named`], in `input` (the buffer the head was parsed from).
+    pub(crate) fn named_in<'b>(&self, input: &'b [u8]) -> Named<'b> {
+        let at = |r: &Option<Range<usize>>, n: u8| r.clone().map(|r| (&input[r], n));
+        Named {
+            destination: at(&self.destination, self.destinations),
+            method_override: at(&self.method_override, self.method_overrides),
+        }
     }
 }
 
@@ -328,6 +343,7 @@ pub(crate) fn request(
     let mut forwarded_more = Vec::new();
     let (mut token, mut tokens, mut resource, mut resources) = (None, 0u8, None, 0u8);
     let (mut destination, mut destinations) = (None, 0u8);
+    let (mut method_override, mut method_overrides) = (None, 0u8);
     for h in headers {
         let name = h.name;
         if name.eq_ignore_ascii_case("host") {
@@ -366,6 +382,16 @@ pub(crate) fn request(
         } else if name.eq_ignore_ascii_case("destination") {
             destinations = destinations.saturating_add(1);
             destination.get_or_insert_with(|| offset(buf, h.value));
+        } else if [
+            "x-http-method-override",
+            "x-http-method",
+            "x-method-override",
+        ]
+        .iter()
+        .any(|o| name.eq_ignore_ascii_case(o))
+        {
+            method_overrides = method_overrides.saturating_add(1);
+            method_override.get_or_insert_with(|| offset(buf, h.value));
         } else if name.eq_ignore_ascii_case("content-length")
             || is_hop_by_hop(name)
             || connection.names(name)
@@ -431,6 +457,8 @@ pub(crate) fn request(
         resources,
         destination,
         destinations,
+        method_override,
+        method_overrides,
         framing,
         keep_alive,
         http10,

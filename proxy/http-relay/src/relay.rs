@@ -296,9 +296,9 @@ impl Conn<'_> {
             None => std::str::from_utf8(&self.input[req.path.clone()]).unwrap_or("/"),
         };
         let path = if path.is_empty() { "/" } else { path };
-        let destination = req.destination_in(&self.input);
+        let named = req.named_in(&self.input);
         let reading = relay.config.path_reading;
-        let class = (relay.routes).classify_request(&req.method, path, destination, reading);
+        let class = (relay.routes).classify_request(&req.method, path, named, reading);
         let admission = match class {
             Classification::Pass => None,
             Classification::FenceByHeader => Some(self.fence_args(&req, None)),

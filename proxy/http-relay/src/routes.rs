@@ -192,23 +192,63 @@ impl Routes {
         ))
     }
 
-    /// [`Routes::classify`], then [`Routes::with_destination`] when the request has a
-    /// `Destination` header (its bytes, and how many there were).
-    pub fn classify_request(
+    /// [`Routes::classify`], then, when the request names more ([`crate::h1::Named`]): a
+    /// method override is judged as a second method ([`Routes::with_override`]) and a
+    /// `Destination` as a second path ([`Routes::with_destination`]).
+    pub(crate) fn classify_request(
         &self,
         method: &Method,
         path: &str,
-        destination: Option<(&[u8], u8)>,
+        named: crate::h1::Named<'_>,
         reading: crate::path::PathReading,
     ) -> Classification {
-        let class = self.classify(method, path);
-        match destination {
-            None => class,
-            Some((to, count)) => {
-                let to = String::from_utf8_lossy(to);
-                self.with_destination(method, class, &to, count, reading)
-            }
+        let mut class = self.classify(method, path);
+        if let Some((value, count)) = named.method_override {
+            class = self.with_override(method, path, class, value, count);
         }
+        if let Some((to, count)) = named.destination {
+            let to = String::from_utf8_lossy(to);
+            class = self.with_destination(method, class, &to, count, reading);
+        }
+        class
+    }
+
+    /// `class`, given a method override header (`value`, `count` of them): stacks that honour
+    /// one (Express's method-override, Symfony, Laravel, Rails with a middleware) handle the
+    /// request as that method. Kept when the override names the request's own method or one
+    /// handled alike; otherwise [`Classification::Ambiguous`] (a GET turned into a PUT was
+    /// relayed unfenced).
+    fn with_override(
+        &self,
+        method: &Method,
+        path: &str,
+        class: Classification,
+        value: &[u8],
+        count: u8,
+    ) -> Classification {
+        if count > 1 {
+            return Classification::Ambiguous("more than one method override header".into());
+        }
+        let named = value.trim_ascii().to_ascii_uppercase();
+        let Ok(other) = Method::from_bytes(&named) else {
+            return Classification::Ambiguous(format!(
+                "the method override {:?} is not a method",
+                String::from_utf8_lossy(value)
+            ));
+        };
+        if other == *method {
+            return class;
+        }
+        let there = self.classify(&other, path);
+        if there == class {
+            return class;
+        }
+        Classification::Ambiguous(format!(
+            "the request is {} as {method}, but {} as {other}, the method its override header \
+             names (stacks that honour the header handle it as {other}): send {other} itself",
+            class.describe(),
+            there.describe()
+        ))
     }
 
     /// `class` (the request's own), given that the request also names `destination` (its
@@ -711,5 +751,37 @@ mod tests {
         assert_eq!(with("/public/a", "/public/b"), Classification::Pass);
         let two = r.with_destination(&m, Classification::Pass, "/public/b", 2, strict);
         assert!(refused(two));
+    }
+
+    /// A GET whose `X-HTTP-Method-Override` says PUT is a PUT to stacks that honour it: judged
+    /// as both, refused when they differ (it was relayed unfenced as a GET).
+    #[test]
+    fn a_method_override_is_judged_as_a_second_method() {
+        let r = Routes::new(
+            &[route(None, "/inventory/{sku}", Some("inventory:{sku}"))],
+            None,
+        )
+        .unwrap();
+        let strict = crate::path::PathReading::Strict;
+        let with = |method: Method, value: &[u8], count: u8| {
+            let named = crate::h1::Named {
+                destination: None,
+                method_override: Some((value, count)),
+            };
+            r.classify_request(&method, "/inventory/sku1", named, strict)
+        };
+        let refused = |c: Classification| matches!(c, Classification::Ambiguous(_));
+        assert!(refused(with(Method::GET, b"PUT", 1)));
+        assert!(refused(with(Method::GET, b" delete ", 1)));
+        assert!(
+            refused(with(Method::POST, b"GET", 1)),
+            "a write judged as a read"
+        );
+        assert!(refused(with(Method::PUT, b"PUT", 2)));
+        assert!(refused(with(Method::GET, b"P U T", 1)));
+        let named = Classification::FenceNamed("inventory:sku1".into());
+        assert_eq!(with(Method::POST, b"PATCH", 1), named);
+        assert_eq!(with(Method::PUT, b"put", 1), named);
+        assert_eq!(with(Method::GET, b"HEAD", 1), Classification::Pass);
     }
 }

@@ -190,3 +190,40 @@ fn an_nginx_move_or_copy_cannot_write_a_fenced_path_under_another_token() {
     assert!(written(send("PUT", "/inventory/sku1", CURRENT, "newer").0));
     assert_eq!(stack.stored("sku1").as_deref(), Some("newer"));
 }
+
+/// A request whose method override header names a write is a write to stacks that honour it
+/// (the Node.js service does, as method-override middlewares do): a GET turned into a PUT
+/// was relayed unfenced, and stored a write with no token. Judged as both methods, it is
+/// refused.
+#[test]
+fn a_method_override_does_not_turn_an_unfenced_read_into_a_write() {
+    let stack = Stack::node();
+    let dir = tempfile::tempdir().unwrap();
+    let px = proxy_to(dir.path(), &stack.url(), "", ROUTES);
+    let proxy = px.urls[0].strip_prefix("http://").unwrap();
+    let send = |method: &str, headers: &str, body: &str| {
+        exchange(proxy, method, "/inventory/sku1", headers, body)
+    };
+    assert_eq!(send("PUT", CURRENT, "current").0, 200);
+    for (method, headers) in [
+        ("GET", "X-HTTP-Method-Override: PUT\r\n"),
+        ("GET", "X-HTTP-Method-Override: put\r\n"),
+        (
+            "GET",
+            "X-HTTP-Method: PUT\r\nX-HTTP-Method-Override: GET\r\n",
+        ),
+        ("HEAD", "X-Method-Override: PUT\r\n"),
+    ] {
+        let (status, answer) = send(method, headers, "stale");
+        assert_eq!(status, 400, "{method} {headers:?}: {answer}");
+        assert_eq!(
+            stack.stored("sku1").as_deref(),
+            Some("current"),
+            "{method} {headers:?}"
+        );
+    }
+    // Overriding a write with the same write, with its token, still writes.
+    let headers = format!("{CURRENT}X-HTTP-Method-Override: PUT\r\n");
+    assert_eq!(send("POST", &headers, "newer").0, 200);
+    assert_eq!(stack.stored("sku1").as_deref(), Some("newer"));
+}
