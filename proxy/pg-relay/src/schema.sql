@@ -727,6 +727,44 @@ BEGIN
 END;
 $fn$;
 
+-- A TRUNCATE of a foreign table fires no trigger and takes no transaction id: only the commit
+-- hook judges it (before it runs). Where the hook is not loaded, every postgres_fdw foreign
+-- table that does not say otherwise is made not truncatable (the table option `truncatable`
+-- 'false': postgres_fdw then refuses TRUNCATE of it), by the installation and by the event
+-- trigger below as tables come. A table whose owner set `truncatable` itself keeps it.
+CREATE OR REPLACE FUNCTION fencing.refuse_unjudged_truncate()
+RETURNS integer
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+DECLARE
+    rel regclass;
+    n integer := 0;
+BEGIN
+    IF current_setting('fence_hook.active', true) = 'on' THEN
+        RETURN 0;
+    END IF;
+    FOR rel IN
+        SELECT f.ftrelid::regclass FROM pg_foreign_table f
+        JOIN pg_foreign_server s ON s.oid = f.ftserver
+        JOIN pg_foreign_data_wrapper w ON w.oid = s.srvfdw
+        WHERE w.fdwname = 'postgres_fdw'
+          AND NOT EXISTS (SELECT 1 FROM unnest(coalesce(f.ftoptions, '{}')) o WHERE o LIKE 'truncatable=%')
+    LOOP
+        BEGIN
+            EXECUTE format('ALTER FOREIGN TABLE %s OPTIONS (ADD truncatable %L)', rel, 'false');
+            n := n + 1;
+        EXCEPTION WHEN insufficient_privilege THEN
+            RAISE WARNING 'fence-proxy: a TRUNCATE of foreign table % is not judged: % may not alter it', rel, current_user
+                USING HINT = 'load fence_hook, or run SELECT fencing.refuse_unjudged_truncate() as its owner';
+        END;
+    END LOOP;
+    RETURN n;
+END;
+$fn$;
+
+SELECT fencing.refuse_unjudged_truncate();
+
 -- Gives every foreign table of the database whose trigger is missing, disabled (or enabled for
 -- replicas only), conditional or replaced the trigger above, with fence wait `p_wait_ms`;
 -- returns how many it gave it to. One it may not create triggers on (it needs to own the
@@ -793,6 +831,7 @@ SET search_path = pg_catalog, pg_temp
 AS $fn$
 BEGIN
     PERFORM fencing.judge_foreign_tables();
+    PERFORM fencing.refuse_unjudged_truncate();
 END;
 $fn$;
 
@@ -810,18 +849,31 @@ BEGIN
 END
 $do$;
 
--- dblink commits on the far side as each of its calls runs, before any commit point: only the
+
+-- What only the commit hook can fence. dblink commits on the far side as each of its calls
+-- runs, before any commit point: only the
 -- commit hook, which judges each call before it is made, can fence it. Where the hook is not
 -- loaded, a database with dblink cannot be fenced: the installation says so and stops, and
 -- (with a superuser's installation) so does a later CREATE EXTENSION dblink, unless the
 -- database says that it accepts unjudged dblink calls (ALTER DATABASE ... SET
 -- fencing.allow_unjudged_dblink = on).
-CREATE OR REPLACE FUNCTION fencing.refuse_unjudged_dblink()
+CREATE OR REPLACE FUNCTION fencing.refuse_unjudged()
 RETURNS void
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $fn$
 BEGIN
+    -- A prepared transaction keeps its locks after its session, and nothing can end it: one
+    -- that holds a resource's fence lock (any role can prepare one) keeps every newer token
+    -- waiting. The hook refuses to prepare such a transaction; without it, a server that
+    -- allows prepared transactions cannot be fenced, unless the database accepts that.
+    IF current_setting('max_prepared_transactions')::integer > 0
+       AND current_setting('fence_hook.active', true) IS DISTINCT FROM 'on'
+       AND current_setting('fencing.allow_prepared_transactions', true) IS DISTINCT FROM 'on' THEN
+        RAISE EXCEPTION USING ERRCODE = '0A000',
+            MESSAGE = format('fence-proxy: the server allows prepared transactions (max_prepared_transactions = %s), which no newer token can end, and fence_hook is not loaded to refuse them a fence lock', current_setting('max_prepared_transactions')),
+            HINT = 'load fence_hook (shared_preload_libraries), or set max_prepared_transactions = 0, or accept it for this database: ALTER DATABASE ... SET fencing.allow_prepared_transactions = on';
+    END IF;
     IF EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'dblink')
        AND current_setting('fence_hook.active', true) IS DISTINCT FROM 'on'
        AND current_setting('fencing.allow_unjudged_dblink', true) IS DISTINCT FROM 'on' THEN
@@ -832,7 +884,7 @@ BEGIN
 END;
 $fn$;
 
-SELECT fencing.refuse_unjudged_dblink();
+SELECT fencing.refuse_unjudged();
 
 CREATE OR REPLACE FUNCTION fencing.refuse_unjudged_dblink_event()
 RETURNS event_trigger
@@ -840,7 +892,7 @@ LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $fn$
 BEGIN
-    PERFORM fencing.refuse_unjudged_dblink();
+    PERFORM fencing.refuse_unjudged();
 END;
 $fn$;
 

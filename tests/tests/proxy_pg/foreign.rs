@@ -127,6 +127,30 @@ fn an_insert_and_a_delete_through_a_foreign_table() {
     );
 }
 
+/// Without the hook nothing can judge a TRUNCATE of a foreign table: the installation makes
+/// every postgres_fdw table that does not say otherwise not truncatable, for everyone; a
+/// table whose owner set `truncatable` keeps it.
+#[test]
+fn a_truncate_of_a_foreign_table_without_the_hook_is_refused() {
+    let s = prepared(Postgres::start());
+    let mut zombie = session(&s, by_set, "50");
+    let _holder = session(&s, by_set, "100");
+    let a = zombie.simple("TRUNCATE far_stock");
+    assert!(!a.errors.is_empty(), "{a:?}");
+    assert!(a.errors[0].1.contains("truncate"), "{a:?}");
+    assert_eq!(s.pg.psql("SELECT count(*) FROM stock"), "1");
+    s.pg.psql(
+        "CREATE FOREIGN TABLE chosen (sku text, n int) SERVER loop \
+         OPTIONS (table_name 'parts_target', truncatable 'true')",
+    );
+    assert_eq!(
+        s.pg.psql(
+            "SELECT ftoptions::text FROM pg_foreign_table WHERE ftrelid = 'chosen'::regclass"
+        ),
+        "{table_name=parts_target,truncatable=true}"
+    );
+}
+
 /// PostgreSQL allows no TRUNCATE trigger on a foreign table: the commit hook judges it.
 #[test]
 fn a_truncate_of_a_foreign_table_with_the_commit_hook() {

@@ -163,3 +163,29 @@ fn with_the_hook_no_transaction_holding_a_fence_lock_is_prepared() {
     let a = holder(&s, "101").simple(UPDATE);
     assert!(a.errors.is_empty(), "{a:?}");
 }
+
+/// Without the hook nothing refuses a prepared transaction a fence lock: a server that allows
+/// prepared transactions is refused at the installation (fence-proxy does not start), unless
+/// the database accepts that.
+#[test]
+fn without_the_hook_a_server_that_allows_prepared_transactions_is_refused_unless_accepted() {
+    let mut pg = e2e::pg::Postgres::start();
+    pg.psql_each(&["ALTER SYSTEM SET max_prepared_transactions = 5"]);
+    pg.restart();
+    let dir = tempfile::tempdir().unwrap();
+    let config = format!(
+        "[[pg]]\nlisten = \"127.0.0.1:0\"\nupstream = \"127.0.0.1:{}\"\nschema_urls = [\"{}\"]\nschema_wait_ms = 0\n",
+        pg.port,
+        pg.url()
+    );
+    let mut p = e2e::FenceProxy::spawn(dir.path(), &config);
+    assert_eq!(p.wait().code(), Some(1), "{}", p.stderr.text());
+    assert!(
+        p.stderr.text().contains("allows prepared transactions"),
+        "{}",
+        p.stderr.text()
+    );
+    pg.psql("ALTER DATABASE postgres SET fencing.allow_prepared_transactions = on");
+    let s = crate::setup_with(pg, 300, "");
+    assert_eq!(s.pg.psql("SELECT count(*) FROM fencing.tokens"), "0");
+}
