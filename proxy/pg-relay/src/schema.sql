@@ -7,7 +7,18 @@
 -- role may read fencing.tokens) would otherwise keep the installation waiting, and with it every
 -- session that needs the table after it. It fails instead (55P03), and says what it waited for.
 SET LOCAL lock_timeout = '10s';
-SELECT pg_advisory_xact_lock(1178946114);  -- one installer at a time (two proxies may start together)
+-- One installer at a time (two proxies may start together): once the schema exists, by a lock
+-- on a table no application role may lock (an advisory lock any role could hold, to keep every
+-- proxy from starting); the first installation, by an advisory lock.
+DO $do$
+BEGIN
+    IF to_regclass('fencing.secret') IS NOT NULL THEN
+        LOCK TABLE fencing.secret IN EXCLUSIVE MODE;
+    ELSE
+        PERFORM pg_advisory_xact_lock(1178946114);
+    END IF;
+END
+$do$;
 
 CREATE SCHEMA IF NOT EXISTS fencing;
 
@@ -195,6 +206,29 @@ RETURNS integer
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 AS $fn$ SELECT ((v & 4294967295) - CASE WHEN (v & 4294967295) > 2147483647 THEN 4294967296 ELSE 0 END)::integer $fn$;
 
+-- Takes the two-key announcement lock (a, b) shared, for the transaction. Announcements take
+-- these keys, always shared: a session that holds one exclusively, or waits for it so, is
+-- keeping announcements out by hand (any role can compute the keys of the next tokens), and is
+-- ended first.
+CREATE OR REPLACE FUNCTION fencing.announce_key(a integer, b integer)
+RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+BEGIN
+    IF pg_try_advisory_xact_lock_shared(a, b) THEN
+        RETURN;
+    END IF;
+    PERFORM pg_terminate_backend(l.pid) FROM pg_locks l
+    WHERE l.locktype = 'advisory' AND l.objsubid = 2 AND l.mode = 'ExclusiveLock'
+      AND l.classid = (a::bigint & 4294967295)::text::oid
+      AND l.objid = (b::bigint & 4294967295)::text::oid
+      AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+      AND l.pid <> pg_backend_pid();
+    PERFORM pg_advisory_xact_lock_shared(a, b);
+END;
+$fn$;
+
 -- Advertises token `t` for the resource whose lock key is `k` until the transaction ends:
 -- two-key advisory locks, the first key a half of `k`, the second a half of `t` (the high half
 -- only for tokens above 2^32), and a lock on the announcement's proof, which evict_older reads
@@ -204,11 +238,9 @@ RETURNS void
 LANGUAGE plpgsql VOLATILE
 AS $fn$
 BEGIN
-    PERFORM pg_catalog.pg_advisory_xact_lock_shared(fencing.signed32(k >> 32),
-        fencing.signed32(t & 4294967295));
+    PERFORM fencing.announce_key(fencing.signed32(k >> 32), fencing.signed32(t & 4294967295));
     IF t > 4294967295 THEN
-        PERFORM pg_catalog.pg_advisory_xact_lock_shared(fencing.signed32(k & 4294967295),
-            (t >> 32)::integer);
+        PERFORM fencing.announce_key(fencing.signed32(k & 4294967295), (t >> 32)::integer);
     END IF;
     -- The proof that this announcement is the check's (fencing.holders).
     PERFORM pg_catalog.pg_advisory_xact_lock_shared(fencing.proof(k, t, pg_catalog.pg_backend_pid()));
@@ -788,7 +820,7 @@ BEGIN
               WHERE t.tgrelid = c.oid AND t.tgname = 'fencing_judge_rows'
                 AND t.tgfoid = 'fencing.judge_foreign()'::regprocedure
                 AND t.tgtype = 31  -- BEFORE, FOR EACH ROW, INSERT OR UPDATE OR DELETE
-                AND t.tgqual IS NULL AND t.tgenabled IN ('O', 'A'))
+                AND t.tgqual IS NULL AND t.tgattr = ''::int2vector AND t.tgenabled IN ('O', 'A'))
     LOOP
         BEGIN
             -- Each command here runs this again (the event trigger), which finds it done or
@@ -796,7 +828,7 @@ BEGIN
             IF EXISTS (SELECT 1 FROM pg_trigger t
                        WHERE t.tgrelid = rel AND t.tgname = 'fencing_judge_rows'
                          AND NOT (t.tgfoid = 'fencing.judge_foreign()'::regprocedure
-                                  AND t.tgtype = 31 AND t.tgqual IS NULL)) THEN
+                                  AND t.tgtype = 31 AND t.tgqual IS NULL AND t.tgattr = ''::int2vector)) THEN
                 EXECUTE format('DROP TRIGGER fencing_judge_rows ON %s', rel);
             END IF;
             IF EXISTS (SELECT 1 FROM pg_trigger t WHERE t.tgrelid = rel AND t.tgname = 'fencing_judge_rows') THEN
@@ -857,6 +889,19 @@ $do$;
 -- (with a superuser's installation) so does a later CREATE EXTENSION dblink, unless the
 -- database says that it accepts unjudged dblink calls (ALTER DATABASE ... SET
 -- fencing.allow_unjudged_dblink = on).
+-- Whether this database itself (ALTER DATABASE ... SET, for every role) sets `p_name` to on:
+-- a session's or a role's own setting is not the database's acceptance.
+CREATE OR REPLACE FUNCTION fencing.database_accepts(p_name text)
+RETURNS boolean
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+    SELECT EXISTS (
+        SELECT 1 FROM pg_db_role_setting s JOIN pg_database d ON d.oid = s.setdatabase
+        WHERE d.datname = current_database() AND s.setrole = 0
+          AND (p_name || '=on') = ANY (s.setconfig))
+$fn$;
+
 CREATE OR REPLACE FUNCTION fencing.refuse_unjudged()
 RETURNS void
 LANGUAGE plpgsql
@@ -869,14 +914,14 @@ BEGIN
     -- allows prepared transactions cannot be fenced, unless the database accepts that.
     IF current_setting('max_prepared_transactions')::integer > 0
        AND current_setting('fence_hook.active', true) IS DISTINCT FROM 'on'
-       AND current_setting('fencing.allow_prepared_transactions', true) IS DISTINCT FROM 'on' THEN
+       AND NOT fencing.database_accepts('fencing.allow_prepared_transactions') THEN
         RAISE EXCEPTION USING ERRCODE = '0A000',
             MESSAGE = format('fence-proxy: the server allows prepared transactions (max_prepared_transactions = %s), which no newer token can end, and fence_hook is not loaded to refuse them a fence lock', current_setting('max_prepared_transactions')),
             HINT = 'load fence_hook (shared_preload_libraries), or set max_prepared_transactions = 0, or accept it for this database: ALTER DATABASE ... SET fencing.allow_prepared_transactions = on';
     END IF;
     IF EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'dblink')
        AND current_setting('fence_hook.active', true) IS DISTINCT FROM 'on'
-       AND current_setting('fencing.allow_unjudged_dblink', true) IS DISTINCT FROM 'on' THEN
+       AND NOT fencing.database_accepts('fencing.allow_unjudged_dblink') THEN
         RAISE EXCEPTION USING ERRCODE = '0A000',
             MESSAGE = format('fence-proxy: database %s has dblink, whose calls write on the far side before any commit point, and fence_hook is not loaded to judge them', quote_ident(current_database())),
             HINT = 'load fence_hook (shared_preload_libraries), or DROP EXTENSION dblink, or accept that dblink calls are not fenced: ALTER DATABASE ... SET fencing.allow_unjudged_dblink = on';
@@ -908,19 +953,28 @@ END
 $do$;
 
 -- The protected tables, their prefixes and waits.
-CREATE OR REPLACE VIEW fencing.protected_tables AS
-    SELECT t.tgrelid::regclass AS table_name,
-           split_part(encode(t.tgargs, 'escape'), '\000', 1) AS prefix,
-           split_part(encode(t.tgargs, 'escape'), '\000', 2)::integer AS wait_ms
-    FROM pg_catalog.pg_trigger t
-    WHERE t.tgname = 'fencing_guard' AND NOT t.tgisinternal
-      AND t.tgfoid = 'fencing.guard()'::regprocedure;
+-- (Created when missing only: replacing a view takes it exclusively even when nothing changes,
+-- and any role may hold it, reading it.)
+DO $do$
+BEGIN
+    IF to_regclass('fencing.protected_tables') IS NULL THEN
+        CREATE VIEW fencing.protected_tables AS
+            SELECT t.tgrelid::regclass AS table_name,
+                   split_part(encode(t.tgargs, 'escape'), '\000', 1) AS prefix,
+                   split_part(encode(t.tgargs, 'escape'), '\000', 2)::integer AS wait_ms
+            FROM pg_catalog.pg_trigger t
+            WHERE t.tgname = 'fencing_guard' AND NOT t.tgisinternal
+              AND t.tgfoid = 'fencing.guard()'::regprocedure;
+    END IF;
+END
+$do$;
 
 REVOKE ALL ON TABLE fencing.tokens FROM PUBLIC;
 GRANT SELECT ON TABLE fencing.tokens TO PUBLIC;
 GRANT USAGE ON SCHEMA fencing TO PUBLIC;
 REVOKE ALL ON FUNCTION fencing.evict_older(text, bigint) FROM PUBLIC;
 REVOKE ALL ON FUNCTION fencing.proof(bigint, bigint, integer) FROM PUBLIC;
+REVOKE ALL ON FUNCTION fencing.announce_key(integer, integer) FROM PUBLIC;
 REVOKE ALL ON FUNCTION fencing.holders(text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION fencing.take_for_change(text) FROM PUBLIC;
 REVOKE ALL ON TABLE fencing.secret FROM PUBLIC;

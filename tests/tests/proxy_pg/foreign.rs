@@ -263,6 +263,10 @@ fn dblink_without_the_hook_is_refused_unless_accepted() {
         "{}",
         p.stderr.text()
     );
+    // A role's setting is not the database's acceptance (a second breaker's finding).
+    s.pg.psql("ALTER ROLE postgres SET fencing.allow_unjudged_dblink = on");
+    let mut p = e2e::FenceProxy::spawn(dir.path(), &config);
+    assert_eq!(p.wait().code(), Some(1), "{}", p.stderr.text());
     s.pg.psql("ALTER DATABASE other SET fencing.allow_unjudged_dblink = on");
     let mut p = e2e::FenceProxy::spawn(dir.path(), &config);
     let line = p.stderr.wait_for("the check installed in `other`", |l| {
@@ -275,7 +279,7 @@ fn dblink_without_the_hook_is_refused_unless_accepted() {
 /// The judge trigger of a foreign table, as the installation makes it.
 const JUDGED: &str = "SELECT count(*) FROM pg_trigger WHERE tgrelid = 'far_stock'::regclass \
      AND tgname = 'fencing_judge_rows' AND tgenabled IN ('O', 'A') AND tgqual IS NULL \
-     AND tgtype = 31 AND tgfoid = 'fencing.judge_foreign()'::regprocedure";
+     AND tgtype = 31 AND tgattr = ''::int2vector AND tgfoid = 'fencing.judge_foreign()'::regprocedure";
 
 /// The owner of a foreign table can disable, drop, rename or replace its trigger (found by an
 /// outside breaker: a zombie's write then committed through it). Each is undone at the end of
@@ -291,6 +295,9 @@ fn a_foreign_tables_trigger_is_made_again_after_its_owner_undoes_it() {
         "ALTER TRIGGER fencing_judge_rows ON far_stock RENAME TO other",
         "CREATE OR REPLACE TRIGGER fencing_judge_rows BEFORE INSERT OR UPDATE OR DELETE \
          ON far_stock FOR EACH ROW WHEN (false) EXECUTE FUNCTION fencing.judge_foreign('1000')",
+        // Only for updates of one column (a second breaker's: other columns went unjudged).
+        "CREATE OR REPLACE TRIGGER fencing_judge_rows BEFORE INSERT OR UPDATE OF sku OR DELETE \
+         ON far_stock FOR EACH ROW EXECUTE FUNCTION fencing.judge_foreign('1000')",
     ] {
         s.pg.psql(tamper);
         assert_eq!(s.pg.psql(JUDGED), "1", "after {tamper}");

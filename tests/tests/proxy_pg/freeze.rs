@@ -189,3 +189,62 @@ fn without_the_hook_a_server_that_allows_prepared_transactions_is_refused_unless
     let s = crate::setup_with(pg, 300, "");
     assert_eq!(s.pg.psql("SELECT count(*) FROM fencing.tokens"), "0");
 }
+
+/// Any role can compute the keys with which the next tokens will be announced, and those of
+/// `marks lower`'s announcement, and hold them exclusively (a second breaker's finding: the
+/// newer holder waited on its announcement for ever, and `marks lower` failed). A session that
+/// holds an announcement key exclusively is ended.
+#[test]
+fn holding_the_announcement_keys_keeps_no_announcement_out() {
+    let s = prepared();
+    let mut forger = Raw::connect_as(s.addr(), "app", &[]);
+    let a = forger.simple(&format!(
+        "SELECT pg_advisory_lock(fencing.signed32(fencing.lock_key('{R}') >> 32), t) \
+         FROM generate_series(101, 110) t; \
+         SELECT pg_advisory_lock(fencing.signed32(fencing.lock_key('{R}') >> 32), -1)"
+    ));
+    assert!(a.errors.is_empty(), "{a:?}");
+    let a = holder(&s, "101").simple(UPDATE);
+    assert!(a.errors.is_empty(), "the newer holder: {a:?}");
+    assert_eq!(mark(&s.pg, R), "101");
+    let mut forger = Raw::connect_as(s.addr(), "app", &[]);
+    let a = forger.simple(&format!(
+        "SELECT pg_advisory_lock(fencing.signed32(fencing.lock_key('{R}') >> 32), -1)"
+    ));
+    assert!(a.errors.is_empty(), "{a:?}");
+    let url = s.pg.url();
+    let mut cmd = std::process::Command::new(e2e::bin("fence-proxy"));
+    cmd.args(["marks", "lower", R, "--to", "50", "--force", "--by", "ops"])
+        .args([
+            "--reason",
+            "a test",
+            "--wait-ms",
+            "200",
+            "--database-url",
+            &url,
+        ]);
+    let (st, out, err) = e2e::output(cmd);
+    assert!(st.success(), "{out}{err}");
+    assert_eq!(mark(&s.pg, R), "50");
+}
+
+/// The installation takes its turn by a lock no application role may take once the schema
+/// exists, and replaces no view that readers may hold (a second breaker kept every proxy from
+/// starting with an advisory lock on the installer's key, or by reading
+/// `fencing.protected_tables` in an open transaction).
+#[test]
+fn no_role_can_keep_a_proxy_from_starting() {
+    let s = prepared();
+    let mut squatter = Raw::connect_as(s.addr(), "app", &[]);
+    let a = squatter.simple(
+        "SELECT pg_advisory_lock(1178946114); BEGIN; \
+         SELECT count(*) FROM fencing.protected_tables; SELECT count(*) FROM fencing.signed_prefixes",
+    );
+    assert!(a.errors.is_empty(), "{a:?}");
+    let again = crate::start_proxy(&s.dir, &s.pg, 300, "");
+    let mut c = Raw::connect(&again.pg[0], &[]);
+    let a = c.simple(&format!(
+        "SET fencing.resource = '{R}'; SET fencing.token = '101'; {UPDATE}"
+    ));
+    assert!(a.errors.is_empty(), "{a:?}");
+}
