@@ -142,6 +142,11 @@ impl Classification {
     }
 }
 
+/// Methods that act on a collection and everything under it (WebDAV, RFC 4918).
+fn is_recursive(method: &Method) -> bool {
+    *method == Method::DELETE || matches!(method.as_str(), "MOVE" | "COPY")
+}
+
 /// Methods that are not fenced by default: they do not write.
 pub fn is_safe(method: &Method) -> bool {
     method == Method::GET || method == Method::HEAD || method == Method::OPTIONS
@@ -203,6 +208,12 @@ impl Routes {
         reading: crate::path::PathReading,
     ) -> Classification {
         let mut class = self.classify(method, path);
+        if is_recursive(method) && self.holds_fenced(path) {
+            class = Classification::Ambiguous(format!(
+                "{method} {path:?} would reach every path under it, and routes fence paths \
+                 under it: send it for each resource, on its own path"
+            ));
+        }
         if let Some((value, count)) = named.method_override {
             class = self.with_override(method, path, class, value, count);
         }
@@ -281,6 +292,12 @@ impl Routes {
             Ok(n) => n.map_or_else(|| raw.to_string(), |n| n.judged),
             Err(e) => return Classification::Ambiguous(format!("in the Destination: {}", e.0)),
         };
+        if self.holds_fenced(&judged) {
+            return Classification::Ambiguous(format!(
+                "the Destination {judged:?} holds paths that routes fence: a COPY or MOVE there \
+                 would write them all"
+            ));
+        }
         let there = self.classify(method, &judged);
         if there == Classification::Pass || there == class {
             return class;
@@ -291,6 +308,31 @@ impl Routes {
             there.describe(),
             class.describe()
         ))
+    }
+
+    /// Whether `path`, which no route matches (in any method, ignoring case), is a collection
+    /// above paths that a fenced route gives resources to: its segments begin one of their
+    /// templates. WebDAV's DELETE, MOVE and COPY of a collection reach everything under it.
+    fn holds_fenced(&self, path: &str) -> bool {
+        let rest = path.strip_prefix('/').unwrap_or(path);
+        let rest = rest.strip_suffix('/').unwrap_or(rest);
+        let parts: Vec<&str> = if rest.is_empty() {
+            Vec::new()
+        } else {
+            rest.split('/').collect()
+        };
+        let matched = self
+            .routes
+            .iter()
+            .any(|r| match_path(&r.path, path, true).is_some());
+        !matched
+            && self.routes.iter().filter(|r| r.fenced).any(|r| {
+                r.path.len() > parts.len()
+                    && parts.iter().zip(&r.path).all(|(p, seg)| match seg {
+                        Segment::Literal(l) => p.eq_ignore_ascii_case(l),
+                        Segment::Capture(_) | Segment::Rest(_) => !p.is_empty(),
+                    })
+            })
     }
 
     fn classify_as(&self, method: &Method, path: &str, fold: bool) -> Classification {
@@ -783,5 +825,63 @@ mod tests {
         assert_eq!(with(Method::POST, b"PATCH", 1), named);
         assert_eq!(with(Method::PUT, b"put", 1), named);
         assert_eq!(with(Method::GET, b"HEAD", 1), Classification::Pass);
+    }
+
+    /// WebDAV's DELETE, MOVE and COPY of a collection reach everything under it: a collection
+    /// above fenced paths is refused as their source or destination (a second breaker deleted
+    /// `/inventory/` and moved a collection over it, under a resource of its own choosing).
+    #[test]
+    fn a_collection_above_fenced_paths_is_refused_to_recursive_methods() {
+        let r = Routes::new(
+            &[
+                route(None, "/inventory/{sku}", Some("inventory:{sku}")),
+                route(None, "/shelves/{id}/items/{sku}", Some("shelf:{id}")),
+            ],
+            None,
+        )
+        .unwrap();
+        let strict = crate::path::PathReading::Strict;
+        let refused = |c: Classification| matches!(c, Classification::Ambiguous(_));
+        let go = |method: &[u8], path: &str, to: Option<&str>| {
+            let m = Method::from_bytes(method).unwrap();
+            let named = crate::h1::Named {
+                destination: to.map(|t| (t.as_bytes(), 1)),
+                method_override: None,
+            };
+            r.classify_request(&m, path, named, strict)
+        };
+        for path in [
+            "/inventory/",
+            "/inventory",
+            "/",
+            "/shelves/7",
+            "/shelves/7/items/",
+            "/Inventory/",
+        ] {
+            assert!(refused(go(b"DELETE", path, None)), "DELETE {path}");
+            assert!(
+                refused(go(b"MOVE", path, Some("/elsewhere/"))),
+                "MOVE {path}"
+            );
+        }
+        assert!(refused(go(
+            b"MOVE",
+            "/other/dir/",
+            Some("http://x/inventory/")
+        )));
+        assert!(refused(go(b"COPY", "/other/dir/", Some("/"))));
+        // A resource of its own, a path beside the routes, and other methods are as before.
+        assert_eq!(
+            go(b"DELETE", "/inventory/sku1", None),
+            Classification::FenceNamed("inventory:sku1".into())
+        );
+        assert_eq!(
+            go(b"DELETE", "/elsewhere/x", None),
+            Classification::FenceByHeader
+        );
+        assert_eq!(
+            go(b"POST", "/inventory", None),
+            Classification::FenceByHeader
+        );
     }
 }

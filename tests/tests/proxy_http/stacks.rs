@@ -179,6 +179,28 @@ fn an_nginx_move_or_copy_cannot_write_a_fenced_path_under_another_token() {
             );
         }
     }
+    // A collection above fenced paths, as the source of a DELETE or MOVE or the destination
+    // of a MOVE, under a resource of the client's choosing (a second breaker's finding).
+    let zombie = "Fencing-Token: 1\r\nFencing-Resource: junk:1\r\n";
+    assert!(written(send("PUT", "/other/dir/sku1", zombie, "zombie").0));
+    for (method, target, extra) in [
+        (
+            "MOVE",
+            "/other/dir/",
+            "Destination: http://shop/inventory/\r\nOverwrite: T\r\n",
+        ),
+        ("COPY", "/other/dir/", "Destination: /inventory/\r\n"),
+        ("DELETE", "/inventory/", ""),
+        ("DELETE", "/inventory", ""),
+    ] {
+        let (status, answer) = send(method, target, &format!("{zombie}{extra}"), "");
+        assert_eq!(status, 400, "{method} {target}: {answer}");
+        assert_eq!(
+            stack.stored("sku1").as_deref(),
+            Some("current"),
+            "{method} {target}"
+        );
+    }
     // Within the unfenced route, a MOVE is relayed.
     let (status, answer) = send(
         "MOVE",
