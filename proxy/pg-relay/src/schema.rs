@@ -90,13 +90,15 @@ OPERATOR(pg_catalog.||) s.r AS pg_catalog.int8) END FROM ",
 /// read that follows takes its snapshot after the lock was granted (a raise that committed
 /// while this waited is then seen). At a transaction's end (`$1`) it fires the deferred
 /// triggers first ([`fire!`]): the settings it locks by, and the fast read after it, are then
-/// the final ones. Everything is schema-qualified: the text is parsed under the client's
+/// the final ones. It only tries the lock: when a holder keeps it (a raise in progress, or a
+/// session that took it by hand), `fencing.share` waits, and ends such a session after the
+/// fence wait. Everything is schema-qualified: the text is parsed under the client's
 /// `search_path`.
 pub const CHECK_LOCK: &[u8] = concat!(
-    "SELECT pg_catalog.pg_advisory_xact_lock_shared(\
-fencing.lock_key(pg_catalog.current_setting('fencing.resource', ",
+    "SELECT CASE WHEN pg_catalog.pg_try_advisory_xact_lock_shared(fencing.lock_key(s.r)) \
+THEN true ELSE fencing.share(s.r, NULL) END FROM (SELECT pg_catalog.current_setting('fencing.resource', ",
     fire!("$1"),
-    ")))"
+    ") AS r OFFSET 0) s"
 )
 .as_bytes();
 

@@ -118,7 +118,7 @@ $fn$;
 -- two-key locks of a holder could spell (a low half, with each high half or none) is tried
 -- against its proof locks; locks taken by hand, or copied from another session, prove nothing.
 CREATE OR REPLACE FUNCTION fencing.holders(p_resource text)
-RETURNS TABLE (pid integer, token bigint)
+RETURNS TABLE (pid integer, token bigint, exclusive boolean)
 LANGUAGE sql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $fn$
@@ -128,10 +128,11 @@ AS $fn$
                (fencing.lock_key(p_resource) & 4294967295)::text::oid AS lo,
                (SELECT oid FROM pg_database WHERE datname = current_database()) AS db
     ), holding AS (
-        SELECT DISTINCT l.pid FROM pg_locks l, key
+        SELECT l.pid, bool_or(l.mode = 'ExclusiveLock') AS exclusive FROM pg_locks l, key
         WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.classid = key.hi
           AND l.objid = key.lo AND l.database = key.db AND l.granted
           AND l.pid <> pg_backend_pid()
+        GROUP BY l.pid
     ), claims AS (
         SELECT lo.pid, h.high * 4294967296 + lo.objid::text::bigint AS token
         FROM key CROSS JOIN pg_locks lo
@@ -152,7 +153,36 @@ AS $fn$
               AND p.objid = (fencing.proof(key.k, c.token, c.pid) & 4294967295)::text::oid)
         GROUP BY c.pid
     )
-    SELECT h.pid, p.token FROM holding h LEFT JOIN proved p ON p.pid = h.pid
+    SELECT h.pid, p.token, h.exclusive FROM holding h LEFT JOIN proved p ON p.pid = h.pid
+$fn$;
+
+-- Takes resource `r`'s lock shared, for the transaction, when a first try could not: an
+-- exclusive holder is a raise in progress (a newer token: it is waited for) or a session that
+-- took the lock by hand and proves no token, which would keep every transaction with the
+-- current token waiting for ever; after `p_wait_ms` (1000 when NULL) such holders are ended.
+-- Returns true. The callers try `pg_try_advisory_xact_lock_shared` first: the common case
+-- costs no call of this.
+CREATE OR REPLACE FUNCTION fencing.share(r text, p_wait_ms integer)
+RETURNS boolean
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+DECLARE
+    k bigint := fencing.lock_key(r);
+    old_timeout text := current_setting('lock_timeout');
+BEGIN
+    BEGIN
+        PERFORM set_config('lock_timeout', coalesce(p_wait_ms, 1000) || 'ms', true);
+        PERFORM pg_advisory_xact_lock_shared(k);
+        PERFORM set_config('lock_timeout', old_timeout, true);
+        RETURN true;
+    EXCEPTION WHEN lock_not_available THEN
+        NULL;  -- (the subtransaction's end restored lock_timeout)
+    END;
+    PERFORM pg_terminate_backend(h.pid) FROM fencing.holders(r) h WHERE h.token IS NULL AND h.exclusive;
+    PERFORM pg_advisory_xact_lock_shared(k);
+    RETURN true;
+END;
 $fn$;
 
 -- Ends the open transactions, other than the caller's, that a raise to `p_token` on
@@ -420,7 +450,9 @@ BEGIN
         -- 25006), so that a write under a newer token never commits without raising the mark.
         -- It advertises its token, so that a raise to an older one does not end it.
         PERFORM fencing.advertise(k, t);
-        PERFORM pg_advisory_xact_lock_shared(k);
+        IF NOT pg_try_advisory_xact_lock_shared(k) THEN
+            PERFORM fencing.share(r, p_wait_ms);
+        END IF;
         SELECT m.token INTO cur FROM fencing.tokens m WHERE m.resource = r;
         IF FOUND AND cur > t THEN
             PERFORM fencing.refuse_stale(r, t, cur);
@@ -434,7 +466,9 @@ BEGIN
         IF found_row AND cur >= t THEN
             -- Same or older token: share the resource, then read the mark again under the lock
             -- (a raise may have committed while we waited for it).
-            PERFORM pg_advisory_xact_lock_shared(k);
+            IF NOT pg_try_advisory_xact_lock_shared(k) THEN
+                PERFORM fencing.share(r, p_wait_ms);
+            END IF;
             IF read_committed THEN
                 SELECT m.token INTO cur FROM fencing.tokens m WHERE m.resource = r;
             ELSE
@@ -518,7 +552,9 @@ BEGIN
         RETURN;
     END IF;
     t := t_text::bigint;
-    PERFORM pg_advisory_xact_lock_shared(fencing.lock_key(r));
+    IF NOT pg_try_advisory_xact_lock_shared(fencing.lock_key(r)) THEN
+        PERFORM fencing.share(r, p_wait_ms);
+    END IF;
     IF current_setting('transaction_isolation') = 'read committed' THEN
         SELECT m.token INTO cur FROM fencing.tokens m WHERE m.resource = r;
     ELSE
@@ -989,6 +1025,7 @@ GRANT SELECT ON TABLE fencing.signed_prefixes TO PUBLIC;
 REVOKE ALL ON TABLE fencing.mark_changes FROM PUBLIC;
 GRANT SELECT ON TABLE fencing.mark_changes TO PUBLIC;
 GRANT EXECUTE ON FUNCTION fencing.lock_key(text) TO PUBLIC;
+GRANT EXECUTE ON FUNCTION fencing.share(text, integer) TO PUBLIC;
 GRANT EXECUTE ON FUNCTION fencing.check(integer) TO PUBLIC;
 GRANT EXECUTE ON FUNCTION fencing.check(integer, boolean) TO PUBLIC;
 GRANT EXECUTE ON FUNCTION fencing.check_token(integer) TO PUBLIC;

@@ -248,3 +248,27 @@ fn no_role_can_keep_a_proxy_from_starting() {
     ));
     assert!(a.errors.is_empty(), "{a:?}");
 }
+
+/// The current holder shares the resource's lock: a session that holds it exclusively, by
+/// hand, kept every transaction with the current token waiting for ever, the relay's fast path
+/// and the general check alike. It is ended after the fence wait.
+#[test]
+fn a_lock_held_by_hand_does_not_keep_the_current_holder_waiting() {
+    let s = prepared();
+    let mut current = holder(&s, "100");
+    assert!(current.simple(UPDATE).errors.is_empty());
+    for lock in ["pg_advisory_lock", "pg_advisory_xact_lock"] {
+        let mut squatter = Raw::connect_as(s.addr(), "app", &[]);
+        let a = squatter.simple(&format!("BEGIN; SELECT {lock}(fencing.lock_key('{R}'))"));
+        assert!(a.errors.is_empty(), "{a:?}");
+        // The relay believes the token current: its fast path.
+        let a = current.simple(UPDATE);
+        assert!(a.errors.is_empty(), "the current holder ({lock}): {a:?}");
+    }
+    // A new session, judged by the general check.
+    let _squatter = forge(&s, "pg_advisory_lock");
+    let a = holder(&s, "100").simple(UPDATE);
+    assert!(a.errors.is_empty(), "{a:?}");
+    assert_eq!(s.pg.psql("SELECT n FROM stock"), "6");
+    assert_eq!(mark(&s.pg, R), "100");
+}
