@@ -394,7 +394,7 @@ async fn pg_run(
     if let Err(e) = locked {
         if e.as_database_error().and_then(|d| d.code()).as_deref() == Some("55P03") {
             bail!(
-                "{resource}: transactions with a proved token held its fence lock for longer than {} ms (see pg_locks); let them finish, end them, or raise --wait-ms",
+                "{resource}: a transaction with a proved token held its fence lock for longer than {} ms at each of several tries (sessions that proved none were ended; see pg_locks); let it finish, end it, or raise --wait-ms",
                 change.wait.as_millis()
             );
         }

@@ -138,6 +138,24 @@ const HOP_BY_HOP: [&str; 9] = [
     "upgrade",
 ];
 
+/// Whether header `name` is `wanted`, ignoring case and reading `_` as `-`: CGI and WSGI
+/// servers turn both into `_` (`HTTP_X_HTTP_METHOD_OVERRIDE`), so to them the two spellings
+/// are one header.
+fn is_named(name: &str, wanted: &str) -> bool {
+    let dash = |b: u8| {
+        if b == b'_' {
+            b'-'
+        } else {
+            b.to_ascii_lowercase()
+        }
+    };
+    name.len() == wanted.len()
+        && name
+            .bytes()
+            .zip(wanted.bytes())
+            .all(|(a, b)| dash(a) == dash(b))
+}
+
 fn is_hop_by_hop(name: &str) -> bool {
     HOP_BY_HOP.iter().any(|h| h.eq_ignore_ascii_case(name))
 }
@@ -366,20 +384,20 @@ pub(crate) fn request(
                 Some(_) => forwarded_more.push(h.value),
             }
             continue;
-        } else if name.eq_ignore_ascii_case(fencing::wire::HTTP_HEADER_TOKEN) {
+        } else if is_named(name, fencing::wire::HTTP_HEADER_TOKEN) {
             tokens = tokens.saturating_add(1);
             token.get_or_insert_with(|| offset(buf, h.value));
             // Judged here; named in `Connection`, it was meant for this hop only.
             if connection.names(name) {
                 continue;
             }
-        } else if name.eq_ignore_ascii_case(fencing::wire::HTTP_HEADER_RESOURCE) {
+        } else if is_named(name, fencing::wire::HTTP_HEADER_RESOURCE) {
             resources = resources.saturating_add(1);
             resource.get_or_insert_with(|| offset(buf, h.value));
             if connection.names(name) {
                 continue;
             }
-        } else if name.eq_ignore_ascii_case("destination") {
+        } else if is_named(name, "destination") {
             destinations = destinations.saturating_add(1);
             destination.get_or_insert_with(|| offset(buf, h.value));
         } else if [
@@ -388,7 +406,7 @@ pub(crate) fn request(
             "x-method-override",
         ]
         .iter()
-        .any(|o| name.eq_ignore_ascii_case(o))
+        .any(|o| is_named(name, o))
         {
             method_overrides = method_overrides.saturating_add(1);
             method_override.get_or_insert_with(|| offset(buf, h.value));
@@ -396,8 +414,8 @@ pub(crate) fn request(
             || is_hop_by_hop(name)
             || connection.names(name)
             // Paths a client could name to stacks that route by them (Symfony, IIS).
-            || name.eq_ignore_ascii_case("x-original-url")
-            || name.eq_ignore_ascii_case("x-rewrite-url")
+            || is_named(name, "x-original-url")
+            || is_named(name, "x-rewrite-url")
         {
             continue;
         }
@@ -839,6 +857,14 @@ mod tests {
         assert!(!head.contains("fencing-"), "{head}");
         // Nor do the headers that name another path to stacks that route by them.
         assert!(!head.contains("/b"), "{head}");
+        // CGI and WSGI read `_` as `-`: the underscore spellings are the same headers.
+        let raw = "PUT /a HTTP/1.1\r\nHost: h\r\nX_Original_URL: /b\r\nFencing_Token: 1\r\n\
+                   fencing-token: 2\r\nX_HTTP_METHOD_OVERRIDE: GET\r\nDESTINATION: /c\r\n\r\n";
+        let (r, head) = upstream_head(raw);
+        assert!(!head.contains("/b"), "{head}");
+        assert_eq!(r.tokens, 2, "two tokens, as a CGI upstream would see them");
+        assert_eq!(r.method_overrides, 1);
+        assert_eq!(&raw[r.destination.clone().unwrap()], "/c");
     }
 
     /// A decoding reading sends the path it judged, spelled for one decoding.

@@ -110,7 +110,7 @@ AS $fn$
 $fn$;
 
 -- The sessions, other than the caller's, that hold `p_resource`'s fence lock (shared or
--- exclusively), each with the highest token it proved it announced for this resource (NULL
+-- exclusively) or wait for it exclusively, each with the highest token it proved it announced for this resource (NULL
 -- when it proved none). A transaction announces a token through fencing.advertise, which only
 -- fencing.check and `fence-proxy marks` call: two-key advisory locks whose first key is a
 -- half of the resource's lock key and whose second is a half of the token (anyone can take
@@ -128,9 +128,12 @@ AS $fn$
                (fencing.lock_key(p_resource) & 4294967295)::text::oid AS lo,
                (SELECT oid FROM pg_database WHERE datname = current_database()) AS db
     ), holding AS (
+        -- Waiting exclusive requests too: PostgreSQL queues every later shared request behind
+        -- them, so a session that keeps one waiting keeps the resource as a holder would.
         SELECT l.pid, bool_or(l.mode = 'ExclusiveLock') AS exclusive FROM pg_locks l, key
         WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.classid = key.hi
-          AND l.objid = key.lo AND l.database = key.db AND l.granted
+          AND l.objid = key.lo AND l.database = key.db
+          AND (l.granted OR l.mode = 'ExclusiveLock')
           AND l.pid <> pg_backend_pid()
         GROUP BY l.pid
     ), claims AS (
@@ -171,17 +174,20 @@ DECLARE
     k bigint := fencing.lock_key(r);
     old_timeout text := current_setting('lock_timeout');
 BEGIN
-    BEGIN
-        PERFORM set_config('lock_timeout', coalesce(p_wait_ms, 1000) || 'ms', true);
-        PERFORM pg_advisory_xact_lock_shared(k);
-        PERFORM set_config('lock_timeout', old_timeout, true);
-        RETURN true;
-    EXCEPTION WHEN lock_not_available THEN
-        NULL;  -- (the subtransaction's end restored lock_timeout)
-    END;
-    PERFORM pg_terminate_backend(h.pid) FROM fencing.holders(r) h WHERE h.token IS NULL AND h.exclusive;
-    PERFORM pg_advisory_xact_lock_shared(k);
-    RETURN true;
+    LOOP
+        BEGIN
+            PERFORM set_config('lock_timeout', coalesce(p_wait_ms, 1000) || 'ms', true);
+            PERFORM pg_advisory_xact_lock_shared(k);
+            PERFORM set_config('lock_timeout', old_timeout, true);
+            RETURN true;
+        EXCEPTION WHEN lock_not_available THEN
+            NULL;  -- (the subtransaction's end restored lock_timeout)
+        END;
+        -- Those in the way that prove no token, holding or waiting (each round ends those
+        -- that queued ahead meanwhile; later ones queue behind this request). A raise in
+        -- progress is waited for, round after round.
+        PERFORM pg_terminate_backend(h.pid) FROM fencing.holders(r) h WHERE h.token IS NULL AND h.exclusive;
+    END LOOP;
 END;
 $fn$;
 
@@ -208,8 +214,9 @@ $fn$;
 
 -- `fence-proxy marks lower|reset`: takes `p_resource`'s fence lock exclusively, announcing the
 -- largest token, within the caller's lock_timeout; if it is still held then, ends the holders
--- that proved no announcement (sessions holding it by hand, forged announcements, transactions
--- with the current token) and tries once more within the same timeout. A transaction with a
+-- (and exclusive waiters) that proved no announcement (sessions holding it by hand, forged
+-- announcements, transactions with the current token) and tries again, for a few rounds of
+-- that timeout. A transaction with a
 -- proved token keeps it: the command then fails with 55P03 and says so.
 CREATE OR REPLACE FUNCTION fencing.take_for_change(p_resource text)
 RETURNS void
@@ -220,12 +227,15 @@ DECLARE
     k bigint := fencing.lock_key(p_resource);
 BEGIN
     PERFORM fencing.advertise(k, 9223372036854775807);
-    BEGIN
-        PERFORM pg_advisory_xact_lock(k);
-    EXCEPTION WHEN lock_not_available THEN
-        PERFORM pg_terminate_backend(h.pid) FROM fencing.holders(p_resource) h WHERE h.token IS NULL;
-        PERFORM pg_advisory_xact_lock(k);
-    END;
+    FOR i IN 1..5 LOOP
+        BEGIN
+            PERFORM pg_advisory_xact_lock(k);
+            RETURN;
+        EXCEPTION WHEN lock_not_available THEN
+            PERFORM pg_terminate_backend(h.pid) FROM fencing.holders(p_resource) h WHERE h.token IS NULL;
+        END;
+    END LOOP;
+    PERFORM pg_advisory_xact_lock(k);  -- 55P03 again: a proved token holds it
 END;
 $fn$;
 
@@ -259,6 +269,28 @@ BEGIN
 END;
 $fn$;
 
+-- Takes the lock on an announcement's proof `p` shared. Nobody but an announcement takes it, and
+-- never exclusively: a session that holds it so (it can read a proof's key in pg_locks while an
+-- announcement holds it) is ended first.
+CREATE OR REPLACE FUNCTION fencing.announce_proof(p bigint)
+RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+BEGIN
+    IF pg_try_advisory_xact_lock_shared(p) THEN
+        RETURN;
+    END IF;
+    PERFORM pg_terminate_backend(l.pid) FROM pg_locks l
+    WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.mode = 'ExclusiveLock'
+      AND l.classid = ((p >> 32) & 4294967295)::text::oid
+      AND l.objid = (p & 4294967295)::text::oid
+      AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+      AND l.pid <> pg_backend_pid();
+    PERFORM pg_advisory_xact_lock_shared(p);
+END;
+$fn$;
+
 -- Advertises token `t` for the resource whose lock key is `k` until the transaction ends:
 -- two-key advisory locks, the first key a half of `k`, the second a half of `t` (the high half
 -- only for tokens above 2^32), and a lock on the announcement's proof, which evict_older reads
@@ -273,7 +305,7 @@ BEGIN
         PERFORM fencing.announce_key(fencing.signed32(k & 4294967295), (t >> 32)::integer);
     END IF;
     -- The proof that this announcement is the check's (fencing.holders).
-    PERFORM pg_catalog.pg_advisory_xact_lock_shared(fencing.proof(k, t, pg_catalog.pg_backend_pid()));
+    PERFORM fencing.announce_proof(fencing.proof(k, t, pg_catalog.pg_backend_pid()));
 END;
 $fn$;
 
@@ -1011,6 +1043,7 @@ GRANT USAGE ON SCHEMA fencing TO PUBLIC;
 REVOKE ALL ON FUNCTION fencing.evict_older(text, bigint) FROM PUBLIC;
 REVOKE ALL ON FUNCTION fencing.proof(bigint, bigint, integer) FROM PUBLIC;
 REVOKE ALL ON FUNCTION fencing.announce_key(integer, integer) FROM PUBLIC;
+REVOKE ALL ON FUNCTION fencing.announce_proof(bigint) FROM PUBLIC;
 REVOKE ALL ON FUNCTION fencing.holders(text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION fencing.take_for_change(text) FROM PUBLIC;
 REVOKE ALL ON TABLE fencing.secret FROM PUBLIC;

@@ -272,3 +272,81 @@ fn a_lock_held_by_hand_does_not_keep_the_current_holder_waiting() {
     assert_eq!(s.pg.psql("SELECT n FROM stock"), "6");
     assert_eq!(mark(&s.pg, R), "100");
 }
+
+/// PostgreSQL queues every later shared request behind a waiting exclusive one: a session kept
+/// waiting for the lock exclusively, by hand, behind another that shares it, froze the current
+/// holder, a newer one and `marks lower` (a third breaker's finding). Waiting exclusive
+/// requests that prove no token are ended as holders are.
+#[test]
+fn a_request_kept_waiting_by_hand_keeps_nobody_out() {
+    let s = prepared();
+    let direct = format!("127.0.0.1:{}", s.pg.port);
+    let waiting = "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted";
+    let queue = || {
+        let mut sharer = Raw::connect_as(&direct, "app", &[]);
+        let a = sharer.simple(&format!(
+            "SELECT pg_advisory_lock_shared(fencing.lock_key('{R}'))"
+        ));
+        assert!(a.errors.is_empty(), "{a:?}");
+        let mut queued = Raw::connect_as(&direct, "app", &[]);
+        queued.send_simple(&format!("SELECT pg_advisory_lock(fencing.lock_key('{R}'))"));
+        s.pg.wait_until("the request to wait", waiting, "1");
+        (sharer, queued)
+    };
+    let _in_the_way = queue();
+    let a = holder(&s, "100").simple(UPDATE);
+    assert!(a.errors.is_empty(), "the current holder: {a:?}");
+    let _in_the_way = queue();
+    let a = holder(&s, "101").simple(UPDATE);
+    assert!(a.errors.is_empty(), "the newer holder: {a:?}");
+    assert_eq!(mark(&s.pg, R), "101");
+    let _in_the_way = queue();
+    let url = s.pg.url();
+    let mut cmd = std::process::Command::new(e2e::bin("fence-proxy"));
+    cmd.args(["marks", "lower", R, "--to", "50", "--force", "--by", "ops"])
+        .args([
+            "--reason",
+            "a test",
+            "--wait-ms",
+            "200",
+            "--database-url",
+            &url,
+        ]);
+    let (st, out, err) = e2e::output(cmd);
+    assert!(st.success(), "{out}{err}");
+    assert_eq!(mark(&s.pg, R), "50");
+}
+
+/// The key of an announcement's proof cannot be computed, but it can be read in pg_locks while
+/// the announcement holds it, and the same session announces the same token under the same
+/// key: held exclusively by hand, it froze that session's next announcement (a third breaker's
+/// finding). Such a holder is ended.
+#[test]
+fn a_copied_proof_key_keeps_no_announcement_waiting() {
+    let s = prepared();
+    let direct = format!("127.0.0.1:{}", s.pg.port);
+    let mut h = holder(&s, "0100");
+    let pid = h.simple("SELECT pg_backend_pid()").rows[0][0]
+        .clone()
+        .unwrap();
+    // A read-only transaction with the token announces it (the general check: "0100" is not
+    // the fast path's spelling of the mark).
+    let a = h.simple("BEGIN READ ONLY; SELECT n FROM stock");
+    assert!(a.errors.is_empty(), "{a:?}");
+    let key = s.pg.psql(&format!(
+        "SELECT (classid::text::bigint << 32) | objid::text::bigint FROM pg_locks \
+         WHERE pid = {pid} AND locktype = 'advisory' AND objsubid = 1 \
+         AND ((classid::text::bigint << 32) | objid::text::bigint) <> fencing.lock_key('{R}')"
+    ));
+    assert!(
+        !key.is_empty() && !key.contains('\n'),
+        "the proof key: {key:?}"
+    );
+    assert!(h.simple("COMMIT").errors.is_empty());
+    let mut copier = Raw::connect_as(&direct, "app", &[]);
+    let a = copier.simple(&format!("SELECT pg_advisory_lock({key})"));
+    assert!(a.errors.is_empty(), "{a:?}");
+    let a = h.simple("BEGIN READ ONLY; SELECT n FROM stock");
+    assert!(a.errors.is_empty(), "the holder's next announcement: {a:?}");
+    assert!(h.simple("COMMIT").errors.is_empty());
+}
