@@ -136,6 +136,17 @@ AS $fn$
           AND (l.granted OR l.mode = 'ExclusiveLock')
           AND l.pid <> pg_backend_pid()
         GROUP BY l.pid
+    ), shaped AS (
+        -- A transaction announces one token per resource (two, if it raised it and then read
+        -- with a newer one): a holder with more announcement-shaped locks under this key than
+        -- any check takes proves nothing, and its pairs are not tried (a session could take
+        -- thousands, and the pairs grow with their square).
+        SELECT l.pid FROM pg_locks l, key
+        WHERE l.locktype = 'advisory' AND l.objsubid = 2 AND l.database = key.db
+          AND (l.classid = key.hi OR l.classid = key.lo)
+          AND l.pid IN (SELECT pid FROM holding)
+        GROUP BY l.pid
+        HAVING count(*) <= 8
     ), claims AS (
         SELECT lo.pid, h.high * 4294967296 + lo.objid::text::bigint AS token
         FROM key CROSS JOIN pg_locks lo
@@ -146,7 +157,7 @@ AS $fn$
             UNION ALL SELECT 0
         ) h
         WHERE lo.locktype = 'advisory' AND lo.objsubid = 2 AND lo.classid = key.hi
-          AND lo.database = key.db AND lo.pid IN (SELECT pid FROM holding)
+          AND lo.database = key.db AND lo.pid IN (SELECT pid FROM shaped)
     ), proved AS (
         SELECT c.pid, max(c.token) AS token FROM claims c, key
         WHERE EXISTS (

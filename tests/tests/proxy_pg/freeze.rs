@@ -350,3 +350,28 @@ fn a_copied_proof_key_keeps_no_announcement_waiting() {
     assert!(a.errors.is_empty(), "the holder's next announcement: {a:?}");
     assert!(h.simple("COMMIT").errors.is_empty());
 }
+
+/// The proofs of a holder's announcements are tried pair by pair: a session with thousands of
+/// announcement-shaped locks made each judgement take seconds (a fourth breaker measured 25 s
+/// per write with 1,500 of each half). More of them than a check takes prove nothing.
+#[test]
+fn a_pile_of_announcement_shaped_locks_proves_nothing() {
+    let s = prepared();
+    let direct = format!("127.0.0.1:{}", s.pg.port);
+    let mut pile = Raw::connect_as(&direct, "app", &[]);
+    let a = pile.simple(&format!(
+        "SELECT count(pg_advisory_lock_shared(fencing.signed32(fencing.lock_key('{R}') >> 32), i)) \
+         FROM generate_series(1, 1200) i; \
+         SELECT count(pg_advisory_lock_shared(fencing.signed32(fencing.lock_key('{R}')), i)) \
+         FROM generate_series(1, 1200) i; \
+         SELECT pg_advisory_lock(fencing.lock_key('{R}'))"
+    ));
+    assert!(a.errors.is_empty(), "{a:?}");
+    // Judged as proving nothing, without trying 1.4 million pairs.
+    let holders = s.pg.psql(&format!(
+        "SET statement_timeout = '5s'; SELECT count(*) FROM fencing.holders('{R}') WHERE token IS NULL"
+    ));
+    assert_eq!(holders, "SET\n1");
+    let a = holder(&s, "100").simple(UPDATE);
+    assert!(a.errors.is_empty(), "the current holder: {a:?}");
+}
