@@ -538,7 +538,11 @@ BEGIN
             PERFORM set_config('lock_timeout', old_timeout, true);
         EXCEPTION WHEN lock_not_available THEN
             PERFORM set_config('lock_timeout', old_timeout, true);
-            IF NOT read_committed OR fencing.evict_older(r, t) = 0 THEN
+            -- Under REPEATABLE READ or SERIALIZABLE too: the snapshot may not show a mark
+            -- raised since, and a transaction sharing that newer mark may then be ended; that
+            -- costs it a retry, where waiting would let any session that shares the lock by
+            -- hand keep this one out for ever. (This one then fails its raise, 40001.)
+            IF fencing.evict_older(r, t) = 0 THEN
                 -- Only transactions with the same or a higher token are in the way (or this one
                 -- may not judge): wait for them as any statement would.
                 PERFORM pg_advisory_xact_lock(k);

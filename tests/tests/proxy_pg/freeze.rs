@@ -375,3 +375,25 @@ fn a_pile_of_announcement_shaped_locks_proves_nothing() {
     let a = holder(&s, "100").simple(UPDATE);
     assert!(a.errors.is_empty(), "the current holder: {a:?}");
 }
+
+/// A raise under REPEATABLE READ or SERIALIZABLE ended no holder: a session sharing the lock
+/// by hand kept it waiting for ever (a fourth breaker's finding). It ends unproven holders as
+/// a READ COMMITTED raise does.
+#[test]
+fn a_repeatable_read_raise_is_not_kept_waiting_by_a_shared_lock_held_by_hand() {
+    for isolation in ["REPEATABLE READ", "SERIALIZABLE"] {
+        let s = prepared();
+        let direct = format!("127.0.0.1:{}", s.pg.port);
+        let mut sharer = Raw::connect_as(&direct, "app", &[]);
+        let a = sharer.simple(&format!(
+            "SELECT pg_advisory_lock_shared(fencing.lock_key('{R}'))"
+        ));
+        assert!(a.errors.is_empty(), "{a:?}");
+        let mut c = holder(&s, "101");
+        let a = c.simple(&format!(
+            "BEGIN ISOLATION LEVEL {isolation}; {UPDATE}; COMMIT"
+        ));
+        assert!(a.errors.is_empty(), "{isolation}: {a:?}");
+        assert_eq!(mark(&s.pg, R), "101", "{isolation}");
+    }
+}
