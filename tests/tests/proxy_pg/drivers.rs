@@ -17,6 +17,18 @@ fn drivers_dir() -> PathBuf {
     e2e::workspace().join("tests/drivers")
 }
 
+/// A driver script's report: one JSON object per line, by its `case`.
+fn reported(stdout: &str, what: &str) -> HashMap<String, serde_json::Value> {
+    stdout
+        .lines()
+        .map(|l| {
+            let v: serde_json::Value =
+                serde_json::from_str(l).unwrap_or_else(|e| panic!("{what} printed {l:?}: {e}"));
+            (v["case"].as_str().unwrap().to_string(), v)
+        })
+        .collect()
+}
+
 /// Runs the scenario script `cmd` (given the proxy's host and port) and checks its report.
 fn scenario(mut cmd: Command, what: &str) {
     let s = setup(300);
@@ -27,14 +39,7 @@ fn scenario(mut cmd: Command, what: &str) {
     cmd.args([host, port]);
     let (status, stdout, stderr) = e2e::output(cmd);
     assert!(status.success(), "{what} failed: {stdout}\n{stderr}");
-    let cases: HashMap<String, serde_json::Value> = stdout
-        .lines()
-        .map(|l| {
-            let v: serde_json::Value =
-                serde_json::from_str(l).unwrap_or_else(|e| panic!("{what} printed {l:?}: {e}"));
-            (v["case"].as_str().unwrap().to_string(), v)
-        })
-        .collect();
+    let cases = reported(&stdout, what);
     let case = |name: &str| {
         cases
             .get(name)
@@ -121,13 +126,7 @@ fn sqlalchemys_pool_keeps_a_per_transaction_token_to_its_transaction() {
     cmd.args([host, port]);
     let (status, stdout, stderr) = e2e::output(cmd);
     assert!(status.success(), "{stdout}\n{stderr}");
-    let cases: HashMap<String, serde_json::Value> = stdout
-        .lines()
-        .map(|l| {
-            let v: serde_json::Value = serde_json::from_str(l).unwrap();
-            (v["case"].as_str().unwrap().to_string(), v)
-        })
-        .collect();
+    let cases = reported(&stdout, "SQLAlchemy");
     let case = |name: &str| {
         cases
             .get(name)

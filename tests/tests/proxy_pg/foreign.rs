@@ -308,3 +308,39 @@ fn a_foreign_tables_trigger_is_made_again_after_its_owner_undoes_it() {
     assert_eq!(stale.code(), "FN001", "{stale:?}");
     assert_eq!(s.pg.psql("SELECT n FROM stock"), "10");
 }
+
+/// The zombie's token declared the other ways the bypass catalogue lists: start-up options,
+/// start-up keys of their own (asyncpg, pgx) and a bound `set_config`; each zombie's write
+/// through the foreign table is refused under both judges.
+#[test]
+fn a_zombie_declared_at_start_up_or_by_bound_values_writes_nothing_through_a_foreign_table() {
+    for judge in BOTH {
+        let pg = match *judge {
+            "the proxy" => Postgres::start(),
+            _ => Postgres::start_with_hook(),
+        };
+        let s = prepared(pg);
+        let options = [("options", "-c fencing.resource=inv:a -c fencing.token=50")];
+        let keys = [("fencing.resource", "inv:a"), ("fencing.token", "50")];
+        let mut zombies = vec![
+            ("options", Raw::connect(s.addr(), &options)),
+            ("start-up keys", Raw::connect(s.addr(), &keys)),
+            ("bound set_config", Raw::connect(s.addr(), &[])),
+        ];
+        let bound = zombies[2].1.extended(
+            "SELECT set_config($1, $2, false), set_config($3, $4, false)",
+            &["fencing.resource", "inv:a", "fencing.token", "50"],
+        );
+        assert!(bound.errors.is_empty(), "{bound:?}");
+        for (how, z) in &mut zombies {
+            let a = z.simple("UPDATE stock SET n = n WHERE sku = 'a'");
+            assert!(a.errors.is_empty(), "{how} ({judge}): {a:?}");
+        }
+        let _holder = session(&s, by_set, "100");
+        for (how, z) in &mut zombies {
+            let stale = z.simple("UPDATE far_stock SET n = n - 1 WHERE sku = 'a'");
+            assert_eq!(stale.code(), "FN001", "{how} ({judge}): {stale:?}");
+        }
+        assert_eq!(s.pg.psql("SELECT n FROM stock"), "10", "{judge}");
+    }
+}

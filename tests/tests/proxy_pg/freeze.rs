@@ -51,6 +51,22 @@ fn holder(s: &Setup, token: &str) -> Raw {
     c
 }
 
+/// `fence-proxy marks lower R --to 50`, waiting 200 ms for the fence lock: its exit status,
+/// stdout and stderr.
+fn marks_lower(s: &Setup) -> (std::process::ExitStatus, String, String) {
+    let mut cmd = std::process::Command::new(e2e::bin("fence-proxy"));
+    cmd.args(["marks", "lower", R, "--to", "50", "--force", "--by", "ops"])
+        .args([
+            "--reason",
+            "a test",
+            "--wait-ms",
+            "200",
+            "--database-url",
+            &s.pg.url(),
+        ]);
+    e2e::output(cmd)
+}
+
 #[test]
 fn a_forged_announcement_does_not_keep_the_newer_holder_waiting() {
     for lock in ["pg_advisory_lock", "pg_advisory_lock_shared"] {
@@ -67,18 +83,7 @@ fn a_forged_announcement_does_not_keep_the_newer_holder_waiting() {
 fn marks_lower_works_on_a_resource_held_by_a_forged_announcement() {
     let s = prepared();
     let _forger = forge(&s, "pg_advisory_lock");
-    let url = s.pg.url();
-    let mut cmd = std::process::Command::new(e2e::bin("fence-proxy"));
-    cmd.args(["marks", "lower", R, "--to", "50", "--force", "--by", "ops"])
-        .args([
-            "--reason",
-            "a test",
-            "--wait-ms",
-            "200",
-            "--database-url",
-            &url,
-        ]);
-    let (st, out, err) = e2e::output(cmd);
+    let (st, out, err) = marks_lower(&s);
     assert!(st.success(), "{out}{err}");
     assert_eq!(mark(&s.pg, R), "50");
 }
@@ -91,18 +96,7 @@ fn a_proved_announcement_is_still_waited_for() {
     let mut raiser = holder(&s, "105");
     let a = raiser.simple(&format!("BEGIN; {UPDATE}"));
     assert!(a.errors.is_empty(), "{a:?}");
-    let url = s.pg.url();
-    let mut cmd = std::process::Command::new(e2e::bin("fence-proxy"));
-    cmd.args(["marks", "lower", R, "--to", "50", "--force", "--by", "ops"])
-        .args([
-            "--reason",
-            "a test",
-            "--wait-ms",
-            "200",
-            "--database-url",
-            &url,
-        ]);
-    let (st, _, err) = e2e::output(cmd);
+    let (st, _, err) = marks_lower(&s);
     assert_eq!(st.code(), Some(1), "{err}");
     assert!(
         err.contains("with a proved token held its fence lock"),
@@ -212,18 +206,7 @@ fn holding_the_announcement_keys_keeps_no_announcement_out() {
         "SELECT pg_advisory_lock(fencing.signed32(fencing.lock_key('{R}') >> 32), -1)"
     ));
     assert!(a.errors.is_empty(), "{a:?}");
-    let url = s.pg.url();
-    let mut cmd = std::process::Command::new(e2e::bin("fence-proxy"));
-    cmd.args(["marks", "lower", R, "--to", "50", "--force", "--by", "ops"])
-        .args([
-            "--reason",
-            "a test",
-            "--wait-ms",
-            "200",
-            "--database-url",
-            &url,
-        ]);
-    let (st, out, err) = e2e::output(cmd);
+    let (st, out, err) = marks_lower(&s);
     assert!(st.success(), "{out}{err}");
     assert_eq!(mark(&s.pg, R), "50");
 }
@@ -301,18 +284,7 @@ fn a_request_kept_waiting_by_hand_keeps_nobody_out() {
     assert!(a.errors.is_empty(), "the newer holder: {a:?}");
     assert_eq!(mark(&s.pg, R), "101");
     let _in_the_way = queue();
-    let url = s.pg.url();
-    let mut cmd = std::process::Command::new(e2e::bin("fence-proxy"));
-    cmd.args(["marks", "lower", R, "--to", "50", "--force", "--by", "ops"])
-        .args([
-            "--reason",
-            "a test",
-            "--wait-ms",
-            "200",
-            "--database-url",
-            &url,
-        ]);
-    let (st, out, err) = e2e::output(cmd);
+    let (st, out, err) = marks_lower(&s);
     assert!(st.success(), "{out}{err}");
     assert_eq!(mark(&s.pg, R), "50");
 }
