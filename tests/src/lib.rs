@@ -98,6 +98,7 @@ fn crates_of(name: &str) -> &'static [&'static str] {
         "cron-dedup" => &["../examples/cron-dedup"],
         "zombie" => &["fencing", "../examples/zombie", "../verifier", "../tests"],
         "faults" => &["fencing", "../examples/faults", "../verifier", "../tests"],
+        "testbed" => &["fencing", "../clients/testbed", "../tests"],
         _ => &[],
     }
 }

@@ -1,0 +1,287 @@
+"""The asyncio client: the same API as `lockd_client.Client`, awaited; a renewal task per held
+lock; a wait is cancelled by cancelling its task (`asyncio.timeout`, `task.cancel()`).
+
+    async with lockd_client.aio.Client("http://127.0.0.1:7420") as client:
+        async with await client.acquire("inventory:sku-1", ttl=30, wait=10) as lock:
+            await write(lock.fence_token)        # lock.lost is an asyncio.Event
+
+See docs/clients/python.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Callable, List, Optional, Sequence, Union
+
+import grpc
+import grpc.aio
+
+from . import _core
+from ._core import CALL_GRACE, CALL_WAIT_MAX, TRANSPORT_RETRY_FOR, Backoff, Description, Lease, Mode
+from ._proto import lock_pb2 as pb
+from ._proto import lock_pb2_grpc as pb_grpc
+from .client import LostReason
+from .errors import (Busy, InvalidArgument, LeaseNotCurrent, LockdError, LockLost, Unavailable,
+                     from_rpc, is_transient)
+
+log = logging.getLogger("lockd_client")
+
+
+class Client:
+    """The asyncio client; arguments as `lockd_client.Client`. Create it inside the event loop
+    that uses it, and `await client.close()` (or `async with`)."""
+
+    def __init__(self, endpoints: Union[str, Sequence[str], None] = None, *, ca: Optional[str] = None,
+                 cert: Optional[str] = None, key: Optional[str] = None, token: Optional[str] = None,
+                 token_file: Optional[str] = None, holder: Optional[str] = None):
+        self._s = _core.settings(endpoints, ca, cert, key, token, token_file, holder)
+        self._channels: List[Optional[grpc.aio.Channel]] = [None] * len(self._s.endpoints)
+        self._stubs: List[Optional[pb_grpc.LockServiceStub]] = [None] * len(self._s.endpoints)
+        self._current = 0
+
+    async def close(self) -> None:
+        for ch in self._channels:
+            if ch is not None:
+                await ch.close()
+        self._channels = [None] * len(self._channels)
+        self._stubs = [None] * len(self._stubs)
+
+    async def __aenter__(self) -> "Client":
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+    def _stub(self):
+        i = self._current
+        if self._stubs[i] is None:
+            ep = self._s.endpoints[i]
+            opts = list(self._s.options)
+            ch = (grpc.aio.secure_channel(ep.target, self._s.credentials, options=opts) if ep.tls
+                  else grpc.aio.insecure_channel(ep.target, options=opts))
+            self._channels[i], self._stubs[i] = ch, pb_grpc.LockServiceStub(ch)
+        return i, self._stubs[i]
+
+    def _failed(self, i: int) -> None:
+        if self._current == i:
+            self._current = (i + 1) % len(self._stubs)
+
+    async def _call_once(self, name: str, request, timeout: float):
+        i, stub = self._stub()
+        try:
+            return await getattr(stub, name)(request, timeout=timeout, metadata=self._s.metadata)
+        except grpc.RpcError as e:
+            if is_transient(e):
+                self._failed(i)
+            raise
+
+    async def _call(self, name: str, request, timeout: float = 10.0):
+        last = None
+        for _ in range(len(self._s.endpoints)):
+            try:
+                return await self._call_once(name, request, timeout)
+            except grpc.RpcError as e:
+                last = e
+                if not is_transient(e):
+                    break
+        raise from_rpc(last) from None
+
+    async def acquire(self, resource: str, *, ttl: Optional[float] = None, wait: float = 0.0,
+                      request_id: Optional[str] = None, owner: Optional[str] = None, permits: int = 0,
+                      mode: Mode = Mode.EXCLUSIVE, holder: Optional[str] = None,
+                      on_lost: Optional[Callable] = None) -> "Lock":
+        """As `lockd_client.Client.acquire`; cancel the awaiting task to give up the wait."""
+        _core.check_acquire(resource, ttl, wait, owner, permits, mode)
+        return await self._acquire(resource, ttl, wait, request_id, owner, permits, mode, holder,
+                                   on_lost, "")
+
+    async def _acquire(self, resource, ttl, wait, request_id, owner, permits, mode, holder, on_lost,
+                       downgrade) -> "Lock":
+        request_id = request_id or _core.new_request_id()
+        deadline = time.monotonic() + wait
+        backoff = Backoff()
+        while True:
+            call_wait = min(max(deadline - time.monotonic(), 0.0), CALL_WAIT_MAX)
+            req = _core.acquire_request(resource, request_id, ttl, call_wait, holder or self._s.holder,
+                                        owner, permits, mode, downgrade)
+            sent = time.monotonic()
+            try:
+                resp = await self._call_once("Acquire", req, call_wait + CALL_GRACE)
+            except grpc.RpcError as e:
+                exhausted = e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+                budget = deadline if exhausted else deadline + TRANSPORT_RETRY_FOR
+                if not (is_transient(e) or exhausted) or time.monotonic() >= budget:
+                    raise from_rpc(e) from None
+            else:
+                outcome = resp.WhichOneof("outcome")
+                if outcome == "granted":
+                    lease = _core.lease_of(resource, resp.granted, owner)
+                    if not lease.duplicate:
+                        return Lock(self, lease, sent, on_lost)
+                    if resp.granted.held:
+                        renew_sent = time.monotonic()
+                        try:
+                            await self.renew(lease.resource, lease.lease_id)
+                            return Lock(self, lease, renew_sent, on_lost)
+                        except LockdError:
+                            pass
+                    request_id = _core.new_request_id()
+                    continue
+                if outcome == "not_granted":
+                    if time.monotonic() >= deadline:
+                        raise _core.not_granted(resource, resp.not_granted, wait > 0)
+                else:
+                    raise Unavailable("lockd sent an empty AcquireResponse")
+            await asyncio.sleep(backoff.next_delay())
+
+    def lock(self, resource: str, **kwargs) -> "_Acquiring":
+        """`async with client.lock(resource, ...) as lock:` acquires, and releases at the end."""
+        return _Acquiring(self.acquire(resource, **kwargs))
+
+    async def renew(self, resource: str, lease_id: str, timeout: float = 10.0):
+        return await self._call("Renew", pb.RenewRequest(resource=resource, lease_id=lease_id), timeout)
+
+    async def release(self, resource: str, lease_id: str) -> bool:
+        r = await self._call("Release", pb.ReleaseRequest(resource=resource, lease_id=lease_id))
+        return r.released
+
+    async def describe(self, resource: str) -> Description:
+        _core.check_resource(resource)
+        d = await self._call("Describe", pb.DescribeRequest(resource=resource))
+        return _core.description_of(resource, d)
+
+
+class _Acquiring:
+    def __init__(self, coro):
+        self._coro = coro
+        self._lock: Optional[Lock] = None
+
+    async def __aenter__(self) -> "Lock":
+        self._lock = await self._coro
+        return self._lock
+
+    async def __aexit__(self, exc_type, exc, tb) -> None:
+        await self._lock.__aexit__(exc_type, exc, tb)
+
+
+class Lock:
+    """A held lock (asyncio): as `lockd_client.Lock`, with `lost` an asyncio.Event, the
+    renewal a task, and `await lock.release()`."""
+
+    def __init__(self, client: Client, lease: Lease, extended_at: float, on_lost: Optional[Callable]):
+        self._client = client
+        self.lease = lease
+        self.lost = asyncio.Event()
+        self.lost_reason: Optional[LostReason] = None
+        self.lost_detail = ""
+        self.deadline = extended_at + lease.ttl - _core.safety_margin(lease.ttl)
+        self._callbacks: List[Callable] = [on_lost] if on_lost else []
+        self._ended = False
+        self._task = asyncio.get_running_loop().create_task(self._renew_loop())
+
+    resource = property(lambda self: self.lease.resource)
+    token = property(lambda self: self.lease.token)
+    signed_token = property(lambda self: self.lease.signed_token)
+    fence_token = property(lambda self: self.lease.fence_token)
+    holds = property(lambda self: self.lease.holds)
+
+    def __repr__(self) -> str:
+        state = "lost" if self.lost.is_set() else ("ended" if self._ended else "held")
+        return f"Lock({self.lease.resource!r}, token={self.lease.token}, {state})"
+
+    def on_lost(self, callback: Callable[["Lock"], None]) -> None:
+        if self.lost.is_set():
+            callback(self)
+        else:
+            self._callbacks.append(callback)
+
+    def check(self) -> None:
+        if self.lost.is_set():
+            raise LockLost(f"the lock of {self.resource} (token {self.token}) was lost: "
+                           f"{self.lost_reason.value}: {self.lost_detail}")
+
+    def _lose(self, reason: LostReason, detail: str) -> None:
+        self.lost_reason, self.lost_detail = reason, detail
+        self.lost.set()
+        log.warning("lock of %s (token %d) lost: %s %s", self.resource, self.token, reason.value, detail)
+        callbacks, self._callbacks = self._callbacks, []
+        for cb in callbacks:
+            try:
+                cb(self)
+            except Exception:
+                log.exception("an on_lost callback failed")
+
+    async def _renew_loop(self) -> None:
+        ttl = self.lease.ttl
+        interval, margin = ttl / 3, _core.safety_margin(ttl)
+        next_at = time.monotonic() + _core.jittered(interval)
+        backoff = Backoff()
+        while True:
+            await asyncio.sleep(max(min(next_at, self.deadline) - time.monotonic(), 0.0))
+            now = time.monotonic()
+            if now >= self.deadline:
+                return self._lose(LostReason.DEADLINE_PASSED,
+                                  "no renewal was confirmed before the lease's local deadline")
+            if now < next_at:
+                continue
+            sent = time.monotonic()
+            try:
+                await self._client.renew(self.lease.resource, self.lease.lease_id,
+                                         timeout=max(self.deadline - sent, 0.001))
+            except LeaseNotCurrent as e:
+                return self._lose(LostReason.NOT_CURRENT, str(e))
+            except Unavailable as e:
+                log.warning("renewal of %s failed (%s); retrying until the local deadline", self.resource, e)
+                next_at = time.monotonic() + backoff.next_delay()
+            except LockdError as e:
+                return self._lose(LostReason.RENEW_REFUSED, str(e))
+            else:
+                self.deadline = sent + ttl - margin
+                backoff.reset()
+                next_at = sent + _core.jittered(interval)
+
+    async def _stop_renewing(self) -> bool:
+        if self._ended:
+            return False
+        self._ended = True
+        self._task.cancel()
+        try:
+            await self._task
+        except asyncio.CancelledError:
+            pass
+        return True
+
+    async def release(self) -> bool:
+        """Stops renewing and releases; idempotent (False when not current, or already released)."""
+        if not await self._stop_renewing():
+            return False
+        return await self._client.release(self.lease.resource, self.lease.lease_id)
+
+    async def detach(self) -> Lease:
+        await self._stop_renewing()
+        return self.lease
+
+    async def reenter(self) -> "Lock":
+        if self.lease.owner is None:
+            raise InvalidArgument(f"the lease of {self.resource} has no owner: acquire it with one to nest it")
+        try:
+            inner = await self._client.acquire(self.lease.resource, ttl=self.lease.ttl, owner=self.lease.owner)
+        except Busy:
+            inner = None
+        if inner is None or inner.lease.lease_id != self.lease.lease_id:
+            if inner is not None:
+                await inner.release()
+            raise LeaseNotCurrent(f"the lease of {self.resource} with token {self.token} has ended")
+        return inner
+
+    async def __aenter__(self) -> "Lock":
+        return self
+
+    async def __aexit__(self, exc_type, exc, tb) -> None:
+        try:
+            await self.release()
+        except LockdError:
+            if exc_type is None:
+                raise

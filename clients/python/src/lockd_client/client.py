@@ -1,0 +1,467 @@
+"""The threaded client: blocking calls, a renewal thread per held lock.
+
+    client = lockd_client.Client("http://127.0.0.1:7420")
+    with client.lock("inventory:sku-1", ttl=30, wait=10) as lock:
+        lock.on_lost(lambda reason: stop_work())     # or check lock.lost (a threading.Event)
+        write(lock.fence_token)
+
+See docs/clients/python.md.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import threading
+import time
+from typing import Callable, List, Optional, Sequence, Union
+
+import grpc
+
+from . import _core
+from ._core import (CALL_GRACE, CALL_WAIT_MAX, TRANSPORT_RETRY_FOR, Backoff, Description, Lease, Mode)
+from ._proto import lock_pb2 as pb
+from ._proto import lock_pb2_grpc as pb_grpc
+from .errors import (Busy, Cancelled, InvalidArgument, LeaseNotCurrent, LockdError, LockLost,
+                     QuotaExceeded, Unavailable, from_rpc, is_transient)
+
+log = logging.getLogger("lockd_client")
+
+
+class LostReason(enum.Enum):
+    """Why a lock was lost."""
+
+    #: No renewal was confirmed before the lease's local deadline (lockd unreachable or slow).
+    DEADLINE_PASSED = "deadline_passed"
+    #: lockd said the lease is not current any more.
+    NOT_CURRENT = "not_current"
+    #: A renewal was refused for another reason.
+    RENEW_REFUSED = "renew_refused"
+
+
+class _Endpoints:
+    """One channel per endpoint; calls go to the current one and move on after a failure."""
+
+    def __init__(self, s: _core.Settings):
+        self.settings = s
+        self._stubs: List[Optional[pb_grpc.LockServiceStub]] = [None] * len(s.endpoints)
+        self._channels: List[Optional[grpc.Channel]] = [None] * len(s.endpoints)
+        self._current = 0
+        self._lock = threading.Lock()
+
+    def stub(self) -> "tuple[int, pb_grpc.LockServiceStub]":
+        with self._lock:
+            i = self._current
+            if self._stubs[i] is None:
+                ep = self.settings.endpoints[i]
+                opts = list(self.settings.options)
+                if ep.tls:
+                    ch = grpc.secure_channel(ep.target, self.settings.credentials, options=opts)
+                else:
+                    ch = grpc.insecure_channel(ep.target, options=opts)
+                self._channels[i] = ch
+                self._stubs[i] = pb_grpc.LockServiceStub(ch)
+            return i, self._stubs[i]
+
+    def failed(self, i: int) -> None:
+        with self._lock:
+            if self._current == i:
+                self._current = (i + 1) % len(self._stubs)
+
+    def close(self) -> None:
+        with self._lock:
+            for ch in self._channels:
+                if ch is not None:
+                    ch.close()
+            self._channels = [None] * len(self._channels)
+            self._stubs = [None] * len(self._stubs)
+
+
+class Client:
+    """A client of one or several lockd endpoints (any instance serves; after UNAVAILABLE the
+    next is tried). Thread-safe; share one per process.
+
+    `endpoints`: a URL, a list, or a comma-separated string (default: `$LOCKD_ENDPOINT`, else
+    http://127.0.0.1:7420); `https://` with `ca` (and `cert`/`key` for mutual TLS);
+    `token`/`token_file`: a bearer token for a lockd with a policy (refused over plaintext to
+    another host); `holder`: how this process describes itself (default host:pid).
+    """
+
+    def __init__(self, endpoints: Union[str, Sequence[str], None] = None, *, ca: Optional[str] = None,
+                 cert: Optional[str] = None, key: Optional[str] = None, token: Optional[str] = None,
+                 token_file: Optional[str] = None, holder: Optional[str] = None):
+        self._s = _core.settings(endpoints, ca, cert, key, token, token_file, holder)
+        self._eps = _Endpoints(self._s)
+
+    def close(self) -> None:
+        """Closes the connections. Locks still held stop renewing when their next renewal fails."""
+        self._eps.close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- calls ---------------------------------------------------------------------------
+
+    def _call_once(self, name: str, request, timeout: float):
+        i, stub = self._eps.stub()
+        try:
+            return getattr(stub, name)(request, timeout=timeout, metadata=self._s.metadata)
+        except grpc.RpcError as e:
+            if is_transient(e):
+                self._eps.failed(i)
+            raise
+
+    def _call(self, name: str, request, timeout: float = 10.0):
+        """A call that is safe to repeat: tried on each endpoint once while they are unreachable."""
+        last: Optional[grpc.RpcError] = None
+        for _ in range(len(self._s.endpoints)):
+            try:
+                return self._call_once(name, request, timeout)
+            except grpc.RpcError as e:
+                last = e
+                if not is_transient(e):
+                    break
+        assert last is not None
+        raise from_rpc(last) from None
+
+    def acquire(self, resource: str, *, ttl: Optional[float] = None, wait: float = 0.0,
+                request_id: Optional[str] = None, owner: Optional[str] = None, permits: int = 0,
+                mode: Mode = Mode.EXCLUSIVE, holder: Optional[str] = None,
+                cancel: Optional[threading.Event] = None, on_lost: Optional[Callable] = None) -> "Lock":
+        """Acquires the lock of `resource`, waiting up to `wait` seconds (0: try once).
+
+        Raises `Busy` (held, no wait), `WaitTimedOut`, `Cancelled` (when `cancel` is set),
+        and the errors of `lockd_client.errors`. Transport failures are retried with the same
+        request id (a grant whose answer was lost is returned, never doubled) until
+        `TRANSPORT_RETRY_FOR` past the wait.
+        """
+        _core.check_acquire(resource, ttl, wait, owner, permits, mode)
+        return self._acquire(resource, ttl, wait, request_id, owner, permits, mode, holder, cancel,
+                             on_lost, "")
+
+    def _acquire(self, resource, ttl, wait, request_id, owner, permits, mode, holder, cancel,
+                 on_lost, downgrade) -> "Lock":
+        request_id = request_id or _core.new_request_id()
+        deadline = time.monotonic() + wait
+        backoff = Backoff()
+        while True:
+            remaining = max(deadline - time.monotonic(), 0.0)
+            call_wait = min(remaining, CALL_WAIT_MAX)
+            req = _core.acquire_request(resource, request_id, ttl, call_wait, holder or self._s.holder,
+                                        owner, permits, mode, downgrade)
+            i, stub = self._eps.stub()
+            sent = time.monotonic()
+            future = stub.Acquire.future(req, timeout=call_wait + CALL_GRACE, metadata=self._s.metadata)
+            if cancel is not None:
+                done = threading.Event()
+                future.add_done_callback(lambda _f: done.set())
+                while not done.wait(0.05):
+                    if cancel.is_set():
+                        future.cancel()
+                        raise Cancelled(f"the acquire of {resource} was cancelled")
+            try:
+                resp = future.result()
+            except grpc.FutureCancelledError:
+                raise Cancelled(f"the acquire of {resource} was cancelled") from None
+            except grpc.RpcError as e:
+                if is_transient(e):
+                    self._eps.failed(i)
+                exhausted = e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+                budget = deadline if exhausted else deadline + TRANSPORT_RETRY_FOR
+                if not (is_transient(e) or exhausted) or time.monotonic() >= budget:
+                    raise from_rpc(e) from None
+                log.debug("acquire of %s failed (%s); retrying with the same request id", resource, e.code())
+            else:
+                outcome = resp.WhichOneof("outcome")
+                if outcome == "granted":
+                    lease = _core.lease_of(resource, resp.granted, owner)
+                    if not lease.duplicate:
+                        return Lock(self, lease, sent, on_lost)
+                    # The grant of an earlier attempt whose answer was lost: nobody renewed it
+                    # and when it was made is unknown, so renew it now to learn a safe deadline.
+                    # If it has ended, it was never used: ask anew.
+                    if resp.granted.held:
+                        renew_sent = time.monotonic()
+                        try:
+                            self.renew(lease.resource, lease.lease_id)
+                            return Lock(self, lease, renew_sent, on_lost)
+                        except LockdError:
+                            pass
+                    request_id = _core.new_request_id()
+                    continue
+                if outcome == "not_granted":
+                    if time.monotonic() >= deadline:
+                        raise _core.not_granted(resource, resp.not_granted, wait > 0)
+                else:
+                    raise Unavailable("lockd sent an empty AcquireResponse")
+            pause = backoff.next_delay()
+            if cancel is not None:
+                if cancel.wait(pause):
+                    raise Cancelled(f"the acquire of {resource} was cancelled")
+            else:
+                time.sleep(pause)
+
+    def lock(self, resource: str, **kwargs) -> "Lock":
+        """`acquire`, for `with client.lock(...) as lock:` (released when the block ends)."""
+        return self.acquire(resource, **kwargs)
+
+    def renew(self, resource: str, lease_id: str, timeout: float = 10.0) -> "pb.RenewResponse":
+        """Renews a lease once (a Lock does this by itself)."""
+        return self._call("Renew", pb.RenewRequest(resource=resource, lease_id=lease_id), timeout)
+
+    def release(self, resource: str, lease_id: str) -> bool:
+        """Releases a lease (or one hold of a reentrant one); False when it was not current."""
+        r = self._call("Release", pb.ReleaseRequest(resource=resource, lease_id=lease_id))
+        return r.released
+
+    def describe(self, resource: str) -> Description:
+        """Who holds `resource`, with which token, and how many wait."""
+        _core.check_resource(resource)
+        return _core.description_of(resource, self._call("Describe", pb.DescribeRequest(resource=resource)))
+
+    def acquire_all(self, resources: Sequence[str], *, ttl: Optional[float] = None, wait: float = 0.0,
+                    request_id: Optional[str] = None, holder: Optional[str] = None) -> "LockSet":
+        """Takes every resource at once, or none (one commit at lockd; at most 32). Try-only at
+        lockd: with a wait, asked again with backoff until it ends. Raises `Busy` /
+        `WaitTimedOut` naming the first held member."""
+        _core.sorted_unique(list(resources))
+        request_id = request_id or _core.new_request_id()
+        deadline = time.monotonic() + wait
+        backoff = Backoff()
+        while True:
+            req = pb.AcquireAllRequest(resources=list(resources), request_id=request_id,
+                                       ttl_ms=_core.ms(ttl), holder=holder or self._s.holder)
+            sent = time.monotonic()
+            try:
+                resp = self._call_once("AcquireAll", req, CALL_GRACE)
+            except grpc.RpcError as e:
+                if not is_transient(e) or time.monotonic() >= deadline + TRANSPORT_RETRY_FOR:
+                    raise from_rpc(e) from None
+            else:
+                if resp.WhichOneof("outcome") == "granted":
+                    leases = [_core.lease_of(r, m, None) for r, m in zip(resources, resp.granted.leases)]
+                    if len(leases) != len(resources):
+                        raise Unavailable(f"lockd answered {len(leases)} leases for {len(resources)}")
+                    if any(l.duplicate for l in leases):
+                        sent = time.monotonic()
+                        try:
+                            for l in leases:
+                                self.renew(l.resource, l.lease_id)
+                        except LeaseNotCurrent:
+                            request_id = _core.new_request_id()
+                            continue
+                    return LockSet([Lock(self, l, sent, None) for l in leases])
+                if time.monotonic() >= deadline:
+                    raise _core.not_granted(resp.busy_resource or resources[0], resp.not_granted, wait > 0)
+            time.sleep(backoff.next_delay())
+
+    def acquire_ordered(self, resources: Sequence[str], *, ttl: Optional[float] = None, wait: float = 0.0,
+                        holder: Optional[str] = None, cancel: Optional[threading.Event] = None) -> "LockSet":
+        """Takes each lock in sorted order, waiting in each queue, within one `wait`; on any
+        failure releases those taken, last first. Two callers never deadlock."""
+        ordered = _core.sorted_unique(list(resources))
+        deadline = time.monotonic() + wait
+        taken: List[Lock] = []
+        try:
+            for r in ordered:
+                taken.append(self.acquire(r, ttl=ttl, wait=max(deadline - time.monotonic(), 0.0),
+                                          holder=holder, cancel=cancel))
+        except BaseException:
+            for lock in reversed(taken):
+                try:
+                    lock.release()
+                except LockdError:
+                    pass
+            raise
+        return LockSet(taken)
+
+
+class Lock:
+    """A held lock: renews itself at a third of its TTL (jittered) and says when it is lost.
+
+    Lost is final: `lost` (a threading.Event) is set and the `on_lost` callbacks run (on the
+    renewal thread) when lockd refuses a renewal, or when no renewal was confirmed before the
+    lease's local deadline: the send time of the request that last extended it, plus the TTL,
+    minus a safety margin. That deadline ends before lockd's, so stop working under the token
+    when it fires. `release()` is idempotent; `with` releases.
+    """
+
+    def __init__(self, client: Client, lease: Lease, extended_at: float, on_lost: Optional[Callable]):
+        self._client = client
+        self.lease = lease
+        self.lost = threading.Event()
+        self.lost_reason: Optional[LostReason] = None
+        self.lost_detail = ""
+        self.deadline = extended_at + lease.ttl - _core.safety_margin(lease.ttl)
+        self._callbacks: List[Callable] = [on_lost] if on_lost else []
+        self._cb_lock = threading.Lock()
+        self._stop = threading.Event()
+        self._ended = False
+        self._thread = threading.Thread(target=self._renew_loop, name=f"lockd-renew {lease.resource}",
+                                        daemon=True)
+        self._thread.start()
+
+    resource = property(lambda self: self.lease.resource)
+    token = property(lambda self: self.lease.token, doc="The fencing token's number.")
+    signed_token = property(lambda self: self.lease.signed_token)
+    fence_token = property(lambda self: self.lease.fence_token,
+                           doc="The token to attach to every write: signed when lockd signs.")
+    holds = property(lambda self: self.lease.holds)
+
+    def __repr__(self) -> str:
+        state = "lost" if self.lost.is_set() else ("ended" if self._ended else "held")
+        return f"Lock({self.lease.resource!r}, token={self.lease.token}, {state})"
+
+    def on_lost(self, callback: Callable[["Lock"], None]) -> None:
+        """Calls `callback(lock)` once when the lock is lost (at once if it already is)."""
+        with self._cb_lock:
+            if not self.lost.is_set():
+                self._callbacks.append(callback)
+                return
+        callback(self)
+
+    def check(self) -> None:
+        """Raises `LockLost` if the lock is lost (call it between steps of long work)."""
+        if self.lost.is_set():
+            raise LockLost(f"the lock of {self.resource} (token {self.token}) was lost: "
+                           f"{self.lost_reason.value}: {self.lost_detail}")
+
+    def _lose(self, reason: LostReason, detail: str) -> None:
+        with self._cb_lock:
+            if self._stop.is_set():
+                return
+            self.lost_reason, self.lost_detail = reason, detail
+            self.lost.set()
+            callbacks, self._callbacks = self._callbacks, []
+        log.warning("lock of %s (token %d) lost: %s %s", self.resource, self.token, reason.value, detail)
+        for cb in callbacks:
+            try:
+                cb(self)
+            except Exception:
+                log.exception("an on_lost callback failed")
+
+    def _renew_loop(self) -> None:
+        ttl = self.lease.ttl
+        interval, margin = ttl / 3, _core.safety_margin(ttl)
+        next_at = time.monotonic() + _core.jittered(interval)
+        backoff = Backoff()
+        while True:
+            wake = min(next_at, self.deadline)
+            if self._stop.wait(max(wake - time.monotonic(), 0.0)):
+                return
+            now = time.monotonic()
+            if now >= self.deadline:
+                return self._lose(LostReason.DEADLINE_PASSED,
+                                  "no renewal was confirmed before the lease's local deadline")
+            if now < next_at:
+                continue
+            sent = time.monotonic()
+            try:
+                self._client.renew(self.lease.resource, self.lease.lease_id,
+                                   timeout=max(self.deadline - sent, 0.001))
+            except LeaseNotCurrent as e:
+                return self._lose(LostReason.NOT_CURRENT, str(e))
+            except Unavailable as e:
+                log.warning("renewal of %s failed (%s); retrying until the local deadline", self.resource, e)
+                next_at = time.monotonic() + backoff.next_delay()
+            except LockdError as e:
+                return self._lose(LostReason.RENEW_REFUSED, str(e))
+            else:
+                self.deadline = sent + ttl - margin
+                backoff.reset()
+                next_at = sent + _core.jittered(interval)
+
+    def _stop_renewing(self) -> bool:
+        """Stops the renewal thread; False if the lock had already ended."""
+        with self._cb_lock:
+            if self._ended:
+                return False
+            self._ended = True
+            self._stop.set()
+        if self._thread is not threading.current_thread():
+            self._thread.join()
+        return True
+
+    def release(self) -> bool:
+        """Stops renewing and releases (one hold of a reentrant lease). True when this call
+        ended it at lockd; False when it was not current any more, or already released."""
+        if not self._stop_renewing():
+            return False
+        return self._client.release(self.lease.resource, self.lease.lease_id)
+
+    def detach(self) -> Lease:
+        """Stops renewing without releasing, and hands the lease over."""
+        self._stop_renewing()
+        return self.lease
+
+    def reenter(self) -> "Lock":
+        """One more hold of this reentrant lease (acquired with an `owner`): the same lease
+        and token, a Lock of its own that releases that hold."""
+        if self.lease.owner is None:
+            raise InvalidArgument(f"the lease of {self.resource} has no owner: acquire it with one to nest it")
+        try:
+            inner = self._client.acquire(self.lease.resource, ttl=self.lease.ttl, owner=self.lease.owner)
+        except Busy:
+            inner = None
+        if inner is None or inner.lease.lease_id != self.lease.lease_id:
+            if inner is not None:
+                inner.release()
+            raise LeaseNotCurrent(f"the lease of {self.resource} with token {self.token} has ended")
+        return inner
+
+    def downgrade(self) -> "Lock":
+        """Trades this write lease of a read-write lock for a read lease in one step at lockd."""
+        self._stop_renewing()
+        try:
+            return self._client._acquire(self.lease.resource, self.lease.ttl, 0.0, None, None, 0,
+                                         Mode.READ, None, None, None, self.lease.lease_id)
+        except LockdError:
+            try:
+                self._client.release(self.lease.resource, self.lease.lease_id)
+            except LockdError:
+                pass
+            raise
+
+    def __enter__(self) -> "Lock":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        try:
+            self.release()
+        except LockdError:
+            if exc_type is None:
+                raise
+
+
+class LockSet:
+    """Several held locks (`acquire_all`, `acquire_ordered`); `with` releases them all."""
+
+    def __init__(self, locks: List[Lock]):
+        self.locks = locks
+
+    def __iter__(self):
+        return iter(self.locks)
+
+    def __len__(self) -> int:
+        return len(self.locks)
+
+    def release(self) -> bool:
+        """Releases every lock, last first; True when each was current."""
+        results = [lock.release() for lock in reversed(self.locks)]
+        return all(results)
+
+    def __enter__(self) -> "LockSet":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        try:
+            self.release()
+        except LockdError:
+            if exc_type is None:
+                raise
+
+
+__all__ = ["Client", "Lock", "LockSet", "LostReason", "Mode", "QuotaExceeded"]

@@ -1,0 +1,237 @@
+//! The SDKs' test bed: every server the conformance suite (clients/conformance) needs, started
+//! throwaway, described as one JSON line on stdout, and stopped when stdin closes.
+//!
+//! ```text
+//! testbed [--no-pg]
+//! ```
+//!
+//! What it starts (all on loopback, in one temporary directory):
+//! - `lockd`: plaintext, signing tokens with the key file `keys` (so every grant carries its
+//!   signed form);
+//! - `pausable`: a second plaintext lockd for the scenarios that pause it (SIGSTOP);
+//! - `secure`: lockd over TLS that wants a client certificate or a bearer token, with a policy
+//!   of two tenants: `pay` (resources `pay/…`, a bearer token file) and `inv` (`inv/…`, a client
+//!   certificate);
+//! - `lossy`: a TCP forwarder to `lockd` that, when told, cuts the connection instead of
+//!   passing on lockd's next answer (an answer lost on the way: the grant was made);
+//! - `dead`: an endpoint nothing listens on;
+//! - unless `--no-pg`: PostgreSQL with the table `conformance (k text primary key, v text)`,
+//!   and fence-proxy in front of it (`pg`) and in front of a recording HTTP service (`http`),
+//!   both verifying lockd's signed tokens.
+//!
+//! Commands, one per line on stdin, each answered by one line on stdout (`ok`, or `error: …`):
+//! `pause NAME` and `resume NAME` (SIGSTOP and SIGCONT to a lockd: `lockd`, `pausable`,
+//! `secure`), `drop-next-answer` (arms `lossy`), `sql STATEMENT` (psql, directly to
+//! PostgreSQL: `ok ` and the unaligned output on one line).
+
+use std::io::{BufRead, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use e2e::certs::Ca;
+use e2e::keys::{SECRET_B, write_key_file};
+use e2e::pg::Postgres;
+use e2e::upstream::Upstream;
+use e2e::{FenceProxy, Lockd};
+use fencing::signed::KeyState;
+use serde_json::json;
+
+/// The `pay` tenant's bearer token (its SHA-256 is in the policy).
+const PAY_TOKEN: &str = "c0nf0rmance-pay-7d1e4b9a2f63c805";
+
+fn main() {
+    let with_pg = !std::env::args().any(|a| a == "--no-pg");
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let d = dir.path();
+    let keys = write_key_file(d, "fence-keys.toml", &[("k1", KeyState::Active, Some(SECRET_B))]);
+    let keys_arg = keys.to_str().expect("a UTF-8 path");
+
+    let mut lockd = Lockd::start(&d.join("lockd"), &["--fence-keys", keys_arg]);
+    let mut pausable = Lockd::start(&d.join("pausable"), &[]);
+
+    let ca = Ca::new(d, "conformance");
+    let server = ca.issue(d, "lockd", &["localhost", "127.0.0.1"], false);
+    let inv = ca.issue(d, "inv-worker", &["inv-worker.internal"], false);
+    let token_file = d.join("pay.token");
+    std::fs::write(&token_file, format!("{PAY_TOKEN}\n")).expect("writing the token file");
+    let policy = d.join("policy.toml");
+    std::fs::write(
+        &policy,
+        format!(
+            "[[tenant]]\nname = \"pay\"\nprefixes = [\"pay/\"]\n[[tenant]]\nname = \"inv\"\nprefixes = [\"inv/\"]\n\
+             [[identity]]\nname = \"pay-api\"\ntenant = \"pay\"\ntoken_sha256 = \"{}\"\n\
+             [[identity]]\nname = \"inv-worker\"\ntenant = \"inv\"\ncert = \"DNS:inv-worker.internal\"\n",
+            e2e::sha256_hex(PAY_TOKEN)
+        ),
+    )
+    .expect("writing the policy");
+    let path = |p: &Path| p.to_str().expect("a UTF-8 path").to_string();
+    let mut secure = Lockd::start(
+        &d.join("secure"),
+        &[
+            "--tls-cert",
+            &path(&server.cert),
+            "--tls-key",
+            &path(&server.key),
+            "--tls-client-ca",
+            &path(&ca.pem),
+            "--policy",
+            &path(&policy),
+        ],
+    );
+
+    let armed = Arc::new(AtomicBool::new(false));
+    let lossy = lossy_forwarder(
+        lockd.endpoint.trim_start_matches("http://"),
+        Arc::clone(&armed),
+    );
+    let dead = e2e::free_loopback_addr();
+
+    let mut description = json!({
+        "lockd": {"endpoint": lockd.endpoint, "pid": lockd.process.pid},
+        "pausable": {"endpoint": pausable.endpoint, "pid": pausable.process.pid},
+        "secure": {
+            "endpoint": secure.endpoint,
+            "ca": path(&ca.pem),
+            "tenants": {
+                "pay": {"prefix": "pay/", "token_file": path(&token_file)},
+                "inv": {"prefix": "inv/", "cert": path(&inv.cert), "key": path(&inv.key)},
+            },
+        },
+        "lossy": {"endpoint": format!("http://{lossy}")},
+        "dead": {"endpoint": format!("http://{dead}")},
+        "keys": path(&keys),
+    });
+
+    // Kept alive until stdin closes.
+    let mut _servers: Option<(Postgres, Upstream, FenceProxy)> = None;
+    if with_pg {
+        let pg = Postgres::start();
+        pg.psql("CREATE TABLE conformance (k text PRIMARY KEY, v text)");
+        let upstream = Upstream::start();
+        let config = format!(
+            "data_dir = \"{}\"\n[signing]\nkeys = \"{keys_arg}\"\n\
+             [[pg]]\nlisten = \"127.0.0.1:0\"\nupstream = \"127.0.0.1:{}\"\nschema_urls = [\"{}\"]\nfence_wait_ms = 1000\n\
+             [[http]]\nlisten = \"127.0.0.1:0\"\nupstream = \"{}\"\n",
+            d.join("proxy-data").display(),
+            pg.port,
+            pg.url(),
+            upstream.url()
+        );
+        let proxy = FenceProxy::start_with(d, &config, 1, 1);
+        let (host, port) = proxy.pg[0].rsplit_once(':').expect("host:port");
+        description["pg"] = json!({
+            "host": host,
+            "port": port.parse::<u16>().expect("a port"),
+            "user": "postgres",
+            "database": "postgres",
+            "dsn": format!("postgresql://postgres@{}/postgres", proxy.pg[0]),
+            "direct_dsn": pg.url(),
+            "table": "conformance",
+        });
+        description["http"] = json!({"url": proxy.urls[0]});
+        _servers = Some((pg, upstream, proxy));
+    }
+
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "{description}").expect("stdout");
+    out.flush().expect("stdout");
+    for line in std::io::stdin().lock().lines() {
+        let Ok(line) = line else { break };
+        let (verb, arg) = line.trim().split_once(' ').unwrap_or((line.trim(), ""));
+        let answer = match verb {
+            "pause" | "resume" => {
+                let sig = if verb == "pause" {
+                    libc::SIGSTOP
+                } else {
+                    libc::SIGCONT
+                };
+                match arg {
+                    "lockd" => Ok(lockd.process.signal(sig)),
+                    "pausable" => Ok(pausable.process.signal(sig)),
+                    "secure" => Ok(secure.process.signal(sig)),
+                    other => Err(format!("no lockd named {other:?}")),
+                }
+                .map(|()| String::new())
+            }
+            "drop-next-answer" => {
+                armed.store(true, Ordering::SeqCst);
+                Ok(String::new())
+            }
+            "sql" => match &_servers {
+                Some((pg, _, _)) => Ok(pg.psql(arg).replace('\n', " ")),
+                None => Err("started with --no-pg".to_string()),
+            },
+            "" => continue,
+            other => Err(format!("unknown command {other:?}")),
+        };
+        match answer {
+            Ok(text) if text.is_empty() => writeln!(out, "ok"),
+            Ok(text) => writeln!(out, "ok {text}"),
+            Err(e) => writeln!(out, "error: {e}"),
+        }
+        .and_then(|()| out.flush())
+        .expect("stdout");
+    }
+    // stdin closed: a paused lockd is resumed so that it can be stopped.
+    for l in [&mut lockd, &mut pausable, &mut secure] {
+        l.process.signal(libc::SIGCONT);
+    }
+}
+
+/// A TCP forwarder to `target` on a free loopback port (returned). Plaintext HTTP/2 (h2c):
+/// lockd's side is read frame by frame; while `armed`, the first frame that begins an answer
+/// (HEADERS on a stream) is not passed on, and the client's connection is cut instead.
+fn lossy_forwarder(target: &str, armed: Arc<AtomicBool>) -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("binding the forwarder");
+    let addr = listener.local_addr().expect("its address").to_string();
+    let target = target.to_string();
+    std::thread::spawn(move || {
+        for client in listener.incoming() {
+            let Ok(client) = client else { continue };
+            let Ok(server) = TcpStream::connect(&target) else {
+                continue;
+            };
+            let (c2, s2) = match (client.try_clone(), server.try_clone()) {
+                (Ok(c), Ok(s)) => (c, s),
+                _ => continue,
+            };
+            std::thread::spawn(move || copy_until_closed(c2, s2));
+            let armed = Arc::clone(&armed);
+            std::thread::spawn(move || answers(server, client, &armed));
+        }
+    });
+    addr
+}
+
+fn copy_until_closed(mut from: TcpStream, mut to: TcpStream) {
+    let _ = std::io::copy(&mut from, &mut to);
+    let _ = to.shutdown(std::net::Shutdown::Both);
+}
+
+/// lockd's frames to the client, one at a time, until an armed cut.
+fn answers(mut server: TcpStream, mut client: TcpStream, armed: &AtomicBool) {
+    const HEADERS: u8 = 0x1;
+    loop {
+        let mut head = [0u8; 9];
+        if server.read_exact(&mut head).is_err() {
+            break;
+        }
+        let len = u32::from_be_bytes([0, head[0], head[1], head[2]]) as usize;
+        let stream = u32::from_be_bytes([head[5], head[6], head[7], head[8]]) & 0x7fff_ffff;
+        let mut payload = vec![0u8; len];
+        if server.read_exact(&mut payload).is_err() {
+            break;
+        }
+        if head[3] == HEADERS && stream != 0 && armed.swap(false, Ordering::SeqCst) {
+            break;
+        }
+        if client.write_all(&head).and_then(|()| client.write_all(&payload)).is_err() {
+            break;
+        }
+    }
+    let _ = client.shutdown(std::net::Shutdown::Both);
+    let _ = server.shutdown(std::net::Shutdown::Both);
+}
