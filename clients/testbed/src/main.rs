@@ -45,7 +45,11 @@ fn main() {
     let with_pg = !std::env::args().any(|a| a == "--no-pg");
     let dir = tempfile::tempdir().expect("a temporary directory");
     let d = dir.path();
-    let keys = write_key_file(d, "fence-keys.toml", &[("k1", KeyState::Active, Some(SECRET_B))]);
+    let keys = write_key_file(
+        d,
+        "fence-keys.toml",
+        &[("k1", KeyState::Active, Some(SECRET_B))],
+    );
     let keys_arg = keys.to_str().expect("a UTF-8 path");
 
     let mut lockd = Lockd::start(&d.join("lockd"), &["--fence-keys", keys_arg]);
@@ -148,13 +152,19 @@ fn main() {
                 } else {
                     libc::SIGCONT
                 };
-                match arg {
-                    "lockd" => Ok(lockd.process.signal(sig)),
-                    "pausable" => Ok(pausable.process.signal(sig)),
-                    "secure" => Ok(secure.process.signal(sig)),
-                    other => Err(format!("no lockd named {other:?}")),
+                let target = match arg {
+                    "lockd" => Some(&mut lockd),
+                    "pausable" => Some(&mut pausable),
+                    "secure" => Some(&mut secure),
+                    _ => None,
+                };
+                match target {
+                    Some(l) => {
+                        l.process.signal(sig);
+                        Ok(String::new())
+                    }
+                    None => Err(format!("no lockd named {arg:?}")),
                 }
-                .map(|()| String::new())
             }
             "drop-next-answer" => {
                 armed.store(true, Ordering::SeqCst);
@@ -228,7 +238,11 @@ fn answers(mut server: TcpStream, mut client: TcpStream, armed: &AtomicBool) {
         if head[3] == HEADERS && stream != 0 && armed.swap(false, Ordering::SeqCst) {
             break;
         }
-        if client.write_all(&head).and_then(|()| client.write_all(&payload)).is_err() {
+        if client
+            .write_all(&head)
+            .and_then(|()| client.write_all(&payload))
+            .is_err()
+        {
             break;
         }
     }

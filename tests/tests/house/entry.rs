@@ -155,7 +155,7 @@ fn on_a_new_polyglot_machine_it_builds_nextest_and_installs_the_drivers_into_pye
     );
     assert!(
         calls.contains(
-            "python3 -m pip install -q --disable-pip-version-check -r tests/drivers/requirements.txt --root-user-action=ignore\n"
+            "python3 -m pip install -q --disable-pip-version-check -r tests/drivers/requirements.txt -r clients/python/requirements-dev.txt ./clients/python --root-user-action=ignore\n"
         ),
         "the drivers go into the python3 on PATH through its own pip: {calls}"
     );
@@ -176,7 +176,7 @@ fn debians_own_python_gets_the_drivers_past_pep_668() {
     assert_eq!(code, 0, "{out}\n{calls}");
     assert!(
         calls.contains(
-            "python3 -m pip install -q --disable-pip-version-check -r tests/drivers/requirements.txt --root-user-action=ignore --break-system-packages\n"
+            "python3 -m pip install -q --disable-pip-version-check -r tests/drivers/requirements.txt -r clients/python/requirements-dev.txt ./clients/python --root-user-action=ignore --break-system-packages\n"
         ),
         "{calls}"
     );

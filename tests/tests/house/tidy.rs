@@ -72,6 +72,7 @@ const RULES: &[(&str, Option<&[&str]>)] = &[
     ("cron-dedup", None),
     ("zombie", None),
     ("faults", None),
+    ("testbed", None),
 ];
 
 /// Third-party crates a crate must not depend on: `fencing` is std, serde and the HMAC of signed tokens; `pg-wire`

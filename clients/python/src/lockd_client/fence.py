@@ -40,7 +40,9 @@ def _refusal(e: BaseException) -> Optional[FenceRefused]:
         state = getattr(e, "sqlstate", None) or getattr(e, "pgcode", None)
         if isinstance(state, str) and state.startswith("FN"):
             kind = StaleToken if state in STALE_SQLSTATES else FenceRefused
-            return kind(f"fence-proxy refused the write ({state}): {str(e).strip()}", state)
+            diag = getattr(e, "diag", None)
+            text = getattr(diag, "message_primary", None) or str(e).strip().splitlines()[0]
+            return kind(f"fence-proxy refused the write ({state}): {text}", state)
         e = getattr(e, "orig", None) or e.__cause__ or e.__context__
     return None
 
