@@ -39,6 +39,7 @@
 //!   background, best effort.
 
 mod backoff;
+mod endpoints;
 mod guard;
 mod sets;
 
@@ -48,7 +49,7 @@ use std::time::{Duration, Instant};
 use fencing::ResourceName;
 use lockd_proto::v1 as pb;
 use lockd_proto::v1::lock_service_client::LockServiceClient;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 use tonic::{Code, Status};
 
 pub use backoff::{BACKOFF_MAX, BACKOFF_MIN, Backoff};
@@ -176,9 +177,18 @@ impl ClientError {
     }
 }
 
+/// Which calls may be sent again to another endpoint within one call.
+#[derive(Clone, Copy)]
+enum Call {
+    /// Renew, describe, list: after any transient failure.
+    Repeatable,
+    /// Release: only when it was never sent (a repeat would end one more hold).
+    Release,
+}
+
 /// Whether a status is worth retrying with the same request: the call may not have reached
 /// lockd, or lockd could not serve it right now.
-fn transient(s: &Status) -> bool {
+pub(crate) fn transient(s: &Status) -> bool {
     tls_failure(s).is_none()
         && matches!(
             s.code(),
@@ -329,7 +339,7 @@ impl fmt::Display for NotGranted {
 
 /// tonic's TLS settings from `files`, each file read and checked first, so that a bad one is
 /// named at once.
-fn tls_config(
+pub(crate) fn tls_config(
     files: &tlsconf::ClientFiles,
 ) -> Result<tonic::transport::ClientTlsConfig, ClientError> {
     use tonic::transport::{Certificate, ClientTlsConfig, Identity};
@@ -413,17 +423,13 @@ pub struct ListPage {
     pub next_page_token: Option<String>,
 }
 
-/// A connection to lockd (cheap to clone; calls are multiplexed on one HTTP/2 connection).
+/// A connection to lockd (cheap to clone; calls are multiplexed on one HTTP/2 connection per
+/// endpoint).
 #[derive(Clone, Debug)]
 pub struct Client {
-    rpc: LockServiceClient<Channel>,
-    /// Added to "unreachable" errors: over TLS without a client certificate, a lockd that
-    /// requires one closes the connection, and the client may see only that.
-    hint: Option<&'static str>,
+    endpoints: endpoints::Endpoints,
     /// `authorization: Bearer TOKEN` on every call, for a lockd with a policy.
     bearer: Option<tonic::metadata::AsciiMetadataValue>,
-    /// Plaintext to a host other than this one: no bearer token may go there.
-    plaintext_remote: bool,
 }
 
 impl Client {
@@ -436,59 +442,14 @@ impl Client {
     /// A client for `endpoint` over TLS with `tls` when the endpoint is `https://`: the CA
     /// that verifies lockd, and a client certificate for a lockd that wants one. Files that
     /// cannot be read or do not go together are an error at once.
+    ///
+    /// Several endpoints, separated by commas (`http://a:7420,http://b:7420`, one scheme): any
+    /// lockd instance serves, so calls go to one and move to the next after a transient failure
+    /// (the module `endpoints` says which calls are repeated on another within one call).
     pub fn connect_tls(endpoint: &str, tls: &tlsconf::ClientFiles) -> Result<Client, ClientError> {
-        let bad = |reason: String| ClientError::Endpoint {
-            endpoint: endpoint.to_string(),
-            reason,
-        };
-        let mut ep = Endpoint::from_shared(endpoint.to_string()).map_err(|e| bad(e.to_string()))?;
-        if ep.uri().host().is_none() {
-            return Err(bad(
-                "no host; expected e.g. http://127.0.0.1:7420".to_string()
-            ));
-        }
-        match ep.uri().scheme_str() {
-            Some("https") => {
-                ep = ep
-                    .tls_config(tls_config(tls)?)
-                    .map_err(|e| bad(e.to_string()))?
-            }
-            Some("http") if tls.any() => {
-                return Err(bad(
-                    "TLS files are given but the endpoint is http://; use https://".to_string(),
-                ));
-            }
-            Some("http") => {}
-            _ => return Err(bad("the scheme must be http:// or https://".to_string())),
-        }
-        let plaintext_remote = ep.uri().scheme_str() == Some("http")
-            && !tlsconf::loopback_host(
-                ep.uri()
-                    .host()
-                    .unwrap_or_default()
-                    .trim_start_matches('[')
-                    .trim_end_matches(']'),
-            );
-        let hint = match (ep.uri().scheme_str(), &tls.cert) {
-            (Some("https"), None) => Some(
-                "if the TLS connection was closed: when lockd requires client certificates (tls_client_ca), give --cert and --key",
-            ),
-            (Some("https"), Some(_)) => Some(
-                "if the TLS connection was closed: lockd may not trust this client certificate (its tls_client_ca)",
-            ),
-            _ => Some("if lockd serves TLS: use an https:// endpoint, with --ca"),
-        };
-        let channel = ep
-            .tcp_nodelay(true)
-            .connect_timeout(Duration::from_secs(3))
-            .http2_keep_alive_interval(Duration::from_secs(10))
-            .keep_alive_timeout(Duration::from_secs(20))
-            .connect_lazy();
         Ok(Client {
-            rpc: LockServiceClient::new(channel),
-            hint,
+            endpoints: endpoints::Endpoints::new(endpoint, tls)?,
             bearer: None,
-            plaintext_remote,
         })
     }
 
@@ -497,7 +458,7 @@ impl Client {
     /// way could read it.
     pub fn with_token(mut self, token: &str) -> Result<Client, ClientError> {
         let bad = |reason: &str| ClientError::InvalidArgument(format!("bearer token: {reason}"));
-        if self.plaintext_remote {
+        if self.endpoints.plaintext_remote {
             return Err(bad(
                 "not sent over plaintext to another host; use an https:// endpoint",
             ));
@@ -514,6 +475,33 @@ impl Client {
         Ok(self)
     }
 
+    /// A call other than an acquire, on the current endpoint; after a transient failure, on
+    /// the next ones in turn, each once, when `kind` allows (see the module `endpoints`).
+    async fn call<T, R, F, Fut>(&self, kind: Call, message: &T, f: F) -> Result<R, ClientError>
+    where
+        T: Clone,
+        F: Fn(LockServiceClient<Channel>, tonic::Request<T>) -> Fut,
+        Fut: std::future::Future<Output = Result<tonic::Response<R>, Status>>,
+    {
+        let mut tries = self.endpoints.len();
+        loop {
+            let (i, rpc) = self.endpoints.rpc();
+            let status = match f(rpc, self.request(message.clone())).await {
+                Ok(r) => return Ok(r.into_inner()),
+                Err(status) => status,
+            };
+            self.endpoints.failed(i, &status);
+            tries -= 1;
+            let again = match kind {
+                Call::Repeatable => transient(&status),
+                Call::Release => endpoints::never_sent(&status),
+            };
+            if tries == 0 || !again {
+                return Err(self.error(status));
+            }
+        }
+    }
+
     /// `message` as a request, with the bearer token.
     fn request<T>(&self, message: T) -> tonic::Request<T> {
         let mut r = tonic::Request::new(message);
@@ -525,7 +513,7 @@ impl Client {
 
     /// `s` as an error, with the hint for a closed TLS connection.
     fn error(&self, s: Status) -> ClientError {
-        match (ClientError::from_status(s), self.hint) {
+        match (ClientError::from_status(s), self.endpoints.hint) {
             (ClientError::Unavailable(why), Some(hint)) => {
                 ClientError::Unavailable(format!("{why} ({hint})"))
             }
@@ -591,11 +579,9 @@ impl Client {
             // A fresh grant in the reply to this attempt was made after this moment, so its
             // lease ends no earlier than `sent + ttl` on lockd's clock.
             let sent = Instant::now();
-            let call = tokio::time::timeout(
-                call_wait + CALL_GRACE,
-                self.rpc.clone().acquire(self.request(req)),
-            )
-            .await;
+            let (endpoint, mut rpc) = self.endpoints.rpc();
+            let call =
+                tokio::time::timeout(call_wait + CALL_GRACE, rpc.acquire(self.request(req))).await;
             let status = match call {
                 Ok(Ok(resp)) => match resp.into_inner().outcome {
                     Some(pb::acquire_response::Outcome::Granted(l)) => {
@@ -639,6 +625,7 @@ impl Client {
                 Err(_) => Some(Status::deadline_exceeded("lockd did not answer in time")),
             };
             if let Some(status) = status {
+                self.endpoints.failed(endpoint, &status);
                 self.retry_or_fail(status, deadline)?;
             }
             let pause = backoff.next_delay();
@@ -678,12 +665,10 @@ impl Client {
             lease_id: lease_id.to_string(),
         };
         let r = self
-            .rpc
-            .clone()
-            .renew(self.request(req))
-            .await
-            .map_err(|s| self.error(s))?
-            .into_inner();
+            .call(Call::Repeatable, &req, |mut rpc, req| async move {
+                rpc.renew(req).await
+            })
+            .await?;
         Ok(RenewReply {
             ttl: Duration::from_millis(r.ttl_ms),
             expires_at_ms: r.expires_at_ms,
@@ -707,12 +692,10 @@ impl Client {
             lease_id: lease_id.to_string(),
         };
         let r = self
-            .rpc
-            .clone()
-            .release(self.request(req))
-            .await
-            .map_err(|s| self.error(s))?
-            .into_inner();
+            .call(Call::Release, &req, |mut rpc, req| async move {
+                rpc.release(req).await
+            })
+            .await?;
         Ok(r.released.then_some(r.holds))
     }
 
@@ -724,12 +707,10 @@ impl Client {
             leases: lease_refs(leases),
         };
         let r = self
-            .rpc
-            .clone()
-            .renew_many(self.request(req))
-            .await
-            .map_err(|s| self.error(s))?
-            .into_inner();
+            .call(Call::Repeatable, &req, |mut rpc, req| async move {
+                rpc.renew_many(req).await
+            })
+            .await?;
         answered_each(leases.len(), r.results.len())?;
         Ok(r.results
             .into_iter()
@@ -757,12 +738,10 @@ impl Client {
             leases: lease_refs(leases),
         };
         let r = self
-            .rpc
-            .clone()
-            .release_many(self.request(req))
-            .await
-            .map_err(|s| self.error(s))?
-            .into_inner();
+            .call(Call::Release, &req, |mut rpc, req| async move {
+                rpc.release_many(req).await
+            })
+            .await?;
         answered_each(leases.len(), r.results.len())?;
         Ok(r.results
             .into_iter()
@@ -784,12 +763,10 @@ impl Client {
             page_token: page_token.unwrap_or_default().to_string(),
         };
         let r = self
-            .rpc
-            .clone()
-            .list(self.request(req))
-            .await
-            .map_err(|s| self.error(s))?
-            .into_inner();
+            .call(Call::Repeatable, &req, |mut rpc, req| async move {
+                rpc.list(req).await
+            })
+            .await?;
         Ok(ListPage {
             locks: r
                 .locks
@@ -832,12 +809,10 @@ impl Client {
             resource: resource.to_string(),
         };
         let d = self
-            .rpc
-            .clone()
-            .describe(self.request(req))
-            .await
-            .map_err(|s| self.error(s))?
-            .into_inner();
+            .call(Call::Repeatable, &req, |mut rpc, req| async move {
+                rpc.describe(req).await
+            })
+            .await?;
         Ok(Description {
             resource: resource.to_string(),
             held: d.held,

@@ -64,9 +64,8 @@ impl Client {
             };
             // A fresh grant in the reply was made after this moment.
             let sent = std::time::Instant::now();
-            let call =
-                tokio::time::timeout(CALL_GRACE, self.rpc.clone().acquire_all(self.request(req)))
-                    .await;
+            let (endpoint, mut rpc) = self.endpoints.rpc();
+            let call = tokio::time::timeout(CALL_GRACE, rpc.acquire_all(self.request(req))).await;
             let status = match call {
                 Ok(Ok(resp)) => {
                     let resp = resp.into_inner();
@@ -114,6 +113,7 @@ impl Client {
             };
             let busy = status.is_none();
             if let Some(status) = status {
+                self.endpoints.failed(endpoint, &status);
                 self.retry_or_fail(status, deadline.into_std())?;
             }
             // Busy: ask again after the backoff, and once more at the deadline. A retry of an

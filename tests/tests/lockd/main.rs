@@ -2,6 +2,7 @@
 //!
 //! - `audit`: the audit log's records of every type, and its reopening on SIGHUP;
 //! - `api`: the API conformance suite (`e2e::api`), on the embedded store;
+//! - `conformance`: the SDK conformance suite (clients/conformance), with the Rust SDK;
 //! - `cli`: contention, waiting, FIFO order, de-duplication, waiter removal, describe, `run`;
 //! - `crash`: `kill -9` during a burst of grants, then restart on the same data directory;
 //! - `sdk`: the client library (renewal, the lost signal, retries while lockd is down, release
@@ -18,6 +19,7 @@
 mod api;
 mod audit;
 mod cli;
+mod conformance;
 mod crash;
 mod demo;
 mod faults;

@@ -32,7 +32,7 @@ pub const EXIT_LEASE_LOST: u8 = 4;
                   command's status (128+N when signal N ended it)."
 )]
 struct Cli {
-    /// lockd's gRPC endpoint.
+    /// lockd's gRPC endpoint; several lockd instances (etcd backend) separated by commas, tried in turn.
     #[arg(long, global = true, env = "LOCKD_ENDPOINT", default_value = DEFAULT_ENDPOINT)]
     endpoint: String,
 

@@ -1,0 +1,197 @@
+//! One or several lockd endpoints: a channel each, made lazily, and the one calls go to now.
+//!
+//! Any lockd instance serves a call (a follower forwards to the leader), so a client given
+//! several sends each call to the current one and, after a transient failure there, moves on to
+//! the next. Calls that are safe to repeat (renew, describe, list) are tried on each endpoint in
+//! turn within one call; a release is tried on another only when it was never sent (the
+//! connection could not be made), since a repeated release would end one more hold of a
+//! reentrant lease; an acquire is repeated with its request id by its own retry loop.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use lockd_proto::v1::lock_service_client::LockServiceClient;
+use tonic::Status;
+use tonic::transport::{Channel, Endpoint};
+
+use crate::ClientError;
+
+/// The channels, in the order given, and the index of the current one.
+#[derive(Clone, Debug)]
+pub(crate) struct Endpoints {
+    rpcs: Arc<[LockServiceClient<Channel>]>,
+    current: Arc<AtomicUsize>,
+    /// Some endpoint is plaintext to a host other than this one: no bearer token may go there.
+    pub(crate) plaintext_remote: bool,
+    /// Added to "unreachable" errors: over TLS without a client certificate, a lockd that
+    /// requires one closes the connection, and the client may see only that.
+    pub(crate) hint: Option<&'static str>,
+}
+
+impl Endpoints {
+    /// `endpoints`: one URL, or several separated by commas, all of one scheme.
+    pub(crate) fn new(
+        endpoints: &str,
+        tls: &tlsconf::ClientFiles,
+    ) -> Result<Endpoints, ClientError> {
+        let bad = |endpoint: &str, reason: String| ClientError::Endpoint {
+            endpoint: endpoint.to_string(),
+            reason,
+        };
+        let urls: Vec<&str> = endpoints.split(',').map(str::trim).collect();
+        if urls.iter().any(|u| u.is_empty()) {
+            return Err(bad(
+                endpoints,
+                "an empty endpoint; expected e.g. http://127.0.0.1:7420 (several: separated by commas)"
+                    .to_string(),
+            ));
+        }
+        let scheme_of = |u: &str| u.split_once("://").map(|(s, _)| s.to_ascii_lowercase());
+        if urls.iter().any(|u| scheme_of(u) != scheme_of(urls[0])) {
+            return Err(bad(
+                endpoints,
+                "the endpoints mix schemes: use one (http:// or https://)".to_string(),
+            ));
+        }
+        let mut rpcs = Vec::with_capacity(urls.len());
+        let mut plaintext_remote = false;
+        let tls_settings = match tls.any() {
+            true => Some(crate::tls_config(tls)?),
+            false => None,
+        };
+        for url in &urls {
+            let mut ep =
+                Endpoint::from_shared(url.to_string()).map_err(|e| bad(url, e.to_string()))?;
+            let Some(host) = ep.uri().host().map(str::to_string) else {
+                return Err(bad(
+                    url,
+                    "no host; expected e.g. http://127.0.0.1:7420".to_string(),
+                ));
+            };
+            let scheme = ep.uri().scheme_str().unwrap_or_default().to_string();
+            match scheme.as_str() {
+                "https" => {
+                    let settings = match &tls_settings {
+                        Some(s) => s.clone(),
+                        None => crate::tls_config(tls)?,
+                    };
+                    ep = ep
+                        .tls_config(settings)
+                        .map_err(|e| bad(url, e.to_string()))?;
+                }
+                "http" if tls.any() => {
+                    return Err(bad(
+                        url,
+                        "TLS files are given but the endpoint is http://; use https://".to_string(),
+                    ));
+                }
+                "http" => {
+                    plaintext_remote |=
+                        !tlsconf::loopback_host(host.trim_start_matches('[').trim_end_matches(']'));
+                }
+                _ => {
+                    return Err(bad(
+                        url,
+                        "the scheme must be http:// or https://".to_string(),
+                    ));
+                }
+            }
+            let channel = ep
+                .tcp_nodelay(true)
+                .connect_timeout(Duration::from_secs(3))
+                .http2_keep_alive_interval(Duration::from_secs(10))
+                .keep_alive_timeout(Duration::from_secs(20))
+                .connect_lazy();
+            rpcs.push(LockServiceClient::new(channel));
+        }
+        let hint = match (scheme_of(urls[0]).as_deref(), &tls.cert) {
+            (Some("https"), None) => Some(
+                "if the TLS connection was closed: when lockd requires client certificates (tls_client_ca), give --cert and --key",
+            ),
+            (Some("https"), Some(_)) => Some(
+                "if the TLS connection was closed: lockd may not trust this client certificate (its tls_client_ca)",
+            ),
+            _ => Some("if lockd serves TLS: use an https:// endpoint, with --ca"),
+        };
+        Ok(Endpoints {
+            rpcs: rpcs.into(),
+            current: Arc::new(AtomicUsize::new(0)),
+            plaintext_remote,
+            hint,
+        })
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.rpcs.len()
+    }
+
+    /// The endpoint calls go to now, and its index.
+    pub(crate) fn rpc(&self) -> (usize, LockServiceClient<Channel>) {
+        let i = self.current.load(Ordering::Relaxed) % self.rpcs.len();
+        (i, self.rpcs[i].clone())
+    }
+
+    /// After `status` from endpoint `i`: a transient failure moves later calls to the next
+    /// endpoint (unless another call already moved them).
+    pub(crate) fn failed(&self, i: usize, status: &Status) {
+        if self.rpcs.len() > 1 && crate::transient(status) {
+            let next = (i + 1) % self.rpcs.len();
+            let _ = self
+                .current
+                .compare_exchange(i, next, Ordering::Relaxed, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Whether a failed call was never sent: the connection to the endpoint could not be made.
+pub(crate) fn never_sent(status: &Status) -> bool {
+    let mut cause = std::error::Error::source(status);
+    while let Some(c) = cause {
+        if c.downcast_ref::<std::io::Error>().is_some_and(|io| {
+            matches!(
+                io.kind(),
+                std::io::ErrorKind::ConnectionRefused
+                    | std::io::ErrorKind::HostUnreachable
+                    | std::io::ErrorKind::NetworkUnreachable
+                    | std::io::ErrorKind::AddrNotAvailable
+            )
+        }) || c.to_string().contains("tcp connect error")
+        {
+            return true;
+        }
+        cause = c.source();
+    }
+    false
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::{Client, ClientError};
+
+    #[tokio::test]
+    async fn several_endpoints_are_one_scheme_and_none_is_empty() {
+        let ok = Client::connect("http://127.0.0.1:7420, http://[::1]:7421").unwrap();
+        assert_eq!(ok.endpoints.len(), 2);
+        for bad in [
+            "http://127.0.0.1:7420,",
+            "http://127.0.0.1:7420,,http://127.0.0.1:7421",
+            "http://127.0.0.1:7420,https://127.0.0.1:7421",
+            "http://127.0.0.1:7420,ftp://h:1",
+        ] {
+            assert!(
+                matches!(Client::connect(bad), Err(ClientError::Endpoint { .. })),
+                "{bad:?}"
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn no_bearer_token_when_any_endpoint_is_plaintext_to_another_host() {
+        let c = Client::connect("http://127.0.0.1:7420,http://10.0.0.2:7420").unwrap();
+        let err = c.with_token("secret").unwrap_err();
+        assert!(err.to_string().contains("plaintext"), "{err}");
+        let local = Client::connect("http://127.0.0.1:7420,http://localhost:7421").unwrap();
+        assert!(local.with_token("secret").is_ok());
+    }
+}

@@ -1,0 +1,493 @@
+//! The SDK conformance suite (clients/conformance/scenarios.json), run by the Rust SDK against
+//! the test bed (clients/testbed), as every other SDK runs it with its own test runner. The
+//! PostgreSQL and HTTP steps declare the lease's fence token themselves (tokio-postgres, hyper):
+//! the Rust SDK has no fencing helpers.
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use lockd_client::{
+    AcquireOptions, Acquired, AcquiredAll, Client, ClientError, LockGuard, LostReason, Mode,
+    NotGrantedReason,
+};
+use serde_json::Value;
+use tokio::task::JoinHandle;
+
+/// The test bed: its servers, and its command line.
+struct Bed {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    stdout: BufReader<ChildStdout>,
+    servers: Value,
+}
+
+impl Bed {
+    fn start() -> Bed {
+        let mut child = Command::new(e2e::bin("testbed"))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("starting the test bed");
+        let mut stdout = BufReader::new(child.stdout.take().expect("piped"));
+        let mut line = String::new();
+        stdout
+            .read_line(&mut line)
+            .expect("the test bed's description");
+        let servers = serde_json::from_str(&line)
+            .unwrap_or_else(|e| panic!("the test bed described its servers as {line:?}: {e}"));
+        Bed {
+            stdin: child.stdin.take(),
+            child,
+            stdout,
+            servers,
+        }
+    }
+
+    fn command(&mut self, line: &str) {
+        let stdin = self.stdin.as_mut().expect("open");
+        writeln!(stdin, "{line}")
+            .and_then(|()| stdin.flush())
+            .expect("to the test bed");
+        let mut answer = String::new();
+        self.stdout
+            .read_line(&mut answer)
+            .expect("the test bed's answer");
+        assert!(answer.starts_with("ok"), "test bed {line:?}: {answer}");
+    }
+
+    fn endpoint(&self, server: &str) -> String {
+        self.servers[server]["endpoint"]
+            .as_str()
+            .expect("an endpoint")
+            .to_string()
+    }
+}
+
+impl Drop for Bed {
+    fn drop(&mut self) {
+        drop(self.stdin.take());
+        let _ = self.child.wait();
+    }
+}
+
+/// What a lease name stands for: its facts, and its guards while held.
+struct Named {
+    token: u64,
+    resource: String,
+    lease_id: String,
+    fence_token: String,
+    ttl: Duration,
+    guards: Vec<LockGuard>,
+    client: Client,
+}
+
+type Outcome = Result<Vec<LockGuard>, String>;
+
+struct Run<'a> {
+    bed: &'a mut Bed,
+    id: String,
+    clients: HashMap<String, Client>,
+    leases: HashMap<String, Named>,
+    pending: HashMap<String, JoinHandle<Outcome>>,
+    paused_at: Option<Instant>,
+}
+
+fn outcome_of(e: &ClientError) -> String {
+    match e {
+        ClientError::InvalidArgument(_) => "invalid".into(),
+        ClientError::Rejected { code, .. } if *code == tonic::Code::PermissionDenied => {
+            "permission_denied".into()
+        }
+        ClientError::Rejected { code, .. } if *code == tonic::Code::Unauthenticated => {
+            "unauthenticated".into()
+        }
+        ClientError::Unavailable(_) => "unavailable".into(),
+        other => format!("error: {other}"),
+    }
+}
+
+fn not_granted(reason: NotGrantedReason) -> String {
+    match reason {
+        NotGrantedReason::Busy => "busy".into(),
+        NotGrantedReason::WaitTimeout => "timeout".into(),
+    }
+}
+
+fn one(r: Result<Acquired, ClientError>) -> Outcome {
+    match r {
+        Ok(Acquired::Granted(g)) => Ok(vec![g]),
+        Ok(Acquired::NotGranted(why)) => Err(not_granted(why.reason)),
+        Err(e) => Err(outcome_of(&e)),
+    }
+}
+
+fn all(r: Result<AcquiredAll, ClientError>) -> Outcome {
+    match r {
+        Ok(AcquiredAll::Granted(gs)) => Ok(gs),
+        Ok(AcquiredAll::NotGranted { why, .. }) => Err(not_granted(why.reason)),
+        Err(e) => Err(outcome_of(&e)),
+    }
+}
+
+fn ms(step: &Value, key: &str) -> Option<Duration> {
+    step[key].as_u64().map(Duration::from_millis)
+}
+
+impl Run<'_> {
+    fn s(&self, v: &Value) -> String {
+        v.as_str().expect("a string").replace("{run}", &self.id)
+    }
+
+    fn options(&self, step: &Value) -> AcquireOptions {
+        AcquireOptions {
+            ttl: ms(step, "ttl_ms"),
+            wait: ms(step, "wait_ms").unwrap_or_default(),
+            request_id: step.get("request_id").map(|v| self.s(v)),
+            owner: step.get("owner").map(|v| self.s(v)),
+            permits: step["permits"].as_u64().unwrap_or(0) as u32,
+            mode: match step["mode"].as_str() {
+                Some("read") => Mode::Read,
+                Some("write") => Mode::Write,
+                _ => Mode::Exclusive,
+            },
+            ..AcquireOptions::default()
+        }
+    }
+
+    fn client(&mut self, step: &Value) {
+        let names: Vec<String> = match step.get("servers") {
+            Some(list) => list.as_array().unwrap().iter().map(|v| self.s(v)).collect(),
+            None => vec![self.s(&step["server"])],
+        };
+        let endpoints: Vec<String> = names.iter().map(|n| self.bed.endpoint(n)).collect();
+        let mut tls = tlsconf::ClientFiles::default();
+        let secure = &self.bed.servers["secure"];
+        let mut token = None;
+        if names[0] == "secure" {
+            tls.ca = secure["ca"].as_str().map(Into::into);
+            let tenant = &secure["tenants"][step["tenant"].as_str().unwrap_or("-")];
+            if let Some(f) = tenant["token_file"].as_str() {
+                token = Some(std::fs::read_to_string(f).expect("the token file"));
+            }
+            tls.cert = tenant["cert"].as_str().map(Into::into);
+            tls.key = tenant["key"].as_str().map(Into::into);
+        }
+        let mut c = Client::connect_tls(&endpoints.join(","), &tls).expect("a client");
+        if let Some(t) = token {
+            c = c.with_token(&t).expect("a bearer token");
+        }
+        self.clients.insert(self.s(&step["name"]), c);
+    }
+
+    /// Checks an acquire's outcome against the step, and names what was granted.
+    fn granted(&mut self, step: &Value, name: &str, client: Client, got: Outcome) {
+        let expect = step["expect"].as_str().expect("expect");
+        let guards = match got {
+            Ok(guards) => {
+                assert_eq!(expect, "granted", "{name}: granted, expected {expect}");
+                guards
+            }
+            Err(outcome) => {
+                assert_eq!(outcome, expect, "{name}");
+                return;
+            }
+        };
+        let first = guards[0].lease().clone();
+        let token = first.token;
+        let above = |other: &str, leases: &HashMap<String, Named>| leases[other].token;
+        if let Some(other) = step["token_above"].as_str() {
+            assert!(
+                token > above(other, &self.leases),
+                "{name}: token {token} not above {other}'s"
+            );
+        }
+        if let Some(other) = step["same_token_as"].as_str() {
+            assert_eq!(
+                token,
+                above(other, &self.leases),
+                "{name}: not {other}'s token"
+            );
+        }
+        if let Some(holds) = step["holds"].as_u64() {
+            assert_eq!(first.holds as u64, holds, "{name}: holds");
+        }
+        if let Some(prefix) = step.get("resource_starts") {
+            assert!(
+                first.resource.starts_with(&self.s(prefix)),
+                "{name}: {}",
+                first.resource
+            );
+        }
+        if let Some(list) = step["resources_held"].as_array() {
+            let want: Vec<String> = list.iter().map(|v| self.s(v)).collect();
+            let got: Vec<String> = guards.iter().map(|g| g.resource().to_string()).collect();
+            assert_eq!(got, want, "{name}: the set's resources");
+        }
+        if step["signed"].as_bool() == Some(true) {
+            let signed = first
+                .signed_token
+                .clone()
+                .expect("a signed token from a lockd that signs");
+            assert!(signed.starts_with(&format!("{token}.")), "{signed}");
+            assert_eq!(first.fence_token(), signed);
+        }
+        self.leases.insert(
+            name.to_string(),
+            Named {
+                token,
+                resource: first.resource.clone(),
+                lease_id: first.lease_id.clone(),
+                fence_token: first.fence_token(),
+                ttl: first.ttl,
+                guards,
+                client,
+            },
+        );
+    }
+
+    async fn step(&mut self, step: &Value) {
+        let op = step["op"].as_str().expect("op");
+        let name = step["as"].as_str().unwrap_or_default().to_string();
+        let client = || self.clients[step["client"].as_str().unwrap_or_default()].clone();
+        match op {
+            "client" => self.client(step),
+            "acquire" => {
+                let c = client();
+                let got = one(c
+                    .acquire(&self.s(&step["resource"]), self.options(step))
+                    .await);
+                self.granted(step, &name, c, got);
+            }
+            "start_acquire" => {
+                let (c, resource, opts) = (client(), self.s(&step["resource"]), self.options(step));
+                let task = tokio::spawn(async move { one(c.acquire(&resource, opts).await) });
+                self.pending.insert(name, task);
+            }
+            "await" => {
+                let of = step["of"].as_str().unwrap();
+                let task = self.pending.remove(of).expect("a started acquire");
+                let got = match tokio::time::timeout(e2e::PATIENCE, task).await {
+                    Ok(Ok(outcome)) => outcome,
+                    Ok(Err(e)) if e.is_cancelled() => Err("cancelled".to_string()),
+                    Ok(Err(e)) => panic!("{of}: {e}"),
+                    Err(_) => panic!("{of} did not finish"),
+                };
+                let c = self.clients.values().next().unwrap().clone();
+                self.granted(step, of, c, got);
+            }
+            // Dropping the acquire's future cancels its call: lockd forgets the waiter.
+            "cancel" => self.pending[step["of"].as_str().unwrap()].abort(),
+            "wait_waiters" => {
+                let (c, resource) = (client(), self.s(&step["resource"]));
+                let want = step["waiters"].as_u64().unwrap() as u32;
+                let deadline = Instant::now() + e2e::PATIENCE;
+                while c.describe(&resource).await.unwrap().waiters != want {
+                    assert!(
+                        Instant::now() < deadline,
+                        "{resource}: never {want} waiters"
+                    );
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            }
+            "release" => {
+                let lease = self
+                    .leases
+                    .get_mut(step["lease"].as_str().unwrap())
+                    .unwrap();
+                let mut released = !lease.guards.is_empty();
+                for g in lease.guards.drain(..).rev() {
+                    released &= g.release().await.unwrap();
+                }
+                assert_eq!(
+                    Some(released),
+                    step["expect"].as_bool(),
+                    "release of {step}"
+                );
+            }
+            "end_behind" => {
+                let l = &self.leases[step["lease"].as_str().unwrap()];
+                assert!(l.client.release(&l.resource, &l.lease_id).await.unwrap());
+            }
+            "describe" => {
+                let d = client().describe(&self.s(&step["resource"])).await.unwrap();
+                if let Some(held) = step["held"].as_bool() {
+                    assert_eq!(d.held, held, "{d:?}");
+                }
+                if let Some(by) = step["held_by"].as_str() {
+                    assert_eq!(d.token, Some(self.leases[by].token), "{d:?}");
+                }
+                if let Some(w) = step["waiters"].as_u64() {
+                    assert_eq!(d.waiters as u64, w, "{d:?}");
+                }
+            }
+            "pause" | "resume" => {
+                if op == "pause" {
+                    self.paused_at = Some(Instant::now());
+                }
+                self.bed
+                    .command(&format!("{op} {}", self.s(&step["server"])));
+            }
+            "drop_next_answer" => self.bed.command("drop-next-answer"),
+            "await_lost" => {
+                let l = &self.leases[step["lease"].as_str().unwrap()];
+                let lost = l.guards[0].lost();
+                let reason = tokio::time::timeout(e2e::PATIENCE, lost)
+                    .await
+                    .expect("no loss signalled");
+                if step["within_ttl_of_pause"].as_bool() == Some(true) {
+                    let after = self.paused_at.expect("a pause").elapsed();
+                    assert!(
+                        after < l.ttl,
+                        "the loss came {after:?} after the pause, TTL {:?}",
+                        l.ttl
+                    );
+                    assert_eq!(reason, LostReason::DeadlinePassed);
+                }
+                if step["reason"].as_str() == Some("not_current") {
+                    assert!(matches!(reason, LostReason::NotCurrent(_)), "{reason:?}");
+                }
+            }
+            "acquire_all" | "acquire_ordered" => {
+                let c = client();
+                let names: Vec<String> = step["resources"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|v| self.s(v))
+                    .collect();
+                let names: Vec<&str> = names.iter().map(String::as_str).collect();
+                let got = match op {
+                    "acquire_all" => all(c.acquire_all(&names, self.options(step)).await),
+                    _ => all(c.acquire_ordered(&names, self.options(step)).await),
+                };
+                self.granted(step, &name, c, got);
+            }
+            "pg_write" | "pg_read" | "pg_pool_check" => self.pg(step).await,
+            "http_write" => {
+                let l = &self.leases[step["lease"].as_str().unwrap()];
+                let url = format!(
+                    "{}{}",
+                    self.bed.servers["http"]["url"].as_str().unwrap(),
+                    self.s(&step["path"])
+                );
+                let headers = [
+                    ("fencing-resource", l.resource.as_str()),
+                    ("fencing-token", l.fence_token.as_str()),
+                ];
+                let a = e2e::client::send(
+                    &e2e::client::client(),
+                    "PUT",
+                    &url,
+                    &headers,
+                    e2e::client::body("{}"),
+                )
+                .await;
+                let got = match a.status {
+                    200 => "ok",
+                    409 => "stale",
+                    other => panic!("PUT {url}: {other} {}", a.text()),
+                };
+                assert_eq!(Some(got), step["expect"].as_str(), "http_write with {step}");
+            }
+            other => panic!("unknown step {other:?}"),
+        }
+    }
+
+    async fn pg(&mut self, step: &Value) {
+        let dsn = self.bed.servers["pg"]["dsn"].as_str().unwrap();
+        let (c, conn) = tokio_postgres::connect(dsn, tokio_postgres::NoTls)
+            .await
+            .expect("connecting through fence-proxy");
+        tokio::spawn(conn);
+        let declare = "SELECT set_config('fencing.resource', $1, true), set_config('fencing.token', $2, true)";
+        let upsert =
+            "INSERT INTO conformance VALUES ($1, $2) ON CONFLICT (k) DO UPDATE SET v = excluded.v";
+        let key = self.s(&step["key"]);
+        let mut c = c;
+        match step["op"].as_str().unwrap() {
+            "pg_write" => {
+                let l = &self.leases[step["lease"].as_str().unwrap()];
+                let value = self.s(&step["value"]);
+                let tx = c.transaction().await.unwrap();
+                let write = async {
+                    tx.query(declare, &[&l.resource, &l.fence_token]).await?;
+                    tx.execute(upsert, &[&key, &value]).await?;
+                    tx.commit().await
+                };
+                let got = match write.await {
+                    Ok(()) => "ok".to_string(),
+                    Err(e) => match e.code().map(|c| c.code()) {
+                        Some("FN001") | Some("FN003") => "stale".to_string(),
+                        _ => panic!("pg_write: {e}"),
+                    },
+                };
+                assert_eq!(
+                    Some(got.as_str()),
+                    step["expect"].as_str(),
+                    "pg_write with {step}"
+                );
+            }
+            "pg_read" => {
+                let row = c
+                    .query_one("SELECT v FROM conformance WHERE k = $1", &[&key])
+                    .await
+                    .unwrap();
+                assert_eq!(row.get::<_, String>(0), self.s(&step["value"]));
+            }
+            _ => {
+                let l = &self.leases[step["lease"].as_str().unwrap()];
+                let settings = "SELECT coalesce(current_setting('fencing.resource', true), ''), coalesce(current_setting('fencing.token', true), '')";
+                for commit in [true, false] {
+                    let tx = c.transaction().await.unwrap();
+                    tx.query(declare, &[&l.resource, &l.fence_token])
+                        .await
+                        .unwrap();
+                    tx.execute(upsert, &[&key, &"rust"]).await.unwrap();
+                    match commit {
+                        true => tx.commit().await.unwrap(),
+                        false => tx.rollback().await.unwrap(),
+                    }
+                    let row = c.query_one(settings, &[]).await.unwrap();
+                    let seen: (String, String) = (row.get(0), row.get(1));
+                    assert_eq!(
+                        seen,
+                        (String::new(), String::new()),
+                        "after a {} transaction",
+                        if commit { "committed" } else { "rolled back" }
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn every_scenario_of_the_suite_passes_with_the_rust_sdk() {
+    let text = std::fs::read_to_string(e2e::workspace().join("clients/conformance/scenarios.json"))
+        .expect("the conformance suite");
+    let suite: Value = serde_json::from_str(&text).expect("scenarios.json is JSON");
+    let scenarios = suite["scenarios"].as_array().expect("scenarios");
+    assert!(scenarios.len() >= 17, "the suite lost scenarios");
+    let mut bed = Bed::start();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    for (n, scenario) in scenarios.iter().enumerate() {
+        let title = scenario["name"].as_str().unwrap();
+        eprintln!("scenario {title}");
+        let mut run = Run {
+            bed: &mut bed,
+            id: format!("rust{n}-{}", std::process::id()),
+            clients: HashMap::new(),
+            leases: HashMap::new(),
+            pending: HashMap::new(),
+            paused_at: None,
+        };
+        rt.block_on(async {
+            for (i, step) in scenario["steps"].as_array().unwrap().iter().enumerate() {
+                eprintln!("  step {i}: {step}");
+                run.step(step).await;
+            }
+        });
+    }
+}
