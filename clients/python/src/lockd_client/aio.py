@@ -24,7 +24,7 @@ from ._proto import lock_pb2 as pb
 from ._proto import lock_pb2_grpc as pb_grpc
 from .client import LostReason
 from .errors import (Busy, InvalidArgument, LeaseNotCurrent, LockdError, LockLost, Unavailable,
-                     from_rpc, is_transient)
+                     from_rpc, is_transient, never_sent)
 
 log = logging.getLogger("lockd_client")
 
@@ -77,14 +77,14 @@ class Client:
                 self._failed(i)
             raise
 
-    async def _call(self, name: str, request, timeout: float = 10.0):
+    async def _call(self, name: str, request, timeout: float = 10.0, repeatable: bool = True):
         last = None
         for _ in range(len(self._s.endpoints)):
             try:
                 return await self._call_once(name, request, timeout)
             except grpc.RpcError as e:
                 last = e
-                if not is_transient(e):
+                if not (is_transient(e) if repeatable else never_sent(e)):
                     break
         raise from_rpc(last) from None
 
@@ -144,7 +144,8 @@ class Client:
         return await self._call("Renew", pb.RenewRequest(resource=resource, lease_id=lease_id), timeout)
 
     async def release(self, resource: str, lease_id: str) -> bool:
-        r = await self._call("Release", pb.ReleaseRequest(resource=resource, lease_id=lease_id))
+        r = await self._call("Release", pb.ReleaseRequest(resource=resource, lease_id=lease_id),
+                                    repeatable=False)
         return r.released
 
     async def describe(self, resource: str) -> Description:

@@ -23,7 +23,7 @@ from ._core import (CALL_GRACE, CALL_WAIT_MAX, TRANSPORT_RETRY_FOR, Backoff, Des
 from ._proto import lock_pb2 as pb
 from ._proto import lock_pb2_grpc as pb_grpc
 from .errors import (Busy, Cancelled, InvalidArgument, LeaseNotCurrent, LockdError, LockLost,
-                     QuotaExceeded, Unavailable, from_rpc, is_transient)
+                     QuotaExceeded, Unavailable, from_rpc, is_transient, never_sent)
 
 log = logging.getLogger("lockd_client")
 
@@ -114,15 +114,17 @@ class Client:
                 self._eps.failed(i)
             raise
 
-    def _call(self, name: str, request, timeout: float = 10.0):
-        """A call that is safe to repeat: tried on each endpoint once while they are unreachable."""
+    def _call(self, name: str, request, timeout: float = 10.0, repeatable: bool = True):
+        """A call other than an acquire, tried on each endpoint in turn while they are unreachable
+        when it is `repeatable`; otherwise (a release: a repeat would end one more hold of a
+        reentrant lease) on another only when it was never sent."""
         last: Optional[grpc.RpcError] = None
         for _ in range(len(self._s.endpoints)):
             try:
                 return self._call_once(name, request, timeout)
             except grpc.RpcError as e:
                 last = e
-                if not is_transient(e):
+                if not (is_transient(e) if repeatable else never_sent(e)):
                     break
         assert last is not None
         raise from_rpc(last) from None
@@ -214,7 +216,8 @@ class Client:
 
     def release(self, resource: str, lease_id: str) -> bool:
         """Releases a lease (or one hold of a reentrant one); False when it was not current."""
-        r = self._call("Release", pb.ReleaseRequest(resource=resource, lease_id=lease_id))
+        r = self._call("Release", pb.ReleaseRequest(resource=resource, lease_id=lease_id),
+                                    repeatable=False)
         return r.released
 
     def describe(self, resource: str) -> Description:

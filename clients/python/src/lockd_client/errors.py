@@ -135,6 +135,13 @@ TRANSIENT = frozenset({
 })
 
 
+def never_sent(err: grpc.RpcError) -> bool:
+    """The call failed before it was sent: no connection to the endpoint could be made."""
+    details = (err.details() or "").lower()
+    return err.code() == grpc.StatusCode.UNAVAILABLE and (
+        "failed to connect" in details or "connection refused" in details)
+
+
 def is_transient(err: grpc.RpcError) -> bool:
     return err.code() in TRANSIENT and not is_tls_failure(err)
 
