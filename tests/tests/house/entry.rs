@@ -137,6 +137,18 @@ esac"
     for program in ["java", "node", "npm"] {
         write(program, format!("echo \"{program} $*\" >> {log:?}"));
     }
+    // Go, with an empty GOPATH: `go install` makes the program it names there.
+    let gopath = dir.join("gopath");
+    write(
+        "go",
+        format!(
+            "echo \"go $*\" >> {log:?}
+case \"$1\" in
+  env) echo {gopath:?} ;;
+  install) n=${{2%@*}}; mkdir -p {gopath:?}/bin && printf '#!/bin/sh\\n' > {gopath:?}/bin/${{n##*/}} && chmod +x {gopath:?}/bin/${{n##*/}} ;;
+esac"
+        ),
+    );
 }
 
 #[test]
@@ -163,6 +175,15 @@ fn on_a_new_polyglot_machine_it_builds_nextest_and_installs_the_drivers_into_pye
         out.contains("into /root/.pyenv/versions/3.11.7/bin/python3"),
         "{out}"
     );
+    for plugin in [
+        "google.golang.org/protobuf/cmd/protoc-gen-go@v1.36.12",
+        "google.golang.org/grpc/cmd/protoc-gen-go-grpc@v1.5.1",
+    ] {
+        assert!(
+            calls.contains(&format!("go install {plugin}\n")),
+            "the Go SDK's stub check gets its protoc plugins, pinned: {calls}"
+        );
+    }
     // The machine's runtimes are used: no Debian JDK, Node.js, Python or pip on top of them.
     assert!(!calls.contains("apt-get"), "{calls}");
     assert!(!calls.contains("break-system-packages"), "{calls}");
@@ -202,12 +223,20 @@ fn a_second_run_installs_nothing() {
         format!("#!/bin/sh\necho \"python3 $*\" >> {log:?}\n"),
     )
     .unwrap();
+    let bin = dir.path().join("gopath/bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    for plugin in ["protoc-gen-go", "protoc-gen-go-grpc"] {
+        std::fs::write(bin.join(plugin), "#!/bin/sh\n").unwrap();
+        std::fs::set_permissions(bin.join(plugin), std::fs::Permissions::from_mode(0o755))
+            .unwrap();
+    }
     let (code, out, calls) = x(dir.path(), &["deps", "test"]);
     assert_eq!(code, 0, "{out}\n{calls}");
     assert!(calls.contains("cargo nextest --version"), "{calls}");
     assert!(
         !calls.contains("cargo install")
             && !calls.contains("pip install")
+            && !calls.contains("go install")
             && !calls.contains("apt-get"),
         "{calls}"
     );
