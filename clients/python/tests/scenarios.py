@@ -232,6 +232,9 @@ class Run:
                 except AssertionError as e:
                     raise AssertionError(f"{self.scenario['name']}, step {i} {step}: {e}") from None
         finally:
+            # A failed step must not leave a lockd paused for the scenarios after it.
+            for server in self.paused_at:
+                self.bed.command(f"resume {server}")
             for t, cancel, _ in self.pending.values():
                 cancel.set()
             for lock in self.leases.values():

@@ -22,6 +22,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use anyhow::{Context, bail};
 use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
 use lockd_proto::v1::acquire_response::Outcome;
+use std::sync::Arc;
+
 use lockd_proto::v1::lock_service_client::LockServiceClient;
 use lockd_proto::v1::{AcquireRequest, ReleaseRequest, RenewRequest};
 use tonic::transport::{Channel, Endpoint};
@@ -29,6 +31,9 @@ use tonic::transport::{Channel, Endpoint};
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Target {
     Lockd,
+    /// lockd through the Rust SDK (`lockd_client`): a guard per grant, renewing until released
+    /// (closed loop of plain locks only), next to the other SDKs (bench/sdk.sh).
+    LockdSdk,
     Etcd,
     Redis,
 }
@@ -57,6 +62,8 @@ pub enum Held {
         key: String,
         holder: String,
     },
+    /// The Rust SDK's guard, until released.
+    Sdk(Arc<std::sync::Mutex<Option<lockd_client::LockGuard>>>),
 }
 
 /// How lockbench proves itself to lockd: the CA of its certificate (TLS), a client
@@ -71,6 +78,7 @@ pub struct Auth<'a> {
 /// is not the bottleneck).
 pub enum Backend {
     Lockd(Vec<LockServiceClient<Channel>>),
+    Sdk(Vec<lockd_client::Client>),
     Etcd(Vec<etcd_client::Client>),
     Redis(Vec<redis::aio::MultiplexedConnection>),
 }
@@ -158,6 +166,16 @@ impl Backend {
                 }
                 Backend::Lockd(v)
             }
+            Target::LockdSdk => {
+                if auth.ca.is_some() || auth.token_file.is_some() {
+                    bail!("--target lockd-sdk is for a plaintext lockd without a policy");
+                }
+                let mut v = Vec::new();
+                for _ in 0..n {
+                    v.push(lockd_client::Client::connect(endpoint)?);
+                }
+                Backend::Sdk(v)
+            }
             Target::Etcd => {
                 let mut v = Vec::new();
                 for _ in 0..n {
@@ -194,6 +212,18 @@ impl Backend {
     pub async fn acquire(&self, resource: &str, ttl_ms: u64) -> anyhow::Result<Option<Held>> {
         match self {
             Backend::Lockd(v) => lockd_take(Self::pick(v), resource, ttl_ms, 0, (0, 0)).await,
+            Backend::Sdk(v) => {
+                let opts = lockd_client::AcquireOptions {
+                    ttl: Some(std::time::Duration::from_millis(ttl_ms)),
+                    ..lockd_client::AcquireOptions::default()
+                };
+                Ok(match Self::pick(v).acquire(resource, opts).await? {
+                    lockd_client::Acquired::Granted(g) => {
+                        Some(Held::Sdk(Arc::new(std::sync::Mutex::new(Some(g)))))
+                    }
+                    lockd_client::Acquired::NotGranted(_) => None,
+                })
+            }
             Backend::Etcd(v) => {
                 let lease =
                     etcd_take(Self::pick(v), &[format!("/locks/{resource}")], ttl_ms).await?;
@@ -229,6 +259,7 @@ impl Backend {
         ttl_ms: u64,
     ) -> anyhow::Result<Option<Vec<Held>>> {
         match self {
+            Backend::Sdk(_) => bail!("--target lockd-sdk measures plain locks only (closed loop)"),
             Backend::Lockd(v) => {
                 let req = lockd_proto::v1::AcquireAllRequest {
                     resources: resources.to_vec(),
@@ -318,6 +349,7 @@ impl Backend {
         wait: std::time::Duration,
     ) -> anyhow::Result<Option<Held>> {
         match self {
+            Backend::Sdk(_) => bail!("--target lockd-sdk measures plain locks only (closed loop)"),
             Backend::Lockd(v) => {
                 let wait_ms = wait.as_millis() as u64;
                 lockd_take(Self::pick(v), semaphore, ttl_ms, wait_ms, (permits, 0)).await
@@ -351,6 +383,7 @@ impl Backend {
         wait: std::time::Duration,
     ) -> anyhow::Result<Option<Held>> {
         match self {
+            Backend::Sdk(_) => bail!("--target lockd-sdk measures plain locks only (closed loop)"),
             Backend::Lockd(v) => {
                 use lockd_proto::v1::acquire_request::Mode;
                 let mode = if reads { Mode::Read } else { Mode::Write };
@@ -413,6 +446,12 @@ impl Backend {
                 Self::pick(v)
                     .release(authed(ReleaseRequest { resource, lease_id }))
                     .await?;
+            }
+            (Backend::Sdk(_), Held::Sdk(guard)) => {
+                let guard = guard.lock().expect("not poisoned").take();
+                if let Some(g) = guard {
+                    g.release().await?;
+                }
             }
             (Backend::Etcd(v), Held::Etcd { lease }) => {
                 Self::pick(v).lease_revoke(lease).await?;

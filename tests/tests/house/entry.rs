@@ -227,8 +227,7 @@ fn a_second_run_installs_nothing() {
     std::fs::create_dir_all(&bin).unwrap();
     for plugin in ["protoc-gen-go", "protoc-gen-go-grpc"] {
         std::fs::write(bin.join(plugin), "#!/bin/sh\n").unwrap();
-        std::fs::set_permissions(bin.join(plugin), std::fs::Permissions::from_mode(0o755))
-            .unwrap();
+        std::fs::set_permissions(bin.join(plugin), std::fs::Permissions::from_mode(0o755)).unwrap();
     }
     let (code, out, calls) = x(dir.path(), &["deps", "test"]);
     assert_eq!(code, 0, "{out}\n{calls}");

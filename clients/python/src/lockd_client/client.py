@@ -11,6 +11,7 @@ See docs/clients/python.md.
 from __future__ import annotations
 
 import enum
+import heapq
 import logging
 import threading
 import time
@@ -77,6 +78,50 @@ class _Endpoints:
             self._stubs = [None] * len(self._stubs)
 
 
+class _Renewer:
+    """One thread per client that wakes each held lock when its renewal or its local deadline
+    is due, and sends renewals without waiting for them (their answers arrive on gRPC's own
+    threads): a held lock costs no thread, and a slow answer delays no other lock."""
+
+    def __init__(self) -> None:
+        self._heap: List[tuple] = []
+        self._seq = 0
+        self._ended = 0
+        self._cv = threading.Condition()
+        self._thread: Optional[threading.Thread] = None
+
+    def forget(self) -> None:
+        """A lock ended: its entries are dropped when they are due, or all at once when they
+        are most of the heap (so that it stays within twice the held locks)."""
+        with self._cv:
+            self._ended += 1
+            if self._ended > 1024 and self._ended * 2 > len(self._heap):
+                self._heap = [e for e in self._heap if not e[2]._ended]
+                heapq.heapify(self._heap)
+                self._ended = 0
+
+    def wake(self, lock: "Lock", at: float) -> None:
+        with self._cv:
+            self._seq += 1
+            heapq.heappush(self._heap, (at, self._seq, lock))
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="lockd-renew", daemon=True)
+                self._thread.start()
+            if self._heap[0][2] is lock:
+                self._cv.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                while not self._heap or self._heap[0][0] > time.monotonic():
+                    self._cv.wait(None if not self._heap else self._heap[0][0] - time.monotonic())
+                _, _, lock = heapq.heappop(self._heap)
+            try:
+                lock._due()
+            except Exception:  # a bug in one lock's step must not stop every other's renewal
+                log.exception("renewal step of %s failed", lock.resource)
+
+
 class Client:
     """A client of one or several lockd endpoints (any instance serves; after UNAVAILABLE the
     next is tried). Thread-safe; share one per process.
@@ -92,6 +137,7 @@ class Client:
                  token_file: Optional[str] = None, holder: Optional[str] = None):
         self._s = _core.settings(endpoints, ca, cert, key, token, token_file, holder)
         self._eps = _Endpoints(self._s)
+        self._renewer = _Renewer()
 
     def close(self) -> None:
         """Closes the connections. Locks still held stop renewing when their next renewal fails."""
@@ -156,16 +202,20 @@ class Client:
                                         owner, permits, mode, downgrade)
             i, stub = self._eps.stub()
             sent = time.monotonic()
-            future = stub.Acquire.future(req, timeout=call_wait + CALL_GRACE, metadata=self._s.metadata)
-            if cancel is not None:
-                done = threading.Event()
-                future.add_done_callback(lambda _f: done.set())
-                while not done.wait(0.05):
-                    if cancel.is_set():
-                        future.cancel()
-                        raise Cancelled(f"the acquire of {resource} was cancelled")
             try:
-                resp = future.result()
+                if cancel is None:
+                    # The blocking call: a future costs gRPC a thread per call.
+                    resp = stub.Acquire(req, timeout=call_wait + CALL_GRACE, metadata=self._s.metadata)
+                else:
+                    future = stub.Acquire.future(req, timeout=call_wait + CALL_GRACE,
+                                                 metadata=self._s.metadata)
+                    done = threading.Event()
+                    future.add_done_callback(lambda _f: done.set())
+                    while not done.wait(0.05):
+                        if cancel.is_set():
+                            future.cancel()
+                            raise Cancelled(f"the acquire of {resource} was cancelled")
+                    resp = future.result()
             except grpc.FutureCancelledError:
                 raise Cancelled(f"the acquire of {resource} was cancelled") from None
             except grpc.RpcError as e:
@@ -213,6 +263,24 @@ class Client:
     def renew(self, resource: str, lease_id: str, timeout: float = 10.0) -> "pb.RenewResponse":
         """Renews a lease once (a Lock does this by itself)."""
         return self._call("Renew", pb.RenewRequest(resource=resource, lease_id=lease_id), timeout)
+
+    def _renew_async(self, resource: str, lease_id: str, timeout: float, done: Callable) -> None:
+        """Sends one renewal to the current endpoint; `done(error or None)` gets the outcome."""
+        i, stub = self._eps.stub()
+        future = stub.Renew.future(pb.RenewRequest(resource=resource, lease_id=lease_id),
+                                   timeout=timeout, metadata=self._s.metadata)
+
+        def finished(f) -> None:
+            try:
+                f.result()
+            except grpc.RpcError as e:
+                if is_transient(e):
+                    self._eps.failed(i)
+                return done(from_rpc(e))
+            except Exception as e:  # cancelled: the channel closed
+                return done(Unavailable(f"the renewal was not answered: {e!r}"))
+            done(None)
+        future.add_done_callback(finished)
 
     def release(self, resource: str, lease_id: str) -> bool:
         """Releases a lease (or one hold of a reentrant one); False when it was not current."""
@@ -301,11 +369,11 @@ class Lock:
         self.deadline = extended_at + lease.ttl - _core.safety_margin(lease.ttl)
         self._callbacks: List[Callable] = [on_lost] if on_lost else []
         self._cb_lock = threading.Lock()
-        self._stop = threading.Event()
         self._ended = False
-        self._thread = threading.Thread(target=self._renew_loop, name=f"lockd-renew {lease.resource}",
-                                        daemon=True)
-        self._thread.start()
+        self._in_flight = False
+        self._backoff = Backoff()
+        self._next_at = time.monotonic() + _core.jittered(lease.ttl / 3)
+        client._renewer.wake(self, min(self._next_at, self.deadline))
 
     resource = property(lambda self: self.lease.resource)
     token = property(lambda self: self.lease.token, doc="The fencing token's number.")
@@ -334,7 +402,7 @@ class Lock:
 
     def _lose(self, reason: LostReason, detail: str) -> None:
         with self._cb_lock:
-            if self._stop.is_set():
+            if self._ended or self.lost.is_set():
                 return
             self.lost_reason, self.lost_detail = reason, detail
             self.lost.set()
@@ -346,46 +414,59 @@ class Lock:
             except Exception:
                 log.exception("an on_lost callback failed")
 
-    def _renew_loop(self) -> None:
-        ttl = self.lease.ttl
-        interval, margin = ttl / 3, _core.safety_margin(ttl)
-        next_at = time.monotonic() + _core.jittered(interval)
-        backoff = Backoff()
-        while True:
-            wake = min(next_at, self.deadline)
-            if self._stop.wait(max(wake - time.monotonic(), 0.0)):
+    def _due(self) -> None:
+        """The renewer's wake-up: the local deadline passed, or a renewal is due."""
+        with self._cb_lock:
+            if self._ended or self.lost.is_set():
                 return
             now = time.monotonic()
             if now >= self.deadline:
-                return self._lose(LostReason.DEADLINE_PASSED,
-                                  "no renewal was confirmed before the lease's local deadline")
-            if now < next_at:
-                continue
-            sent = time.monotonic()
-            try:
-                self._client.renew(self.lease.resource, self.lease.lease_id,
-                                   timeout=max(self.deadline - sent, 0.001))
-            except LeaseNotCurrent as e:
-                return self._lose(LostReason.NOT_CURRENT, str(e))
-            except Unavailable as e:
-                log.warning("renewal of %s failed (%s); retrying until the local deadline", self.resource, e)
-                next_at = time.monotonic() + backoff.next_delay()
-            except LockdError as e:
-                return self._lose(LostReason.RENEW_REFUSED, str(e))
+                lose = True      # even with a renewal in flight: its answer comes too late
+            elif self._in_flight:
+                return
+            elif now < self._next_at:
+                self._client._renewer.wake(self, min(self._next_at, self.deadline))
+                return
             else:
-                self.deadline = sent + ttl - margin
-                backoff.reset()
-                next_at = sent + _core.jittered(interval)
+                lose = False
+                self._in_flight = True
+        if lose:
+            return self._lose(LostReason.DEADLINE_PASSED,
+                              "no renewal was confirmed before the lease's local deadline")
+        sent = time.monotonic()
+        # Until the answer comes, the deadline must still fire: wake then too.
+        self._client._renewer.wake(self, self.deadline)
+        self._client._renew_async(self.lease.resource, self.lease.lease_id,
+                                  max(self.deadline - sent, 0.001), lambda e: self._answered(sent, e))
+
+    def _answered(self, sent: float, error: Optional[LockdError]) -> None:
+        ttl = self.lease.ttl
+        with self._cb_lock:
+            self._in_flight = False
+            if self._ended or self.lost.is_set():
+                return
+            if error is None:
+                self.deadline = sent + ttl - _core.safety_margin(ttl)
+                self._backoff.reset()
+                self._next_at = sent + _core.jittered(ttl / 3)
+            elif isinstance(error, Unavailable):
+                log.warning("renewal of %s failed (%s); retrying until the local deadline", self.resource, error)
+                self._next_at = time.monotonic() + self._backoff.next_delay()
+        if error is None or isinstance(error, Unavailable):
+            self._client._renewer.wake(self, min(self._next_at, self.deadline))
+        elif isinstance(error, LeaseNotCurrent):
+            self._lose(LostReason.NOT_CURRENT, str(error))
+        else:
+            self._lose(LostReason.RENEW_REFUSED, str(error))
 
     def _stop_renewing(self) -> bool:
-        """Stops the renewal thread; False if the lock had already ended."""
+        """Stops renewing; False if the lock had already ended. A renewal in flight may still
+        be answered: its answer is ignored."""
         with self._cb_lock:
             if self._ended:
                 return False
             self._ended = True
-            self._stop.set()
-        if self._thread is not threading.current_thread():
-            self._thread.join()
+        self._client._renewer.forget()
         return True
 
     def release(self) -> bool:
