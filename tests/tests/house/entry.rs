@@ -134,7 +134,7 @@ case \"$*\" in
 esac"
         ),
     );
-    for program in ["java", "node", "npm"] {
+    for program in ["java", "mvn", "node", "npm"] {
         write(program, format!("echo \"{program} $*\" >> {log:?}"));
     }
     // Go, with an empty GOPATH: `go install` makes the program it names there.
