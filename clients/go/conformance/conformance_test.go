@@ -432,6 +432,15 @@ func (r *run) step(step map[string]any) error {
 		if err != nil || !ok {
 			return fmt.Errorf("end_behind %s: released %v, %v", str(step, "lease"), ok, err)
 		}
+	case "release_by_id":
+		l := r.leases[str(step, "lease")].first()
+		ok, err := r.clients[str(step, "client")].Release(ctx, l.Resource(), l.LeaseID())
+		if err != nil {
+			return fmt.Errorf("release_by_id %s: %v", str(step, "lease"), err)
+		}
+		if want, _ := step["expect"].(bool); ok != want {
+			return fmt.Errorf("release_by_id %s: released %v, expected %v", str(step, "lease"), ok, want)
+		}
 	case "describe":
 		d, err := r.clients[str(step, "client")].Describe(ctx, r.s(step["resource"]))
 		if err != nil {

@@ -148,6 +148,10 @@ class Run:
         elif op == "end_behind":
             lock = self.leases[step["lease"]]
             assert self.clients_of_lock(lock).release(lock.resource, lock.lease.lease_id)
+        elif op == "release_by_id":
+            lock = self.leases[step["lease"]]
+            got = self.clients[step["client"]].release(lock.resource, lock.lease.lease_id)
+            assert got == step["expect"], f"release_by_id of {step['lease']}: {got}"
         elif op == "describe":
             d = self.clients[step["client"]].describe(self.s(step["resource"]))
             if "held" in step:

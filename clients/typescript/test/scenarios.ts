@@ -218,6 +218,12 @@ export class Run {
         assert.ok(await this.leaseClient.get(step.lease)!.release(lock.resource, lock.lease.leaseId), "end_behind: not current");
         return;
       }
+      case "release_by_id": {
+        const lock = this.lock(step.lease);
+        const got = await this.clients.get(step.client)!.release(lock.resource, lock.lease.leaseId);
+        assert.equal(got, step.expect, `release_by_id of ${step.lease}`);
+        return;
+      }
       case "describe": {
         const d = await this.clients.get(step.client)!.describe(this.s(step.resource));
         if (step.held !== undefined) assert.equal(d.held, step.held, `describe: ${JSON.stringify({ ...d, token: String(d.token) })}`);

@@ -310,6 +310,15 @@ impl Run<'_> {
                 let l = &self.leases[step["lease"].as_str().unwrap()];
                 assert!(l.client.release(&l.resource, &l.lease_id).await.unwrap());
             }
+            "release_by_id" => {
+                let l = &self.leases[step["lease"].as_str().unwrap()];
+                let got = client().release(&l.resource, &l.lease_id).await.unwrap();
+                assert_eq!(
+                    Some(got),
+                    step["expect"].as_bool(),
+                    "release_by_id of {step}"
+                );
+            }
             "describe" => {
                 let d = client().describe(&self.s(&step["resource"])).await.unwrap();
                 if let Some(held) = step["held"].as_bool() {
@@ -469,7 +478,7 @@ fn every_scenario_of_the_suite_passes_with_the_rust_sdk() {
         .expect("the conformance suite");
     let suite: Value = serde_json::from_str(&text).expect("scenarios.json is JSON");
     let scenarios = suite["scenarios"].as_array().expect("scenarios");
-    assert!(scenarios.len() >= 17, "the suite lost scenarios");
+    assert!(scenarios.len() >= 18, "the suite lost scenarios");
     let mut bed = Bed::start();
     let rt = tokio::runtime::Runtime::new().unwrap();
     for (n, scenario) in scenarios.iter().enumerate() {

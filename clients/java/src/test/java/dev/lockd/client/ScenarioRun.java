@@ -267,6 +267,11 @@ final class ScenarioRun {
                 Lock lock = lock(step.get("lease").asText());
                 assertTrue(lock.client().release(lock.resource(), lock.leaseId()), "end_behind: not current");
             }
+            case "release_by_id" -> {
+                Lock lock = lock(step.get("lease").asText());
+                boolean got = clients.get(step.get("client").asText()).release(lock.resource(), lock.leaseId());
+                assertEquals(step.get("expect").asBoolean(), got, "release_by_id of " + step.get("lease").asText());
+            }
             case "describe" -> {
                 Description d = clients.get(step.get("client").asText()).describe(s(step.get("resource").asText()));
                 if (step.has("held")) {
