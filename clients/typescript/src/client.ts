@@ -530,8 +530,21 @@ export class Client {
  */
 export class Lock extends EventEmitter {
   readonly lease: Lease;
-  /** Aborts when the lock is lost (reason: a LockLost) or released. Give it to fetch & co. */
-  readonly signal: AbortSignal;
+  /**
+   * Aborts when the lock is lost (reason: a LockLost) or released. Give it to fetch & co. Made
+   * on first use: a lock whose signal nobody reads costs no AbortController.
+   */
+  get signal(): AbortSignal {
+    if (this.controller === null) {
+      this.controller = new AbortController();
+      if (this.lostReason !== null) {
+        this.controller.abort(this.lostError());
+      } else if (this.ended) {
+        this.controller.abort(this.releasedError());
+      }
+    }
+    return this.controller.signal;
+  }
   /** Why the lock was lost, or null while it is not. */
   lostReason: LostReason | null = null;
   lostDetail = "";
@@ -539,7 +552,7 @@ export class Lock extends EventEmitter {
   deadline: number;
 
   private readonly client: Client;
-  private readonly controller = new AbortController();
+  private controller: AbortController | null = null;
   private ended = false;
   private renewTimer: NodeJS.Timeout | null = null;
   private deadlineTimer: NodeJS.Timeout | null = null;
@@ -552,7 +565,6 @@ export class Lock extends EventEmitter {
     super();
     this.client = client;
     this.lease = lease;
-    this.signal = this.controller.signal;
     this.deadline = extendedAt + lease.ttlMs - safetyMargin(lease.ttlMs);
     if (onLost) this.once("lost", onLost);
     this.nextAt = extendedAt + jittered(lease.ttlMs / 3);
@@ -658,13 +670,21 @@ export class Lock extends EventEmitter {
     this.lostReason = reason;
     this.lostDetail = detail;
     this.stopTimers();
-    const error = new LockLost(`the lock of ${this.resource} (token ${this.token}) was lost: ${reason}: ${detail}`, reason);
-    this.controller.abort(error);
+    this.controller?.abort(this.lostError());
     try {
       this.emit("lost", reason, this);
     } catch (e) {
       process.emitWarning(`a 'lost' listener of the lock of ${this.resource} threw: ${e}`);
     }
+  }
+
+  private lostError(): LockLost {
+    const reason = this.lostReason ?? "released";
+    return new LockLost(`the lock of ${this.resource} (token ${this.token}) was lost: ${reason}: ${this.lostDetail}`, reason);
+  }
+
+  private releasedError(): LockLost {
+    return new LockLost(`the lock of ${this.resource} was released`, "released");
   }
 
   /** Stops renewing; false if the lock had already ended. */
@@ -682,8 +702,8 @@ export class Lock extends EventEmitter {
    */
   async release(): Promise<boolean> {
     if (!this.stopRenewing()) return false;
-    if (!this.controller.signal.aborted) {
-      this.controller.abort(new LockLost(`the lock of ${this.resource} was released`, "released"));
+    if (this.controller !== null && !this.controller.signal.aborted) {
+      this.controller.abort(this.releasedError());
     }
     return this.client.release(this.lease.resource, this.lease.leaseId);
   }

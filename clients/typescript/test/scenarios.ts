@@ -14,6 +14,7 @@ import {
   InvalidArgument,
   Lock,
   LockdError,
+  LockLost,
   LockSet,
   PermissionDenied,
   StaleToken,
@@ -209,8 +210,11 @@ export class Run {
         return;
       }
       case "release": {
-        const got = await this.leases.get(step.lease)!.release();
+        const held = this.leases.get(step.lease)!;
+        const signal = held.signal; // read before: made now, aborted by the release
+        const got = await held.release();
         assert.equal(got, step.expect, `release of ${step.lease}: ${got}`);
+        assert.ok(signal.aborted && held.signal.aborted, `release of ${step.lease}: its signal did not abort`);
         return;
       }
       case "end_behind": {
@@ -249,7 +253,8 @@ export class Run {
         if (!lock.lost) {
           await within(60_000, new Promise((r) => lock.once("lost", r)), `${step.lease}: no loss signalled`);
         }
-        assert.ok(lock.signal.aborted, "the lock's signal is not aborted");
+        // Read after the loss: made then, already aborted, with the loss as its reason.
+        assert.ok(lock.signal.aborted && lock.signal.reason instanceof LockLost, "the lock's signal is not aborted");
         const lostAt = this.lostAt.get(lock)!;
         if (step.within_ttl_of_pause) {
           const paused = Math.max(...this.pausedAt.values());
