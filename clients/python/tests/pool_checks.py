@@ -29,6 +29,7 @@ def check_pools(pg, lock, key):
             tx.execute(UPSERT.format("%s", "%s"), (key, "psycopg"))
             pid = tx.execute("SELECT pg_backend_pid()").fetchone()[0]
         _clean(conn.execute(SETTINGS).fetchone(), pid, "psycopg")
+        conn.commit()  # the read began a transaction (autocommit off); the helper needs none open
         try:
             with fence.transaction(conn, lock) as tx:
                 tx.execute(UPSERT.format("%s", "%s"), (key, "psycopg-failed"))

@@ -96,7 +96,7 @@ def test_fence_refuses_unknown_targets_and_autocommit_psycopg2(testbed):
     conn = psycopg2.connect(testbed.servers["pg"]["dsn"])
     conn.autocommit = True
     try:
-        with pytest.raises(ValueError, match="autocommit"):
+        with pytest.raises(lockd_client.InvalidArgument, match="autocommit"):
             with fence.transaction(conn, lease):
                 pass
     finally:

@@ -200,6 +200,14 @@ def _read(path: Optional[str], what: str) -> Optional[bytes]:
         raise InvalidArgument(f"cannot read the {what} {path}: {e.strerror}") from None
 
 
+def _pem(path: Optional[str], what: str, kind: bytes) -> Optional[bytes]:
+    """A PEM file of `kind` (a certificate, a private key), read and checked at once."""
+    data = _read(path, what)
+    if data is not None and not re.search(rb"-----BEGIN [A-Z0-9 ]*" + kind + rb"-----", data):
+        raise InvalidArgument(f"the {what} {path} holds no PEM {kind.decode().lower()}")
+    return data
+
+
 def settings(endpoints: Union[str, Sequence[str], None], ca: Optional[str], cert: Optional[str],
              key: Optional[str], token: Optional[str], token_file: Optional[str],
              holder: Optional[str]) -> Settings:
@@ -220,9 +228,9 @@ def settings(endpoints: Union[str, Sequence[str], None], ca: Optional[str], cert
     credentials = None
     if tls:
         credentials = grpc.ssl_channel_credentials(
-            root_certificates=_read(ca, "CA file"),
-            private_key=_read(key, "client key"),
-            certificate_chain=_read(cert, "client certificate"))
+            root_certificates=_pem(ca, "CA file", b"CERTIFICATE"),
+            private_key=_pem(key, "client key", b"PRIVATE KEY"),
+            certificate_chain=_pem(cert, "client certificate", b"CERTIFICATE"))
     if token is not None and token_file is not None:
         raise InvalidArgument("give a bearer token or a token file, not both")
     if token_file is not None:
@@ -259,10 +267,10 @@ def acquire_request(resource: str, request_id: str, ttl: Optional[float], wait: 
 def check_acquire(resource: str, ttl: Optional[float], wait: float, owner: Optional[str],
                   permits: int, mode: Mode) -> None:
     check_resource(resource)
-    if ttl is not None and not ttl > 0:
-        raise InvalidArgument(f"ttl must be positive seconds, not {ttl!r}")
-    if not wait >= 0:
-        raise InvalidArgument(f"wait must be zero or positive seconds, not {wait!r}")
+    if ttl is not None and not (isinstance(ttl, (int, float)) and 0 < ttl < 4294967.0):
+        raise InvalidArgument(f"ttl must be positive seconds below 4294967 (lockd's limit), not {ttl!r}")
+    if not (isinstance(wait, (int, float)) and wait >= 0):
+        raise InvalidArgument(f"wait must be zero or positive seconds (math.inf: for ever), not {wait!r}")
     if not isinstance(permits, int) or not 0 <= permits <= 1000:
         raise InvalidArgument(f"permits must be 0 (a lock) or 1..1000, not {permits!r}")
     if owner is not None and (permits or mode is not Mode.EXCLUSIVE):
@@ -286,6 +294,8 @@ def not_granted(resource: str, ng: "pb.NotGranted", waited: bool):
 
 
 def sorted_unique(resources: Sequence[str]) -> List[str]:
+    if isinstance(resources, (str, bytes)):
+        raise InvalidArgument("a set is a list of resource names, not one string")
     for r in resources:
         check_resource(r)
     if len(set(resources)) != len(resources):

@@ -40,8 +40,11 @@ class Client:
         self._channels: List[Optional[grpc.aio.Channel]] = [None] * len(self._s.endpoints)
         self._stubs: List[Optional[pb_grpc.LockServiceStub]] = [None] * len(self._s.endpoints)
         self._current = 0
+        self._cleanups: set = set()
 
     async def close(self) -> None:
+        if self._cleanups:  # the clean-ups of cancelled acquires finish first
+            await asyncio.gather(*self._cleanups, return_exceptions=True)
         for ch in self._channels:
             if ch is not None:
                 await ch.close()
@@ -109,6 +112,9 @@ class Client:
             sent = time.monotonic()
             try:
                 resp = await self._call_once("Acquire", req, call_wait + CALL_GRACE)
+            except asyncio.CancelledError:
+                self._forget_abandoned(req)
+                raise
             except grpc.RpcError as e:
                 exhausted = e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
                 budget = deadline if exhausted else deadline + TRANSPORT_RETRY_FOR
@@ -135,6 +141,25 @@ class Client:
                 else:
                     raise Unavailable("lockd sent an empty AcquireResponse")
             await asyncio.sleep(backoff.next_delay())
+
+    def _forget_abandoned(self, req: "pb.AcquireRequest") -> None:
+        """As `lockd_client.Client`'s: after a cancelled wait, in a task of its own, ask once
+        more under the same request id without waiting, and release whatever that grants."""
+        again = pb.AcquireRequest()
+        again.CopyFrom(req)
+        again.wait_timeout_ms = 0
+
+        async def clean_up() -> None:
+            try:
+                resp = await self._call("Acquire", again, CALL_GRACE)
+                if resp.WhichOneof("outcome") == "granted":
+                    await self.release(resp.granted.resource or again.resource, resp.granted.lease_id)
+            except LockdError as e:
+                log.warning("after a cancelled acquire of %s: %s (a lease granted as it was cancelled "
+                            "ends at its TTL)", again.resource, e)
+        task = asyncio.get_running_loop().create_task(clean_up())
+        self._cleanups.add(task)
+        task.add_done_callback(self._cleanups.discard)
 
     def lock(self, resource: str, **kwargs) -> "_Acquiring":
         """`async with client.lock(resource, ...) as lock:` acquires, and releases at the end."""

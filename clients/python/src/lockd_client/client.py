@@ -214,6 +214,7 @@ class Client:
                     while not done.wait(0.05):
                         if cancel.is_set():
                             future.cancel()
+                            self._forget_abandoned(req)
                             raise Cancelled(f"the acquire of {resource} was cancelled")
                     resp = future.result()
             except grpc.FutureCancelledError:
@@ -255,6 +256,25 @@ class Client:
                     raise Cancelled(f"the acquire of {resource} was cancelled")
             else:
                 time.sleep(pause)
+
+    def _forget_abandoned(self, req: "pb.AcquireRequest") -> None:
+        """An acquire given up while it waited may have been granted as it was cancelled, its
+        answer dropped: nobody would renew or release that lease until its TTL ran out. In
+        the background, ask once more under the same request id without waiting, and release
+        whatever that grants (the original grant, or a new one)."""
+        again = pb.AcquireRequest()
+        again.CopyFrom(req)
+        again.wait_timeout_ms = 0
+
+        def clean_up() -> None:
+            try:
+                resp = self._call("Acquire", again, CALL_GRACE)
+                if resp.WhichOneof("outcome") == "granted":
+                    self.release(resp.granted.resource or again.resource, resp.granted.lease_id)
+            except LockdError as e:
+                log.warning("after a cancelled acquire of %s: %s (a lease granted as it was cancelled "
+                            "ends at its TTL)", again.resource, e)
+        threading.Thread(target=clean_up, name="lockd-cancelled-acquire", daemon=True).start()
 
     def lock(self, resource: str, **kwargs) -> "Lock":
         """`acquire`, for `with client.lock(...) as lock:` (released when the block ends)."""
@@ -298,7 +318,7 @@ class Client:
         """Takes every resource at once, or none (one commit at lockd; at most 32). Try-only at
         lockd: with a wait, asked again with backoff until it ends. Raises `Busy` /
         `WaitTimedOut` naming the first held member."""
-        _core.sorted_unique(list(resources))
+        _core.sorted_unique(resources)
         request_id = request_id or _core.new_request_id()
         deadline = time.monotonic() + wait
         backoff = Backoff()
@@ -333,7 +353,7 @@ class Client:
                         holder: Optional[str] = None, cancel: Optional[threading.Event] = None) -> "LockSet":
         """Takes each lock in sorted order, waiting in each queue, within one `wait`; on any
         failure releases those taken, last first. Two callers never deadlock."""
-        ordered = _core.sorted_unique(list(resources))
+        ordered = _core.sorted_unique(resources)
         deadline = time.monotonic() + wait
         taken: List[Lock] = []
         try:

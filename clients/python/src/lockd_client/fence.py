@@ -22,9 +22,10 @@ from __future__ import annotations
 
 import contextlib
 import json
+import urllib.parse
 from typing import Any, Optional
 
-from .errors import FenceRefused, StaleToken
+from .errors import FenceRefused, InvalidArgument, StaleToken
 
 #: The statement that declares a lock's resource and token for the current transaction only.
 DECLARE = "SELECT set_config('fencing.resource', {r}, true), set_config('fencing.token', {t}, true)"
@@ -74,6 +75,34 @@ def _kind(target: Any) -> str:
                     "psycopg2 or SQLAlchemy connection (asyncpg: fence.atransaction)")
 
 
+class NotIdle(InvalidArgument):
+    """The connection given to a fencing helper is already in a transaction."""
+
+
+def _refuse_open(what: str) -> None:
+    # The helper's declaration lives until its own transaction ends. Run inside a caller's
+    # transaction it would be a savepoint's (which RELEASE SAVEPOINT keeps in force, so the
+    # caller's later writes would be judged with this lock's token), or it would commit the
+    # caller's earlier writes under this lock's token: never.
+    raise NotIdle(f"fence: the {what} is already in a transaction; the fencing helper opens its own "
+                  "transaction (commit or roll back the open one first, or use another connection)")
+
+
+def _check_idle(kind: str, target: Any) -> None:
+    if kind == "psycopg":
+        from psycopg.pq import TransactionStatus
+        if target.info.transaction_status != TransactionStatus.IDLE:
+            _refuse_open("psycopg connection")
+    elif kind == "psycopg2":
+        from psycopg2.extensions import TRANSACTION_STATUS_IDLE
+        if target.get_transaction_status() != TRANSACTION_STATUS_IDLE:
+            _refuse_open("psycopg2 connection")
+    elif kind == "sqlalchemy":
+        from sqlalchemy.engine import Engine
+        if not isinstance(target, Engine) and target.in_transaction():
+            _refuse_open("SQLAlchemy connection or session")
+
+
 @contextlib.contextmanager
 def transaction(target: Any, lock: Any):
     """A transaction in which `lock`'s resource and token are declared; commits at the end of
@@ -81,6 +110,7 @@ def transaction(target: Any, lock: Any):
     a psycopg2 cursor, a SQLAlchemy connection (from an Engine, or the Connection or Session
     given). A fence refusal is raised as `StaleToken` / `FenceRefused`."""
     kind = _kind(target)
+    _check_idle(kind, target)
     resource, token = lock.resource, lock.fence_token
     with _translated():
         if kind == "psycopg":
@@ -89,7 +119,7 @@ def transaction(target: Any, lock: Any):
                 yield target
         elif kind == "psycopg2":
             if target.autocommit:
-                raise ValueError("fence.transaction needs a psycopg2 connection with autocommit off: "
+                raise InvalidArgument("fence.transaction needs a psycopg2 connection with autocommit off: "
                                  "in autocommit the token would hold for its own statement only")
             # `with conn` commits at the end (or rolls back) and leaves the connection open.
             with target:
@@ -120,14 +150,19 @@ async def atransaction(target: Any, lock: Any):
         if module.startswith("asyncpg"):
             if hasattr(target, "acquire") and not hasattr(target, "transaction"):
                 async with target.acquire() as conn:
+                    if conn.is_in_transaction():
+                        _refuse_open("asyncpg connection")
                     async with conn.transaction():
                         await conn.execute(DECLARE.format(r="$1", t="$2"), resource, token)
                         yield conn
             else:
+                if target.is_in_transaction():
+                    _refuse_open("asyncpg connection")
                 async with target.transaction():
                     await target.execute(DECLARE.format(r="$1", t="$2"), resource, token)
                     yield target
         elif module.startswith("psycopg"):
+            _check_idle("psycopg", target)
             async with target.transaction():
                 await target.execute(DECLARE.format(r="%s", t="%s"), (resource, token))
                 yield target
@@ -182,8 +217,22 @@ class Auth:
 
     @staticmethod
     def _check(response, *args, **kwargs):
+        if response.is_redirect:
+            # requests builds the next request from this one after the hooks ran: to another
+            # origin, it goes without the token (a write capability), as Authorization does.
+            location = urllib.parse.urljoin(response.url, response.headers.get("location", ""))
+            if _origin(location) != _origin(response.request.url):
+                for name in ("Fencing-Resource", "Fencing-Token"):
+                    response.request.headers.pop(name, None)
+            return response
         check_response(response.status_code, response.content, response.headers.get("content-type", ""))
         return response
+
+
+def _origin(url: str) -> tuple:
+    parts = urllib.parse.urlsplit(str(url))
+    port = parts.port or {"http": 80, "https": 443}.get(parts.scheme)
+    return parts.scheme, (parts.hostname or "").lower(), port
 
 
 def _httpx_auth_base():
@@ -205,4 +254,10 @@ class HttpxAuth(_httpx_auth_base()):
     def auth_flow(self, request):
         request.headers.update(headers(self.lock))
         response = yield request
+        # httpx follows redirects (follow_redirects=True; off by default) without asking its
+        # auth, keeping these headers: say so loudly if one crossed to another origin.
+        hops = [r.request.url for r in response.history] + [response.request.url]
+        if any(_origin(h) != _origin(hops[0]) for h in hops):
+            raise FenceRefused("fence: httpx followed a redirect to another origin with the fencing headers; "
+                               "keep follow_redirects off with HttpxAuth", "redirected", response.status_code)
         check_response(response.status_code, response.content, response.headers.get("content-type", ""))
