@@ -144,6 +144,58 @@ impl Endpoints {
     }
 }
 
+/// An acquire that waits at lockd, and what to do if its caller drops it before the answer:
+/// lockd may have granted it just as it was dropped, a lease that nobody would renew or release
+/// until its TTL ran out. Dropped armed, it asks once more in the background, under the same
+/// request id and without waiting, and releases whatever that grants (the original grant, or
+/// a new one made because the original was never granted and the lock is now free).
+pub(crate) struct Abandoned {
+    armed: Option<(crate::Client, lockd_proto::v1::AcquireRequest)>,
+}
+
+impl Abandoned {
+    pub(crate) fn new(client: crate::Client, req: lockd_proto::v1::AcquireRequest) -> Abandoned {
+        Abandoned {
+            armed: Some((client, req)),
+        }
+    }
+
+    /// The call finished (answered or failed): nothing to clean up.
+    pub(crate) fn disarm(mut self) {
+        self.armed = None;
+    }
+}
+
+impl Drop for Abandoned {
+    fn drop(&mut self) {
+        let Some((client, mut req)) = self.armed.take() else {
+            return;
+        };
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return; // no runtime left: the lease, if any, ends at its TTL
+        };
+        req.wait_timeout_ms = 0;
+        rt.spawn(async move {
+            let (_, mut rpc) = client.endpoints.rpc();
+            let asked =
+                tokio::time::timeout(crate::CALL_GRACE, rpc.acquire(client.request(req.clone())));
+            if let Ok(Ok(resp)) = asked.await
+                && let Some(lockd_proto::v1::acquire_response::Outcome::Granted(l)) =
+                    resp.into_inner().outcome
+            {
+                let resource = if l.resource.is_empty() {
+                    req.resource
+                } else {
+                    l.resource
+                };
+                let _ =
+                    tokio::time::timeout(crate::CALL_GRACE, client.release(&resource, &l.lease_id))
+                        .await;
+            }
+        });
+    }
+}
+
 /// Whether a failed call was never sent: the connection to the endpoint could not be made.
 pub(crate) fn never_sent(status: &Status) -> bool {
     let mut cause = std::error::Error::source(status);

@@ -64,7 +64,7 @@ pub const DEFAULT_ENDPOINT: &str = "http://127.0.0.1:7420";
 pub const TRANSPORT_RETRY_FOR: Duration = Duration::from_secs(10);
 
 /// Extra time allowed for a call beyond the wait it asks lockd for (network, fsync, queueing).
-const CALL_GRACE: Duration = Duration::from_secs(5);
+pub(crate) const CALL_GRACE: Duration = Duration::from_secs(5);
 
 /// Longest wait asked for in one call: lockd's default `limits.wait_max_ms`. A longer wait is
 /// made of several calls (between them the caller re-queues behind whoever queued meanwhile).
@@ -503,7 +503,7 @@ impl Client {
     }
 
     /// `message` as a request, with the bearer token.
-    fn request<T>(&self, message: T) -> tonic::Request<T> {
+    pub(crate) fn request<T>(&self, message: T) -> tonic::Request<T> {
         let mut r = tonic::Request::new(message);
         if let Some(b) = &self.bearer {
             r.metadata_mut().insert("authorization", b.clone());
@@ -580,8 +580,16 @@ impl Client {
             // lease ends no earlier than `sent + ttl` on lockd's clock.
             let sent = Instant::now();
             let (endpoint, mut rpc) = self.endpoints.rpc();
+            // Dropped while the call waits (the caller gave up: a select!, a timeout, an
+            // aborted task), lockd may grant just then and the answer be lost with the future:
+            // the guard then asks again and releases what it gets (endpoints::Abandoned).
+            let abandoned = (!call_wait.is_zero())
+                .then(|| endpoints::Abandoned::new(self.clone(), req.clone()));
             let call =
                 tokio::time::timeout(call_wait + CALL_GRACE, rpc.acquire(self.request(req))).await;
+            if let Some(guard) = abandoned {
+                guard.disarm();
+            }
             let status = match call {
                 Ok(Ok(resp)) => match resp.into_inner().outcome {
                     Some(pb::acquire_response::Outcome::Granted(l)) => {

@@ -484,3 +484,53 @@ fn a_read_write_locks_history_keeps_readers_from_writers_as_verify_judges_it() {
         &[ReadersExcludeWriters, SingleHolder, MonotoneTokens],
     );
 }
+
+/// A waiting acquire dropped just as lockd grants it (found in the other SDKs by an outside
+/// breaker): the answer is lost with the future, and without a clean-up the lease stays held
+/// for its TTL with nobody to renew or release it. Round after round, the holder releases and
+/// the waiter is dropped at once; every resource must then become free.
+#[test]
+fn a_wait_dropped_as_it_is_granted_leaves_nothing_held() {
+    let dir = tempfile::tempdir().unwrap();
+    let lockd = Lockd::start(dir.path(), &[]);
+    let rt = runtime();
+    let _in_runtime = rt.enter();
+    let client = Client::connect(&lockd.endpoint).unwrap();
+    let names: Vec<String> = (0..20).map(|i| format!("dropped-{i}")).collect();
+    rt.block_on(async {
+        for name in &names {
+            let Acquired::Granted(a) = client.acquire(name, opts(30_000)).await.unwrap() else {
+                panic!("a free resource is granted")
+            };
+            let waiter = {
+                let (c, name) = (client.clone(), name.clone());
+                let o = AcquireOptions {
+                    wait: Duration::from_secs(60),
+                    ..opts(30_000)
+                };
+                tokio::spawn(async move { c.acquire(&name, o).await })
+            };
+            while client.describe(name).await.unwrap().waiters != 1 {
+                tokio::task::yield_now().await;
+            }
+            let release = tokio::spawn(a.release());
+            tokio::task::yield_now().await;
+            waiter.abort();
+            release.await.unwrap().unwrap();
+            // Granted before the abort took: a guard the caller holds, released here.
+            if let Ok(Ok(Acquired::Granted(g))) = waiter.await {
+                g.release().await.unwrap();
+            }
+        }
+        for name in &names {
+            let deadline = std::time::Instant::now() + Duration::from_secs(10);
+            while client.describe(name).await.unwrap().held {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "{name} stayed held: a dropped acquire's grant was left behind"
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    });
+}
