@@ -25,6 +25,7 @@ import (
 	"os"
 	"regexp"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -125,8 +126,14 @@ func parseEndpoint(raw string) (endpoint, error) {
 		return bad("only a scheme, a host and a port")
 	}
 	port := u.Port()
+	if port == "" && strings.HasSuffix(u.Host, ":") {
+		return bad("an empty port")
+	}
 	if port == "" {
 		port = map[string]string{"http": "80", "https": "443"}[u.Scheme]
+	}
+	if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+		return bad("the port must be 1..65535")
 	}
 	host := u.Hostname()
 	return endpoint{url: raw, target: net.JoinHostPort(host, port), tls: u.Scheme == "https", loopback: isLoopback(host)}, nil
@@ -457,7 +464,8 @@ func sleepCtx(ctx context.Context, d time.Duration) bool {
 
 // Acquire takes the lock of resource, waiting up to o.Wait (0: try once). Cancelling ctx ends
 // the wait at once (lockd forgets the waiter); the error then wraps ctx's cause
-// (errors.Is(err, context.Canceled)).
+// (errors.Is(err, context.Canceled)). A grant lockd made just as ctx ended is released by a
+// background clean-up (the same request id asked again without waiting), not left held.
 //
 // Errors: *NotGrantedError (ErrBusy, ErrWaitTimedOut) and *Error (ErrInvalidArgument,
 // ErrPermissionDenied, ErrUnauthenticated, ErrQuotaExceeded, ErrUnavailable, ErrTLS, ...).
@@ -481,6 +489,7 @@ func (c *Client) acquire(ctx context.Context, resource string, o AcquireOptions)
 	}
 	deadline := time.Now().Add(o.Wait)
 	var bo backoffState
+	unanswered := false // the last call had no answer (it may have been granted)
 	for {
 		callWait := min(max(time.Until(deadline), 0), callWaitMax)
 		req := &pb.AcquireRequest{
@@ -491,15 +500,17 @@ func (c *Client) acquire(ctx context.Context, resource string, o AcquireOptions)
 		sent := time.Now()
 		resp, code, err := callOnce(c, ctx, callWait+callGrace, pb.LockServiceClient.Acquire, req)
 		if ctx.Err() != nil {
-			// An answer that came with the cancellation may be a grant: end it, best effort.
-			if err == nil && resp.GetGranted() != nil {
-				g := resp.GetGranted()
-				rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), callTimeout)
-				_, _ = c.Release(rctx, leaseResource(resource, g), g.GetLeaseId())
-				cancel()
+			switch {
+			case err == nil && resp.GetGranted() != nil:
+				// An answer that came with the cancellation is a grant: end it.
+				c.releaseAbandoned(ctx, resource, resp.GetGranted())
+			case err != nil:
+				// No answer: lockd may have granted it just as the call was cancelled.
+				c.cleanUpAcquire(ctx, req)
 			}
 			return nil, cancelled("acquire", resource, ctx)
 		}
+		unanswered = err != nil
 		if err != nil {
 			exhausted := isExhausted(err)
 			budget := deadline
@@ -526,6 +537,7 @@ func (c *Client) acquire(ctx context.Context, resource string, o AcquireOptions)
 						return c.newLock(lease, renewSent), nil
 					}
 					if ctx.Err() != nil {
+						c.releaseAbandoned(ctx, resource, g)
 						return nil, cancelled("acquire", resource, ctx)
 					}
 				}
@@ -540,9 +552,49 @@ func (c *Client) acquire(ctx context.Context, resource string, o AcquireOptions)
 			}
 		}
 		if !sleepCtx(ctx, bo.next()) {
+			if unanswered {
+				c.cleanUpAcquire(ctx, req)
+			}
 			return nil, cancelled("acquire", resource, ctx)
 		}
 	}
+}
+
+// cleanUpTimeout bounds the background clean-up of an abandoned acquire.
+const cleanUpTimeout = 10 * time.Second
+
+// cleanUpAcquire runs in the background after an acquire was abandoned (its context ended)
+// without lockd's answer: lockd may have granted it just then, a lease nobody would renew or
+// release, held for its whole TTL. It asks again with the same request id without waiting (a
+// grant made is answered as a duplicate; a waiter still queued is replaced and ends) and
+// releases any grant. A downgrade is left alone: asking again would downgrade a lease the
+// caller still holds.
+func (c *Client) cleanUpAcquire(ctx context.Context, req *pb.AcquireRequest) {
+	if req.GetDowngradeLeaseId() != "" {
+		return
+	}
+	again := &pb.AcquireRequest{
+		Resource: req.GetResource(), RequestId: req.GetRequestId(), TtlMs: req.GetTtlMs(), WaitTimeoutMs: 0,
+		Holder: req.GetHolder(), Owner: req.GetOwner(), Permits: req.GetPermits(), Mode: req.GetMode(),
+	}
+	go func() {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanUpTimeout)
+		defer cancel()
+		resp, err := callWhile(c, cctx, "acquire", again.GetResource(), callGrace, pb.LockServiceClient.Acquire, again, transient)
+		if err == nil && resp.GetGranted() != nil {
+			g := resp.GetGranted()
+			_, _ = c.Release(cctx, leaseResource(again.GetResource(), g), g.GetLeaseId())
+		}
+	}()
+}
+
+// releaseAbandoned releases, in the background, a grant whose acquire was abandoned.
+func (c *Client) releaseAbandoned(ctx context.Context, resource string, g *pb.Lease) {
+	go func() {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanUpTimeout)
+		defer cancel()
+		_, _ = c.Release(cctx, leaseResource(resource, g), g.GetLeaseId())
+	}()
 }
 
 func leaseResource(asked string, g *pb.Lease) string {
@@ -662,22 +714,21 @@ func (c *Client) AcquireAll(ctx context.Context, resources []string, o SetOption
 	}
 	deadline := time.Now().Add(o.Wait)
 	var bo backoffState
+	unanswered := false // the last call had no answer (it may have been granted)
 	for {
 		req := &pb.AcquireAllRequest{Resources: resources, RequestId: requestID, TtlMs: ms(o.TTL), Holder: holder}
 		sent := time.Now()
 		resp, code, err := callOnce(c, ctx, callGrace, pb.LockServiceClient.AcquireAll, req)
 		if ctx.Err() != nil {
-			if err == nil && resp.GetGranted() != nil {
-				rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), callTimeout)
-				for i, g := range resp.GetGranted().GetLeases() {
-					if i < len(resources) {
-						_, _ = c.Release(rctx, leaseResource(resources[i], g), g.GetLeaseId())
-					}
-				}
-				cancel()
+			switch {
+			case err == nil && resp.GetGranted() != nil:
+				c.releaseAbandonedSet(ctx, resources, resp.GetGranted().GetLeases())
+			case err != nil:
+				c.cleanUpAcquireAll(ctx, req)
 			}
 			return nil, cancelled("acquire all", "", ctx)
 		}
+		unanswered = err != nil
 		if err != nil {
 			if !transient(err) || !time.Now().Before(deadline.Add(TransportRetryFor)) {
 				return nil, fromRPC("acquire all", "", err, code)
@@ -703,6 +754,7 @@ func (c *Client) AcquireAll(ctx context.Context, resources []string, o SetOption
 				}
 				if renewErr != nil {
 					if ctx.Err() != nil {
+						c.releaseAbandonedSet(ctx, resources, set.GetLeases())
 						return nil, cancelled("acquire all", "", ctx)
 					}
 					requestID = NewRequestID()
@@ -722,7 +774,40 @@ func (c *Client) AcquireAll(ctx context.Context, resources []string, o SetOption
 			return nil, notGranted(busy, resp.GetNotGranted(), o.Wait > 0)
 		}
 		if !sleepCtx(ctx, bo.next()) {
+			if unanswered {
+				c.cleanUpAcquireAll(ctx, req)
+			}
 			return nil, cancelled("acquire all", "", ctx)
+		}
+	}
+}
+
+// cleanUpAcquireAll is cleanUpAcquire for a set: asks again with the same request id and
+// releases any grant, in the background.
+func (c *Client) cleanUpAcquireAll(ctx context.Context, req *pb.AcquireAllRequest) {
+	go func() {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanUpTimeout)
+		defer cancel()
+		resp, err := callWhile(c, cctx, "acquire all", "", callGrace, pb.LockServiceClient.AcquireAll, req, transient)
+		if err == nil && resp.GetGranted() != nil {
+			releaseSet(c, cctx, req.GetResources(), resp.GetGranted().GetLeases())
+		}
+	}()
+}
+
+// releaseAbandonedSet releases, in the background, the grant of an abandoned AcquireAll.
+func (c *Client) releaseAbandonedSet(ctx context.Context, resources []string, leases []*pb.Lease) {
+	go func() {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanUpTimeout)
+		defer cancel()
+		releaseSet(c, cctx, resources, leases)
+	}()
+}
+
+func releaseSet(c *Client, ctx context.Context, resources []string, leases []*pb.Lease) {
+	for i, g := range leases {
+		if i < len(resources) {
+			_, _ = c.Release(ctx, leaseResource(resources[i], g), g.GetLeaseId())
 		}
 	}
 }

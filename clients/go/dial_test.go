@@ -42,6 +42,10 @@ func TestDialRefusesUnsafeOrInconsistentSettings(t *testing.T) {
 		{"no scheme", []string{"127.0.0.1:7420"}, nil, "bad endpoint"},
 		{"grpc scheme", []string{"grpc://127.0.0.1:7420"}, nil, "bad endpoint"},
 		{"a path", []string{"http://127.0.0.1:7420/lockd"}, nil, "only a scheme"},
+		{"empty port", []string{"http://127.0.0.1:"}, nil, "empty port"},
+		{"zero port", []string{"http://127.0.0.1:0"}, nil, "port must be"},
+		{"zero port, https", []string{"https://lockd.example:00"}, nil, "port must be"},
+		{"port out of range", []string{"http://127.0.0.1:65536"}, nil, "port must be"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

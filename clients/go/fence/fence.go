@@ -4,6 +4,8 @@
 //
 // PostgreSQL through fence-proxy: the resource and token are declared for one transaction
 // with set_config(..., true), so a pooled connection never carries them to its next user.
+// The helpers open their own transaction: given a transaction, or a connection inside one,
+// they refuse (lockd.ErrInvalidArgument).
 //
 //	err := fence.Tx(ctx, pool, lock, func(tx pgx.Tx) error { _, err := tx.Exec(ctx, "UPDATE ..."); return err })
 //	err := fence.SQLTx(ctx, db, lock, func(tx *sql.Tx) error { ... })  // database/sql, pgx's stdlib driver
@@ -21,7 +23,9 @@ import (
 	"errors"
 	"io"
 	"mime"
+	"net"
 	"net/http"
+	"net/url"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
@@ -71,10 +75,41 @@ func Err(err error) error {
 	return err
 }
 
-// TxBeginner is what a pgx transaction begins on: *pgxpool.Pool, *pgx.Conn, or a pgx.Tx (a
-// savepoint: then the declaration holds until the outer transaction ends).
+// TxBeginner is what a pgx transaction begins on: *pgxpool.Pool, *pgxpool.Conn or *pgx.Conn,
+// outside any transaction. A pgx.Tx is refused (its Begin is a savepoint, and a declaration
+// made in a savepoint outlives RELEASE SAVEPOINT: the outer transaction would be judged with
+// this lock's resource and token), and so is a connection whose server session is inside a
+// transaction (e.g. after Exec("BEGIN")): the helpers open and end their own transaction,
+// never join or commit the caller's.
 type TxBeginner interface {
 	Begin(ctx context.Context) (pgx.Tx, error)
+}
+
+func inTransaction(op string) error {
+	return &lockd.Error{Kind: lockd.ErrInvalidArgument, Op: op,
+		Message: "the helper opens its own transaction and cannot run inside one: " +
+			"give it a pool or a connection outside any transaction, not a transaction (nested fencing would judge the outer transaction with this lock)"}
+}
+
+// idle says whether a pgx connection's server session is outside any transaction
+// (ReadyForQuery status 'I').
+func idle(pc *pgconn.PgConn) bool { return pc == nil || pc.TxStatus() == 'I' }
+
+// checkBeginner refuses a transaction, or a connection inside one.
+func checkBeginner(op string, db any) error {
+	switch d := db.(type) {
+	case pgx.Tx:
+		return inTransaction(op)
+	case interface{ PgConn() *pgconn.PgConn }: // *pgx.Conn
+		if !idle(d.PgConn()) {
+			return inTransaction(op)
+		}
+	case interface{ Conn() *pgx.Conn }: // *pgxpool.Conn
+		if c := d.Conn(); c != nil && !idle(c.PgConn()) {
+			return inTransaction(op)
+		}
+	}
+	return nil
 }
 
 // BeginTx begins a pgx transaction and declares lock's resource and token in it. The pgx.Tx
@@ -82,6 +117,9 @@ type TxBeginner interface {
 // *lockd.FenceError (wrap others, e.g. Rows.Err or SendBatch results, with Err). Commit or
 // roll it back as usual.
 func BeginTx(ctx context.Context, db TxBeginner, lock Fenced) (pgx.Tx, error) {
+	if err := checkBeginner("fence.BeginTx", db); err != nil {
+		return nil, err
+	}
 	tx, err := db.Begin(ctx)
 	if err != nil {
 		return nil, Err(err)
@@ -139,15 +177,49 @@ type fencedRow struct{ pgx.Row }
 func (r fencedRow) Scan(dest ...any) error { return Err(r.Row.Scan(dest...)) }
 
 // SQLBeginner is what a database/sql transaction begins on: *sql.DB or *sql.Conn (with pgx's
-// driver, github.com/jackc/pgx/v5/stdlib).
+// driver, github.com/jackc/pgx/v5/stdlib), outside any transaction. A beginner that is itself
+// a transaction (it has Commit) is refused; so is a *sql.Conn of pgx's driver whose session is
+// inside a transaction (e.g. after ExecContext("BEGIN")). With another driver the status of
+// a *sql.Conn cannot be seen: do not pass one inside a transaction. A *sql.DB is safe with
+// pgx's driver: it discards a pooled connection left inside a transaction.
 type SQLBeginner interface {
 	BeginTx(ctx context.Context, opts *sql.TxOptions) (*sql.Tx, error)
+}
+
+// errNotIdle ends sql.Conn.Raw when the driver's connection is pgx's and inside a transaction.
+var errNotIdle = errors.New("not idle")
+
+// checkSQLBeginner refuses a transaction-like beginner, or a pgx connection inside a
+// transaction.
+func checkSQLBeginner(op string, db any) error {
+	if _, ok := db.(interface{ Commit() error }); ok {
+		return inTransaction(op)
+	}
+	raw, ok := db.(interface {
+		Raw(func(driverConn any) error) error
+	})
+	if !ok {
+		return nil
+	}
+	err := raw.Raw(func(driverConn any) error {
+		if err := checkBeginner(op, driverConn); err != nil {
+			return errNotIdle
+		}
+		return nil
+	})
+	if errors.Is(err, errNotIdle) {
+		return inTransaction(op)
+	}
+	return nil // any other failure shows itself at BeginTx
 }
 
 // BeginSQLTx begins a database/sql transaction and declares lock's resource and token in it.
 // Wrap the errors of its statements and of Commit with Err to see fence refusals as
 // *lockd.FenceError (SQLTx does).
 func BeginSQLTx(ctx context.Context, db SQLBeginner, lock Fenced, opts *sql.TxOptions) (*sql.Tx, error) {
+	if err := checkSQLBeginner("fence.BeginSQLTx", db); err != nil {
+		return nil, err
+	}
 	tx, err := db.BeginTx(ctx, opts)
 	if err != nil {
 		return nil, Err(err)
@@ -186,7 +258,8 @@ type transport struct {
 }
 
 // Transport wraps base (nil: http.DefaultTransport) to add lock's Fencing-Resource and
-// Fencing-Token to every request, and to return fence-proxy's refusals of the token as a
+// Fencing-Token to every request (a redirect to another origin, scheme, host and port, gets
+// neither: they are removed if present, and any later redirect of its chain too), and to return fence-proxy's refusals of the token as a
 // *lockd.FenceError: 409 stale-token as lockd.ErrStaleToken; 403 forged-token or
 // unsigned-token, 400 malformed-token or malformed-resource, 428 fencing-required as
 // lockd.ErrFenceRefused. Any other response is returned as it is.
@@ -205,8 +278,37 @@ var refusals = map[string]bool{
 	"malformed-resource": true, "fencing-required": true,
 }
 
+// origin is a URL's scheme, host and port (the default port when none is given).
+func origin(u *url.URL) string {
+	scheme := strings.ToLower(u.Scheme)
+	port := u.Port()
+	if port == "" {
+		port = map[string]string{"http": "80", "https": "443"}[scheme]
+	}
+	return scheme + "://" + net.JoinHostPort(strings.ToLower(u.Hostname()), port)
+}
+
+// redirectedAway says whether req is a redirect (made by http.Client) of a request of another
+// origin: some request of its chain had an origin other than req's.
+func redirectedAway(req *http.Request) bool {
+	o := origin(req.URL)
+	for r := req; r.Response != nil && r.Response.Request != nil; {
+		r = r.Response.Request
+		if origin(r.URL) != o {
+			return true
+		}
+	}
+	return false
+}
+
 func (t *transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	r := req.Clone(req.Context())
+	if redirectedAway(req) {
+		// The token is a write capability: never handed to a host a redirect points at.
+		r.Header.Del("Fencing-Resource")
+		r.Header.Del("Fencing-Token")
+		return t.base.RoundTrip(r)
+	}
 	Headers(r.Header, t.lock)
 	resp, err := t.base.RoundTrip(r)
 	if err != nil {
