@@ -400,6 +400,22 @@ func (r *run) step(step map[string]any) error {
 		return r.checkGrant(step, str(step, "of"), held{lock: p.lock, client: p.client}, p.err)
 	case "cancel":
 		r.pending[str(step, "of")].cancel()
+	case "wait_free":
+		c, resource := r.clients[str(step, "client")], r.s(step["resource"])
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			d, err := c.Describe(ctx, resource)
+			if err != nil {
+				return err
+			}
+			if !d.Held && d.PermitsHeld == 0 && d.Readers == 0 {
+				break
+			}
+			if time.Now().After(deadline) {
+				return fmt.Errorf("%s stayed held: %+v", resource, d)
+			}
+			time.Sleep(20 * time.Millisecond) // polling Describe, bounded
+		}
 	case "wait_waiters":
 		c, resource := r.clients[str(step, "client")], r.s(step["resource"])
 		want, _ := num(step, "waiters")

@@ -142,6 +142,12 @@ class Run:
             while client.describe(resource).waiters != step["waiters"]:
                 assert time.monotonic() < deadline, f"{resource}: never {step['waiters']} waiters"
                 time.sleep(0.02)
+        elif op == "wait_free":
+            client, resource = self.clients[step["client"]], self.s(step["resource"])
+            deadline = time.monotonic() + 10
+            while (d := client.describe(resource)).held or d.permits_held or d.readers:
+                assert time.monotonic() < deadline, f"{resource} stayed held: {d}"
+                time.sleep(0.02)
         elif op == "release":
             got = self.leases[step["lease"]].release()
             assert got == step["expect"], f"release of {step['lease']}: {got}"

@@ -199,6 +199,9 @@ function notGranted(resource: string, ng: PbNotGranted | undefined, waited: bool
   return new Busy(`${resource}: busy${held}`, resource, ng?.holder ?? "", token, ng?.waiters ?? 0);
 }
 
+/** How long the clean-up after a cancelled acquire may take, ms. */
+const ABANDON_FOR_MS = 10_000;
+
 function cancelled(what: string, signal: AbortSignal): Cancelled {
   return new Cancelled(`${what} was cancelled`, { cause: signal.reason });
 }
@@ -328,7 +331,9 @@ export class Client {
    * the other `LockdError`s. Transport failures are retried with the same request id (a grant
    * whose answer was lost is returned, never doubled) until 10 s past the wait.
    */
-  async acquire(resource: string, options: AcquireOptions = {}): Promise<Lock> {
+  async acquire(resource: string, options?: AcquireOptions | null): Promise<Lock> {
+    options = options ?? {};
+    if (typeof options !== "object") throw new InvalidArgument(`options must be an object, not ${typeof options}`);
     checkAcquire(resource, options);
     return this.acquireLoop(resource, options, "");
   }
@@ -343,56 +348,113 @@ export class Client {
     let requestId = o.requestId || newRequestId();
     const deadline = now() + waitMs;
     const backoff = new Backoff();
-    for (;;) {
-      const callWait = Math.min(Math.max(deadline - now(), 0), CALL_WAIT_MAX_MS);
-      const request = {
-        resource,
-        request_id: requestId,
-        ttl_ms: o.ttlMs === undefined ? 0 : Math.max(Math.round(o.ttlMs), 1),
-        wait_timeout_ms: Math.round(callWait),
-        holder: o.holder || this.s.holder,
-        owner: owner ?? "",
-        permits: o.permits ?? 0,
-        mode: MODE_NUMBER[o.mode ?? "exclusive"],
-        downgrade_lease_id: downgrade,
-      };
-      const sent = now();
-      let resp: PbAcquireResponse | null = null;
-      try {
-        resp = await this.callOnce<PbAcquireResponse>("Acquire", request, callWait + CALL_GRACE_MS, signal, what);
-      } catch (e) {
-        if (!isServiceError(e)) throw e;
-        const exhausted = e.code === grpc.status.RESOURCE_EXHAUSTED;
-        const budget = exhausted ? deadline : deadline + TRANSPORT_RETRY_FOR_MS;
-        if (!(isTransient(e) || exhausted) || now() >= budget) throw fromRpc(e);
-        // Retried below with the same request id: lockd may have granted it.
+    // Whether an Acquire with `requestId` was sent and not answered: lockd may have granted it
+    // (an answer lost, or a grant made just as the signal cancelled the call).
+    let mayBeGranted = false;
+    let request: Record<string, unknown> | null = null;
+    try {
+      for (;;) {
+        const callWait = Math.min(Math.max(deadline - now(), 0), CALL_WAIT_MAX_MS);
+        request = {
+          resource,
+          request_id: requestId,
+          ttl_ms: o.ttlMs === undefined ? 0 : Math.max(Math.round(o.ttlMs), 1),
+          wait_timeout_ms: Math.round(callWait),
+          holder: o.holder || this.s.holder,
+          owner: owner ?? "",
+          permits: o.permits ?? 0,
+          mode: MODE_NUMBER[o.mode ?? "exclusive"],
+          downgrade_lease_id: downgrade,
+        };
+        const sent = now();
+        let resp: PbAcquireResponse | null = null;
+        try {
+          if (!signal?.aborted) mayBeGranted = true;
+          resp = await this.callOnce<PbAcquireResponse>("Acquire", request, callWait + CALL_GRACE_MS, signal, what);
+        } catch (e) {
+          if (!isServiceError(e)) throw e;
+          const exhausted = e.code === grpc.status.RESOURCE_EXHAUSTED;
+          const budget = exhausted ? deadline : deadline + TRANSPORT_RETRY_FOR_MS;
+          if (!(isTransient(e) || exhausted) || now() >= budget) throw fromRpc(e);
+          // Retried below with the same request id: lockd may have granted it.
+        }
+        if (resp !== null) {
+          if (resp.outcome === "granted" && resp.granted) {
+            const lease = leaseOf(resource, resp.granted, owner);
+            if (!lease.duplicate) return new Lock(this, lease, sent, o.onLost);
+            // The grant of an earlier attempt whose answer was lost: nobody renewed it and when it
+            // was made is unknown, so renew it now to learn a safe deadline. If it has ended, it
+            // was never used: ask anew.
+            if (resp.granted.held) {
+              const renewSent = now();
+              try {
+                await this.renew(lease.resource, lease.leaseId);
+                return new Lock(this, lease, renewSent, o.onLost);
+              } catch (e) {
+                if (!(e instanceof LockdError)) throw e;
+              }
+            }
+            requestId = newRequestId();
+            mayBeGranted = false;
+            continue;
+          } else if (resp.outcome === "not_granted") {
+            mayBeGranted = false;
+            if (now() >= deadline) throw notGranted(resource, resp.not_granted, waitMs > 0);
+          } else {
+            throw new Unavailable("lockd sent an empty AcquireResponse");
+          }
+        }
+        await pause(backoff.next(), signal, what);
       }
-      if (resp !== null) {
-        if (resp.outcome === "granted" && resp.granted) {
-          const lease = leaseOf(resource, resp.granted, owner);
-          if (!lease.duplicate) return new Lock(this, lease, sent, o.onLost);
-          // The grant of an earlier attempt whose answer was lost: nobody renewed it and when it
-          // was made is unknown, so renew it now to learn a safe deadline. If it has ended, it
-          // was never used: ask anew.
-          if (resp.granted.held) {
-            const renewSent = now();
+    } catch (e) {
+      if (e instanceof Cancelled && signal?.aborted && mayBeGranted && request !== null) {
+        this.abandon("Acquire", { ...request, wait_timeout_ms: 0 }, (r: PbAcquireResponse) =>
+          r.outcome === "granted" && r.granted ? [[r.granted.resource || resource, r.granted.lease_id]] : [], resource);
+      }
+      throw e;
+    }
+  }
+
+  /**
+   * In the background (not awaited, at most ABANDON_FOR_MS, never rejecting): asks again, without
+   * waiting, for what a cancelled acquire asked with the same request id, and releases whatever
+   * it is given. lockd may have granted the cancelled call just as it was cancelled, and nobody
+   * would renew or release that lease: the resource would stay held for the TTL.
+   */
+  private abandon<R>(method: string, request: object, leasesOf: (r: R) => [string, string][], checkFirst?: string): void {
+    const cleanUp = async () => {
+      const deadline = now() + ABANDON_FOR_MS;
+      if (checkFirst !== undefined) {
+        // Nothing held under the name: nothing was granted, and asking again could only take
+        // the lock anew (for a moment, and with a new token).
+        const d = await this.describe(checkFirst);
+        if (!d.held && !d.permitsHeld && !d.readers) return;
+      }
+      const backoff = new Backoff();
+      for (;;) {
+        let resp: R;
+        try {
+          resp = await this.callOnce<R>(method, request, Math.max(Math.min(deadline - now(), CALL_GRACE_MS), 1));
+        } catch (e) {
+          if (!isServiceError(e) || !isTransient(e) || now() >= deadline) return;
+          await sleepFor(backoff.next(), undefined, { ref: false });
+          continue;
+        }
+        for (const [resource, leaseId] of leasesOf(resp)) {
+          for (;;) {
             try {
-              await this.renew(lease.resource, lease.leaseId);
-              return new Lock(this, lease, renewSent, o.onLost);
+              await this.callOnce("Release", { resource, lease_id: leaseId }, Math.max(Math.min(deadline - now(), CALL_GRACE_MS), 1));
+              break;
             } catch (e) {
-              if (!(e instanceof LockdError)) throw e;
+              if (!isServiceError(e) || !isTransient(e) || now() >= deadline) break;
+              await sleepFor(backoff.next(), undefined, { ref: false });
             }
           }
-          requestId = newRequestId();
-          continue;
-        } else if (resp.outcome === "not_granted") {
-          if (now() >= deadline) throw notGranted(resource, resp.not_granted, waitMs > 0);
-        } else {
-          throw new Unavailable("lockd sent an empty AcquireResponse");
         }
+        return;
       }
-      await pause(backoff.next(), signal, what);
-    }
+    };
+    cleanUp().catch(() => undefined);
   }
 
   /** Renews a lease once (a Lock does this by itself). `deadline`: on the monotonic clock. */
@@ -433,7 +495,8 @@ export class Client {
    * with a wait, asked again with backoff until it ends. Rejects with `Busy` / `WaitTimedOut`
    * naming the first held member.
    */
-  async acquireAll(resources: readonly string[], options: AcquireSetOptions & { requestId?: string } = {}): Promise<LockSet> {
+  async acquireAll(resources: readonly string[], options?: (AcquireSetOptions & { requestId?: string }) | null): Promise<LockSet> {
+    options = options ?? {};
     sortedUnique(resources);
     const names = [...resources];
     const what = `the acquire of ${names.join(", ")}`;
@@ -445,41 +508,54 @@ export class Client {
     let requestId = options.requestId || newRequestId();
     const deadline = now() + waitMs;
     const backoff = new Backoff();
-    for (;;) {
-      const request = {
-        resources: names,
-        request_id: requestId,
-        ttl_ms: options.ttlMs === undefined ? 0 : Math.max(Math.round(options.ttlMs), 1),
-        holder: options.holder || this.s.holder,
-      };
-      let sent = now();
-      let resp: PbAcquireAllResponse | null = null;
-      try {
-        resp = await this.callOnce<PbAcquireAllResponse>("AcquireAll", request, CALL_GRACE_MS, signal, what);
-      } catch (e) {
-        if (!isServiceError(e)) throw e;
-        if (!isTransient(e) || now() >= deadline + TRANSPORT_RETRY_FOR_MS) throw fromRpc(e);
-      }
-      if (resp !== null) {
-        if (resp.outcome === "granted" && resp.granted) {
-          const got = resp.granted.leases;
-          if (got.length !== names.length) throw new Unavailable(`lockd answered ${got.length} leases for ${names.length}`);
-          const leases = got.map((m, k) => leaseOf(names[k], m, null));
-          if (leases.some((l) => l.duplicate)) {
-            sent = now();
-            try {
-              for (const l of leases) await this.renew(l.resource, l.leaseId);
-            } catch (e) {
-              if (!(e instanceof LeaseNotCurrent)) throw e;
-              requestId = newRequestId();
-              continue;
-            }
-          }
-          return new LockSet(leases.map((l) => new Lock(this, l, sent)));
+    let mayBeGranted = false;
+    let request: Record<string, unknown> | null = null;
+    try {
+      for (;;) {
+        request = {
+          resources: names,
+          request_id: requestId,
+          ttl_ms: options.ttlMs === undefined ? 0 : Math.max(Math.round(options.ttlMs), 1),
+          holder: options.holder || this.s.holder,
+        };
+        let sent = now();
+        let resp: PbAcquireAllResponse | null = null;
+        try {
+          if (!signal?.aborted) mayBeGranted = true;
+          resp = await this.callOnce<PbAcquireAllResponse>("AcquireAll", request, CALL_GRACE_MS, signal, what);
+        } catch (e) {
+          if (!isServiceError(e)) throw e;
+          if (!isTransient(e) || now() >= deadline + TRANSPORT_RETRY_FOR_MS) throw fromRpc(e);
         }
-        if (now() >= deadline) throw notGranted(resp.busy_resource || names[0], resp.not_granted, waitMs > 0);
+        if (resp !== null) {
+          if (resp.outcome === "granted" && resp.granted) {
+            const got = resp.granted.leases;
+            if (got.length !== names.length) throw new Unavailable(`lockd answered ${got.length} leases for ${names.length}`);
+            const leases = got.map((m, k) => leaseOf(names[k], m, null));
+            if (leases.some((l) => l.duplicate)) {
+              sent = now();
+              try {
+                for (const l of leases) await this.renew(l.resource, l.leaseId);
+              } catch (e) {
+                if (!(e instanceof LeaseNotCurrent)) throw e;
+                requestId = newRequestId();
+                mayBeGranted = false;
+                continue;
+              }
+            }
+            return new LockSet(leases.map((l) => new Lock(this, l, sent)));
+          }
+          mayBeGranted = false;
+          if (now() >= deadline) throw notGranted(resp.busy_resource || names[0], resp.not_granted, waitMs > 0);
+        }
+        await pause(backoff.next(), signal, what);
       }
-      await pause(backoff.next(), signal, what);
+    } catch (e) {
+      if (e instanceof Cancelled && signal?.aborted && mayBeGranted && request !== null) {
+        this.abandon("AcquireAll", request, (r: PbAcquireAllResponse) =>
+          r.outcome === "granted" && r.granted ? r.granted.leases.map((m, k) => [m.resource || names[k], m.lease_id]) : []);
+      }
+      throw e;
     }
   }
 
@@ -487,7 +563,8 @@ export class Client {
    * Takes each lock in sorted order, waiting in each queue, within one `waitMs`; on any failure
    * releases those taken, last first. Two callers never deadlock.
    */
-  async acquireOrdered(resources: readonly string[], options: AcquireSetOptions = {}): Promise<LockSet> {
+  async acquireOrdered(resources: readonly string[], options?: AcquireSetOptions | null): Promise<LockSet> {
+    options = options ?? {};
     const ordered = sortedUnique(resources);
     const deadline = now() + (options.waitMs ?? 0);
     const taken: Lock[] = [];
@@ -671,10 +748,13 @@ export class Lock extends EventEmitter {
     this.lostDetail = detail;
     this.stopTimers();
     this.controller?.abort(this.lostError());
-    try {
-      this.emit("lost", reason, this);
-    } catch (e) {
-      process.emitWarning(`a 'lost' listener of the lock of ${this.resource} threw: ${e}`);
+    // Every listener is told, even when one before it throws.
+    for (const listener of this.rawListeners("lost")) {
+      try {
+        (listener as (reason: LostReason, lock: Lock) => unknown).call(this, reason, this);
+      } catch (e) {
+        process.emitWarning(`a 'lost' listener of the lock of ${this.resource} threw: ${e}`);
+      }
     }
   }
 

@@ -15,7 +15,7 @@
  *
  * `lock` is anything with `resource` and `fenceToken` (a Lock, or a Lease).
  */
-import { FenceRefused, StaleToken } from "./errors";
+import { FenceRefused, InvalidArgument, StaleToken } from "./errors";
 
 /** What the fence helpers need of a lock. */
 export interface Fenceable {
@@ -32,6 +32,8 @@ export const STALE_SQLSTATES: ReadonlySet<string> = new Set(["FN001", "FN003"]);
 /** The part of a node-postgres client the helper uses (pg.Client, pg.PoolClient). */
 export interface PgQueryable {
   query(text: string, values?: unknown[]): Promise<unknown>;
+  /** node-postgres: 'I' idle, 'T' in a transaction, 'E' in a failed one (fenced() refuses T, E). */
+  getTransactionStatus?(): string | null;
 }
 /** A client a pool lends (pg.PoolClient). */
 export type PgPooledClient = PgQueryable & { release(err?: Error | boolean): void };
@@ -71,6 +73,9 @@ function isPool(db: unknown): db is PgPoolLike {
  * a node-postgres Client (or PoolClient) or a Pool (a client is taken for the transaction and
  * given back). A fence refusal rejects as `StaleToken` (FN001, FN003) or `FenceRefused`
  * (other FN00x); other errors pass through unchanged.
+ *
+ * It opens its own transaction, so it rejects with `InvalidArgument` (and runs nothing) when the
+ * client is already in one: one the caller began, or an enclosing `fenced()` on the same client.
  */
 export function fenced<T, C extends PgPooledClient>(
   pool: PgPoolLike<C>,
@@ -88,11 +93,46 @@ export async function fenced<T>(
     let broken: Error | undefined;
     try {
       return await transaction(client, lock, work, (e) => (broken = e));
+    } catch (e) {
+      // A pooled connection left inside a transaction by its last user must not be lent again.
+      if (e instanceof InsideTransaction) broken = e;
+      throw e;
     } finally {
       client.release(broken);
     }
   }
   return transaction(db, lock, work, () => undefined);
+}
+
+/** The refusal to run inside a transaction the caller (or an enclosing `fenced`) opened. */
+class InsideTransaction extends InvalidArgument {}
+
+/** Clients inside a running `fenced()` call. */
+const running = new WeakSet<object>();
+
+/**
+ * Throws InsideTransaction when `client` is inside a transaction: BEGIN would only warn, the
+ * declaration would join that transaction and COMMIT would commit the caller's earlier writes
+ * under this lock's token (or end an enclosing `fenced()`'s transaction).
+ */
+function refuseInsideTransaction(client: PgQueryable): void {
+  const refuse = (why: string) => {
+    throw new InsideTransaction(
+      `fenced() opens its own transaction and cannot run inside one: ${why}; ` +
+        "commit or roll back first, or do all the writes inside one fenced() call",
+    );
+  };
+  if (running.has(client)) refuse("this client is inside a running fenced() call");
+  // node-postgres (pg.Client, pg.PoolClient, pg-native) tracks the server's ReadyForQuery
+  // transaction status: 'I' idle, 'T' in a transaction, 'E' in a failed one. (No query can
+  // tell instead: fence-proxy runs statements of its own with the client's.) A client without
+  // it is only refused inside a running fenced() call.
+  const status = (client as { getTransactionStatus?: () => unknown }).getTransactionStatus;
+  if (typeof status === "function") {
+    const s = status.call(client);
+    if (s === "T") refuse("the client is in a transaction");
+    if (s === "E") refuse("the client is in a failed transaction");
+  }
 }
 
 async function transaction<T, C extends PgQueryable>(
@@ -103,6 +143,22 @@ async function transaction<T, C extends PgQueryable>(
 ): Promise<T> {
   const resource = lock.resource;
   const token = lock.fenceToken;
+  refuseInsideTransaction(client);
+  running.add(client);
+  try {
+    return await transactionBody(client, resource, token, work, onBroken);
+  } finally {
+    running.delete(client);
+  }
+}
+
+async function transactionBody<T, C extends PgQueryable>(
+  client: C,
+  resource: string,
+  token: string,
+  work: (client: C) => Promise<T>,
+  onBroken: (e: Error) => void,
+): Promise<T> {
   await client.query("BEGIN");
   let result: T;
   try {
@@ -169,12 +225,18 @@ export async function checkResponse(response: Response): Promise<Response> {
  * A fetch that adds the lock's fencing headers to every request and rejects with `StaleToken`
  * / `FenceRefused` when fence-proxy refuses the token. To stop a request when the lock is lost,
  * pass `signal: lock.signal` (fence-proxy refuses a stale token in any case).
+ *
+ * Redirects are not followed (`redirect: "manual"`: the 3xx response is returned), because
+ * fetch would send the fencing headers, a write capability, to whatever host the redirect
+ * names. Pass `redirect: "follow"` to follow them anyway: the headers then go along to the
+ * redirect's target, whichever host that is.
  */
 export function fencedFetch(lock: Fenceable, fetchImpl: typeof fetch = globalThis.fetch): typeof fetch {
-  return (async (input: string | URL | Request, init: RequestInit = {}) => {
+  return (async (input: string | URL | Request, init?: RequestInit | null) => {
+    init = init ?? {};
     const headers = new Headers(init.headers ?? (input instanceof Request ? input.headers : undefined));
     for (const [k, v] of Object.entries(fencingHeaders(lock))) headers.set(k, v);
-    const response = await fetchImpl(input, { ...init, headers });
+    const response = await fetchImpl(input, { ...init, headers, redirect: init.redirect ?? "manual" });
     return checkResponse(response);
   }) as typeof fetch;
 }

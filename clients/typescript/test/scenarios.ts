@@ -199,6 +199,18 @@ export class Run {
       case "cancel":
         this.pending.get(step.of)!.abort.abort();
         return;
+      case "wait_free": {
+        const client = this.clients.get(step.client)!;
+        const resource = this.s(step.resource);
+        const deadline = now() + 10_000;
+        for (;;) {
+          const d = await client.describe(resource);
+          if (!d.held && !d.permitsHeld && !d.readers) break;
+          assert.ok(now() < deadline, `${resource} stayed held`);
+          await sleep(20); // polling Describe, bounded
+        }
+        return;
+      }
       case "wait_waiters": {
         const client = this.clients.get(step.client)!;
         const resource = this.s(step.resource);

@@ -176,6 +176,15 @@ impl Drop for Abandoned {
         };
         req.wait_timeout_ms = 0;
         rt.spawn(async move {
+            // Nothing held under the name: nothing was granted, and asking again could only
+            // take the lock anew (for a moment, and with a new token).
+            if let Ok(d) = client.describe(&req.resource).await
+                && !d.held
+                && d.permits_held.unwrap_or(0) == 0
+                && d.readers.unwrap_or(0) == 0
+            {
+                return;
+            }
             let (_, mut rpc) = client.endpoints.rpc();
             let asked =
                 tokio::time::timeout(crate::CALL_GRACE, rpc.acquire(client.request(req.clone())));

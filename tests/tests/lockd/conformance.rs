@@ -279,6 +279,18 @@ impl Run<'_> {
             }
             // Dropping the acquire's future cancels its call: lockd forgets the waiter.
             "cancel" => self.pending[step["of"].as_str().unwrap()].abort(),
+            "wait_free" => {
+                let (c, resource) = (client(), self.s(&step["resource"]));
+                let deadline = Instant::now() + Duration::from_secs(10);
+                loop {
+                    let d = c.describe(&resource).await.unwrap();
+                    if !d.held && d.permits_held.unwrap_or(0) == 0 && d.readers.unwrap_or(0) == 0 {
+                        break;
+                    }
+                    assert!(Instant::now() < deadline, "{resource} stayed held: {d:?}");
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            }
             "wait_waiters" => {
                 let (c, resource) = (client(), self.s(&step["resource"]));
                 let want = step["waiters"].as_u64().unwrap() as u32;

@@ -151,6 +151,9 @@ class Client:
 
         async def clean_up() -> None:
             try:
+                d = await self.describe(again.resource)
+                if not (d.held or d.permits_held or d.readers):
+                    return  # nothing was granted (see the threaded client's)
                 resp = await self._call("Acquire", again, CALL_GRACE)
                 if resp.WhichOneof("outcome") == "granted":
                     await self.release(resp.granted.resource or again.resource, resp.granted.lease_id)

@@ -268,6 +268,11 @@ class Client:
 
         def clean_up() -> None:
             try:
+                # Nothing held under the name: nothing was granted, and asking again could only
+                # take the lock anew (for a moment, and with a new token).
+                d = self.describe(again.resource)
+                if not (d.held or d.permits_held or d.readers):
+                    return
                 resp = self._call("Acquire", again, CALL_GRACE)
                 if resp.WhichOneof("outcome") == "granted":
                     self.release(resp.granted.resource or again.resource, resp.granted.lease_id)

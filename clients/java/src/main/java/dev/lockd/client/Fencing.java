@@ -6,7 +6,9 @@ import java.nio.charset.StandardCharsets;
 import java.sql.Connection;
 import java.sql.PreparedStatement;
 import java.sql.SQLException;
+import java.util.Collections;
 import java.util.HashMap;
+import java.util.IdentityHashMap;
 import java.util.Map;
 import java.util.Set;
 import javax.sql.DataSource;
@@ -29,7 +31,7 @@ import javax.sql.DataSource;
  *
  * <p>HTTP through fence-proxy with {@code java.net.http}: {@code Fencing.check(http.send(
  * Fencing.request(HttpRequest.newBuilder(uri), lock).PUT(body).build(), ofString()))}; with OkHttp:
- * {@link FencingInterceptor}.
+ * {@link FencingInterceptor} (a network interceptor).
  *
  * <p>The helpers do not refuse a lock that is already lost: fence-proxy decides, and a lost lock
  * whose token is still the highest may still write. Check {@link Lock#checkNotLost()} yourself
@@ -72,9 +74,32 @@ public final class Fencing {
      * error), autocommit as it was. A fence refusal is thrown as {@link StaleTokenException}
      * (SQLSTATE FN001, FN003) or {@link FenceRefusedException} (another FN00x); other SQL errors
      * as they are.
+     *
+     * <p>It refuses ({@link InvalidArgumentException}) a connection whose transaction is already
+     * open (autocommit off and statements run: with pgjdbc, the driver's transaction state) and a
+     * connection another helper call is running on (a nested call): its commit would commit the
+     * caller's earlier writes under this lock's token. A connection with autocommit off but no
+     * statement run since the last commit or rollback (HikariCP's {@code autoCommit=false}) is fine.
      */
     public static <T> T inTransaction(Connection connection, Fenceable lock, SqlWork<T> work) throws SQLException {
-        boolean autoCommit = connection.getAutoCommit();
+        Object key = connectionKey(connection);
+        if (!RUNNING.add(key)) {
+            throw new InvalidArgumentException(NESTED + " (a fencing helper is already running on this connection)");
+        }
+        try {
+            boolean autoCommit = connection.getAutoCommit();
+            if (!autoCommit && transactionOpen(connection)) {
+                throw new InvalidArgumentException(NESTED
+                        + " (the connection's transaction is open: commit or roll back first)");
+            }
+            return fencedTransaction(connection, autoCommit, lock, work);
+        } finally {
+            RUNNING.remove(key);
+        }
+    }
+
+    private static <T> T fencedTransaction(Connection connection, boolean autoCommit, Fenceable lock, SqlWork<T> work)
+            throws SQLException {
         try {
             if (autoCommit) {
                 connection.setAutoCommit(false);
@@ -106,6 +131,57 @@ public final class Fencing {
         } finally {
             if (autoCommit && !connection.isClosed()) {
                 connection.setAutoCommit(true);
+            }
+        }
+    }
+
+    private static final String NESTED =
+            "the fencing helper opens its own transaction and cannot run inside one";
+
+    /** The connections a helper is running on (their driver's connection when it can be unwrapped). */
+    private static final Set<Object> RUNNING = Collections.synchronizedSet(Collections.newSetFromMap(new IdentityHashMap<>()));
+
+    /** The driver's own connection behind a pool's proxy (pgjdbc), so two proxies of one are one key. */
+    private static Object connectionKey(Connection connection) {
+        try {
+            Object pg = PgState.unwrap(connection);
+            return pg != null ? pg : connection;
+        } catch (LinkageError e) {
+            return connection;
+        }
+    }
+
+    private static boolean transactionOpen(Connection connection) {
+        try {
+            return PgState.transactionOpen(connection);
+        } catch (LinkageError e) {
+            return false;
+        }
+    }
+
+    /**
+     * pgjdbc's view of the transaction (the driver is optional: without it, or with another
+     * driver, nothing is known and only re-entry is refused).
+     */
+    private static final class PgState {
+        static Object unwrap(Connection connection) {
+            try {
+                if (connection.isWrapperFor(org.postgresql.core.BaseConnection.class)) {
+                    return connection.unwrap(org.postgresql.core.BaseConnection.class);
+                }
+            } catch (LinkageError | SQLException e) {
+                // no pgjdbc, or a driver that cannot tell
+            }
+            return null;
+        }
+
+        static boolean transactionOpen(Connection connection) {
+            try {
+                Object pg = unwrap(connection);
+                return pg != null && ((org.postgresql.core.BaseConnection) pg).getTransactionState()
+                        != org.postgresql.core.TransactionState.IDLE;
+            } catch (LinkageError e) {
+                return false;
             }
         }
     }

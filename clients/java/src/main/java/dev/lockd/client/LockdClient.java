@@ -313,6 +313,80 @@ public final class LockdClient implements AutoCloseable {
             case WRITE -> AcquireRequest.Mode.WRITE;
             default -> AcquireRequest.Mode.MODE_UNSPECIFIED;
         };
+        AcquireRequest[] sentReq = new AcquireRequest[1];
+        try {
+            return acquireLoop(resource, o, downgrade, what, requestId, wait, deadline, backoff, mode, sentReq);
+        } catch (CancelledException e) {
+            // A grant may have raced the cancel (or its answer was dropped): nobody would renew
+            // or release it. Ask again with the same request id, without waiting, and release
+            // whatever is granted. A downgrade is not repeated: it would convert a lease the
+            // caller still holds.
+            AcquireRequest last = sentReq[0];
+            if (last != null && downgrade.isEmpty()) {
+                cleanUp(resource, last.toBuilder().setWaitTimeoutMs(0).build());
+            }
+            throw e;
+        }
+    }
+
+    /** How long the clean-up of an abandoned acquire tries before leaving the lease to its TTL. */
+    static final long CLEANUP_FOR = TimeUnit.SECONDS.toNanos(10);
+
+    /**
+     * Releases, in the background, the grant an abandoned acquire may have left: the same
+     * request again with a wait of zero answers it (duplicate) or takes the lock anew; either
+     * way it is released.
+     */
+    private void cleanUp(String resource, AcquireRequest retry) {
+        try {
+            ASYNC.execute(() -> {
+                long deadline = System.nanoTime() + CLEANUP_FOR;
+                Backoff backoff = new Backoff();
+                // Nothing held under the name: nothing was granted, and asking again could only
+                // take the lock anew (for a moment, and with a new token).
+                try {
+                    Description d = describe(resource);
+                    if (!d.held() && d.permitsHeld() <= 0 && d.readers() <= 0) {
+                        return;
+                    }
+                } catch (RuntimeException e) {
+                    // ask anyway
+                }
+                while (true) {
+                    long left = deadline - System.nanoTime();
+                    if (left <= 0) {
+                        return;
+                    }
+                    try {
+                        AcquireResponse r = callOnce(s -> s.acquire(retry), Math.min(left, CALL_TIMEOUT),
+                                "the clean-up of the acquire of " + resource);
+                        if (r.getOutcomeCase() == AcquireResponse.OutcomeCase.GRANTED) {
+                            fencing.lock.v1.Lock.Lease lease = r.getGranted();
+                            release(lease.getResource().isEmpty() ? resource : lease.getResource(),
+                                    lease.getLeaseId());
+                        }
+                        return;
+                    } catch (StatusRuntimeException e) {
+                        if (!Errors.isTransient(e)) {
+                            return;
+                        }
+                    } catch (RuntimeException e) {
+                        return; // the lease, if any, ends at its TTL
+                    }
+                    try {
+                        TimeUnit.NANOSECONDS.sleep(Math.min(backoff.nextDelayNanos(), Math.max(left, 0)));
+                    } catch (InterruptedException e) {
+                        return;
+                    }
+                }
+            });
+        } catch (java.util.concurrent.RejectedExecutionException ignored) {
+            // cannot happen with a cached pool; the lease would end at its TTL
+        }
+    }
+
+    private Lock acquireLoop(String resource, AcquireOptions o, String downgrade, String what, String requestId,
+            long wait, long deadline, Backoff backoff, AcquireRequest.Mode mode, AcquireRequest[] sentReq) {
         while (true) {
             if (Thread.currentThread().isInterrupted()) {
                 throw new CancelledException(what + " was cancelled (the thread was interrupted)");
@@ -332,6 +406,7 @@ public final class LockdClient implements AutoCloseable {
                     .build();
             long sent = System.nanoTime();
             AcquireResponse resp;
+            sentReq[0] = req;
             try {
                 resp = callOnce(s -> s.acquire(req), callWait + CALL_GRACE, what);
             } catch (StatusRuntimeException e) {
@@ -369,6 +444,7 @@ public final class LockdClient implements AutoCloseable {
                     continue;
                 }
                 case NOT_GRANTED -> {
+                    sentReq[0] = null; // answered: nothing to clean up
                     if (System.nanoTime() - deadline >= 0) {
                         throw notGranted(resource, resp.getNotGranted(), wait > 0);
                     }
@@ -403,12 +479,73 @@ public final class LockdClient implements AutoCloseable {
     public LockSet acquireAll(List<String> resources, AcquireOptions o) {
         List<String> given = List.copyOf(resources);
         checkSet(given);
+        AcquireAllRequest[] inFlight = new AcquireAllRequest[1];
+        try {
+            return acquireAllLoop(given, o, inFlight);
+        } catch (CancelledException e) {
+            AcquireAllRequest last = inFlight[0];
+            if (last != null) {
+                cleanUpAll(given, last); // a grant that raced the cancel is released
+            }
+            throw e;
+        }
+    }
+
+    /** {@link #cleanUp} for a set: the same AcquireAll again; a grant is released, member by member. */
+    private void cleanUpAll(List<String> given, AcquireAllRequest retry) {
+        ASYNC.execute(() -> {
+            long deadline = System.nanoTime() + CLEANUP_FOR;
+            Backoff backoff = new Backoff();
+            while (true) {
+                long left = deadline - System.nanoTime();
+                if (left <= 0) {
+                    return;
+                }
+                try {
+                    AcquireAllResponse r = callOnce(s -> s.acquireAll(retry), Math.min(left, CALL_TIMEOUT),
+                            "the clean-up of the acquire of the set " + given);
+                    if (r.getOutcomeCase() == AcquireAllResponse.OutcomeCase.GRANTED) {
+                        List<fencing.lock.v1.Lock.Lease> leases = r.getGranted().getLeasesList();
+                        for (int i = 0; i < leases.size(); i++) {
+                            fencing.lock.v1.Lock.Lease l = leases.get(i);
+                            String res = !l.getResource().isEmpty() ? l.getResource()
+                                    : i < given.size() ? given.get(i) : null;
+                            if (res != null) {
+                                try {
+                                    release(res, l.getLeaseId());
+                                } catch (LockdException ignored) {
+                                    // it ends at its TTL
+                                }
+                            }
+                        }
+                    }
+                    return;
+                } catch (StatusRuntimeException e) {
+                    if (!Errors.isTransient(e)) {
+                        return;
+                    }
+                } catch (RuntimeException e) {
+                    return;
+                }
+                try {
+                    TimeUnit.NANOSECONDS.sleep(Math.min(backoff.nextDelayNanos(), Math.max(left, 0)));
+                } catch (InterruptedException e) {
+                    return;
+                }
+            }
+        });
+    }
+
+    private LockSet acquireAllLoop(List<String> given, AcquireOptions o, AcquireAllRequest[] inFlight) {
         String what = "the acquire of the set " + given;
         String requestId = o.requestId() != null ? o.requestId() : newRequestId();
         long wait = o.waitTime().toNanos();
         long deadline = System.nanoTime() + wait;
         Backoff backoff = new Backoff();
         while (true) {
+            if (Thread.currentThread().isInterrupted()) {
+                throw new CancelledException(what + " was cancelled (the thread was interrupted)");
+            }
             AcquireAllRequest req = AcquireAllRequest.newBuilder()
                     .addAllResources(given)
                     .setRequestId(requestId)
@@ -417,6 +554,7 @@ public final class LockdClient implements AutoCloseable {
                     .build();
             long sent = System.nanoTime();
             AcquireAllResponse resp;
+            inFlight[0] = req;
             try {
                 resp = callOnce(s -> s.acquireAll(req), CALL_GRACE, what);
             } catch (StatusRuntimeException e) {
@@ -451,6 +589,7 @@ public final class LockdClient implements AutoCloseable {
                 }
                 return new LockSet(locks);
             }
+            inFlight[0] = null; // answered: nothing to clean up
             if (System.nanoTime() - deadline >= 0) {
                 String busy = resp.getBusyResource().isEmpty() ? given.get(0) : resp.getBusyResource();
                 throw notGranted(busy, resp.getNotGranted(), wait > 0);

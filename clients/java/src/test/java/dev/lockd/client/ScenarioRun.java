@@ -249,6 +249,16 @@ final class ScenarioRun {
                 checkGrant(step, name, lock, error);
             }
             case "cancel" -> pending.get(step.get("of").asText()).cancel(true);
+            case "wait_free" -> {
+                LockdClient c = clients.get(step.get("client").asText());
+                String resource = s(step.get("resource").asText());
+                long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(10);
+                for (Description d = c.describe(resource); d.held() || d.permitsHeld() > 0 || d.readers() > 0;
+                        d = c.describe(resource)) {
+                    assertTrue(System.nanoTime() < deadline, resource + " stayed held: " + d);
+                    Thread.sleep(20); // polling with a bound, not synchronising
+                }
+            }
             case "wait_waiters" -> {
                 LockdClient c = clients.get(step.get("client").asText());
                 String resource = s(step.get("resource").asText());
@@ -395,7 +405,7 @@ final class ScenarioRun {
         assertEquals(expect, got, "http_write (java.net.http) with " + step.get("lease").asText());
 
         // OkHttp
-        OkHttpClient ok = new OkHttpClient.Builder().addInterceptor(new FencingInterceptor(lock))
+        OkHttpClient ok = new OkHttpClient.Builder().addNetworkInterceptor(new FencingInterceptor(lock))
                 .callTimeout(Duration.ofSeconds(30)).build();
         okhttp3.Request req = new okhttp3.Request.Builder().url(url)
                 .put(RequestBody.create("{}", MediaType.get("application/json"))).build();

@@ -1,0 +1,101 @@
+package dev.lockd.client;
+
+import static org.junit.jupiter.api.Assertions.assertTrue;
+import static org.junit.jupiter.api.Assertions.fail;
+
+import java.time.Duration;
+import java.util.ArrayList;
+import java.util.List;
+import java.util.concurrent.CompletableFuture;
+import java.util.concurrent.CountDownLatch;
+import java.util.concurrent.TimeUnit;
+import org.junit.jupiter.api.AfterEach;
+import org.junit.jupiter.api.BeforeEach;
+import org.junit.jupiter.api.Test;
+
+/**
+ * A waiting acquire cancelled just as lockd grants it leaves no lease that nobody holds: the grant
+ * is released in the background, so the resource is free long before the lease's TTL.
+ */
+class AbandonedAcquireTest {
+    private static final int ROUNDS = 30;
+    private Testbed bed;
+    private LockdClient a;
+    private LockdClient b;
+    private final String run = LockdClient.newRequestId().replaceAll("[^A-Za-z0-9]", "");
+
+    @BeforeEach
+    void setUp() throws Exception {
+        bed = Testbed.shared();
+        String lockd = bed.servers.get("lockd").get("endpoint").asText();
+        a = LockdClient.builder().endpoints(lockd).holder("java-abandon-a").build();
+        b = LockdClient.builder().endpoints(lockd).holder("java-abandon-b").build();
+    }
+
+    @AfterEach
+    void tearDown() {
+        a.close();
+        b.close();
+    }
+
+    private static void poll(String what, long seconds, java.util.function.BooleanSupplier done)
+            throws InterruptedException {
+        long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(seconds);
+        while (!done.getAsBoolean()) {
+            if (System.nanoTime() - deadline > 0) {
+                fail(what);
+            }
+            Thread.sleep(10); // polling a condition, not synchronising
+        }
+    }
+
+    @Test
+    void aGrantThatRacesTheCancelIsReleased() throws Exception {
+        AcquireOptions ttl = AcquireOptions.builder().ttl(Duration.ofSeconds(30)).build();
+        AcquireOptions waiting = AcquireOptions.builder().ttl(Duration.ofSeconds(30)).wait(Duration.ofSeconds(60))
+                .build();
+        List<String> resources = new ArrayList<>();
+        for (int i = 0; i < ROUNDS; i++) {
+            String r = "java/" + run + "/abandon-" + i;
+            resources.add(r);
+            Lock held = a.acquire(r, ttl);
+            CompletableFuture<Lock> waiter = b.acquireAsync(r, waiting);
+            poll(r + ": never 1 waiter", 30, () -> a.describe(r).waiters() == 1);
+            CountDownLatch go = new CountDownLatch(1);
+            Thread releaser = new Thread(() -> {
+                try {
+                    go.await();
+                    held.release();
+                } catch (InterruptedException ignored) {
+                    // the test ends
+                }
+            });
+            Thread canceller = new Thread(() -> {
+                try {
+                    go.await();
+                    waiter.cancel(true);
+                } catch (InterruptedException ignored) {
+                    // the test ends
+                }
+            });
+            releaser.start();
+            canceller.start();
+            go.countDown();
+            releaser.join(30_000);
+            canceller.join(30_000);
+            assertTrue(waiter.isCancelled());
+        }
+        List<String> stillHeld = new ArrayList<>();
+        long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(10);
+        for (String r : resources) {
+            while (a.describe(r).held() && System.nanoTime() - deadline < 0) {
+                Thread.sleep(20); // polling describe() until the resource is free
+            }
+            if (a.describe(r).held()) {
+                stillHeld.add(r + " (" + a.describe(r) + ")");
+            }
+        }
+        assertTrue(stillHeld.isEmpty(), stillHeld.size() + " of " + ROUNDS
+                + " resources still held by an abandoned grant: " + stillHeld);
+    }
+}
