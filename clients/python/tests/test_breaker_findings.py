@@ -18,6 +18,21 @@ from lockd_client import fence
 UPSERT = "INSERT INTO conformance VALUES (%s, %s) ON CONFLICT (k) DO UPDATE SET v = excluded.v"
 
 
+_held = []
+
+
+@pytest.fixture(autouse=True)
+def _release_held():
+    """The leases a test took through stale_and_current end with it."""
+    yield
+    while _held:
+        lock = _held.pop()
+        try:
+            lock.release()
+        except lockd_client.LockdError:
+            pass
+
+
 def stale_and_current(testbed):
     """A lease made stale by a newer holder's write of `key`, that newer lease, and a current
     lease of another resource."""
@@ -27,6 +42,7 @@ def stale_and_current(testbed):
     c.release(old.resource, old.lease.lease_id)
     new = c.acquire(r, ttl=30)
     other = c.acquire(r + "-other", ttl=30)
+    _held.extend([old, new, other])
     return c, old, new, other
 
 

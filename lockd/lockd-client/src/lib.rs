@@ -917,7 +917,16 @@ mod tests {
 
     #[test]
     fn bad_endpoints_are_refused_at_once() {
-        for bad in ["", "not a url", "127.0.0.1:7420 x"] {
+        for bad in [
+            "",
+            "not a url",
+            "127.0.0.1:7420 x",
+            // several: none empty, one scheme
+            "http://127.0.0.1:7420,",
+            "http://127.0.0.1:7420,,http://127.0.0.1:7421",
+            "http://127.0.0.1:7420,https://127.0.0.1:7421",
+            "http://127.0.0.1:7420,ftp://h:1",
+        ] {
             assert!(
                 matches!(Client::connect(bad), Err(ClientError::Endpoint { .. })),
                 "{bad:?}"

@@ -375,7 +375,21 @@ class Client:
         return LockSet(taken)
 
 
-class Lock:
+class _ReleasedByWith:
+    """`with` releases; an error of the release is raised unless the block is raising one."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        try:
+            self.release()
+        except LockdError:
+            if exc_type is None:
+                raise
+
+
+class Lock(_ReleasedByWith):
     """A held lock: renews itself at a third of its TTL (jittered) and says when it is lost.
 
     Lost is final: `lost` (a threading.Event) is set and the `on_lost` callbacks run (on the
@@ -534,18 +548,9 @@ class Lock:
                 pass
             raise
 
-    def __enter__(self) -> "Lock":
-        return self
-
-    def __exit__(self, exc_type, exc, tb) -> None:
-        try:
-            self.release()
-        except LockdError:
-            if exc_type is None:
-                raise
 
 
-class LockSet:
+class LockSet(_ReleasedByWith):
     """Several held locks (`acquire_all`, `acquire_ordered`); `with` releases them all."""
 
     def __init__(self, locks: List[Lock]):
@@ -562,15 +567,6 @@ class LockSet:
         results = [lock.release() for lock in reversed(self.locks)]
         return all(results)
 
-    def __enter__(self) -> "LockSet":
-        return self
-
-    def __exit__(self, exc_type, exc, tb) -> None:
-        try:
-            self.release()
-        except LockdError:
-            if exc_type is None:
-                raise
 
 
 __all__ = ["Client", "Lock", "LockSet", "LostReason", "Mode", "QuotaExceeded"]

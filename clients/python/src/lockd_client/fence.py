@@ -97,6 +97,9 @@ def _check_idle(kind: str, target: Any) -> None:
         from psycopg2.extensions import TRANSACTION_STATUS_IDLE
         if target.get_transaction_status() != TRANSACTION_STATUS_IDLE:
             _refuse_open("psycopg2 connection")
+    elif kind == "asyncpg":
+        if target.is_in_transaction():
+            _refuse_open("asyncpg connection")
     elif kind == "sqlalchemy":
         from sqlalchemy.engine import Engine
         if not isinstance(target, Engine) and target.in_transaction():
@@ -146,18 +149,16 @@ async def atransaction(target: Any, lock: Any):
     from the pool for the transaction), or a psycopg 3 AsyncConnection."""
     resource, token = lock.resource, lock.fence_token
     module = type(target).__module__
-    try:
+    with _translated():
         if module.startswith("asyncpg"):
             if hasattr(target, "acquire") and not hasattr(target, "transaction"):
                 async with target.acquire() as conn:
-                    if conn.is_in_transaction():
-                        _refuse_open("asyncpg connection")
+                    _check_idle("asyncpg", conn)
                     async with conn.transaction():
                         await conn.execute(DECLARE.format(r="$1", t="$2"), resource, token)
                         yield conn
             else:
-                if target.is_in_transaction():
-                    _refuse_open("asyncpg connection")
+                _check_idle("asyncpg", target)
                 async with target.transaction():
                     await target.execute(DECLARE.format(r="$1", t="$2"), resource, token)
                     yield target
@@ -168,13 +169,6 @@ async def atransaction(target: Any, lock: Any):
                 yield target
         else:
             raise TypeError(f"fence.atransaction does not know {type(target).__qualname__}")
-    except FenceRefused:
-        raise
-    except Exception as e:
-        refused = _refusal(e)
-        if refused is None:
-            raise
-        raise refused from e
 
 
 def headers(lock: Any) -> dict:

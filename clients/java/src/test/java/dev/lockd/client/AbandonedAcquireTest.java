@@ -1,7 +1,6 @@
 package dev.lockd.client;
 
 import static org.junit.jupiter.api.Assertions.assertTrue;
-import static org.junit.jupiter.api.Assertions.fail;
 
 import java.time.Duration;
 import java.util.ArrayList;
@@ -27,26 +26,14 @@ class AbandonedAcquireTest {
     @BeforeEach
     void setUp() throws Exception {
         bed = Testbed.shared();
-        String lockd = bed.servers.get("lockd").get("endpoint").asText();
-        a = LockdClient.builder().endpoints(lockd).holder("java-abandon-a").build();
-        b = LockdClient.builder().endpoints(lockd).holder("java-abandon-b").build();
+        a = bed.client("java-abandon-a");
+        b = bed.client("java-abandon-b");
     }
 
     @AfterEach
     void tearDown() {
         a.close();
         b.close();
-    }
-
-    private static void poll(String what, long seconds, java.util.function.BooleanSupplier done)
-            throws InterruptedException {
-        long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(seconds);
-        while (!done.getAsBoolean()) {
-            if (System.nanoTime() - deadline > 0) {
-                fail(what);
-            }
-            Thread.sleep(10); // polling a condition, not synchronising
-        }
     }
 
     @Test
@@ -60,7 +47,7 @@ class AbandonedAcquireTest {
             resources.add(r);
             Lock held = a.acquire(r, ttl);
             CompletableFuture<Lock> waiter = b.acquireAsync(r, waiting);
-            poll(r + ": never 1 waiter", 30, () -> a.describe(r).waiters() == 1);
+            Testbed.poll(r + ": never 1 waiter", 30, () -> a.describe(r).waiters() == 1);
             CountDownLatch go = new CountDownLatch(1);
             Thread releaser = new Thread(() -> {
                 try {

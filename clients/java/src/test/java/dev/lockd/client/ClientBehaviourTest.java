@@ -23,9 +23,8 @@ class ClientBehaviourTest {
     @BeforeEach
     void setUp() throws Exception {
         bed = Testbed.shared();
-        String lockd = bed.servers.get("lockd").get("endpoint").asText();
-        a = LockdClient.builder().endpoints(lockd).holder("java-test-a").build();
-        b = LockdClient.builder().endpoints(lockd).holder("java-test-b").build();
+        a = bed.client("java-test-a");
+        b = bed.client("java-test-b");
     }
 
     @AfterEach
@@ -39,11 +38,7 @@ class ClientBehaviourTest {
     }
 
     private static void waitForWaiters(LockdClient c, String resource, int n) throws InterruptedException {
-        long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(60);
-        while (c.describe(resource).waiters() != n) {
-            assertTrue(System.nanoTime() < deadline, resource + ": never " + n + " waiters");
-            Thread.sleep(20);
-        }
+        Testbed.poll(resource + ": never " + n + " waiters", 60, () -> c.describe(resource).waiters() == n);
     }
 
     @Test
@@ -72,11 +67,7 @@ class ClientBehaviourTest {
         }
         // try-with-resources released it; the cancelled acquire's clean-up may take it for a
         // moment to release it (docs: cancelling), so: free within a bound, not at once.
-        long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(10);
-        while (a.describe(r).held()) {
-            assertTrue(System.nanoTime() < deadline, "still held after try-with-resources released it");
-            Thread.sleep(20);
-        }
+        Testbed.poll("still held after try-with-resources released it", 10, () -> !a.describe(r).held());
     }
 
     @Test

@@ -30,8 +30,7 @@ class FencingNestedTest {
     @BeforeEach
     void setUp() throws Exception {
         bed = Testbed.shared();
-        client = LockdClient.builder().endpoints(bed.servers.get("lockd").get("endpoint").asText())
-                .holder("java-nested").build();
+        client = bed.client("java-nested");
     }
 
     @AfterEach

@@ -252,22 +252,16 @@ final class ScenarioRun {
             case "wait_free" -> {
                 LockdClient c = clients.get(step.get("client").asText());
                 String resource = s(step.get("resource").asText());
-                long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(10);
-                for (Description d = c.describe(resource); d.held() || d.permitsHeld() > 0 || d.readers() > 0;
-                        d = c.describe(resource)) {
-                    assertTrue(System.nanoTime() < deadline, resource + " stayed held: " + d);
-                    Thread.sleep(20); // polling with a bound, not synchronising
-                }
+                Testbed.poll(resource + " stayed held", 10, () -> {
+                    Description d = c.describe(resource);
+                    return !d.held() && d.permitsHeld() <= 0 && d.readers() <= 0;
+                });
             }
             case "wait_waiters" -> {
                 LockdClient c = clients.get(step.get("client").asText());
                 String resource = s(step.get("resource").asText());
                 int want = step.get("waiters").asInt();
-                long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(60);
-                while (c.describe(resource).waiters() != want) {
-                    assertTrue(System.nanoTime() < deadline, resource + ": never " + want + " waiters");
-                    Thread.sleep(20); // polling with a bound, not synchronising
-                }
+                Testbed.poll(resource + ": never " + want + " waiters", 60, () -> c.describe(resource).waiters() == want);
             }
             case "release" -> {
                 String name = step.get("lease").asText();

@@ -14,6 +14,7 @@ import java.nio.charset.StandardCharsets;
 import java.nio.file.Files;
 import java.nio.file.Path;
 import java.util.concurrent.TimeUnit;
+import java.util.function.BooleanSupplier;
 
 /**
  * The servers of the conformance suite: clients/testbed (throwaway lockd instances, PostgreSQL
@@ -45,6 +46,25 @@ final class Testbed implements AutoCloseable {
             }));
         }
         return shared;
+    }
+
+    /** A client of the test bed's plain lockd, describing itself as {@code holder}. */
+    LockdClient client(String holder) {
+        return LockdClient.builder().endpoints(servers.get("lockd").get("endpoint").asText()).holder(holder).build();
+    }
+
+    /**
+     * Polls {@code done} until it holds, failing with {@code what} after {@code seconds}: a bound
+     * on a condition lockd has no event for (Describe's counts), not a sleep to synchronise.
+     */
+    static void poll(String what, long seconds, BooleanSupplier done) throws InterruptedException {
+        long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(seconds);
+        while (!done.getAsBoolean()) {
+            if (System.nanoTime() - deadline > 0) {
+                fail(what);
+            }
+            Thread.sleep(20);
+        }
     }
 
     Testbed() throws IOException {
