@@ -229,6 +229,34 @@ pub struct PgArgs {
     /// The name PostgreSQL's certificate must carry [default: the --upstream host].
     #[arg(long, env = "FENCE_PROXY_PG_UPSTREAM_SERVER_NAME", value_name = "NAME")]
     pub upstream_server_name: Option<String>,
+    /// Server connections per database and user, reused across client connections (0: no
+    /// pool).
+    #[arg(
+        long,
+        env = "FENCE_PROXY_PG_POOL_SIZE",
+        default_value_t = 0,
+        value_name = "N"
+    )]
+    pub pool_size: usize,
+    /// How pooled clients authenticate: scram-sha-256 (against --auth-file) or trust.
+    #[arg(
+        long,
+        env = "FENCE_PROXY_PG_POOL_AUTH",
+        default_value = "scram-sha-256",
+        value_name = "MODE"
+    )]
+    pub pool_auth: crate::config::PoolAuthMode,
+    /// The pool's users, `"name" "password or SCRAM secret"` per line (PgBouncer's format).
+    #[arg(long, env = "FENCE_PROXY_PG_AUTH_FILE", value_name = "FILE")]
+    pub auth_file: Option<PathBuf>,
+    /// Longest a client waits for a free server connection of its pool, in ms.
+    #[arg(
+        long,
+        env = "FENCE_PROXY_PG_POOL_WAIT_MS",
+        default_value_t = 10_000,
+        value_name = "MS"
+    )]
+    pub pool_wait_ms: u64,
     #[command(flatten)]
     pub common: CommonArgs,
 }

@@ -5,6 +5,7 @@
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
@@ -112,6 +113,42 @@ pub struct PgConfig {
     /// The name PostgreSQL's certificate must carry, if not the upstream's host.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub upstream_server_name: Option<String>,
+    /// Server connections per database and user, reused across client connections (0: no
+    /// pool; each client connection gets its own, and PostgreSQL authenticates it).
+    #[serde(default)]
+    pub pool_size: usize,
+    /// How the pool's clients authenticate: `scram-sha-256` (against `auth_file`) or `trust`.
+    #[serde(default)]
+    pub pool_auth: PoolAuthMode,
+    /// The pool's users: `"name" "password or SCRAM secret"` per line (PgBouncer's format).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auth_file: Option<PathBuf>,
+    /// Longest a client waits for a server connection when all of its pool are in use.
+    #[serde(default = "d_pool_wait")]
+    pub pool_wait_ms: u64,
+    /// Idle server connections are closed after this.
+    #[serde(default = "d_pg_pool_idle")]
+    pub pool_idle_ms: u64,
+}
+
+/// How a pooled listener's clients authenticate.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize, ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum PoolAuthMode {
+    /// SCRAM-SHA-256 against `auth_file`.
+    #[default]
+    #[serde(rename = "scram-sha-256")]
+    #[value(name = "scram-sha-256")]
+    ScramSha256,
+    /// No proof: only on loopback (or with `insecure`), where PostgreSQL would trust the same.
+    Trust,
+}
+
+fn d_pool_wait() -> u64 {
+    10_000
+}
+fn d_pg_pool_idle() -> u64 {
+    600_000
 }
 
 fn d_true() -> bool {
@@ -177,7 +214,36 @@ impl PgConfig {
             upstream_cert: None,
             upstream_key: None,
             upstream_server_name: None,
+            pool_size: 0,
+            pool_auth: PoolAuthMode::ScramSha256,
+            auth_file: None,
+            pool_wait_ms: d_pool_wait(),
+            pool_idle_ms: d_pg_pool_idle(),
         }
+    }
+
+    /// The pool's settings, its auth file read (`None`: no pool).
+    pub fn pool(&self) -> anyhow::Result<Option<pg_relay::PoolConfig>> {
+        if self.pool_size == 0 {
+            return Ok(None);
+        }
+        let auth = match (self.pool_auth, &self.auth_file) {
+            (PoolAuthMode::Trust, _) => pg_relay::PoolAuth::Trust,
+            (PoolAuthMode::ScramSha256, Some(f)) => pg_relay::PoolAuth::Scram(Arc::new(
+                pg_relay::AuthFile::load(f)
+                    .map_err(|e| anyhow::anyhow!("pg listener {}: {e}", self.listen))?,
+            )),
+            (PoolAuthMode::ScramSha256, None) => bail!(
+                "pg listener {}: pool_size needs auth_file (the proxy authenticates pooled clients), or pool_auth = \"trust\"",
+                self.listen
+            ),
+        };
+        Ok(Some(pg_relay::PoolConfig {
+            size: self.pool_size,
+            wait: Duration::from_millis(self.pool_wait_ms),
+            idle: Duration::from_millis(self.pool_idle_ms),
+            auth,
+        }))
     }
 
     /// The relay's settings.
@@ -204,6 +270,8 @@ impl PgConfig {
             // From `tls()`, which reads files.
             tls: None,
             upstream_tls: None,
+            // From `pool()`, which reads the auth file.
+            pool: None,
         }
     }
 
@@ -237,6 +305,17 @@ impl PgConfig {
                 "pg listener {l}: connections_max, startups_per_peer_max and the timeouts must be at least 1"
             );
         }
+        if self.pool_size > 100_000 || self.pool_wait_ms > 3_600_000 || self.pool_idle_ms == 0 {
+            bail!(
+                "pg listener {l}: pool_size must be at most 100000, pool_wait_ms at most 3600000 and pool_idle_ms at least 1"
+            );
+        }
+        if self.pool_size == 0
+            && (self.auth_file.is_some() || self.pool_auth != PoolAuthMode::ScramSha256)
+        {
+            bail!("pg listener {l}: auth_file and pool_auth mean something only with pool_size");
+        }
+        self.pool()?;
         if !self.tls_required && self.tls_cert.is_none() {
             bail!("pg listener {l}: tls_required = false means something only with tls_cert");
         }
@@ -549,6 +628,10 @@ impl Config {
                 pg.upstream_cert = a.common.upstream_cert.clone();
                 pg.upstream_key = a.common.upstream_key.clone();
                 pg.upstream_server_name = a.upstream_server_name.clone();
+                pg.pool_size = a.pool_size;
+                pg.pool_auth = a.pool_auth;
+                pg.auth_file = a.auth_file.clone();
+                pg.pool_wait_ms = a.pool_wait_ms;
                 Config {
                     data_dir: default_data_dir(),
                     log: a.common.log.clone(),
@@ -648,6 +731,15 @@ impl Config {
         {
             bail!(
                 "{first}: anyone on the network could read the tokens, passwords and data in transit; use TLS, keep it on loopback (a sidecar), or set insecure = true (--insecure) to go on anyway"
+            );
+        }
+        if let Some(p) = self.pg.iter().find(|p| {
+            p.pool_size > 0 && p.pool_auth == PoolAuthMode::Trust && !p.listen.ip().is_loopback()
+        }) && !self.insecure
+        {
+            bail!(
+                "pg listener {}: pool_auth = \"trust\" lets anyone who reaches this address in as any user of the pool; use scram-sha-256 with auth_file, keep the listener on loopback, or set insecure = true",
+                p.listen
             );
         }
         if let Some(a) = self.admin_listen

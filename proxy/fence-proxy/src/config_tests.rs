@@ -307,3 +307,78 @@ fn collect(v: &toml::Value, prefix: &str, out: &mut Vec<String>) {
         _ => {}
     }
 }
+
+#[test]
+fn a_pool_needs_a_way_to_authenticate_its_clients() {
+    let dir = tempfile::tempdir().unwrap();
+    let users = dir.path().join("users.txt");
+    std::fs::write(&users, "\"app\" \"pw\"\n").unwrap();
+    let md5 = dir.path().join("md5.txt");
+    std::fs::write(&md5, "\"app\" \"md5a3556571e93b0d20722ba62be61e8c2d\"\n").unwrap();
+    let pg = "[[pg]]\nlisten = \"127.0.0.1:1\"\nupstream = \"127.0.0.1:5432\"\n";
+    let (_d, p) = file(&format!(
+        "{pg}pool_size = 5\nauth_file = \"{}\"\n",
+        users.display()
+    ));
+    let c = Config::from_cli(&cli(&["--config", &p])).unwrap();
+    let pool = c.pg[0].pool().unwrap().expect("a pool");
+    assert_eq!(pool.size, 5);
+    assert!(matches!(pool.auth, pg_relay::PoolAuth::Scram(_)));
+    assert!(c.pg[0].pool_wait_ms > 0 && c.pg[0].pool_idle_ms > 0);
+    for (text, needle) in [
+        (format!("{pg}pool_size = 5\n"), "pool_size needs auth_file"),
+        (
+            format!("{pg}pool_size = 5\nauth_file = \"{}\"\n", md5.display()),
+            "md5 hashes cannot check SCRAM-SHA-256 clients",
+        ),
+        (
+            format!("{pg}pool_size = 5\nauth_file = \"/nonexistent/users\"\n"),
+            "cannot read auth_file",
+        ),
+        (
+            format!("{pg}auth_file = \"{}\"\n", users.display()),
+            "only with pool_size",
+        ),
+        (format!("{pg}pool_auth = \"trust\"\n"), "only with pool_size"),
+        (
+            "[[pg]]\nlisten = \"0.0.0.0:1\"\nupstream = \"db:5432\"\ntls_cert = \"c\"\ntls_key = \"k\"\npool_size = 2\npool_auth = \"trust\"\n".to_string(),
+            "",
+        ),
+        (
+            format!("{pg}pool_size = 200000\npool_auth = \"trust\"\n"),
+            "pool_size must be at most 100000",
+        ),
+    ] {
+        let (_d, p) = file(&text);
+        let err = format!(
+            "{:#}",
+            Config::from_cli(&cli(&["--config", &p])).unwrap_err()
+        );
+        assert!(err.contains(needle), "{text:?}: {err}");
+    }
+    // Trust off loopback: refused unless insecure (checked apart from the listener's TLS).
+    let open = "[[pg]]\nlisten = \"0.0.0.0:1\"\nupstream = \"127.0.0.1:5432\"\npool_size = 2\npool_auth = \"trust\"\n";
+    let (_d, p) = file(&format!("insecure = true\n{open}"));
+    Config::from_cli(&cli(&["--config", &p])).unwrap();
+    let c: Config = toml::from_str(open).unwrap();
+    let err = format!("{:#}", c.validate().unwrap_err());
+    assert!(
+        err.contains("plaintext") || err.contains("pool_auth = \"trust\""),
+        "{err}"
+    );
+    // From the command line.
+    let c = Config::from_cli(&cli(&[
+        "pg",
+        "--pool-size",
+        "3",
+        "--pool-auth",
+        "trust",
+        "--pool-wait-ms",
+        "50",
+    ]))
+    .unwrap();
+    assert_eq!(
+        (c.pg[0].pool_size, c.pg[0].pool_auth, c.pg[0].pool_wait_ms),
+        (3, PoolAuthMode::Trust, 50)
+    );
+}

@@ -127,6 +127,7 @@ async fn run(config: Config) -> anyhow::Result<()> {
     for p in &config.pg {
         let mut relay_config = p.relay(config.fence.resources_max, config.signing.is_some());
         (relay_config.tls, relay_config.upstream_tls) = p.tls()?;
+        relay_config.pool = p.pool()?;
         if let Some(t) = &relay_config.tls {
             reloads.push(Arc::clone(&t.server) as Arc<dyn tlsconf::Reload>);
         }

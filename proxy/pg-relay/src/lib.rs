@@ -11,6 +11,8 @@
 //! - `session`: one client connection's I/O: start-up (TLS included), the two directions of
 //!   the relay.
 //! - [`upstream`]: the connection to PostgreSQL, in plaintext or TLS.
+//! - `pool`: server connections reused across client connections (session pooling), the
+//!   clients' authentication it needs (`scram`), and the reset between clients.
 //! - [`sqlstate`]: the one table of the errors this mode reports.
 //! - [`Relay`]: what the sessions of one listener share: settings, the in-memory map of highest
 //!   tokens seen (a cache that rejects an obviously stale token without a round trip; the table
@@ -19,7 +21,9 @@
 //! The codec is `pg-wire`; this crate owns the I/O.
 
 mod machine;
+mod pool;
 pub mod schema;
+mod scram;
 mod session;
 pub mod sqlstate;
 mod tally;
@@ -32,8 +36,9 @@ use std::time::Duration;
 
 use compact_str::CompactString;
 use dashmap::DashMap;
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+pub use pool::{AuthFile, PoolAuth, PoolConfig};
 pub use upstream::UpstreamTls;
 
 /// TLS towards clients.
@@ -83,6 +88,9 @@ pub struct PgRelayConfig {
     pub tls: Option<ListenerTls>,
     /// TLS towards PostgreSQL (`None`: plaintext).
     pub upstream_tls: Option<UpstreamTls>,
+    /// Server connections reused across clients (`None`: one per client connection, and
+    /// PostgreSQL authenticates every client).
+    pub pool: Option<PoolConfig>,
 }
 
 impl Default for PgRelayConfig {
@@ -101,6 +109,7 @@ impl Default for PgRelayConfig {
             verified_databases: None,
             tls: None,
             upstream_tls: None,
+            pool: None,
         }
     }
 }
@@ -110,6 +119,8 @@ struct CancelTarget {
     key: Vec<u8>,
     upstream_pid: i32,
     upstream_key: Vec<u8>,
+    /// A pooled server connection's gate (see `pool::ServerConn::gate`).
+    gate: Option<Arc<tokio::sync::RwLock<()>>>,
 }
 
 /// What the sessions of one listener share.
@@ -124,12 +135,17 @@ pub struct Relay {
     connections: AtomicUsize,
     /// Connections in start-up, per peer address.
     starting: Arc<tlsconf::PerPeer>,
+    pool: Option<pool::Pool>,
 }
 
 impl Relay {
     pub fn new(config: PgRelayConfig) -> Relay {
         Relay {
             starting: tlsconf::PerPeer::new(config.startups_per_peer_max),
+            pool: config
+                .pool
+                .clone()
+                .map(|p| pool::Pool::new(p, config.connections_max)),
             config,
             marks: DashMap::new(),
             marks_len: Arc::new(AtomicUsize::new(0)),
@@ -145,6 +161,11 @@ impl Relay {
     /// Client connections open now.
     pub fn connections(&self) -> usize {
         self.connections.load(Ordering::Relaxed)
+    }
+
+    /// Idle pooled server connections now (0 without a pool).
+    pub fn pool_idle(&self) -> usize {
+        self.pool.as_ref().map_or(0, pool::Pool::idle)
     }
 
     /// The marks of the sessions of `database`.
@@ -166,7 +187,12 @@ impl Relay {
     }
 
     /// Registers a session's cancel key and returns the pid and key handed to the client.
-    fn register_cancel(&self, upstream_pid: i32, upstream_key: &[u8]) -> (i32, Vec<u8>) {
+    fn register_cancel(
+        &self,
+        upstream_pid: i32,
+        upstream_key: &[u8],
+        gate: Option<Arc<tokio::sync::RwLock<()>>>,
+    ) -> (i32, Vec<u8>) {
         loop {
             let mut bytes = [0u8; 4];
             let mut key = vec![0u8; upstream_key.len()];
@@ -181,6 +207,7 @@ impl Relay {
                     key: key.clone(),
                     upstream_pid,
                     upstream_key: upstream_key.to_vec(),
+                    gate,
                 });
                 return (pid, key);
             }
@@ -193,12 +220,23 @@ impl Relay {
 
     /// Forwards a client's CancelRequest to the upstream session it names, if the key matches.
     async fn cancel(&self, pid: i32, key: &[u8]) {
-        let target = self.cancels.get(&pid).and_then(|t| {
-            let same = t.key.len() == key.len()
-                && t.key.iter().zip(key).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0;
-            same.then(|| (t.upstream_pid, t.upstream_key.clone()))
-        });
-        let Some((upstream_pid, upstream_key)) = target else {
+        let lookup = || {
+            self.cancels.get(&pid).and_then(|t| {
+                let same = t.key.len() == key.len()
+                    && t.key.iter().zip(key).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0;
+                same.then(|| (t.upstream_pid, t.upstream_key.clone(), t.gate.clone()))
+            })
+        };
+        let mut target = lookup();
+        // A pooled connection: hold its gate while forwarding, and only if the session is
+        // still registered once it is held (the reset waits for the gate after the session
+        // unregistered), so that no cancel reaches the connection's next client.
+        let mut _held = None;
+        if let Some((_, _, Some(gate))) = &target {
+            _held = Some(Arc::clone(gate).read_owned().await);
+            target = lookup();
+        }
+        let Some((upstream_pid, upstream_key, _)) = target else {
             tracing::debug!(
                 pid,
                 "cancel request for an unknown session or with a wrong key"
@@ -217,7 +255,11 @@ impl Relay {
         };
         let sent = tokio::time::timeout(self.config.connect_timeout, async {
             s.write_all(&packet).await?;
-            s.shutdown().await
+            s.shutdown().await?;
+            // PostgreSQL closes once it has signalled the backend.
+            let mut rest = [0u8; 64];
+            while s.read(&mut rest).await? > 0 {}
+            Ok::<(), std::io::Error>(())
         })
         .await;
         match sent {
@@ -274,6 +316,19 @@ pub async fn serve(
     shutdown: impl Future<Output = ()>,
 ) {
     tokio::pin!(shutdown);
+    let reaper = relay.pool.as_ref().map(|p| {
+        let relay = Arc::clone(&relay);
+        let every = (p.config.idle / 2).clamp(Duration::from_millis(10), Duration::from_secs(10));
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(every).await;
+                if let Some(p) = &relay.pool {
+                    p.reap();
+                }
+            }
+        })
+    });
+    let _reaper = scopeguard(reaper);
     loop {
         tokio::select! {
             _ = &mut shutdown => return,
@@ -291,6 +346,21 @@ pub async fn serve(
                     tokio::task::yield_now().await;
                 }
             }
+        }
+    }
+}
+
+/// Aborts a task when dropped.
+struct AbortOnDrop(Option<tokio::task::JoinHandle<()>>);
+
+fn scopeguard(task: Option<tokio::task::JoinHandle<()>>) -> AbortOnDrop {
+    AbortOnDrop(task)
+}
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        if let Some(t) = &self.0 {
+            t.abort();
         }
     }
 }

@@ -522,6 +522,8 @@ pub(crate) struct Machine {
     hook_reported: bool,
     /// The listener does not trust that report (`trust_commit_hook = false`).
     hook_ignored: bool,
+    /// The server connection outlives the client's (pooled): its Terminate is not passed on.
+    keep_server: bool,
 }
 
 impl Machine {
@@ -563,7 +565,28 @@ impl Machine {
             sasl_asked: false,
             hook_reported: false,
             hook_ignored: false,
+            keep_server: false,
         }
+    }
+
+    /// The server connection goes back to a pool when the client leaves: the client's
+    /// Terminate stays here.
+    pub(crate) fn keep_server(&mut self) {
+        self.keep_server = true;
+    }
+
+    /// Whether the server connection may serve another client once reset: the session is past
+    /// its start-up, nothing is in flight, no transaction is open, no COPY, nothing held.
+    pub(crate) fn reusable(&self) -> bool {
+        self.phase == Phase::Ready
+            && self.idle()
+            && self.status == b'I'
+            && !self.copy_in
+            && self.held.is_none()
+            && self.local.is_empty()
+            && self.to_server.is_empty()
+            && self.held_complete.is_none()
+            && self.refused_end.is_none()
     }
 
     /// Keeps [`Event`]s in `events` from now on.
@@ -689,7 +712,9 @@ impl Machine {
                 Frontend::CopyDone | Frontend::CopyFail => self.copy_in = false,
                 Frontend::Sync => self.expect.push_back(Expect::SyncInCopy),
                 Frontend::Terminate => {
-                    out.extend_from_slice(message);
+                    if !self.keep_server {
+                        out.extend_from_slice(message);
+                    }
                     return Ok(Step::Terminate);
                 }
                 _ => {}
@@ -738,7 +763,9 @@ impl Machine {
             }
             Frontend::Sync => self.on_sync(message, out, marks),
             Frontend::Terminate => {
-                out.extend_from_slice(message);
+                if !self.keep_server {
+                    out.extend_from_slice(message);
+                }
                 return Ok(Step::Terminate);
             }
             // Flush, COPY data, authentication: PostgreSQL judges them.

@@ -39,6 +39,7 @@ use tokio::net::TcpStream;
 use tokio::sync::Notify;
 
 use crate::machine::{Local, Machine, Step, Verdict};
+use crate::pool;
 use crate::tally::Who;
 use crate::{ListenerTls, Marks, Relay, sqlstate, upstream};
 
@@ -93,7 +94,7 @@ impl Drop for Decrement<'_> {
 }
 
 /// Writes a FATAL error to the client (best effort) and returns the error to end the session.
-async fn fatal(client: &mut Stream, code: &str, message: String) -> std::io::Result<()> {
+pub(crate) async fn fatal(client: &mut Stream, code: &str, message: String) -> std::io::Result<()> {
     let mut out = Vec::new();
     sqlstate::fatal(&mut out, code, &message);
     let _ = client.write_all(&out).await;
@@ -338,24 +339,26 @@ async fn session(
         } => (packet, database),
     };
     let marks = relay.marks_of(&database);
-    let mut upstream = match upstream::connect(&relay.config).await {
-        Ok(s) => s,
-        Err(m) => {
-            tracing::warn!(%peer, error = %m, "cannot open a session with PostgreSQL");
-            opskit::fence::get().upstream_error(
-                opskit::fence::Mode::Pg,
-                opskit::fence::UpstreamError::Connect,
-            );
-            return fatal(
-                client,
-                sqlstate::CANNOT_CONNECT,
-                format!("fence-proxy: {m}"),
-            )
-            .await;
+    let (upstream, mut from_server, mut pooled) = match &relay.pool {
+        Some(pool) => match pool::open(relay, pool, client, &mut buf, &packet, peer).await? {
+            Some((conn, checkout)) => {
+                let replay = conn.replay();
+                let (stream, meta) = conn.split();
+                (stream, replay, Some((checkout, meta)))
+            }
+            None => return Ok(()),
+        },
+        None => {
+            let mut upstream = match upstream::connect(&relay.config).await {
+                Ok(s) => s,
+                Err(m) => return cannot_connect(client, peer, m).await,
+            };
+            upstream.write_all(&packet).await?;
+            (upstream, BytesMut::new(), None)
         }
     };
-    upstream.write_all(&packet).await?;
-    tracing::debug!(%peer, tls = client.is_tls(), upstream_tls = upstream.is_tls(), "session started");
+    let gate = pooled.as_ref().map(|(_, meta)| meta.gate());
+    tracing::debug!(%peer, tls = client.is_tls(), upstream_tls = upstream.is_tls(), pooled = pooled.is_some(), "session started");
 
     let mut machine = Machine::new(relay.config.fence_wait.as_millis());
     if opskit::fence::observing() {
@@ -365,7 +368,11 @@ async fn session(
         machine.ignore_hook();
     }
     let who = Who { peer, database };
+    if pooled.is_some() {
+        machine.keep_server();
+    }
     if let Some(ours) = &leaf
+        && pooled.is_none()
         && upstream.is_tls()
         && upstream.peer_certificates().and_then(|c| c.first()) != Some(ours)
     {
@@ -385,30 +392,92 @@ async fn session(
     };
     let (mut client_r, mut client_w) = tokio::io::split(client);
     let (upstream_r, upstream_w) = Half::pair(upstream);
-    let c2s = to_server(relay, &marks, &shared, &mut client_r, upstream_w, buf);
-    let s2c = to_client(relay, &marks, &shared, upstream_r, &mut client_w, &who);
-    tokio::pin!(c2s, s2c);
-    // Polled in this order, the client-to-server direction first: what it queues for the
-    // client is then usually written in the same wake-up.
-    tokio::select! {
-        biased;
-        r = &mut c2s => {
-            // The client is gone or said Terminate: the server closes once it has read the
-            // end, and its last words still reach the client.
-            match tokio::time::timeout(relay.config.connect_timeout, &mut s2c).await {
-                Ok(r2) => r.and(r2),
-                Err(_) => r,
+    let server = Arc::clone(&upstream_r.0);
+    let keep = pooled.is_some();
+    let mut framer = Framer::default();
+    let ended = {
+        let c2s = to_server(relay, &marks, &shared, &mut client_r, upstream_w, buf, keep);
+        let s2c = to_client(
+            relay,
+            (&marks, &who, gate),
+            &shared,
+            upstream_r,
+            &mut client_w,
+            (&mut from_server, &mut framer),
+        );
+        tokio::pin!(c2s, s2c);
+        // Polled in this order, the client-to-server direction first: what it queues for the
+        // client is then usually written in the same wake-up.
+        tokio::select! {
+            biased;
+            r = &mut c2s => {
+                if keep {
+                    // Pooled: the server connection stays open and says nothing more.
+                    Ended::Client(r)
+                } else {
+                // The client is gone or said Terminate: the server closes once it has read the
+                // end, and its last words still reach the client.
+                match tokio::time::timeout(relay.config.connect_timeout, &mut s2c).await {
+                    Ok(r2) => Ended::Server(r.and(r2)),
+                    Err(_) => Ended::Server(r),
+                }
+                }
+            }
+            r = &mut s2c => {
+                // PostgreSQL is gone; its last words (a FATAL) went to the client. Keep taking
+                // what the client still sends for a moment: closing at once would answer its
+                // next write with a reset, which can make it drop that message unread (a
+                // paused client that wakes up sends before it reads).
+                let _ = tokio::time::timeout(DRAIN, &mut c2s).await;
+                Ended::Server(r)
             }
         }
-        r = &mut s2c => {
-            // PostgreSQL is gone; its last words (a FATAL) went to the client. Keep taking what
-            // the client still sends for a moment: closing at once would answer its next write
-            // with a reset, which can make it drop that message unread (a paused client that
-            // wakes up sends before it reads).
-            let _ = tokio::time::timeout(DRAIN, &mut c2s).await;
+    };
+    match ended {
+        Ended::Server(r) => r,
+        Ended::Client(r) => {
+            // Pooled, and the client left: the connection goes back if nothing of this
+            // client's is left on it (nothing in flight, no transaction, nothing half read).
+            let reusable =
+                shared.machine().reusable() && from_server.is_empty() && !framer.mid_message();
+            tracing::debug!(%peer, reusable, "a pooled client left");
+            if let Some((checkout, meta)) = pooled.take() {
+                let stream = Arc::try_unwrap(server)
+                    .ok()
+                    .map(|m| m.into_inner().unwrap_or_else(|e| e.into_inner()))
+                    .filter(|_| reusable);
+                checkout
+                    .finish(stream.map(|s| meta.join(s)), relay.config.connect_timeout)
+                    .await;
+            }
             r
         }
     }
+}
+
+/// How a session's two directions ended.
+enum Ended {
+    /// The client left, with its server connection pooled.
+    Client(std::io::Result<()>),
+    Server(std::io::Result<()>),
+}
+
+pub(crate) async fn cannot_connect(
+    client: &mut Stream,
+    peer: SocketAddr,
+    m: String,
+) -> std::io::Result<()> {
+    tracing::warn!(%peer, error = %m, "cannot open a session with PostgreSQL");
+    opskit::fence::get().upstream_error(
+        opskit::fence::Mode::Pg,
+        opskit::fence::UpstreamError::Connect,
+    );
+    fatal(
+        client,
+        sqlstate::CANNOT_CONNECT,
+        format!("fence-proxy: {m}"),
+    )
+    .await
 }
 
 /// The connection to PostgreSQL, shared by the two directions of a session (which run in one
@@ -573,6 +642,7 @@ async fn to_server(
     client: &mut (impl AsyncRead + Unpin),
     mut server: Half,
     mut buf: BytesMut,
+    keep: bool,
 ) -> std::io::Result<()> {
     let mut out = Vec::with_capacity(16 << 10);
     let mut framer = Framer::default();
@@ -619,7 +689,9 @@ async fn to_server(
         }
         match fed {
             Fed::Terminate => {
-                let _ = server.shutdown().await;
+                if !keep {
+                    let _ = server.shutdown().await;
+                }
                 return Ok(());
             }
             Fed::Deferred(message) => {
@@ -633,7 +705,9 @@ async fn to_server(
         tokio::select! {
             read = client.read_buf(&mut buf) => {
                 if read? == 0 {
-                    let _ = server.shutdown().await;
+                    if !keep {
+                        let _ = server.shutdown().await;
+                    }
                     return Ok(());
                 }
             }
@@ -706,6 +780,8 @@ enum Event {
 struct CancelKey<'a> {
     relay: &'a Relay,
     pid: Option<i32>,
+    /// The pooled server connection's gate, registered with the key.
+    gate: Option<Arc<tokio::sync::RwLock<()>>>,
 }
 
 impl Drop for CancelKey<'_> {
@@ -719,16 +795,21 @@ impl Drop for CancelKey<'_> {
 /// Server to client.
 async fn to_client(
     relay: &Relay,
-    marks: &Marks,
+    (marks, who, gate): (&Marks, &Who, Option<Arc<tokio::sync::RwLock<()>>>),
     shared: &Shared,
     mut server: Half,
     client: &mut (impl AsyncWrite + Unpin),
-    who: &Who,
+    (buf, framer): (&mut BytesMut, &mut Framer),
 ) -> std::io::Result<()> {
-    let mut buf = BytesMut::with_capacity(32 << 10);
+    buf.reserve(32 << 10);
     let mut out = Vec::with_capacity(32 << 10);
-    let mut framer = Framer::default();
-    let mut cancel = CancelKey { relay, pid: None };
+    let mut cancel = CancelKey {
+        relay,
+        pid: None,
+        gate,
+    };
+    // A pooled connection's start-up, given again: read as if PostgreSQL had just sent it.
+    let mut replayed = !buf.is_empty();
     loop {
         // What the other direction queued for the client comes first; otherwise what
         // PostgreSQL sends.
@@ -736,7 +817,10 @@ async fn to_client(
             if let Some(l) = shared.machine().take_local() {
                 return std::task::Poll::Ready(Ok(Event::Local(l)));
             }
-            let read = std::pin::pin!(server.read_buf(&mut buf)).poll(cx);
+            if std::mem::take(&mut replayed) {
+                return std::task::Poll::Ready(Ok(Event::Read(buf.len())));
+            }
+            let read = std::pin::pin!(server.read_buf(&mut *buf)).poll(cx);
             if read.is_pending() {
                 // Nothing to relay, and nothing unread in the socket either (TLS may have taken
                 // records that held no message): the other direction need not wait for us.
@@ -794,14 +878,7 @@ async fn to_client(
             Event::Read(_) => {
                 let wake = {
                     let mut m = shared.machine();
-                    relay_server_messages(
-                        marks,
-                        &mut m,
-                        &mut framer,
-                        &mut buf,
-                        &mut out,
-                        &mut cancel,
-                    )?;
+                    relay_server_messages(marks, &mut m, framer, buf, &mut out, &mut cancel)?;
                     if !m.events.is_empty() {
                         crate::tally::record(&mut m.events, who);
                     }
@@ -842,7 +919,7 @@ fn relay_server_messages(
         };
         if let Ok(Backend::BackendKeyData { pid, key }) = Backend::decode(&message) {
             // The client gets a key of ours; its CancelRequest is forwarded with the real one.
-            let (ours, our_key) = relay.register_cancel(pid, key);
+            let (ours, our_key) = relay.register_cancel(pid, key, cancel.gate.clone());
             if let Some(old) = cancel.pid.replace(ours) {
                 relay.unregister_cancel(old);
             }

@@ -28,6 +28,8 @@ pub const CANNOT_CONNECT: &str = "08001";
 pub const CONNECTION_FAILURE: &str = "08006";
 /// A session in plaintext where TLS is required, or SCRAM channel binding that cannot pass.
 pub const INVALID_AUTHORIZATION: &str = "28000";
+/// A pooled client's SCRAM proof was wrong, or its user unknown (as PostgreSQL says it).
+pub const INVALID_PASSWORD: &str = "28P01";
 pub const TOO_MANY_CONNECTIONS: &str = "53300";
 pub const FEATURE_NOT_SUPPORTED: &str = "0A000";
 

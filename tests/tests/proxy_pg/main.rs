@@ -10,6 +10,8 @@
 //! - `replicas`: two proxies in front of one database, and a restart;
 //! - `input`: malformed and oversized messages, an upstream down, the connection limit;
 //! - `combined`: one process with a PostgreSQL and an HTTP listener;
+//! - `pool`: server connections reused across clients (`pool_size`): the reset, the bound,
+//!   SCRAM in the proxy, cancel keys, fencing through reused connections;
 //! - `tls`: TLS on both hops with psql, every failure, channel binding, SIGHUP.
 //!
 //! Needs the binaries: `cargo build --bins` first; PostgreSQL 15 in /usr/lib/postgresql/15/bin.
@@ -25,6 +27,7 @@ mod freeze;
 mod hook;
 mod input;
 mod observe;
+mod pool;
 mod protected;
 mod replicas;
 mod signed;
