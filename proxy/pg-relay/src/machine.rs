@@ -62,6 +62,14 @@ const BARE: &[u8] = b"__fence_proxy_bare";
 /// at the transaction's commit point (bool), whether the transaction ends there (bool: its
 /// deferred triggers fire first). The lock statement takes only the last; the fast read, which
 /// always follows it, the first two.
+/// Every one of `STATEMENTS` prepared.
+const ALL_PREPARED: u8 = (1 << STATEMENTS.len()) - 1;
+
+/// The first `n` of `STATEMENTS` prepared (as a probe that stopped at an error leaves them).
+pub(crate) fn parsed_mask(n: usize) -> u8 {
+    ((1u16 << n.min(STATEMENTS.len())) - 1) as u8
+}
+
 pub(crate) const STATEMENTS: [(&[u8], &[u8], &[u32]); 4] = [
     (BARE, schema::CHECK_BARE, &[23, 16, 16]),
     (ANY, schema::CHECK_ANY, &[23, 16, 16]),
@@ -457,8 +465,9 @@ pub(crate) struct Machine {
     wait_param: String,
     phase: Phase,
     installed: Installed,
-    /// All of `STATEMENTS` are prepared on this server connection.
-    prepared: bool,
+    /// Which of `STATEMENTS` are prepared on this server connection (bit i: the i-th), each
+    /// prepared when a check first needs it.
+    prepared: u8,
     lexing: Lexing,
     expect: VecDeque<Expect>,
     status: u8,
@@ -524,6 +533,14 @@ pub(crate) struct Machine {
     hook_ignored: bool,
     /// The server connection outlives the client's (pooled): its Terminate is not passed on.
     keep_server: bool,
+    /// A pooled connection whose statements the pool prepared and checked: (the check is
+    /// installed, our statements are prepared). Its start-up's ReadyForQuery then goes
+    /// straight to the client, with no probe.
+    preprobed: Option<(bool, u8)>,
+    /// A check before any visible change of the settings found no token: the session's
+    /// defaults (start-up, role, database) declare none. They are fixed for a backend's life,
+    /// so the next client of a pooled connection may start from that belief.
+    defaults_tokenless: bool,
 }
 
 impl Machine {
@@ -534,7 +551,7 @@ impl Machine {
             wait_param: fence_wait_ms.clamp(1, i32::MAX as u128).to_string(),
             phase: Phase::Auth,
             installed: Installed::Unknown,
-            prepared: false,
+            prepared: 0,
             lexing: Lexing::default(),
             expect: VecDeque::new(),
             status: b'I',
@@ -566,7 +583,28 @@ impl Machine {
             hook_reported: false,
             hook_ignored: false,
             keep_server: false,
+            preprobed: None,
+            defaults_tokenless: false,
         }
+    }
+
+    /// Whether a check found the session's defaults to declare no token (see the field).
+    pub(crate) fn defaults_tokenless(&self) -> bool {
+        self.defaults_tokenless
+    }
+
+    /// A pooled connection whose earlier client found its defaults to declare no token:
+    /// start from the belief that the session has none (checks wait for commit points, where
+    /// they judge whatever is set then; a wrong belief costs time, never safety).
+    pub(crate) fn assume_tokenless_defaults(&mut self) {
+        self.no_token = Some(self.generation);
+        self.defaults_tokenless = true;
+    }
+
+    /// The pool prepared our statements on this connection and checked them since its last
+    /// client (see `pool::reset`): what the probe would have learnt.
+    pub(crate) fn probed(&mut self, installed: bool, prepared: u8) {
+        self.preprobed = Some((installed, prepared));
     }
 
     /// The server connection goes back to a pool when the client leaves: the client's
@@ -788,7 +826,7 @@ impl Machine {
         let class = sql::classify(text);
         if name.starts_with(b"__fence_proxy") {
             // The client takes one of our names: ours may be gone or replaced.
-            self.prepared = false;
+            self.prepared = 0;
         }
         if name.is_empty() {
             self.unnamed_statement = class;
@@ -892,7 +930,7 @@ impl Machine {
             self.generation += 1;
         }
         if class.drops_statements {
-            self.prepared = false;
+            self.prepared = 0;
             // A name it frees may be prepared again by SQL PREPARE, with any text.
             for c in self.statements.values_mut() {
                 *c = Class::UNKNOWN;
@@ -926,16 +964,6 @@ impl Machine {
     }
 
     fn push_form(&mut self, out: &mut Vec<u8>, portal: &[u8], marks: &dyn Marks, form: Form) {
-        if !self.prepared {
-            for (name, text, types) in self.statements_to_prepare() {
-                // Closing first: a missing statement is no error, a survivor would be one.
-                msg::close(out, b'S', name);
-                self.expect.push_back(Expect::Close { ours: true });
-                msg::parse(out, name, text, types);
-                self.expect.push_back(Expect::Parse { ours: true });
-            }
-            self.prepared = true;
-        }
         let check = Check {
             generation: self.generation,
             bare: self.installed == Installed::No,
@@ -949,14 +977,17 @@ impl Machine {
         let ends = flag(form == Form::Commit);
         let params: [&[u8]; 3] = [wait.as_bytes(), flag(check.at_commit), ends];
         if check.bare {
+            self.prepare_ours(out, &[BARE]);
             self.execute_ours(out, portal, BARE, &params, expect);
         } else if self.known_current(marks)
             || (form != Form::Before && self.plan.before_checked && !self.plan.pending)
         {
+            self.prepare_ours(out, &[LOCK, FAST]);
             let lock = Expect::Lock { ends: check.ends };
             self.execute_ours(out, portal, LOCK, &[ends], lock);
             self.execute_ours(out, portal, FAST, &params[..2], expect);
         } else {
+            self.prepare_ours(out, &[ANY]);
             self.execute_ours(out, portal, ANY, &params, expect);
         }
         if form == Form::Commit && self.plan.open == Open::Explicit {
@@ -969,11 +1000,20 @@ impl Machine {
         }
     }
 
-    fn statements_to_prepare(&self) -> Vec<(&'static [u8], &'static [u8], &'static [u32])> {
-        STATEMENTS
-            .into_iter()
-            .filter(|(name, ..)| self.installed != Installed::No || *name == BARE)
-            .collect()
+    /// Prepares those of `names` (of `STATEMENTS`) that are not prepared here yet, ahead of
+    /// the check that needs them.
+    fn prepare_ours(&mut self, out: &mut Vec<u8>, names: &[&[u8]]) {
+        for (i, (name, text, types)) in STATEMENTS.into_iter().enumerate() {
+            if !names.contains(&name) || self.prepared & (1 << i) != 0 {
+                continue;
+            }
+            // Closing first: a missing statement is no error, a survivor would be one.
+            msg::close(out, b'S', name);
+            self.expect.push_back(Expect::Close { ours: true });
+            msg::parse(out, name, text, types);
+            self.expect.push_back(Expect::Parse { ours: true });
+            self.prepared |= 1 << i;
+        }
     }
 
     fn execute_ours(
@@ -1627,6 +1667,7 @@ impl Machine {
             // No row (the text form) or a NULL token: no token.
             Some(CheckRow::NoToken) | None => {
                 self.hint = None;
+                self.defaults_tokenless |= check.generation == 0;
                 self.no_token = Some(check.generation);
                 self.checked_txn = Some(None);
             }
@@ -1635,7 +1676,20 @@ impl Machine {
 
     fn on_ready(&mut self, status: u8) -> Verdict {
         if self.phase == Phase::Auth {
-            return self.start_probe();
+            let Some((installed, prepared)) = self.preprobed.take() else {
+                return self.start_probe();
+            };
+            self.phase = Phase::Ready;
+            self.prepared = prepared;
+            if self.installed == Installed::Unknown {
+                self.installed = if installed {
+                    Installed::Yes
+                } else {
+                    Installed::No
+                };
+            }
+            self.status = status;
+            return Verdict::Forward;
         }
         let mut hide = false;
         while let Some(e) = self.expect.pop_front() {
@@ -1674,7 +1728,7 @@ impl Machine {
         if self.phase == Phase::Probing && self.idle() {
             // The probe's ReadyForQuery is the one the client waits for after start-up.
             self.phase = Phase::Ready;
-            if self.installed == Installed::Unknown && self.prepared {
+            if self.installed == Installed::Unknown && self.prepared == ALL_PREPARED {
                 self.installed = Installed::Yes;
             }
             return Verdict::Forward;
@@ -1700,7 +1754,7 @@ impl Machine {
         // Forwarded: it answers the client's start-up.
         self.expect.push_back(Expect::Sync { ours: false });
         self.to_server.extend_from_slice(&out);
-        self.prepared = true;
+        self.prepared = ALL_PREPARED;
         Verdict::Hide
     }
 
@@ -1742,7 +1796,7 @@ impl Machine {
             // A statement of the probe failed: the check is not usable in this database. The
             // bare form, first, is what remains (if it was prepared).
             self.installed = Installed::No;
-            self.prepared = self.probe_parsed >= 1;
+            self.prepared = parsed_mask(self.probe_parsed);
             self.skip_to_sync();
             return Verdict::Hide;
         }
@@ -1803,7 +1857,7 @@ impl Machine {
     fn failed_check(&mut self) -> (bool, Option<Check>) {
         match self.expect.front_mut() {
             Some(Expect::Parse { ours: true }) => {
-                self.prepared = false;
+                self.prepared = 0;
                 (true, None)
             }
             Some(
@@ -1858,7 +1912,7 @@ impl Machine {
             return Verdict::Forward;
         }
         if code == STATEMENT_GONE {
-            self.prepared = false;
+            self.prepared = 0;
             return Verdict::Forward;
         }
         let bare_refusal = check.is_some_and(|c| c.bare) && code == b"22P02";
@@ -1866,7 +1920,7 @@ impl Machine {
             // Not here, or gone since the probe: from now on the bare form, which passes
             // sessions without a token and refuses the others.
             self.installed = Installed::No;
-            self.prepared = false;
+            self.prepared = 0;
             let mut out = Vec::new();
             sqlstate::not_installed(&mut out, fields.message);
             return Verdict::Replace(out);

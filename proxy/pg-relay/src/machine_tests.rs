@@ -1047,20 +1047,18 @@ fn what_drops_our_statements_has_them_prepared_again() {
             C Q DISCARD ALL
                 → Query "DISCARD ALL"
             C Q UPDATE t SET v = 1
-                → Close Statement bare
-                → Parse bare
                 → Close Statement any
                 → Parse any
-                → Close Statement lock
-                → Parse lock
-                → Close Statement fast
-                → Parse fast
                 → Bind "" any
                 → Execute ""
                 → Parse  "UPDATE t SET v = 1"
                 → Bind "" 
                 → Describe { target: Portal, name: [] }
                 → Execute ""
+                → Close Statement lock
+                → Parse lock
+                → Close Statement fast
+                → Parse fast
                 → Bind "" lock, ends
                 → Execute ""
                 → Bind "" fast at commit

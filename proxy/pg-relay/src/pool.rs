@@ -27,6 +27,7 @@ use tlsconf::Stream;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::{OwnedSemaphorePermit, RwLock, Semaphore};
 
+use crate::machine::{STATEMENTS, parsed_mask};
 use crate::scram::{self, ClientExchange, Credential, ScramError, Secret, ServerExchange};
 use std::net::SocketAddr;
 
@@ -174,6 +175,18 @@ pub(crate) struct Meta {
     gate: Arc<RwLock<()>>,
     packet: Vec<u8>,
     idle_since: Instant,
+    /// Our statements, as the pool prepared them.
+    pub(crate) probe: Probe,
+    /// A client found the session's defaults to declare no token (`Machine::defaults_tokenless`).
+    pub(crate) tokenless: bool,
+}
+
+/// What preparing our statements found: the check is installed (all of them parsed), and
+/// which are prepared now (`Machine::probed`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Probe {
+    pub(crate) installed: bool,
+    pub(crate) prepared: u8,
 }
 
 impl Meta {
@@ -585,6 +598,13 @@ pub(crate) async fn login(
             stream.write_all(&out).await.map_err(io)?;
         }
     }
+    let mut out = Vec::new();
+    prepare(&mut out);
+    stream.write_all(&out).await.map_err(io)?;
+    let probe = read_prepared(&mut stream, &mut buf)
+        .await
+        .map_err(io)?
+        .ok_or_else(|| LoginError::Other("PostgreSQL failed our statements oddly".into()))?;
     Ok(ServerConn {
         stream,
         meta: Meta {
@@ -592,12 +612,48 @@ pub(crate) async fn login(
             gate: Arc::new(RwLock::new(())),
             packet: packet.to_vec(),
             idle_since: Instant::now(),
+            probe,
+            tokenless: false,
         },
     })
 }
 
+/// Our statements, as the probe sends them (the bare form first: it needs nothing of ours,
+/// so it is there even when the rest fails), and a Sync.
+fn prepare(out: &mut Vec<u8>) {
+    for (name, text, types) in STATEMENTS {
+        pg_wire::msg::parse(out, name, text, types);
+    }
+    pg_wire::msg::sync(out);
+}
+
+/// Reads the answer to `prepare`: what it found, or `None` when PostgreSQL said something
+/// else.
+async fn read_prepared(stream: &mut Stream, buf: &mut BytesMut) -> std::io::Result<Option<Probe>> {
+    let mut parsed = 0;
+    loop {
+        let m = read_message(stream, buf).await?;
+        match m[0] {
+            b'1' => parsed += 1,
+            // A statement failed: the check is not installed here (the rest were skipped).
+            b'E' => {}
+            b'Z' => {
+                return Ok(Some(Probe {
+                    installed: parsed == STATEMENTS.len(),
+                    prepared: parsed_mask(parsed),
+                }));
+            }
+            // Notices, reports.
+            b'N' | b'S' => {}
+            _ => return Ok(None),
+        }
+    }
+}
+
 /// Resets a connection whose client left with nothing in flight and no transaction open;
-/// `None` if it cannot be made clean (then it is closed).
+/// `None` if it cannot be made clean (then it is closed). `DISCARD ALL` drops our prepared
+/// statements with the client's (so nothing a client put in their place outlives it); the next
+/// client's checks prepare the ones they need.
 pub(crate) async fn reset(mut conn: ServerConn, timeout: Duration) -> Option<ServerConn> {
     // No cancel forwarded for the last client may still be on its way.
     let gate = conn.meta.gate();
@@ -607,30 +663,29 @@ pub(crate) async fn reset(mut conn: ServerConn, timeout: Duration) -> Option<Ser
     // dblink's named connections are not discarded: a database with dblink keeps none.
     pg_wire::msg::query(
         &mut out,
-        b"SELECT count(*) FROM pg_catalog.pg_extension WHERE extname = 'dblink'",
+        b"SELECT FROM pg_catalog.pg_extension WHERE extname OPERATOR(pg_catalog.=) 'dblink'",
     );
     let clean = tokio::time::timeout(timeout, async {
         conn.stream.write_all(&out).await.ok()?;
         let mut buf = BytesMut::with_capacity(1024);
-        let (mut ready, mut discarded, mut no_dblink) = (0, false, false);
+        let (mut ready, mut discarded, mut dblink) = (0, false, false);
         while ready < 2 {
             let m = read_message(&mut conn.stream, &mut buf).await.ok()?;
             match Backend::decode(&m).ok()? {
                 Backend::CommandComplete { tag } => discarded |= tag == b"DISCARD ALL",
-                Backend::DataRow { message } => {
-                    no_dblink = pg_wire::msg::data_row(message).ok()?.first() == Some(&Some(b"0"));
-                }
+                Backend::DataRow { .. } => dblink = true,
                 Backend::Error(_) => return None,
                 Backend::ReadyForQuery { status: b'I' } => ready += 1,
                 Backend::ReadyForQuery { .. } => return None,
                 _ => {}
             }
         }
-        (discarded && no_dblink && buf.is_empty()).then_some(())
+        (discarded && !dblink && buf.is_empty()).then_some(())
     })
     .await;
     let clean = matches!(clean, Ok(Some(())));
     tracing::debug!(clean, "reset a pooled server connection");
+    conn.meta.probe.prepared = 0;
     clean.then_some(conn)
 }
 

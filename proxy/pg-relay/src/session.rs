@@ -368,8 +368,12 @@ async fn session(
         machine.ignore_hook();
     }
     let who = Who { peer, database };
-    if pooled.is_some() {
+    if let Some((_, meta)) = &pooled {
         machine.keep_server();
+        machine.probed(meta.probe.installed, meta.probe.prepared);
+        if meta.tokenless {
+            machine.assume_tokenless_defaults();
+        }
     }
     if let Some(ours) = &leaf
         && pooled.is_none()
@@ -441,7 +445,8 @@ async fn session(
             let reusable =
                 shared.machine().reusable() && from_server.is_empty() && !framer.mid_message();
             tracing::debug!(%peer, reusable, "a pooled client left");
-            if let Some((checkout, meta)) = pooled.take() {
+            if let Some((checkout, mut meta)) = pooled.take() {
+                meta.tokenless |= shared.machine().defaults_tokenless();
                 let stream = Arc::try_unwrap(server)
                     .ok()
                     .map(|m| m.into_inner().unwrap_or_else(|e| e.into_inner()))

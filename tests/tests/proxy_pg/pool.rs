@@ -444,3 +444,53 @@ fn pgbench_with_a_connection_per_transaction_runs_through_the_pool() {
         "t"
     );
 }
+
+#[test]
+fn statements_a_client_put_in_place_of_the_proxys_never_check_the_next_one() {
+    // A client can replace the proxy's prepared checks where the relay cannot see it (in a
+    // function), and fence only itself out that way; the next client of the connection must
+    // get the proxy's own. Without the hook: the proxy's statements judge every commit.
+    let s = pooled(POOL_OF_ONE);
+    s.pg.psql("INSERT INTO fencing.tokens (resource, token) VALUES ('inv:a', 6)");
+    runtime().block_on(async {
+        let (a, task) = connect_with(s.addr(), "").await;
+        let first = pid(&a).await;
+        a.batch_execute(
+            "PREPARE mine AS SELECT 1; \
+             DO $$ BEGIN \
+               EXECUTE 'DEALLOCATE __fence_proxy_any'; \
+               EXECUTE 'PREPARE __fence_proxy_any(int, bool, bool) AS SELECT 1 WHERE false'; \
+               EXECUTE 'DEALLOCATE __fence_proxy_fast'; \
+               EXECUTE 'PREPARE __fence_proxy_fast(int, bool) AS SELECT 1 WHERE false'; \
+               EXECUTE 'DEALLOCATE __fence_proxy_lock'; \
+               EXECUTE 'PREPARE __fence_proxy_lock(bool) AS SELECT true'; \
+             END $$",
+        )
+        .await
+        .unwrap();
+        leave(a, task).await;
+        let (b, task) = connect_with(s.addr(), "").await;
+        assert_eq!(pid(&b).await, first);
+        let r = b
+            .batch_execute(
+                "SET fencing.resource = 'inv:a'; SET fencing.token = '5'; \
+                 UPDATE stock SET n = 0",
+            )
+            .await;
+        let e = r.expect_err("a stale write through the next client of the connection");
+        assert_eq!(code(&e), "FN001", "{e}");
+        // The proxy's statements are its own again (prepared as the checks needed them), and
+        // the client's are gone.
+        assert_eq!(
+            row(
+                &b,
+                "SELECT count(*) FILTER (WHERE name LIKE '\\_\\_fence\\_proxy%' AND NOT from_sql) > 0, \
+                        count(*) FILTER (WHERE from_sql) FROM pg_prepared_statements"
+            )
+            .await,
+            ["t", "0"]
+        );
+        leave(b, task).await;
+    });
+    assert_eq!(s.pg.psql("SELECT n FROM stock"), "10");
+}
