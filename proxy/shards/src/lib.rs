@@ -24,16 +24,22 @@ use tokio::sync::Notify;
 /// The open-connection counts of a socket's workers.
 struct Balance {
     loads: Vec<AtomicUsize>,
-    /// Woken whenever a count changes.
-    changed: Notify,
+    /// Per worker: woken when its turn may have come (or, for its own accept, gone).
+    changed: Vec<Notify>,
 }
 
 impl Balance {
     fn new(workers: usize) -> Arc<Balance> {
         Arc::new(Balance {
             loads: (0..workers).map(|_| AtomicUsize::new(0)).collect(),
-            changed: Notify::new(),
+            changed: (0..workers).map(|_| Notify::new()).collect(),
         })
+    }
+
+    fn notify_all(&self) {
+        for n in &self.changed {
+            n.notify_waiters();
+        }
     }
 
     /// Whether worker `i` has (one of) the fewest open connections.
@@ -42,13 +48,25 @@ impl Balance {
         self.loads.iter().all(|l| l.load(Ordering::Acquire) >= mine)
     }
 
+    /// Counts a connection of worker `i` opened or closed, and wakes only the workers whose
+    /// turn it may have changed: a wake of another worker is a thread's wake-up (a system
+    /// call and a context switch), which with a connection per transaction cost as much as
+    /// the connection's own work. A worker `j` gets its turn from `i`'s new connection only
+    /// if its count is now equal to `i`'s (before, `i` had fewer); a closed connection gives
+    /// the turn to no one but `i` itself (everyone else's stays or goes; one that goes on
+    /// accepting a little longer only evens out later).
     fn add(&self, i: usize, up: bool) {
         if up {
-            self.loads[i].fetch_add(1, Ordering::AcqRel);
+            let now = self.loads[i].fetch_add(1, Ordering::AcqRel) + 1;
+            for j in (0..self.loads.len()).filter(|j| *j != i) {
+                if self.loads[j].load(Ordering::Acquire) == now && self.is_turn_of(j) {
+                    self.changed[j].notify_waiters();
+                }
+            }
         } else {
             self.loads[i].fetch_sub(1, Ordering::AcqRel);
+            self.changed[i].notify_waiters();
         }
-        self.changed.notify_waiters();
     }
 }
 
@@ -117,7 +135,7 @@ const GONE: usize = usize::MAX / 2;
 impl Drop for Listener {
     fn drop(&mut self) {
         self.balance.loads[self.index].store(GONE, Ordering::Release);
-        self.balance.changed.notify_waiters();
+        self.balance.notify_all();
     }
 }
 
@@ -145,7 +163,7 @@ impl Listener {
     /// Cancel-safe: dropped while waiting, nothing is lost.
     pub async fn accept(&self) -> io::Result<(TcpStream, SocketAddr, Load)> {
         loop {
-            let changed = self.balance.changed.notified();
+            let changed = self.balance.changed[self.index].notified();
             tokio::pin!(changed);
             // Registered before the check, so that a change right after it is not missed.
             changed.as_mut().enable();
