@@ -35,6 +35,8 @@ use pg_wire::Startup;
 
 use crate::{PgRelayConfig, Relay, session, sqlstate, upstream};
 
+/// Databases and users whose permits are kept before unused ones are forgotten.
+const PERMITS_KEPT: usize = 1024;
 /// Largest message read while authenticating or resetting (nothing there is larger).
 const AUTH_MESSAGE_MAX: usize = 64 << 10;
 
@@ -175,6 +177,8 @@ pub(crate) struct Meta {
     gate: Arc<RwLock<()>>,
     packet: Vec<u8>,
     idle_since: Instant,
+    /// The worker thread whose runtime the connection is registered with.
+    thread: std::thread::ThreadId,
     /// Our statements, as the pool prepared them.
     pub(crate) probe: Probe,
     /// A client found the session's defaults to declare no token (`Machine::defaults_tokenless`).
@@ -202,6 +206,18 @@ impl Meta {
 impl ServerConn {
     pub(crate) fn split(self) -> (Stream, Meta) {
         (self.stream, self.meta)
+    }
+
+    /// Whether an idle connection is still open and silent: PostgreSQL says nothing to an
+    /// idle session unless it ends it (a FATAL, then the end of the stream).
+    fn alive(&self) -> bool {
+        let mut byte = [0u8; 1];
+        let mut probe = tokio::io::ReadBuf::new(&mut byte);
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        self.stream
+            .tcp()
+            .poll_peek(&mut cx, &mut probe)
+            .is_pending()
     }
 
     /// The bytes the session's machine reads as the start-up's answer: AuthenticationOk, the
@@ -252,6 +268,12 @@ impl Pool {
         let key = (database.to_string(), user.to_string());
         let semaphore = {
             let mut permits = self.permits.lock().expect("the pool's permits");
+            if permits.len() >= PERMITS_KEPT && !permits.contains_key(&key) {
+                // Every database and user ever named would stay here: forget those nobody
+                // holds or waits for.
+                let size = self.config.size;
+                permits.retain(|_, s| s.available_permits() < size);
+            }
             Arc::clone(
                 permits
                     .entry(key.clone())
@@ -279,8 +301,24 @@ impl Pool {
         slot.idle
             .retain(|c| now.duration_since(c.meta.idle_since) < self.config.idle);
         slot.open -= before - slot.idle.len();
-        if let Some(i) = slot.idle.iter().rposition(|c| c.meta.packet == packet) {
-            return Some(slot.idle.swap_remove(i));
+        // The most recently used first, and one opened on this thread before others: a
+        // connection is registered with the runtime of the worker that opened it, and used from
+        // another worker every read and write wakes that one's thread too.
+        let here = std::thread::current().id();
+        loop {
+            let same = |c: &ServerConn| c.meta.packet == packet;
+            let found = slot
+                .idle
+                .iter()
+                .rposition(|c| same(c) && c.meta.thread == here)
+                .or_else(|| slot.idle.iter().rposition(same));
+            let Some(i) = found else { break };
+            let conn = slot.idle.remove(i);
+            if conn.alive() {
+                return Some(conn);
+            }
+            // PostgreSQL ended it while it was idle (a restart, pg_terminate_backend).
+            slot.open -= 1;
         }
         if slot.open >= self.config.size && !slot.idle.is_empty() {
             slot.idle.remove(0);
@@ -612,6 +650,7 @@ pub(crate) async fn login(
             gate: Arc::new(RwLock::new(())),
             packet: packet.to_vec(),
             idle_since: Instant::now(),
+            thread: std::thread::current().id(),
             probe,
             tokenless: false,
         },
@@ -748,15 +787,27 @@ pub(crate) async fn open<'a>(
     if let Some(conn) = checkout.take(packet) {
         return Ok(Some((conn, checkout)));
     }
-    match login(
-        &relay.config,
-        &the_pool.config.auth,
-        packet,
-        &user,
-        client_key.as_ref(),
+    // A PostgreSQL that stalls in the login holds the client's place no longer than a
+    // connection and a start-up may take.
+    let limit = relay.config.connect_timeout + relay.config.startup_timeout;
+    let logged_in = tokio::time::timeout(
+        limit,
+        login(
+            &relay.config,
+            &the_pool.config.auth,
+            packet,
+            &user,
+            client_key.as_ref(),
+        ),
     )
     .await
-    {
+    .unwrap_or_else(|_| {
+        Err(LoginError::Other(format!(
+            "logging in to PostgreSQL took more than {} ms",
+            limit.as_millis()
+        )))
+    });
+    match logged_in {
         Ok(conn) => Ok(Some((conn, checkout))),
         Err(LoginError::Server(error)) => {
             client.write_all(&error).await.ok();

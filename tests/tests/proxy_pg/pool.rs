@@ -494,3 +494,41 @@ fn statements_a_client_put_in_place_of_the_proxys_never_check_the_next_one() {
     });
     assert_eq!(s.pg.psql("SELECT n FROM stock"), "10");
 }
+
+#[test]
+fn an_idle_connection_postgresql_ended_is_not_given_to_a_client() {
+    let s = pooled(POOL_OF_ONE);
+    runtime().block_on(async {
+        let (a, task) = connect_with(s.addr(), "").await;
+        let first = pid(&a).await;
+        leave(a, task).await;
+        let direct = connect(&format!("127.0.0.1:{}", s.pg.port)).await;
+        // The reset's last statement ran: the connection waits in the pool.
+        wait_count(
+            &direct,
+            "the pooled connection to be reset",
+            &format!(
+                "SELECT count(*) FROM pg_stat_activity WHERE pid = {first} AND state = 'idle' \
+                 AND query LIKE '%pg_extension%'"
+            ),
+            1,
+        )
+        .await;
+        direct
+            .batch_execute(&format!("SELECT pg_terminate_backend({first})"))
+            .await
+            .unwrap();
+        wait_count(
+            &direct,
+            "the backend to end",
+            &format!("SELECT count(*) FROM pg_stat_activity WHERE pid = {first}"),
+            0,
+        )
+        .await;
+        // The next client gets a new connection, not the dead one (its first query would
+        // fail).
+        let b = connect(s.addr()).await;
+        assert_ne!(pid(&b).await, first);
+        assert_eq!(row(&b, "SELECT n FROM stock").await, ["10"]);
+    });
+}
