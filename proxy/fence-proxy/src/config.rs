@@ -310,6 +310,11 @@ impl PgConfig {
                 "pg listener {l}: pool_size must be at most 100000, pool_wait_ms at most 3600000 and pool_idle_ms at least 1"
             );
         }
+        if self.pool_auth == PoolAuthMode::Trust && self.auth_file.is_some() {
+            bail!(
+                "pg listener {l}: auth_file with pool_auth = \"trust\": its users would be let in with no proof; use pool_auth = \"scram-sha-256\" to check them, or drop auth_file"
+            );
+        }
         if self.pool_size == 0
             && (self.auth_file.is_some() || self.pool_auth != PoolAuthMode::ScramSha256)
         {

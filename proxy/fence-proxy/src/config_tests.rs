@@ -313,6 +313,8 @@ fn a_pool_needs_a_way_to_authenticate_its_clients() {
     let dir = tempfile::tempdir().unwrap();
     let users = dir.path().join("users.txt");
     std::fs::write(&users, "\"app\" \"pw\"\n").unwrap();
+    let empty = dir.path().join("empty.txt");
+    std::fs::write(&empty, "; nobody yet\n").unwrap();
     let md5 = dir.path().join("md5.txt");
     std::fs::write(&md5, "\"app\" \"md5a3556571e93b0d20722ba62be61e8c2d\"\n").unwrap();
     let pg = "[[pg]]\nlisten = \"127.0.0.1:1\"\nupstream = \"127.0.0.1:5432\"\n";
@@ -340,6 +342,17 @@ fn a_pool_needs_a_way_to_authenticate_its_clients() {
             "only with pool_size",
         ),
         (format!("{pg}pool_auth = \"trust\"\n"), "only with pool_size"),
+        (
+            format!(
+                "{pg}pool_size = 5\npool_auth = \"trust\"\nauth_file = \"{}\"\n",
+                users.display()
+            ),
+            "auth_file with pool_auth = \"trust\"",
+        ),
+        (
+            format!("{pg}pool_size = 5\nauth_file = \"{}\"\n", empty.display()),
+            "lists no users",
+        ),
         (
             "[[pg]]\nlisten = \"0.0.0.0:1\"\nupstream = \"db:5432\"\ntls_cert = \"c\"\ntls_key = \"k\"\npool_size = 2\npool_auth = \"trust\"\n".to_string(),
             "",

@@ -36,7 +36,6 @@ use std::time::Duration;
 
 use compact_str::CompactString;
 use dashmap::DashMap;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 pub use pool::{AuthFile, PoolAuth, PoolConfig};
 pub use upstream::UpstreamTls;
@@ -244,30 +243,8 @@ impl Relay {
             );
             return;
         };
-        let mut packet = Vec::new();
-        pg_wire::msg::cancel_request(&mut packet, upstream_pid, &upstream_key);
-        // Over TLS when sessions are: the key must not cross the network in clear.
-        let mut s = match upstream::connect(&self.config).await {
-            Ok(s) => s,
-            Err(e) => {
-                tracing::warn!(error = %e, "could not forward a cancel request");
-                return;
-            }
-        };
-        let sent = tokio::time::timeout(self.config.connect_timeout, async {
-            s.write_all(&packet).await?;
-            s.shutdown().await?;
-            // PostgreSQL closes once it has signalled the backend.
-            let mut rest = [0u8; 64];
-            while s.read(&mut rest).await? > 0 {}
-            Ok::<(), std::io::Error>(())
-        })
-        .await;
-        match sent {
-            Ok(Ok(())) => tracing::debug!(pid, upstream_pid, "forwarded a cancel request"),
-            Ok(Err(e)) => tracing::warn!(error = %e, "could not forward a cancel request"),
-            Err(_) => tracing::warn!("could not forward a cancel request: writing it timed out"),
-        }
+        upstream::cancel(&self.config, upstream_pid, &upstream_key).await;
+        tracing::debug!(pid, upstream_pid, "forwarded a cancel request");
     }
 }
 

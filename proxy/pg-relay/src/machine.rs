@@ -619,6 +619,8 @@ impl Machine {
         self.phase == Phase::Ready
             && self.idle()
             && self.status == b'I'
+            // An extended-protocol batch without its Sync: an implicit transaction may be open.
+            && self.batch_len == 0
             && !self.copy_in
             && self.held.is_none()
             && self.local.is_empty()

@@ -130,6 +130,9 @@ impl AuthFile {
                 return Err(format!("line {}: user {user:?} appears twice", n + 1));
             }
         }
+        if users.is_empty() {
+            return Err("it lists no users, so nobody could log in through the pool".into());
+        }
         Ok(AuthFile {
             users,
             mock: Secret::from_password(&format!("{:x}", rand_u64())),
@@ -177,6 +180,8 @@ pub(crate) struct Meta {
     gate: Arc<RwLock<()>>,
     packet: Vec<u8>,
     idle_since: Instant,
+    /// The backend's pid and cancel key.
+    backend: Option<(i32, Vec<u8>)>,
     /// The worker thread whose runtime the connection is registered with.
     thread: std::thread::ThreadId,
     /// Our statements, as the pool prepared them.
@@ -389,11 +394,21 @@ impl<'a> Checkout<'a> {
         self.pool.take(&self.lease, packet)
     }
 
-    /// The client left: `conn` (when it may be reused) is reset and kept, or closed.
-    pub(crate) async fn finish(mut self, conn: Option<ServerConn>, timeout: Duration) {
+    /// The client left: `conn` is reset and kept when it may be reused, else retired; the
+    /// client's place is free only then.
+    pub(crate) async fn finish(
+        mut self,
+        conn: Option<ServerConn>,
+        reusable: bool,
+        config: &PgRelayConfig,
+    ) {
         let conn = match conn {
-            Some(c) if self.reuse => reset(c, timeout).await,
-            _ => None,
+            Some(c) if self.reuse && reusable => reset(c, config.connect_timeout).await,
+            Some(c) => {
+                retire(c, config).await;
+                None
+            }
+            None => None,
         };
         self.counted = false;
         self.pool.give_back(&self.lease, conn);
@@ -434,8 +449,24 @@ async fn read_message(stream: &mut Stream, buf: &mut BytesMut) -> std::io::Resul
                     ));
                 }
             }
-            Err(e) => return Err(std::io::Error::other(e.to_string())),
+            Err(e) => {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::InvalidData,
+                    e.to_string(),
+                ));
+            }
         }
+    }
+}
+
+/// A client's message while authenticating; `None` if it is larger than any of them may be.
+async fn read_client(client: &mut Stream, buf: &mut BytesMut) -> std::io::Result<Option<BytesMut>> {
+    if let Err(pg_wire::WireError::TooLarge { .. }) = pg_wire::header(buf, AUTH_MESSAGE_MAX) {
+        return Ok(None);
+    }
+    match read_message(client, buf).await {
+        Err(e) if e.kind() == std::io::ErrorKind::InvalidData => Ok(None),
+        r => r.map(Some),
     }
 }
 
@@ -477,14 +508,16 @@ pub(crate) async fn authenticate(
     authentication(&mut out, 10, format!("{}\0\0", scram::MECHANISM).as_bytes());
     client.write_all(&out).await?;
     // SASLInitialResponse: the mechanism, then the data's length and the data.
-    let first = read_message(client, buf).await?;
-    let mut r = pg_wire::msg::Reader::body(&first);
     let malformed = |what: &str| {
         Ok(Err((
             sqlstate::PROTOCOL_VIOLATION,
             format!("fence-proxy: {what}"),
         )))
     };
+    let Some(first) = read_client(client, buf).await? else {
+        return malformed("a SASL message larger than 64 KiB");
+    };
+    let mut r = pg_wire::msg::Reader::body(&first);
     if first[0] != b'p' {
         return malformed("expected a SASLInitialResponse");
     }
@@ -492,10 +525,12 @@ pub(crate) async fn authenticate(
     if mechanism != scram::MECHANISM.as_bytes() {
         return malformed("the only mechanism offered is SCRAM-SHA-256");
     }
-    if r.i32("SASLInitialResponse").is_err() {
+    let declared = r.i32("SASLInitialResponse");
+    let data = r.rest();
+    if declared.ok() != i32::try_from(data.len()).ok() {
         return malformed("a malformed SASLInitialResponse");
     }
-    let (exchange, server_first) = match ServerExchange::start(secret, r.rest()) {
+    let (exchange, server_first) = match ServerExchange::start(secret, data) {
         Ok(x) => x,
         Err(ScramError::Malformed(m)) => return malformed(m),
         Err(ScramError::Refused) => return failed(),
@@ -503,7 +538,9 @@ pub(crate) async fn authenticate(
     out.clear();
     authentication(&mut out, 11, server_first.as_bytes());
     client.write_all(&out).await?;
-    let fin = read_message(client, buf).await?;
+    let Some(fin) = read_client(client, buf).await? else {
+        return malformed("a SASL message larger than 64 KiB");
+    };
     if fin[0] != b'p' {
         return malformed("expected a SASLResponse");
     }
@@ -547,6 +584,7 @@ pub(crate) async fn login(
     };
     let mut buf = BytesMut::with_capacity(4096);
     let mut startup = Vec::new();
+    let mut backend = None;
     let mut expected = None;
     let no_password = |what: &str| {
         LoginError::Other(format!(
@@ -627,7 +665,13 @@ pub(crate) async fn login(
                 ));
             }
             b'E' => return Err(LoginError::Server(m.to_vec())),
-            b'S' | b'K' => startup.extend_from_slice(&m),
+            b'S' => startup.extend_from_slice(&m),
+            b'K' => {
+                if let Ok((pid, key)) = pg_wire::msg::backend_key(&m) {
+                    backend = Some((pid, key.to_vec()));
+                }
+                startup.extend_from_slice(&m);
+            }
             b'Z' => break,
             // NegotiateProtocolVersion, notices: nothing for the pool.
             _ => {}
@@ -650,6 +694,7 @@ pub(crate) async fn login(
             gate: Arc::new(RwLock::new(())),
             packet: packet.to_vec(),
             idle_since: Instant::now(),
+            backend,
             thread: std::thread::current().id(),
             probe,
             tokenless: false,
@@ -687,6 +732,29 @@ async fn read_prepared(stream: &mut Stream, buf: &mut BytesMut) -> std::io::Resu
             _ => return Ok(None),
         }
     }
+}
+
+/// Ends a server connection that cannot be reused, and waits (up to `connect_timeout`) until
+/// its backend is gone, so that `pool_size` bounds backends, not only connections: a client
+/// that left mid-query would otherwise leave its backend running the query with its place
+/// already given to the next. Its query is cancelled, then Terminate and the end of the stream
+/// (never a Sync: that would commit what the client left unsynced); PostgreSQL then rolls back
+/// whatever was open and ends the backend, and the stream's end says it did.
+async fn retire(mut conn: ServerConn, config: &PgRelayConfig) {
+    let deadline = tokio::time::Instant::now() + config.connect_timeout;
+    if let Some((pid, key)) = &conn.meta.backend {
+        upstream::cancel(config, *pid, key).await;
+    }
+    let mut out = Vec::new();
+    pg_wire::msg::terminate(&mut out);
+    let _ = tokio::time::timeout_at(deadline, async {
+        conn.stream.write_all(&out).await?;
+        conn.stream.shutdown().await?;
+        let mut rest = [0u8; 8192];
+        while conn.stream.read(&mut rest).await? > 0 {}
+        Ok::<(), std::io::Error>(())
+    })
+    .await;
 }
 
 /// Resets a connection whose client left with nothing in flight and no transaction open;
@@ -766,7 +834,12 @@ pub(crate) async fn open<'a>(
         authenticate(&the_pool.config.auth, client, buf, &user),
     )
     .await
-    .map_err(|_| std::io::Error::other("no authentication in time"))??;
+    .unwrap_or_else(|_| {
+        Ok(Err((
+            sqlstate::PROTOCOL_VIOLATION,
+            "fence-proxy: canceling authentication due to timeout (startup_timeout_ms)".into(),
+        )))
+    })?;
     let client_key = match authenticated {
         Ok(key) => key,
         Err((code, message)) => {

@@ -132,6 +132,8 @@ pub(crate) enum ScramError {
 /// The server's side, for one client.
 pub(crate) struct ServerExchange<'a> {
     secret: &'a Secret,
+    /// `c=` of the final message: the GS2 header, in base64.
+    binding: String,
     client_first_bare: String,
     server_first: String,
     nonce: String,
@@ -148,20 +150,35 @@ impl<'a> ServerExchange<'a> {
             .map_err(|_| ScramError::Malformed("a SCRAM message that is not UTF-8"))?;
         // The GS2 header: no channel binding (`n`), or a client that could bind but was not
         // offered it (`y`). `p=` asks for the -PLUS mechanism, which is not offered.
-        let bare = if let Some(r) = text.strip_prefix("n,") {
-            r
-        } else if let Some(r) = text.strip_prefix("y,") {
-            r
-        } else {
+        let (flag, rest) = text
+            .split_once(',')
+            .ok_or(ScramError::Malformed("a SCRAM client-first message"))?;
+        if flag != "n" && flag != "y" {
             return Err(ScramError::Malformed(
                 "SCRAM channel binding is not offered through fence-proxy's pool",
             ));
-        };
-        let Some((_authzid, bare)) = bare.split_once(',') else {
-            return Err(ScramError::Malformed("a SCRAM client-first message"));
-        };
-        let client_nonce = attribute(bare, 'r')
-            .filter(|n| !n.is_empty())
+        }
+        let (authzid, bare) = rest
+            .split_once(',')
+            .ok_or(ScramError::Malformed("a SCRAM client-first message"))?;
+        if !authzid.is_empty() {
+            return Err(ScramError::Malformed(
+                "a SCRAM authorization identity is not supported",
+            ));
+        }
+        let gs2_header = &text[..flag.len() + 1 + authzid.len() + 1];
+        // n=user,r=nonce[,extensions]: as PostgreSQL reads it, a mandatory extension (m=) is
+        // refused, and every attribute is a letter and `=`.
+        let mut attrs = bare.split(',');
+        let well_formed = attrs.next().is_some_and(|a| a.starts_with("n="))
+            && attrs.clone().all(|a| {
+                let b = a.as_bytes();
+                b.len() >= 2 && b[0].is_ascii_alphabetic() && b[1] == b'=' && b[0] != b'm'
+            });
+        let client_nonce = attrs
+            .next()
+            .and_then(|a| a.strip_prefix("r="))
+            .filter(|n| !n.is_empty() && well_formed)
             .ok_or(ScramError::Malformed("a SCRAM client-first message"))?;
         let nonce = format!("{client_nonce}{}", nonce());
         let server_first = format!(
@@ -172,6 +189,7 @@ impl<'a> ServerExchange<'a> {
         Ok((
             ServerExchange {
                 secret,
+                binding: B64.encode(gs2_header),
                 client_first_bare: bare.to_string(),
                 server_first: server_first.clone(),
                 nonce,
@@ -188,13 +206,13 @@ impl<'a> ServerExchange<'a> {
         let (without_proof, proof) = text
             .rsplit_once(",p=")
             .ok_or(ScramError::Malformed("a SCRAM client-final message"))?;
-        let binding = attribute(without_proof, 'c');
-        if !matches!(binding, Some("biws" | "eSws")) {
+        let mut attrs = without_proof.split(',');
+        if attrs.next().and_then(|c| c.strip_prefix("c=")) != Some(self.binding.as_str()) {
             return Err(ScramError::Malformed(
-                "SCRAM channel binding is not offered through fence-proxy's pool",
+                "a SCRAM channel binding that is not the first message's",
             ));
         }
-        if attribute(without_proof, 'r') != Some(self.nonce.as_str()) {
+        if attrs.next().and_then(|r| r.strip_prefix("r=")) != Some(self.nonce.as_str()) {
             return Err(ScramError::Malformed(
                 "a SCRAM nonce that is not this exchange's",
             ));
@@ -325,6 +343,7 @@ mod tests {
         let server_first = "r=rOprNGfwEbeRWgbNEkqO%hvYDpWUa2RaTCAfuxFIlj)hNlF$k0,s=W22ZaJ0SNY7soEsUEjb6gQ==,i=4096";
         let exchange = ServerExchange {
             secret: &secret,
+            binding: "biws".into(),
             client_first_bare: client_first_bare.into(),
             server_first: server_first.into(),
             nonce: "rOprNGfwEbeRWgbNEkqO%hvYDpWUa2RaTCAfuxFIlj)hNlF$k0".into(),
@@ -381,6 +400,10 @@ mod tests {
             b"n,,n=",
             b"garbage",
             b"\xff\xfe",
+            b"n,a=app,n=,r=abc",
+            b"n,,n=,r=abc,m=ext",
+            b"n,,n=,r=ab,cd",
+            b"n,,r=abc",
         ] {
             assert!(ServerExchange::start(&secret, bad).is_err(), "{bad:?}");
         }
@@ -391,6 +414,32 @@ mod tests {
             "SCRAM-SHA-256$4096:$x:y",
         ] {
             assert_eq!(Secret::parse(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn the_final_binding_must_be_the_first_messages() {
+        let secret = Secret::from_password("pw");
+        for (first, bind, ok) in [
+            ("n,,n=,r=abc", "biws", true),
+            ("y,,n=,r=abc", "eSws", true),
+            ("n,,n=,r=abc", "eSws", false),
+            ("y,,n=,r=abc", "biws", false),
+        ] {
+            let (server, server_first) = ServerExchange::start(&secret, first.as_bytes()).unwrap();
+            let nonce = attribute(&server_first, 'r').unwrap();
+            let fin = format!("c={bind},r={nonce},p=AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=");
+            let got = server.finish(fin.as_bytes());
+            // A well-bound message gets as far as the proof (wrong here).
+            assert_eq!(
+                got.err(),
+                Some(if ok {
+                    ScramError::Refused
+                } else {
+                    ScramError::Malformed("a SCRAM channel binding that is not the first message's")
+                }),
+                "{first} {bind}"
+            );
         }
     }
 }

@@ -449,10 +449,9 @@ async fn session(
                 meta.tokenless |= shared.machine().defaults_tokenless();
                 let stream = Arc::try_unwrap(server)
                     .ok()
-                    .map(|m| m.into_inner().unwrap_or_else(|e| e.into_inner()))
-                    .filter(|_| reusable);
+                    .map(|m| m.into_inner().unwrap_or_else(|e| e.into_inner()));
                 checkout
-                    .finish(stream.map(|s| meta.join(s)), relay.config.connect_timeout)
+                    .finish(stream.map(|s| meta.join(s)), reusable, &relay.config)
                     .await;
             }
             r

@@ -83,3 +83,31 @@ async fn handshake(mut tcp: TcpStream, tls: &UpstreamTls, up: &str) -> Result<St
         )),
     }
 }
+
+/// Sends a CancelRequest for backend `pid` (over TLS when sessions are: the key must not cross
+/// the network in clear) and waits until PostgreSQL closes that connection, which it does once
+/// it has signalled the backend. Best effort: a failure is logged.
+pub(crate) async fn cancel(config: &PgRelayConfig, pid: i32, key: &[u8]) {
+    let mut packet = Vec::new();
+    pg_wire::msg::cancel_request(&mut packet, pid, key);
+    let mut s = match connect(config).await {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::warn!(error = %e, "could not send a cancel request");
+            return;
+        }
+    };
+    let sent = tokio::time::timeout(config.connect_timeout, async {
+        s.write_all(&packet).await?;
+        s.shutdown().await?;
+        let mut rest = [0u8; 64];
+        while s.read(&mut rest).await? > 0 {}
+        Ok::<(), std::io::Error>(())
+    })
+    .await;
+    match sent {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => tracing::warn!(error = %e, "could not send a cancel request"),
+        Err(_) => tracing::warn!("could not send a cancel request: it timed out"),
+    }
+}

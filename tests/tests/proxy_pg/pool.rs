@@ -532,3 +532,70 @@ fn an_idle_connection_postgresql_ended_is_not_given_to_a_client() {
         assert_eq!(row(&b, "SELECT n FROM stock").await, ["10"]);
     });
 }
+
+#[test]
+fn pool_size_bounds_backends_when_a_client_leaves_mid_query() {
+    let s = pooled(POOL_OF_ONE);
+    runtime().block_on(async {
+        let mine = "application_name=pooled";
+        let (a, task) = connect_with(s.addr(), mine).await;
+        let first = pid(&a).await;
+        let a = std::sync::Arc::new(a);
+        let running = {
+            let a = std::sync::Arc::clone(&a);
+            tokio::spawn(async move { a.batch_execute("SELECT pg_sleep(600)").await })
+        };
+        let direct = connect(&format!("127.0.0.1:{}", s.pg.port)).await;
+        wait_count(
+            &direct,
+            "the query to run",
+            &format!("SELECT count(*) FROM pg_stat_activity WHERE pid = {first} AND state = 'active'"),
+            1,
+        )
+        .await;
+        // The client vanishes with its query running.
+        running.abort();
+        task.abort();
+        let _ = task.await;
+        drop(a);
+        // Its place goes to the next client only once its backend is gone: one backend of
+        // this pool's at a time, never two.
+        let (b, _task) = connect_with(s.addr(), mine).await;
+        assert_ne!(pid(&b).await, first);
+        assert_eq!(
+            row(&b, "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'pooled'").await,
+            ["1"]
+        );
+    });
+}
+
+#[test]
+fn a_client_that_leaves_an_unsynced_batch_commits_nothing_and_holds_no_place() {
+    use std::io::Write;
+    let s = pooled(POOL_OF_ONE);
+    for failing in [false, true] {
+        let mut raw = crate::raw_session(s.addr(), &[]);
+        let mut out = Vec::new();
+        let sql = if failing {
+            "UPDATE stock SET n = 0 WHERE 1 / 0 = 1"
+        } else {
+            "UPDATE stock SET n = 0"
+        };
+        pg_wire::msg::parse(&mut out, b"", sql.as_bytes(), &[]);
+        pg_wire::msg::bind(&mut out, b"", b"", &[]);
+        pg_wire::msg::execute(&mut out, b"", 0);
+        out.extend_from_slice(b"H\0\0\0\x04"); // Flush, and no Sync
+        raw.write_all(&out).unwrap();
+        // The replies come (an error, when it fails), then the client leaves.
+        crate::read_until(&mut raw, if failing { b'E' } else { b'C' });
+        let mut end = Vec::new();
+        pg_wire::msg::terminate(&mut end);
+        raw.write_all(&end).unwrap();
+        drop(raw);
+        // The next client gets in within pool_wait_ms (500 ms), and the write never committed.
+        runtime().block_on(async {
+            let b = connect(s.addr()).await;
+            assert_eq!(row(&b, "SELECT n FROM stock").await, ["10"], "failing: {failing}");
+        });
+    }
+}
