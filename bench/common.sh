@@ -84,3 +84,27 @@ start_redis() { # PORT
     --daemonize no >"$OUT/redis.log" 2>&1 &
   pids+=("$!")
 }
+free_ports() { # SCRIPT PORT...: refuses to run where something already listens
+  local script=$1 port; shift
+  for port in "$@"; do
+    if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+      echo "$script: something already listens on port $port; stop it first" >&2; exit 1
+    fi
+  done
+}
+loopback_cert() { # one certificate for 127.0.0.1 as $OUT/cert.pem and $OUT/key.pem (P-256)
+  make_ca
+  issue_cert proxy IP:127.0.0.1
+  mv "$OUT/proxy.pem" "$OUT/cert.pem"; mv "$OUT/proxy-key.pem" "$OUT/key.pem"
+  chown postgres "$OUT/key.pem" "$OUT/cert.pem"; chmod 600 "$OUT/key.pem"
+}
+start_postgres_with_hook_and_pgbouncer_tls() { # fence_hook built and loaded; PgBouncer taking TLS
+  make -s -C proxy/pg-hook >/dev/null
+  cp proxy/pg-hook/fence_hook.so "$OUT/"; chown postgres "$OUT/fence_hook.so"
+  start_postgres -c shared_preload_libraries="$OUT/fence_hook.so"
+  start_pgbouncer <<INI
+client_tls_sslmode = allow
+client_tls_cert_file = $OUT/cert.pem
+client_tls_key_file = $OUT/key.pem
+INI
+}

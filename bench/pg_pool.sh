@@ -27,24 +27,10 @@ cargo build --release -q -p fence-proxy
 . bench/common.sh
 
 PG=17432; BOUNCER=17433; POOLED=17434; UNPOOLED=17435
-for port in $PG $BOUNCER $POOLED $UNPOOLED; do
-  if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
-    echo "bench/pg_pool.sh: something already listens on port $port; stop it first" >&2; exit 1
-  fi
-done
-make_ca
-issue_cert proxy IP:127.0.0.1
-mv "$OUT/proxy.pem" "$OUT/cert.pem"; mv "$OUT/proxy-key.pem" "$OUT/key.pem"
-chown postgres "$OUT/key.pem" "$OUT/cert.pem"; chmod 600 "$OUT/key.pem"
+free_ports bench/pg_pool.sh $PG $BOUNCER $POOLED $UNPOOLED
+loopback_cert
 
-make -s -C proxy/pg-hook >/dev/null
-cp proxy/pg-hook/fence_hook.so "$OUT/"; chown postgres "$OUT/fence_hook.so"
-start_postgres -c shared_preload_libraries="$OUT/fence_hook.so"
-start_pgbouncer <<INI
-client_tls_sslmode = allow
-client_tls_cert_file = $OUT/cert.pem
-client_tls_key_file = $OUT/key.pem
-INI
+start_postgres_with_hook_and_pgbouncer_tls
 # Both pools as large as the clients: PgBouncer's default_pool_size is 100 (common.sh).
 cat >"$OUT/proxy.toml" <<TOML
 log = "warn"

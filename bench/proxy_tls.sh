@@ -35,29 +35,15 @@ cargo build --release -q -p fence-proxy
 . bench/common.sh
 
 PG=16432; BOUNCER=16433; PROXY=16434; PROXY2=16435; UP=16080; NGINX=16443; FPH=16444
-for port in $PG $BOUNCER $PROXY $PROXY2 $UP $NGINX $FPH; do
-  if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
-    echo "bench/proxy_tls.sh: something already listens on port $port; stop it first" >&2; exit 1
-  fi
-done
+free_ports bench/proxy_tls.sh $PG $BOUNCER $PROXY $PROXY2 $UP $NGINX $FPH
 
 # One certificate (for 127.0.0.1) for every TLS listener, made for this run: P-256, as a
 # deployment would pick.
-make_ca
-issue_cert proxy IP:127.0.0.1
-mv "$OUT/proxy.pem" "$OUT/cert.pem"; mv "$OUT/proxy-key.pem" "$OUT/key.pem"
-chown postgres "$OUT/key.pem" "$OUT/cert.pem"; chmod 600 "$OUT/key.pem"
+loopback_cert
 
 # --- PostgreSQL -----------------------------------------------------------------------------
 # fence_hook in PostgreSQL, for both sides: the proxy then leaves commit points to it.
-make -s -C proxy/pg-hook >/dev/null
-cp proxy/pg-hook/fence_hook.so "$OUT/"; chown postgres "$OUT/fence_hook.so"
-start_postgres -c shared_preload_libraries="$OUT/fence_hook.so"
-start_pgbouncer <<INI
-client_tls_sslmode = allow
-client_tls_cert_file = $OUT/cert.pem
-client_tls_key_file = $OUT/key.pem
-INI
+start_postgres_with_hook_and_pgbouncer_tls
 cat >"$OUT/proxy.toml" <<TOML
 log = "warn"
 [[pg]]
