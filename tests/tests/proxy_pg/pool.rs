@@ -549,7 +549,9 @@ fn pool_size_bounds_backends_when_a_client_leaves_mid_query() {
         wait_count(
             &direct,
             "the query to run",
-            &format!("SELECT count(*) FROM pg_stat_activity WHERE pid = {first} AND state = 'active'"),
+            &format!(
+                "SELECT count(*) FROM pg_stat_activity WHERE pid = {first} AND state = 'active'"
+            ),
             1,
         )
         .await;
@@ -563,7 +565,11 @@ fn pool_size_bounds_backends_when_a_client_leaves_mid_query() {
         let (b, _task) = connect_with(s.addr(), mine).await;
         assert_ne!(pid(&b).await, first);
         assert_eq!(
-            row(&b, "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'pooled'").await,
+            row(
+                &b,
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'pooled'"
+            )
+            .await,
             ["1"]
         );
     });
@@ -595,7 +601,11 @@ fn a_client_that_leaves_an_unsynced_batch_commits_nothing_and_holds_no_place() {
         // The next client gets in within pool_wait_ms (500 ms), and the write never committed.
         runtime().block_on(async {
             let b = connect(s.addr()).await;
-            assert_eq!(row(&b, "SELECT n FROM stock").await, ["10"], "failing: {failing}");
+            assert_eq!(
+                row(&b, "SELECT n FROM stock").await,
+                ["10"],
+                "failing: {failing}"
+            );
         });
     }
 }
