@@ -1,10 +1,16 @@
 #!/usr/bin/env bash
-# Reproduces the fence-proxy (PostgreSQL) part of BENCHMARKS.md: pgbench directly against a
-# throwaway PostgreSQL 15, through PgBouncer (session mode) and through fence-proxy without a
-# token (select-only and simple-update, 1 and 16 clients); then a script that sets a token once
-# per connection and updates a row per transaction, sent directly and through fence-proxy; then
-# what the check costs PostgreSQL, to show it adds no round trip. One run, one machine. Needs
-# pgbouncer (apt-get install pgbouncer) and PostgreSQL 15; about 15 minutes. Run as root.
+# Reproduces the fence-proxy (PostgreSQL) part of BENCHMARKS.md, every row of issue 40's table,
+# in one run: twice, against a throwaway PostgreSQL 15 without the commit hook and against one
+# that loads it (rows of the second are marked "[hook]"): pgbench directly, through PgBouncer
+# (session mode) and through fence-proxy without a token (select-only and simple-update, 1 and
+# 16 clients); a script that sets a token once per connection and updates a row per
+# transaction, directly, through fence-proxy, and (without the token, which PgBouncer refuses
+# as a start-up option) through PgBouncer; a new connection per transaction (-C) through
+# PgBouncer and through fence-proxy's pool; then, without the hook, what the check costs
+# PostgreSQL, to show it adds no round trip. lockd's rows are bench/run.sh's. One machine.
+# Needs pgbouncer and PostgreSQL 15 with its server headers (apt-get install pgbouncer
+# postgresql-server-dev-15: the hook is built here); about 20 minutes at the defaults. Run as
+# root.
 #
 #   bench/pg.sh
 #   SECONDS_PER_RUN=5 ROUNDS=1 bench/pg.sh
@@ -18,23 +24,41 @@ OUT=${OUT:-$(mktemp -d /tmp/pgbench.XXXXXX)}
 mkdir -p "$OUT"; chown postgres "$OUT"
 command -v pgbouncer >/dev/null || { echo "bench/pg.sh: pgbouncer is missing (apt-get install pgbouncer)" >&2; exit 1; }
 [ -x "$PGBIN/postgres" ] || { echo "bench/pg.sh: no PostgreSQL in $PGBIN (apt-get install postgresql-15)" >&2; exit 1; }
+[ -f "$(pg_config --pgxs 2>/dev/null)" ] || { echo "bench/pg.sh: no PGXS to build the hook (apt-get install postgresql-server-dev-15)" >&2; exit 1; }
 cargo build --release -q -p fence-proxy
+make -s -C proxy/pg-hook >/dev/null
 . bench/common.sh
 
-PG=15432; BOUNCER=15433; PROXY=15434; BASE=15435
 BASELINE=${BASELINE:-}
-for port in $PG $BOUNCER $PROXY $BASE; do
-  if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
-    echo "bench/pg.sh: something already listens on port $port; stop it first" >&2; exit 1
-  fi
-done
-start_postgres
-start_pgbouncer </dev/null
-target/release/fence-proxy pg --listen 127.0.0.1:$PROXY --upstream 127.0.0.1:$PG \
-  --schema-url "postgres://postgres@127.0.0.1:$PG/postgres" --log warn 2>"$OUT/fence-proxy.log" &
-pids+=("$!"); PROXY_PID=$!
-wait_port $BOUNCER; wait_port $PROXY
-BOUNCER_PID=$(pgrep -f "^pgbouncer -q $OUT/pgbouncer.ini")
+RESULTS="$OUT/results.txt"; : >"$RESULTS"
+free_ports bench/pg.sh 15432 15433 15434 15435 15436 15437 15438 15439 15440 15441 15442
+TOP=$OUT
+# One PostgreSQL with its PgBouncer, fence-proxy and fence-proxy pool; $1: the label of its rows
+# ("" or "[hook] "), then postgres' own arguments.
+start_servers() {
+  LABEL=$1; shift
+  start_postgres "$@"
+  start_pgbouncer </dev/null
+  cat >"$OUT/proxy.toml" <<TOML
+log = "warn"
+[[pg]]
+listen = "127.0.0.1:$PROXY"
+upstream = "127.0.0.1:$PG"
+schema_urls = ["postgres://postgres@127.0.0.1:$PG/postgres"]
+[[pg]]
+listen = "127.0.0.1:$POOL"
+upstream = "127.0.0.1:$PG"
+schema_urls = ["postgres://postgres@127.0.0.1:$PG/postgres"]
+pool_size = 100
+pool_auth = "trust"
+TOML
+  target/release/fence-proxy --config "$OUT/proxy.toml" 2>"$OUT/fence-proxy.log" &
+  pids+=("$!"); PROXY_PID=$!
+  wait_port $BOUNCER; wait_port $PROXY; wait_port $POOL
+  BOUNCER_PID=$(pgrep -f "^pgbouncer -q $OUT/pgbouncer.ini")
+}
+PG=15432; BOUNCER=15433; PROXY=15434; BASE=15435; POOL=15436
+start_servers ""
 BASE_PID=
 if [ -n "$BASELINE" ]; then
   # An older build, on a database where the current build installed the check (the older
@@ -44,6 +68,7 @@ if [ -n "$BASELINE" ]; then
   wait_port $BASE
 fi
 
+suite() {
 pgb() { "$PGBIN/pgbench" -h 127.0.0.1 -U postgres "$@" postgres; }
 pgb -p $PG -i -s 10 -q >/dev/null 2>&1
 
@@ -72,11 +97,10 @@ check_text() {
 echo "$(check_text __fence_proxy_any);" >"$OUT/any.sql"
 TOKEN="-c fencing.resource=bench:accounts -c fencing.token=42"
 
-RESULTS="$OUT/results.txt"; : >"$RESULTS"
 # CPU time (user + system, clock ticks) the proxy behind PORT has used so far; 0 for direct.
 ticks() {
   local pid=
-  case $1 in $BOUNCER) pid=$BOUNCER_PID ;; $PROXY) pid=$PROXY_PID ;; $BASE) pid=$BASE_PID ;; esac
+  case $1 in $BOUNCER) pid=$BOUNCER_PID ;; $PROXY|$POOL) pid=$PROXY_PID ;; $BASE) pid=$BASE_PID ;; esac
   if [ -n "$pid" ]; then awk '{print $14 + $15}' "/proc/$pid/stat"; else echo 0; fi
 }
 run() { # name port clients [PGOPTIONS] -- pgbench args
@@ -84,7 +108,7 @@ run() { # name port clients [PGOPTIONS] -- pgbench args
   local out before after
   before=$(ticks "$port")
   out=$(PGOPTIONS="$opts" pgb -p "$port" -c "$clients" -j "$(( clients < 2 ? 1 : 2 ))" -T "$RUN" "$@" 2>&1) \
-    || { printf '%s\t%s\tfailed: %s\n' "$name" "$clients" "$(tail -1 <<<"$out")" | tee -a "$RESULTS"; return; }
+    || { printf '%s\t%s\tfailed: %s\n' "$LABEL$name" "$clients" "$(tail -1 <<<"$out")" | tee -a "$RESULTS"; return; }
   after=$(ticks "$port")
   local tps lat txns cpu
   tps=$(sed -n 's/^tps = \([0-9.]*\) .*/\1/p' <<<"$out")
@@ -93,7 +117,7 @@ run() { # name port clients [PGOPTIONS] -- pgbench args
   # The proxy's CPU per transaction, in microseconds (empty for direct runs).
   cpu=$(awk -v t=$((after - before)) -v n="$txns" -v hz="$(getconf CLK_TCK)" -v port="$port" -v pg=$PG \
     'BEGIN { if (port != pg && n > 0) printf "%.1f", t * 1e6 / hz / n }')
-  printf '%s\t%s\t%s\t%s\t%s\n' "$name" "$clients" "$tps" "$lat" "$cpu" | tee -a "$RESULTS"
+  printf '%s\t%s\t%s\t%s\t%s\n' "$LABEL$name" "$clients" "$tps" "$lat" "$cpu" | tee -a "$RESULTS"
 }
 # The comparisons the targets are about run in ROUNDS pairs (PgBouncer and fence-proxy; direct
 # and fence-proxy with a token), the order swapped every other round (the tables grow with
@@ -122,9 +146,18 @@ for c in 1 16; do
       $c -f "$OUT/update.sql"
     [ -n "$BASELINE" ] && run "token-update baseline (token) #$r" $BASE $c "$TOKEN" -- -f "$OUT/update.sql"
   done
-  # PgBouncer refuses the options start-up parameter, so it relays the script without a token.
-  run "token-update pgbouncer (no token)" $BOUNCER $c "" -- -f "$OUT/update.sql"
+  # PgBouncer refuses the options start-up parameter, so it relays the script without a token:
+  # what fencing costs against a pooler's hop.
+  for r in $(seq "$ROUNDS"); do
+    pair "$r" "token-update pgbouncer (no token) #$r" $BOUNCER "" "token-update fence-proxy (token) vs pgbouncer #$r" $PROXY "$TOKEN" \
+      $c -f "$OUT/update.sql"
+  done
   run "token-update fence-proxy (no token)" $PROXY $c "" -- -f "$OUT/update.sql"
+  # A new connection per transaction: PgBouncer's session pool and fence-proxy's.
+  for r in $(seq "$ROUNDS"); do
+    pair "$r" "connect per transaction pgbouncer #$r" $BOUNCER "" "connect per transaction fence-proxy pool #$r" $POOL "" \
+      $c -S -C
+  done
   # The least any check inside the transaction can cost: one more statement that does nothing
   # (`SELECT 1`, in the same Query message), sent directly and through PgBouncer.
   run "token-update + SELECT 1 direct" $PG $c "" -- -f "$OUT/update-select1.sql"
@@ -132,6 +165,8 @@ for c in 1 16; do
   run "token-update prepared direct" $PG $c "$TOKEN" -- -M prepared -f "$OUT/update.sql"
   run "token-update prepared fence-proxy (token)" $PROXY $c "$TOKEN" -- -M prepared -f "$OUT/update.sql"
 done
+}
+micro() {
 run "SELECT 1 direct" $PG 1 "" -- -f "$OUT/select1.sql"
 run "SELECT 1 prepared direct" $PG 1 "" -- -M prepared -f "$OUT/select1.sql"
 run "fast path prepared direct (a current token)" $PG 1 "$TOKEN" -- -M prepared -f "$OUT/fast.sql"
@@ -144,6 +179,17 @@ run "token-update direct, unprotected" $PG 1 "$TOKEN" -- -f "$OUT/update.sql"
 run "token-update direct, protected table" $PG 1 "$TOKEN" -- -f "$OUT/update.sql"
 run "token-update fence-proxy (token), protected table" $PROXY 1 "$TOKEN" -- -f "$OUT/update.sql"
 "$PGBIN/psql" -h 127.0.0.1 -p $PG -U postgres -qc "SELECT fencing.unprotect('pgbench_accounts')"
+}
+suite
+micro
+# The same with the hook loaded: a second PostgreSQL, PgBouncer and fence-proxy.
+OUT=$TOP/hook; mkdir -p "$OUT"; chown postgres "$OUT"
+cp proxy/pg-hook/fence_hook.so "$OUT/"; chown postgres "$OUT/fence_hook.so"
+PG=15437; BOUNCER=15438; PROXY=15439; BASE=15440; POOL=15441
+start_servers "[hook] " -c shared_preload_libraries="$OUT/fence_hook.so"
+BASELINE=
+suite
+OUT=$TOP
 # Medians of the per-round ratios.
 python3 - "$RESULTS" <<'PY2'
 import statistics, sys, collections
@@ -161,29 +207,31 @@ for line in open(sys.argv[1]):
 def ratios(num, den, clients):
     a, b = tps.get((num, clients), {}), tps.get((den, clients), {})
     return [a[r] / b[r] for r in sorted(a) if r in b and r != "-"]
+def show(label, num, den, clients, what):
+    rs = ratios(label + num, label + den, clients)
+    if rs:
+        print(f"  {what}, {clients} client(s): {statistics.median(rs):.2f}x"
+              f" (rounds: {', '.join(f'{x:.2f}' for x in rs)})")
+    return rs
 print("median of per-round ratios:")
-for clients in ("1", "16"):
-    for w in ("select-only", "simple-update"):
-        rs = ratios(w + " fence-proxy", w + " pgbouncer", clients)
-        if rs:
-            print(f"  {w} fence-proxy vs PgBouncer, {clients} client(s): {statistics.median(rs):.2f}x"
-                  f" (rounds: {', '.join(f'{x:.2f}' for x in rs)})")
-        rs = ratios(w + " baseline", w + " pgbouncer", clients)
-        if rs:
-            print(f"  {w} baseline vs PgBouncer, {clients} client(s): {statistics.median(rs):.2f}x"
-                  f" (rounds: {', '.join(f'{x:.2f}' for x in rs)})")
-        for who in ("pgbouncer", "fence-proxy", "baseline"):
-            us = [v for v in cpu.get((f"{w} {who}", clients), {}).values()]
-            if us:
-                print(f"    {who} CPU per transaction: median {statistics.median(us):.1f} us"
-                      f" (rounds: {', '.join(f'{x:.1f}' for x in us)})")
-    rs = ratios("token-update baseline (token)", "token-update direct", clients)
-    if rs:
-        print(f"  token-update baseline with a token vs direct, {clients} client(s): {statistics.median(rs):.2f}x"
-              f" (rounds: {', '.join(f'{x:.2f}' for x in rs)})")
-    rs = ratios("token-update fence-proxy (token)", "token-update direct", clients)
-    if rs:
-        print(f"  token-update fence-proxy with a token vs direct, {clients} client(s): {statistics.median(rs):.2f}x"
-              f" (rounds: {', '.join(f'{x:.2f}' for x in rs)})")
+for label, title in (("", "without the commit hook"), ("[hook] ", "with the commit hook")):
+    print(f"{title}:")
+    for clients in ("1", "16"):
+        for w in ("select-only", "simple-update"):
+            show(label, w + " fence-proxy", w + " pgbouncer", clients, f"{w}, no token, fence-proxy / PgBouncer")
+            show(label, w + " baseline", w + " pgbouncer", clients, f"{w}, no token, baseline / PgBouncer")
+            for who in ("pgbouncer", "fence-proxy", "baseline"):
+                us = [v for v in cpu.get((f"{label}{w} {who}", clients), {}).values()]
+                if us:
+                    print(f"    {who} CPU per transaction: median {statistics.median(us):.1f} us"
+                          f" (rounds: {', '.join(f'{x:.1f}' for x in us)})")
+        show(label, "token-update fence-proxy (token)", "token-update direct", clients,
+             "token-update with a token, fence-proxy / direct")
+        show(label, "token-update baseline (token)", "token-update direct", clients,
+             "token-update with a token, baseline / direct")
+        show(label, "token-update fence-proxy (token) vs pgbouncer", "token-update pgbouncer (no token)", clients,
+             "token-update with a token through fence-proxy / without one through PgBouncer")
+        show(label, "connect per transaction fence-proxy pool", "connect per transaction pgbouncer", clients,
+             "pgbench -S -C, fence-proxy pool / PgBouncer")
 PY2
 echo "results in $RESULTS" >&2
