@@ -147,12 +147,8 @@ impl Writer {
     pub async fn wait(&self, seq: Seq) -> Result<(), WriterStopped> {
         let mut rx = self.inner.progress.subscribe();
         // Committing on this thread needs a runtime that can move its other tasks elsewhere.
-        let (may_lead, lone_worker) = match tokio::runtime::Handle::try_current() {
-            Ok(h) if h.runtime_flavor() == RuntimeFlavor::MultiThread => {
-                (true, h.metrics().num_workers() < 2)
-            }
-            _ => (false, false),
-        };
+        let may_lead = tokio::runtime::Handle::try_current()
+            .is_ok_and(|h| h.runtime_flavor() == RuntimeFlavor::MultiThread);
         loop {
             let p = *rx.borrow_and_update();
             if p.applied >= seq {
@@ -175,16 +171,7 @@ impl Writer {
                 }
             };
             if lead {
-                // With other workers to run the rest, the leader commits right here:
-                // `block_in_place` hands this worker's queue to another thread first, a thread
-                // wake-up and more per commit (a 1-client loop spent 15-30 % more CPU per pair
-                // on it, BENCHMARKS.md). A lone worker hands it over, so that the runtime goes
-                // on serving (renewals, releases) during the sync.
-                if lone_worker {
-                    tokio::task::block_in_place(|| commit_as_leader(&self.inner, false));
-                } else {
-                    commit_as_leader(&self.inner, false);
-                }
+                tokio::task::block_in_place(|| commit_as_leader(&self.inner, false));
                 continue;
             }
             rx.changed().await.map_err(|_| WriterStopped)?;
