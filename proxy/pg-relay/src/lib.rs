@@ -162,11 +162,6 @@ impl Relay {
         self.connections.load(Ordering::Relaxed)
     }
 
-    /// Idle pooled server connections now (0 without a pool).
-    pub fn pool_idle(&self) -> usize {
-        self.pool.as_ref().map_or(0, pool::Pool::idle)
-    }
-
     /// The marks of the sessions of `database`.
     pub(crate) fn marks_of(&self, database: &str) -> Arc<Marks> {
         if let Some(m) = self.marks.get(database) {
@@ -294,19 +289,26 @@ pub async fn serve(
     shutdown: impl Future<Output = ()>,
 ) {
     tokio::pin!(shutdown);
-    let reaper = relay.pool.as_ref().map(|p| {
-        let relay = Arc::clone(&relay);
-        let every = (p.config.idle / 2).clamp(Duration::from_millis(10), Duration::from_secs(10));
-        tokio::spawn(async move {
-            loop {
-                tokio::time::sleep(every).await;
-                if let Some(p) = &relay.pool {
-                    p.reap();
+    // One reaper for the listener's pool, whichever worker serves first.
+    let reaper = relay
+        .pool
+        .as_ref()
+        .filter(|p| !p.reaping.swap(true, Ordering::AcqRel))
+        .map(|p| {
+            let relay = Arc::clone(&relay);
+            let every =
+                (p.config.idle / 2).clamp(Duration::from_millis(10), Duration::from_secs(10));
+            tokio::spawn(async move {
+                let mut ticks = tokio::time::interval(every);
+                loop {
+                    ticks.tick().await;
+                    if let Some(p) = &relay.pool {
+                        p.reap();
+                    }
                 }
-            }
-        })
-    });
-    let _reaper = scopeguard(reaper);
+            })
+        });
+    let _reaper = AbortOnDrop(reaper);
     loop {
         tokio::select! {
             _ = &mut shutdown => return,
@@ -330,10 +332,6 @@ pub async fn serve(
 
 /// Aborts a task when dropped.
 struct AbortOnDrop(Option<tokio::task::JoinHandle<()>>);
-
-fn scopeguard(task: Option<tokio::task::JoinHandle<()>>) -> AbortOnDrop {
-    AbortOnDrop(task)
-}
 
 impl Drop for AbortOnDrop {
     fn drop(&mut self) {

@@ -31,8 +31,6 @@ use crate::machine::{STATEMENTS, parsed_mask};
 use crate::scram::{self, ClientExchange, Credential, ScramError, Secret, ServerExchange};
 use std::net::SocketAddr;
 
-use pg_wire::Startup;
-
 use crate::{PgRelayConfig, Relay, session, sqlstate, upstream};
 
 /// Databases and users whose permits are kept before unused ones are forgotten.
@@ -250,6 +248,8 @@ pub(crate) struct Pool {
     permits: Mutex<HashMap<(String, String), Arc<Semaphore>>>,
     slots: Mutex<HashMap<(String, String), Slot>>,
     idle_max: usize,
+    /// A worker runs the reaper already (each worker's `serve` would start one).
+    pub(crate) reaping: std::sync::atomic::AtomicBool,
 }
 
 /// A client's right to one server connection of its database and user.
@@ -265,6 +265,7 @@ impl Pool {
             permits: Mutex::new(HashMap::new()),
             slots: Mutex::new(HashMap::new()),
             idle_max,
+            reaping: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -359,12 +360,6 @@ impl Pool {
         }
         slots.retain(|_, s| s.open > 0);
     }
-
-    /// Idle server connections now.
-    pub(crate) fn idle(&self) -> usize {
-        let slots = self.slots.lock().expect("the pool's slots");
-        slots.values().map(|s| s.idle.len()).sum()
-    }
 }
 
 /// One client's use of the pool: its lease, and the connection counted for it once taken.
@@ -421,6 +416,15 @@ impl Drop for Checkout<'_> {
             self.pool.give_back(&self.lease, None);
         }
     }
+}
+
+/// What the pool needs of a client's start-up packet, read where the relay reads it.
+pub(crate) struct Startup {
+    pub(crate) user: String,
+    /// As PostgreSQL defaults it: the user's name when none is given.
+    pub(crate) database: String,
+    /// It sets a `fencing.` setting (see [`declares_fencing`]).
+    pub(crate) declares_fencing: bool,
 }
 
 /// Whether a start-up packet sets a fencing setting (as a parameter or in `options`): such a
@@ -804,18 +808,10 @@ pub(crate) async fn open<'a>(
     client: &mut Stream,
     buf: &mut BytesMut,
     packet: &[u8],
+    startup: &Startup,
     peer: SocketAddr,
 ) -> std::io::Result<Option<(ServerConn, Checkout<'a>)>> {
-    let Ok(Startup::Params { params, .. }) = pg_wire::parse_startup(packet) else {
-        return Ok(None);
-    };
-    let param = |name: &[u8]| {
-        params
-            .iter()
-            .find(|(k, _)| *k == name)
-            .map(|(_, v)| String::from_utf8_lossy(v).into_owned())
-    };
-    let user = param(b"user").unwrap_or_default();
+    let Startup { user, database, .. } = startup;
     if user.is_empty() {
         session::fatal(
             client,
@@ -826,12 +822,9 @@ pub(crate) async fn open<'a>(
         .ok();
         return Ok(None);
     }
-    let database = param(b"database")
-        .filter(|d| !d.is_empty())
-        .unwrap_or_else(|| user.clone());
     let authenticated = tokio::time::timeout(
         relay.config.startup_timeout,
-        authenticate(&the_pool.config.auth, client, buf, &user),
+        authenticate(&the_pool.config.auth, client, buf, user),
     )
     .await
     .unwrap_or_else(|_| {
@@ -848,7 +841,7 @@ pub(crate) async fn open<'a>(
             return Ok(None);
         }
     };
-    let Some(lease) = the_pool.lease(&database, &user).await else {
+    let Some(lease) = the_pool.lease(database, user).await else {
         let size = the_pool.config.size;
         tracing::warn!(%peer, %database, %user, size, "refusing a client: its pool stayed full");
         session::fatal(client, sqlstate::TOO_MANY_CONNECTIONS, format!(
@@ -856,7 +849,7 @@ pub(crate) async fn open<'a>(
         )).await.ok();
         return Ok(None);
     };
-    let mut checkout = Checkout::new(the_pool, lease, !declares_fencing(&params));
+    let mut checkout = Checkout::new(the_pool, lease, !startup.declares_fencing);
     if let Some(conn) = checkout.take(packet) {
         return Ok(Some((conn, checkout)));
     }
@@ -869,7 +862,7 @@ pub(crate) async fn open<'a>(
             &relay.config,
             &the_pool.config.auth,
             packet,
-            &user,
+            user,
             client_key.as_ref(),
         ),
     )

@@ -108,6 +108,8 @@ enum Opened {
         packet: BytesMut,
         replication: bool,
         database: String,
+        /// What a pool needs of the start-up packet (see [`pool::Startup`]).
+        startup: pool::Startup,
     },
     /// A CancelRequest (forwarded) or a client that left.
     Done,
@@ -252,10 +254,16 @@ async fn read_startup(
                     .filter(|d| !d.is_empty())
                     .or_else(|| param(b"user"))
                     .unwrap_or_default();
+                let startup = pool::Startup {
+                    user: param(b"user").unwrap_or_default(),
+                    database: database.clone(),
+                    declares_fencing: pool::declares_fencing(&params),
+                };
                 return Ok(Opened::Session {
                     packet,
                     replication,
                     database,
+                    startup,
                 });
             }
             Err(e) => return Ok(Opened::Bad(e)),
@@ -279,7 +287,7 @@ async fn session(
     .map_err(|_| std::io::Error::other("no start-up packet in time"))??;
     drop(starting);
     let client = &mut client;
-    let (packet, database) = match opened {
+    let (packet, database, startup) = match opened {
         Opened::Done => {
             // A cancel request (in TLS, libpq 17's): TLS ends with close_notify, or the client
             // reports an unexpected end although its cancel was forwarded.
@@ -335,19 +343,24 @@ async fn session(
             .await;
         }
         Opened::Session {
-            packet, database, ..
-        } => (packet, database),
+            packet,
+            database,
+            startup,
+            ..
+        } => (packet, database, startup),
     };
     let marks = relay.marks_of(&database);
     let (upstream, mut from_server, mut pooled) = match &relay.pool {
-        Some(pool) => match pool::open(relay, pool, client, &mut buf, &packet, peer).await? {
-            Some((conn, checkout)) => {
-                let replay = conn.replay();
-                let (stream, meta) = conn.split();
-                (stream, replay, Some((checkout, meta)))
+        Some(pool) => {
+            match pool::open(relay, pool, client, &mut buf, &packet, &startup, peer).await? {
+                Some((conn, checkout)) => {
+                    let replay = conn.replay();
+                    let (stream, meta) = conn.split();
+                    (stream, replay, Some((checkout, meta)))
+                }
+                None => return Ok(()),
             }
-            None => return Ok(()),
-        },
+        }
         None => {
             let mut upstream = match upstream::connect(&relay.config).await {
                 Ok(s) => s,
