@@ -233,25 +233,32 @@ pub const FOLLOWING: &str = "following";
 pub const LEADER_TTL_MS: &str = "2000";
 
 impl EtcdCluster {
-    /// lockd over this cluster (leadership lease [`LEADER_TTL_MS`], then `extra`), returned
-    /// once it leads or follows.
+    /// lockd over this cluster (leadership lease [`LEADER_TTL_MS`] unless `extra` sets one,
+    /// then `extra`), returned once it leads or follows.
     pub fn lockd(&self, dir: &std::path::Path, extra: &[&str]) -> crate::Lockd {
         self.lockd_at(dir, "127.0.0.1:0", extra)
     }
 
     /// Like [`EtcdCluster::lockd`], listening on `listen`.
     pub fn lockd_at(&self, dir: &std::path::Path, listen: &str, extra: &[&str]) -> crate::Lockd {
+        self.lockd_with_env(dir, listen, extra, &[])
+    }
+
+    /// Like [`EtcdCluster::lockd_at`], with these environment variables set (a faked clock).
+    pub fn lockd_with_env(
+        &self,
+        dir: &std::path::Path,
+        listen: &str,
+        extra: &[&str],
+        env: &[(&str, &std::ffi::OsStr)],
+    ) -> crate::Lockd {
         let endpoints = self.endpoints();
-        let mut args = vec![
-            "--backend",
-            "etcd",
-            "--etcd-endpoints",
-            &endpoints,
-            "--etcd-leader-ttl-ms",
-            LEADER_TTL_MS,
-        ];
+        let mut args = vec!["--backend", "etcd", "--etcd-endpoints", &endpoints];
+        if !extra.contains(&"--etcd-leader-ttl-ms") {
+            args.extend(["--etcd-leader-ttl-ms", LEADER_TTL_MS]);
+        }
         args.extend_from_slice(extra);
-        let lockd = crate::Lockd::start_on(dir, listen, &args);
+        let lockd = crate::Lockd::start_with_env(dir, listen, &args, env);
         lockd
             .process
             .stderr

@@ -366,7 +366,18 @@ impl Lockd {
 
     /// Like [`Lockd::start`], on a given address.
     pub fn start_on(data_dir: &Path, listen: &str, extra: &[&str]) -> Lockd {
+        Lockd::start_with_env(data_dir, listen, extra, &[])
+    }
+
+    /// Like [`Lockd::start_on`], with these environment variables set.
+    pub fn start_with_env(
+        data_dir: &Path,
+        listen: &str,
+        extra: &[&str],
+        env: &[(&str, &std::ffi::OsStr)],
+    ) -> Lockd {
         let mut cmd = Command::new(bin("lockd"));
+        cmd.envs(env.iter().copied());
         cmd.arg("--data-dir")
             .arg(data_dir)
             .args([

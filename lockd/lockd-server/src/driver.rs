@@ -10,8 +10,17 @@
 //! A grant is answered only once it is durable (invariants 2 and 8). A reply that shows
 //! another lease's token (busy, wait timeout, describe, a refused renew) also waits until
 //! everything decided before it is durable, so that no token a crash could take back is ever
-//! shown. Successful renewals and releases are answered at once: renewals are not persisted at
-//! all (a restart renews every lease) and a lost release only delays the next grant to the TTL.
+//! shown. Successful renewals are answered at once: they are not persisted at all (a restart
+//! renews every lease). So are releases in the embedded mode, where only a crash of lockd in
+//! the next few milliseconds loses one (which delays the next grant to the TTL). An HA
+//! leader answers a release once etcd has it: its term can end, and take unsent batches
+//! with it, without the process crashing.
+//!
+//! # Time (HA mode)
+//!
+//! The core is given the clock's time, but an HA leader holds it back at the point up to
+//! which it has checked its clock against etcd's ([`Authority::core_time`]): a clock that
+//! jumps expires nothing beyond that point before the check that finds the jump ends the term.
 //!
 //! # Waiters
 //!
@@ -30,6 +39,8 @@
 //! in force when another instance starts deciding.
 
 use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -62,6 +73,18 @@ impl LeaseIdSource for OsLeaseIds {
 /// in force). The embedded mode has no authority to lose.
 pub trait Authority: Send + Sync {
     fn in_force(&self) -> bool;
+
+    /// The core's time when the clock reads `now`: `now`, or earlier while the clock is not
+    /// trusted (the etcd leader's, past its last check against etcd's clock), so that nothing
+    /// expires by a clock that may have jumped.
+    fn core_time(&self, now: Millis) -> Millis {
+        now
+    }
+
+    /// Resolves when the clock may be trusted further (the next passing check).
+    fn trusted_again(&self) -> Pin<Box<dyn Future<Output = ()> + Send + 'static>> {
+        Box::pin(std::future::pending())
+    }
 }
 
 /// The answer to an Acquire.
@@ -192,6 +215,16 @@ impl Driver {
         &self.clock
     }
 
+    /// The time every core call is given: the clock's, held back while the authority does
+    /// not trust it (see [`Authority::core_time`]).
+    fn now(&self) -> Millis {
+        let now = self.clock.now();
+        match &self.authority {
+            Some(a) => a.core_time(now),
+            None => now,
+        }
+    }
+
     pub fn stats(&self) -> Stats {
         self.lock().core.stats()
     }
@@ -236,7 +269,7 @@ impl Driver {
         let step = {
             let mut st = self.lock();
             let mut fx = Vec::new();
-            let outcome = st.core.acquire(self.clock.now(), req, &mut fx);
+            let outcome = st.core.acquire(self.now(), req, &mut fx);
             let seq = self.apply(&mut st, fx);
             match outcome? {
                 AcquireOutcome::Granted(grant) => Step::Reply(
@@ -348,7 +381,7 @@ impl Driver {
         let (outcome, seq) = {
             let mut st = self.lock();
             let mut fx = Vec::new();
-            let outcome = st.core.acquire_all(self.clock.now(), req, &mut fx);
+            let outcome = st.core.acquire_all(self.now(), req, &mut fx);
             (outcome, self.apply(&mut st, fx))
         };
         let outcome = outcome?;
@@ -378,7 +411,7 @@ impl Driver {
         let (result, seq) = {
             let mut st = self.lock();
             let mut fx = Vec::new();
-            let result = st.core.renew(self.clock.now(), resource, lease_id, &mut fx);
+            let result = st.core.renew(self.now(), resource, lease_id, &mut fx);
             (result, self.apply(&mut st, fx))
         };
         if result.is_err() {
@@ -429,7 +462,7 @@ impl Driver {
         let (results, seq) = {
             let mut st = self.lock();
             let mut fx = Vec::new();
-            let now = self.clock.now();
+            let now = self.now();
             let results: Vec<_> = leases
                 .iter()
                 .map(|(resource, id)| st.core.renew(now, resource, *id, &mut fx))
@@ -454,7 +487,7 @@ impl Driver {
         let (outcomes, seq) = {
             let mut st = self.lock();
             let mut fx = Vec::new();
-            let now = self.clock.now();
+            let now = self.now();
             let outcomes: Vec<_> = leases
                 .iter()
                 .map(|(resource, id)| st.core.release(now, resource, *id, &mut fx))
@@ -475,7 +508,10 @@ impl Driver {
                 ReleaseOutcome::NotHeld { .. } => not_held = true,
             }
         }
-        if not_held {
+        // An HA leader answers a release only once etcd has it: a release it answered and
+        // then lost with its term (quorum lost, say) would leave the lock held for a TTL by
+        // a client that let it go (see the module documentation).
+        if not_held || self.authority.is_some() {
             self.durable(seq).await?;
         }
         self.vouch(outcomes)
@@ -495,9 +531,7 @@ impl Driver {
             let mut fx = Vec::new();
             // Places looked at per page: a few milliseconds under the lock at most.
             let budget = limit.saturating_mul(64).max(65_536);
-            let page = st
-                .core
-                .list(self.clock.now(), from, limit, budget, keep, &mut fx);
+            let page = st.core.list(self.now(), from, limit, budget, keep, &mut fx);
             (page, self.apply(&mut st, fx))
         };
         self.durable(seq).await?;
@@ -509,7 +543,7 @@ impl Driver {
         let (description, seq) = {
             let mut st = self.lock();
             let mut fx = Vec::new();
-            let description = st.core.describe(self.clock.now(), resource, &mut fx);
+            let description = st.core.describe(self.now(), resource, &mut fx);
             (description, self.apply(&mut st, fx))
         };
         self.durable(seq).await?;
@@ -563,9 +597,21 @@ impl Driver {
                 Some(at) => {
                     tokio::select! {
                         () = tokio::time::sleep_until(self.clock.instant(at).into()) => {
+                            let trusted_again = self.authority.as_ref().map(|a| a.trusted_again());
+                            let now = self.now();
+                            if now < at {
+                                // Due by the clock, but the clock is not trusted that far yet.
+                                if let Some(again) = trusted_again {
+                                    tokio::select! {
+                                        () = again => {}
+                                        () = self.timer.notified() => {}
+                                    }
+                                }
+                                continue;
+                            }
                             let mut st = self.lock();
                             let mut fx = Vec::new();
-                            st.core.tick(self.clock.now(), &mut fx);
+                            st.core.tick(now, &mut fx);
                             self.apply(&mut st, fx);
                         }
                         () = self.timer.notified() => {}
@@ -655,7 +701,7 @@ impl Driver {
         }
         st.slots.remove(&waiter);
         let mut fx = Vec::new();
-        let was_waiting = st.core.cancel(self.clock.now(), waiter, &mut fx);
+        let was_waiting = st.core.cancel(self.now(), waiter, &mut fx);
         self.apply(&mut st, fx);
         if was_waiting {
             crate::metrics::get().call_without_answer("acquire", "cancelled");

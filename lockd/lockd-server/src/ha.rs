@@ -63,6 +63,23 @@ impl Authority for Term {
     fn in_force(&self) -> bool {
         Term::in_force(self)
     }
+
+    /// The clock's time, or the point up to which it is trusted (the last passing check
+    /// against etcd's clock plus [`Term::trust`]) when that is earlier.
+    fn core_time(&self, now: lockd_core::Millis) -> lockd_core::Millis {
+        let left = self.trust_left_ns();
+        if left >= 0 {
+            now
+        } else {
+            now.saturating_sub(left.unsigned_abs().div_ceil(1_000_000) as u64)
+        }
+    }
+
+    fn trusted_again(
+        &self,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + 'static>> {
+        Box::pin(self.verified())
+    }
 }
 
 /// What this instance is now.

@@ -16,13 +16,15 @@
 //! once that its term may be over. Each keep-alive round also reads the leader key, so a key
 //! deleted by hand ends the term within one round.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp, TxnOpResponse};
+use tokio::sync::watch;
 use tokio::time::Instant;
-use tracing::{info, warn};
+use tracing::{error, info, warn};
 
+use crate::clockcheck::{Baseline, CLOCK_LEASE_TTL_S, Verdict, judge};
 use crate::keys::LeaderRecord;
 use crate::{Cluster, EtcdError, conn, decimal};
 
@@ -68,6 +70,15 @@ pub struct Term {
     margin: Duration,
     /// Boot-time nanoseconds until which the leadership surely holds.
     deadline_ns: AtomicU64,
+    /// Boot-time nanoseconds at which the last clock check that found this clock keeping
+    /// etcd's time was sent (see [`clockcheck`](crate::clockcheck)); the clock is trusted
+    /// [`Term::trust`] beyond it.
+    verified_ns: watch::Sender<u64>,
+    /// The clock lease of the current check (0: none yet), revoked with the term.
+    clock_lease: AtomicI64,
+    /// The term was ended before its lease ran out ([`Term::end`]), and why.
+    over: AtomicBool,
+    ended: std::sync::Mutex<Option<String>>,
 }
 
 impl Term {
@@ -78,9 +89,58 @@ impl Term {
             ttl,
             margin: ttl / 10,
             deadline_ns: AtomicU64::new(0),
+            verified_ns: watch::channel(sent_at.as_nanos() as u64).0,
+            clock_lease: AtomicI64::new(0),
+            over: AtomicBool::new(false),
+            ended: std::sync::Mutex::new(None),
         };
         term.extend(sent_at, ttl);
         term
+    }
+
+    /// How far beyond its last passing check this instance trusts its clock: a third of the
+    /// leadership TTL. Past it, the term is not in force and the core's time stands still
+    /// (see [`Term::trust_left_ns`]) until a check passes again.
+    pub fn trust(&self) -> Duration {
+        self.ttl / 3
+    }
+
+    /// How long the clock is still trusted, in nanoseconds: negative once the trust has run
+    /// out (by as much as it is overdue).
+    pub fn trust_left_ns(&self) -> i128 {
+        let until = *self.verified_ns.borrow() as i128 + self.trust().as_nanos() as i128;
+        until - boot_time().as_nanos() as i128
+    }
+
+    /// Resolves at the next clock check that passes.
+    pub fn verified(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let mut rx = self.verified_ns.subscribe();
+        async move {
+            let _ = rx.changed().await;
+        }
+    }
+
+    fn verified_at(&self, sent: Duration) {
+        self.verified_ns.send_if_modified(|v| {
+            let sent = sent.as_nanos() as u64;
+            let later = sent > *v;
+            if later {
+                *v = sent;
+            }
+            later
+        });
+    }
+
+    /// Ends the term at once (a clock fault): nothing is answered or committed from now on.
+    pub fn end(&self, why: &str) {
+        self.over.store(true, Ordering::Release);
+        let mut ended = self.ended.lock().unwrap_or_else(|e| e.into_inner());
+        ended.get_or_insert_with(|| why.to_string());
+    }
+
+    /// Why the term was ended early, if it was.
+    pub fn ended(&self) -> Option<String> {
+        self.ended.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
     /// The leadership lease.
@@ -93,9 +153,32 @@ impl Term {
         self.revision
     }
 
-    /// Whether this instance surely still leads (see the module documentation).
+    /// Whether this instance surely still leads (see the module documentation), and its
+    /// clock has been found keeping etcd's time within [`Term::trust`].
     pub fn in_force(&self) -> bool {
-        (boot_time().as_nanos() as u64) < self.deadline_ns.load(Ordering::Acquire)
+        !self.over.load(Ordering::Acquire)
+            && (boot_time().as_nanos() as u64) < self.deadline_ns.load(Ordering::Acquire)
+            && self.trust_left_ns() > 0
+    }
+
+    /// Waits (up to `within`) until the term is in force, if only the clock's trust has run
+    /// out (a clock check is late); `false` when the term is over or stays out of force.
+    pub async fn wait_in_force(&self, within: Duration) -> bool {
+        let until = Instant::now() + within;
+        loop {
+            let again = self.verified();
+            if self.in_force() {
+                return true;
+            }
+            let lease_left =
+                (boot_time().as_nanos() as u64) < self.deadline_ns.load(Ordering::Acquire);
+            if self.over.load(Ordering::Acquire) || !lease_left {
+                return false;
+            }
+            if tokio::time::timeout_at(until, again).await.is_err() {
+                return false;
+            }
+        }
     }
 
     /// Until when (boot time) the leadership surely holds.
@@ -133,6 +216,7 @@ fn first_kv(r: Option<&TxnOpResponse>) -> Option<&etcd_client::KeyValue> {
 impl Cluster {
     /// Tries once to become the leader.
     pub async fn campaign(&self, me: &Member) -> Result<Campaign, EtcdError> {
+        self.revoke_given_up().await;
         let ttl_s = etcd_ttl_s(self.leader_ttl);
         let sent_at = boot_time();
         let lease = self
@@ -186,15 +270,136 @@ impl Cluster {
         ))
     }
 
-    /// Keeps `term`'s lease alive and returns why the term ended (it never ends otherwise).
+    /// Keeps `term`'s lease alive, and checks this instance's clock against etcd's; returns
+    /// why the term ended (it never ends otherwise).
     pub async fn keep_leading(&self, term: &Term) -> String {
+        tokio::select! {
+            why = self.keep_lease(term) => why,
+            why = self.check_clock(term) => why,
+        }
+    }
+
+    /// Checks, every third of [`Term::trust`], that this instance's clock keeps etcd's time
+    /// (see [`clockcheck`](crate::clockcheck)); ends the term, and returns why, when it does
+    /// not.
+    async fn check_clock(&self, term: &Term) -> String {
+        let every = term.trust() / 3;
+        let mut base: Option<Baseline> = None;
+        let mut failing = false;
+        loop {
+            if term.trust_left_ns() < -(term.ttl.as_nanos() as i128) {
+                let why = format!(
+                    "this instance's clock could not be checked against etcd's for {:?}",
+                    term.ttl + term.trust()
+                );
+                term.end(&why);
+                return why;
+            }
+            let Some(b) = base else {
+                match self.clock_baseline(every).await {
+                    Ok(b) => {
+                        let old = term.clock_lease.swap(b.lease, Ordering::AcqRel);
+                        if old != 0 {
+                            self.revoke_later(old);
+                        }
+                        term.verified_at(b.sent);
+                        base = Some(b);
+                        failing = false;
+                    }
+                    Err(e) => {
+                        if !std::mem::replace(&mut failing, true) {
+                            warn!(error = %e, "cannot grant the clock lease; retrying");
+                        }
+                        tokio::time::sleep(every).await;
+                    }
+                }
+                continue;
+            };
+            tokio::time::sleep(every).await;
+            let sent = boot_time();
+            let id = b.lease;
+            let read = self
+                .etcd
+                .call(
+                    Instant::now() + every,
+                    "reading the clock lease",
+                    |mut c| async move { c.lease_time_to_live(id, None).await },
+                )
+                .await;
+            let r = match read {
+                Ok(r) => r,
+                Err(e) => {
+                    if !std::mem::replace(&mut failing, true) {
+                        warn!(error = %e, "cannot read the clock lease; retrying");
+                    }
+                    continue;
+                }
+            };
+            failing = false;
+            let answered = boot_time();
+            let raft_term = r.header().map_or(0, |h| h.raft_term());
+            match judge(&b, sent, answered, r.ttl(), raft_term) {
+                Verdict::Agrees => term.verified_at(sent),
+                Verdict::Rebase => base = None,
+                Verdict::Ahead { local, etcd } => {
+                    let why = format!(
+                        "this instance's clock ran ahead of etcd's: it counted at least {local:?} while etcd counted at most {etcd:?} (a clock jump, or a clock running fast)"
+                    );
+                    error!(reason = %why, "clock fault: giving the leadership up before deciding anything by this clock");
+                    term.end(&why);
+                    return why;
+                }
+                Verdict::Behind { local, etcd } => {
+                    let why = format!(
+                        "this instance's clock fell behind etcd's: it counted at most {local:?} while etcd counted at least {etcd:?} (a clock running slow)"
+                    );
+                    error!(reason = %why, "clock fault: giving the leadership up before deciding anything by this clock");
+                    term.end(&why);
+                    return why;
+                }
+            }
+        }
+    }
+
+    /// Grants a new clock lease: the start of a clock check.
+    async fn clock_baseline(&self, within: Duration) -> Result<Baseline, EtcdError> {
+        let sent = boot_time();
+        let r = self
+            .etcd
+            .call(
+                Instant::now() + within,
+                "granting the clock lease",
+                |mut c| async move { c.lease_grant(CLOCK_LEASE_TTL_S, None).await },
+            )
+            .await?;
+        Ok(Baseline {
+            lease: r.id(),
+            ttl_s: r.ttl(),
+            sent,
+            answered: boot_time(),
+            raft_term: r.header().map_or(0, |h| h.raft_term()),
+        })
+    }
+
+    fn revoke_later(&self, lease: i64) {
+        let mut c = self.etcd.any();
+        tokio::spawn(async move {
+            let _ = tokio::time::timeout(conn::ATTEMPT_TIMEOUT, c.lease_revoke(lease)).await;
+        });
+    }
+
+    /// Keeps `term`'s lease alive and returns why the term ended.
+    async fn keep_lease(&self, term: &Term) -> String {
         let every = term.ttl / 3;
         let mut pause = every;
         loop {
             let deadline = term.deadline();
             let wake = (boot_time() + pause).min(deadline);
             tokio::time::sleep(wake.saturating_sub(boot_time())).await;
-            if !term.in_force() {
+            if let Some(why) = term.ended() {
+                return why;
+            }
+            if (boot_time().as_nanos() as u64) >= term.deadline_ns.load(Ordering::Acquire) {
                 return format!(
                     "the leadership lease could not be renewed in time (TTL {:?}, last keep-alive answered more than {:?} ago)",
                     term.ttl,
@@ -256,13 +461,48 @@ impl Cluster {
     /// Gives the term up at once (its key goes with the lease), so that another instance
     /// need not wait for the TTL.
     pub async fn resign(&self, term: &Term) {
-        self.revoke(term.lease).await;
+        let clock = term.clock_lease.swap(0, Ordering::AcqRel);
+        for lease in [term.lease, clock] {
+            if lease != 0 && !self.revoke(lease).await {
+                // etcd could not take it (no quorum, say): the next campaign tries again, so
+                // that a quorum back does not leave the others waiting for the TTL.
+                let mut unrevoked = self.unrevoked.lock().unwrap_or_else(|e| e.into_inner());
+                if unrevoked.len() >= MAX_UNREVOKED {
+                    unrevoked.remove(0);
+                }
+                unrevoked.push(lease);
+            }
+        }
         info!(lease = term.lease, "resigned the leadership");
     }
 
-    async fn revoke(&self, lease: i64) {
+    /// Revokes `lease`; whether it is gone (revoked now, or not found).
+    async fn revoke(&self, lease: i64) -> bool {
         let mut c = self.etcd.any();
-        let _ = tokio::time::timeout(conn::ATTEMPT_TIMEOUT, c.lease_revoke(lease)).await;
+        match tokio::time::timeout(conn::ATTEMPT_TIMEOUT, c.lease_revoke(lease)).await {
+            Ok(Ok(_)) => true,
+            Ok(Err(etcd_client::Error::GRpcStatus(s))) => s.code() == tonic::Code::NotFound,
+            _ => false,
+        }
+    }
+
+    /// Revokes the leases of terms given up while etcd could not take their revocation.
+    async fn revoke_given_up(&self) {
+        let pending =
+            std::mem::take(&mut *self.unrevoked.lock().unwrap_or_else(|e| e.into_inner()));
+        for lease in pending {
+            if self.revoke(lease).await {
+                info!(
+                    lease,
+                    "revoked the lease of a term given up while etcd had no quorum"
+                );
+            } else {
+                self.unrevoked
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .push(lease);
+            }
+        }
     }
 
     /// Whether a leadership lease is still alive in etcd.
@@ -304,6 +544,10 @@ impl Cluster {
         Ok(leader)
     }
 }
+
+/// Most leases of given-up terms kept for a later revocation (the oldest run out by
+/// themselves).
+const MAX_UNREVOKED: usize = 16;
 
 /// The pause before a keep-alive is tried again after etcd did not answer.
 const RETRY_AFTER: Duration = Duration::from_millis(200);

@@ -10,6 +10,9 @@
 //!   transaction (cut into several when it exceeds etcd's limits), conditional on the leader
 //!   key being the leader's own: a leader that was deposed (paused past its lease, cut off
 //!   from the majority) has its next batch refused and stops deciding.
+//! - [`clockcheck`]: each term checks its leader's clock against etcd's, and ends when the
+//!   two disagree (a clock jump, a clock running fast or slow), before it decides anything by
+//!   that clock.
 //! - [`Warm`]: a follower's copy of the stored state, kept current from a watch, so that it
 //!   takes over without reading everything.
 //! - [`highwater`]: the token high-water each instance writes down, the guard against an etcd
@@ -19,6 +22,7 @@
 //! Every etcd call has a deadline (`request_timeout`) and fails over between members; a call
 //! that cannot complete in time (no quorum, members unreachable) is an error, never a grant.
 
+pub mod clockcheck;
 mod conn;
 pub mod election;
 pub mod highwater;
@@ -98,6 +102,9 @@ pub struct Cluster {
     leader_ttl: Duration,
     max_txn_ops: usize,
     highwater: HighWater,
+    /// Leases of terms this instance gave up whose revocation etcd did not take (no quorum
+    /// then): revoked at the next campaign, so that the others need not wait for their TTL.
+    unrevoked: std::sync::Mutex<Vec<i64>>,
 }
 
 impl Cluster {
@@ -124,6 +131,7 @@ impl Cluster {
             leader_ttl: options.leader_ttl,
             max_txn_ops: options.max_txn_ops,
             highwater,
+            unrevoked: std::sync::Mutex::new(Vec::new()),
         })
     }
 

@@ -208,8 +208,22 @@ impl EtcdStore {
         self.apply(changes).await
     }
 
-    /// One transaction of `changes`, conditional on the term.
+    /// One transaction of `changes`, conditional on the term twice: this instance's own
+    /// check that its term is in force (by its clock, checked against etcd's), and etcd's
+    /// compare of the leader key's create revision and lease with the term's.
     async fn apply(&self, changes: BTreeMap<String, Change>) -> Result<(), StoreError> {
+        if !self
+            .term
+            .wait_in_force(self.cluster.request_timeout())
+            .await
+        {
+            return Err(StoreError::Deposed(format!(
+                "this instance's term is over by its own clock{}",
+                self.term
+                    .ended()
+                    .map_or(String::new(), |why| format!(": {why}"))
+            )));
+        }
         let ops: Vec<TxnOp> = changes
             .into_iter()
             .map(|(k, c)| match c {
@@ -218,11 +232,18 @@ impl EtcdStore {
             })
             .collect();
         let txn = Txn::new()
-            .when([Compare::create_revision(
-                self.cluster.keys().leader(),
-                CompareOp::Equal,
-                self.term.revision(),
-            )])
+            .when([
+                Compare::create_revision(
+                    self.cluster.keys().leader(),
+                    CompareOp::Equal,
+                    self.term.revision(),
+                ),
+                Compare::lease(
+                    self.cluster.keys().leader(),
+                    CompareOp::Equal,
+                    self.term.lease(),
+                ),
+            ])
             .and_then(ops);
         // A retry after an attempt that committed applies the same values again: harmless.
         let r = self.cluster.txn("committing a batch", txn).await?;
@@ -230,9 +251,10 @@ impl EtcdStore {
             Ok(())
         } else {
             Err(StoreError::Deposed(format!(
-                "{} is no longer this instance's key (revision {})",
+                "{} is no longer this instance's key (revision {}, lease {})",
                 self.cluster.keys().leader(),
-                self.term.revision()
+                self.term.revision(),
+                self.term.lease()
             )))
         }
     }

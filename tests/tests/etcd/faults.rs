@@ -137,3 +137,60 @@ fn assert_unavailable(err: &tonic::Status) {
         .and_then(|v| v.to_str().ok());
     assert!(matches!(code, Some("not_leader" | "no_leader")), "{err:?}");
 }
+
+/// A release answered OK is in etcd: the leader answers it once committed. Its term lasts
+/// (leadership TTL 30 s) well past the moment two of three members die, so a release
+/// answered from memory would be OK here and then lost with the term.
+#[test]
+fn a_release_during_quorum_loss_is_refused_or_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cluster = EtcdCluster::start(3);
+    let lockd = cluster.lockd(dir.path(), &["--etcd-leader-ttl-ms", "30000"]);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let _in = rt.enter();
+    let client = lockd_client::Client::connect(&lockd.endpoint).unwrap();
+    let opts = lockd_client::AcquireOptions {
+        ttl: Some(Duration::from_secs(60)),
+        wait: Duration::ZERO,
+        holder: "test".to_string(),
+        request_id: None,
+        owner: Default::default(),
+        permits: 0,
+        mode: lockd_client::Mode::Exclusive,
+    };
+    let lease = match rt.block_on(client.acquire("r", opts)).unwrap() {
+        lockd_client::Acquired::Granted(g) => rt.block_on(g.detach()),
+        lockd_client::Acquired::NotGranted(why) => panic!("a free resource is granted, not {why}"),
+    };
+    let leader = cluster.leader();
+    let other = (leader + 1) % 3;
+    cluster.kill9(leader);
+    cluster.kill9(other);
+    let released = rt.block_on(client.release("r", &lease.lease_id));
+    assert!(
+        matches!(released, Err(lockd_client::ClientError::Unavailable(_))),
+        "a release etcd could not take was answered {released:?}"
+    );
+
+    // Back: the lock is still held by that lease (its release was never answered OK), and
+    // releasing it again works.
+    cluster.restart(leader, false);
+    cluster.restart(other, false);
+    cluster.wait_member(leader);
+    cluster.wait_member(other);
+    let deadline = std::time::Instant::now() + e2e::PATIENCE;
+    let released = loop {
+        match rt.block_on(client.release("r", &lease.lease_id)) {
+            Ok(released) => break released,
+            Err(lockd_client::ClientError::Unavailable(e)) => assert!(
+                std::time::Instant::now() < deadline,
+                "service did not resume: {e}"
+            ),
+            Err(e) => panic!("{e}"),
+        }
+    };
+    assert!(
+        released,
+        "the lease whose release was refused is held after the outage"
+    );
+}

@@ -7,6 +7,8 @@
 //!   high-water guard);
 //! - `faults`: etcd members failing under lockd: `kill -9` of the etcd leader during a burst
 //!   of grants, SIGSTOP of the etcd leader, two members down (no grant, no renewal) and back;
+//! - `clocks`: a leader whose clock jumps (libfaketime) gives the leadership up before it
+//!   expires anything by that clock;
 //! - `instances`: three lockd instances (one leads, two forward) over three etcd members:
 //!   clients on all of them, a retry through another instance, a clean hand-over, `kill -9`
 //!   of the lockd leader during a burst, SIGSTOP of the lockd leader past its lease, and an
@@ -19,6 +21,7 @@
 
 mod admin;
 mod api;
+mod clocks;
 mod faults;
 mod instances;
 mod store;

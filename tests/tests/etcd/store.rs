@@ -22,6 +22,15 @@ struct OnEtcd {
     term: Option<Arc<Term>>,
 }
 
+/// `term`, kept as a leader keeps its term (its lease alive, its clock checked against
+/// etcd's) until it ends or the runtime stops: a store commits only in a term in force.
+fn keep(rt: &tokio::runtime::Runtime, cluster: &Arc<Cluster>, term: Term) -> Arc<Term> {
+    let term = Arc::new(term);
+    let (c, t) = (Arc::clone(cluster), Arc::clone(&term));
+    rt.spawn(async move { c.keep_leading(&t).await });
+    term
+}
+
 fn options(etcd: &EtcdCluster, dir: &std::path::Path, max_txn_ops: usize) -> EtcdOptions {
     EtcdOptions {
         endpoints: etcd.endpoints().split(',').map(str::to_string).collect(),
@@ -62,6 +71,7 @@ impl OnEtcd {
         }
     }
 
+    /// A new term, kept (its lease alive, its clock checked) as the leader keeps its own.
     fn campaign(&self) -> Arc<Term> {
         match self
             .rt
@@ -71,7 +81,7 @@ impl OnEtcd {
             )
             .unwrap()
         {
-            Campaign::Won(t) => Arc::new(t),
+            Campaign::Won(t) => keep(&self.rt, &self.cluster, t),
             Campaign::Lost(l, _) => panic!("the only candidate lost to {l:?}"),
         }
     }
@@ -132,6 +142,73 @@ fn a_deposed_leaders_batch_is_refused_and_changes_nothing() {
     let snap = new.load().unwrap();
     assert_eq!(snap.leases, vec![record("a", 1)]);
     assert_eq!(snap.last_token, FencingToken::new(1));
+}
+
+#[test]
+fn a_term_ended_by_its_own_clock_commits_nothing_though_etcd_still_has_its_key() {
+    let mut h = OnEtcd::new();
+    let mut store = h.open();
+    store.commit(&[Op::Grant(record("a", 1))], true).unwrap();
+    // The clock check found a jump: the term ends at once, while etcd still holds the
+    // leader key under a live lease (so etcd's compare alone would let the batch through).
+    let term = h.term.clone().unwrap();
+    term.end("a clock fault (test)");
+    assert!(!term.in_force());
+    let err = store
+        .commit(
+            &[Op::Remove {
+                resource: ResourceName::new("a").unwrap(),
+                lease_id: record("a", 1).lease_id,
+            }],
+            false,
+        )
+        .expect_err("a batch after the term ended by its own clock must be refused");
+    assert!(matches!(err, StoreError::Deposed(_)), "{err}");
+    assert!(err.to_string().contains("a clock fault (test)"), "{err}");
+    h.term = None; // not resigned: the key stays until its lease runs out
+    let leader = h.rt.block_on(h.cluster.observe()).unwrap();
+    assert!(
+        leader.is_some(),
+        "the test needs the leader key still in etcd"
+    );
+    h.rt.block_on(h.cluster.resign(&term));
+    let snap = h.open().load().unwrap();
+    assert_eq!(
+        snap.leases,
+        vec![record("a", 1)],
+        "the expiry was committed"
+    );
+}
+
+#[test]
+fn a_leader_key_put_again_under_another_lease_refuses_the_batch() {
+    let mut h = OnEtcd::new();
+    let mut store = h.open();
+    store.commit(&[Op::Grant(record("a", 1))], true).unwrap();
+    // Someone puts the leader key again under a lease of their own: the key keeps its create
+    // revision, but it is no longer this term's.
+    let endpoints = h.etcd.endpoints();
+    let other = h.rt.block_on(async {
+        let mut c = etcd_client::Client::connect([endpoints.as_str()], None)
+            .await
+            .unwrap();
+        let lease = c.lease_grant(60, None).await.unwrap().id();
+        let old = c.get("/lockd/leader", None).await.unwrap();
+        let value = old.kvs()[0].value().to_vec();
+        c.put(
+            "/lockd/leader",
+            value,
+            Some(etcd_client::PutOptions::new().with_lease(lease)),
+        )
+        .await
+        .unwrap();
+        lease
+    });
+    assert_ne!(other, h.term.as_ref().unwrap().lease());
+    let err = store
+        .commit(&[Op::Grant(record("b", 2))], true)
+        .expect_err("a batch under a leader key of another lease must be refused");
+    assert!(matches!(err, StoreError::Deposed(_)), "{err}");
 }
 
 #[test]
@@ -242,9 +319,10 @@ fn tokens_continue_above_this_instances_high_water_when_etcd_lost_data() {
     else {
         panic!("the only candidate leads");
     };
+    let term = keep(&rt, &cluster, term);
     let mut s = {
         let _in = rt.enter();
-        EtcdStore::new(Arc::clone(&cluster), Arc::new(term))
+        EtcdStore::new(Arc::clone(&cluster), term)
     };
     let snap = s.load().unwrap();
     assert_eq!(snap.last_token, FencingToken::new(40 + MARGIN));
@@ -344,7 +422,7 @@ fn a_high_water_at_the_top_of_the_token_range_stays_in_it() {
         .block_on(cluster.campaign(&Member::new("http://test".to_string())))
         .unwrap()
     {
-        Campaign::Won(t) => Arc::new(t),
+        Campaign::Won(t) => keep(&rt, &cluster, t),
         Campaign::Lost(..) => panic!("the only candidate leads"),
     };
     let term = campaign();
