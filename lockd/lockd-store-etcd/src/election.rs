@@ -15,6 +15,10 @@
 //! while the process is stopped or the machine suspended, so a leader that wakes up knows at
 //! once that its term may be over. Each keep-alive round also reads the leader key, so a key
 //! deleted by hand ends the term within one round.
+//!
+//! The margin covers rates, not jumps: beside the keep-alives, each term checks its clock
+//! against etcd's ([`clockcheck`](crate::clockcheck)), trusts it only [`Term::trust`] past
+//! the last check that passed, and ends when the two disagree.
 
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
