@@ -342,26 +342,25 @@ impl Cluster {
             failing = false;
             let answered = boot_time();
             let raft_term = r.header().map_or(0, |h| h.raft_term());
-            match judge(&b, sent, answered, r.ttl(), raft_term) {
-                Verdict::Agrees => term.verified_at(sent),
-                Verdict::Rebase => base = None,
-                Verdict::Ahead { local, etcd } => {
-                    let why = format!(
-                        "this instance's clock ran ahead of etcd's: it counted at least {local:?} while etcd counted at most {etcd:?} (a clock jump, or a clock running fast)"
-                    );
-                    error!(reason = %why, "clock fault: giving the leadership up before deciding anything by this clock");
-                    term.end(&why);
-                    return why;
+            let why = match judge(&b, sent, answered, r.ttl(), raft_term) {
+                Verdict::Agrees => {
+                    term.verified_at(sent);
+                    continue;
                 }
-                Verdict::Behind { local, etcd } => {
-                    let why = format!(
-                        "this instance's clock fell behind etcd's: it counted at most {local:?} while etcd counted at least {etcd:?} (a clock running slow)"
-                    );
-                    error!(reason = %why, "clock fault: giving the leadership up before deciding anything by this clock");
-                    term.end(&why);
-                    return why;
+                Verdict::Rebase => {
+                    base = None;
+                    continue;
                 }
-            }
+                Verdict::Ahead { local, etcd } => format!(
+                    "this instance's clock ran ahead of etcd's: it counted at least {local:?} while etcd counted at most {etcd:?} (a clock jump, or a clock running fast)"
+                ),
+                Verdict::Behind { local, etcd } => format!(
+                    "this instance's clock fell behind etcd's: it counted at most {local:?} while etcd counted at least {etcd:?} (a clock running slow)"
+                ),
+            };
+            error!(reason = %why, "clock fault: giving the leadership up before deciding anything by this clock");
+            term.end(&why);
+            return why;
         }
     }
 
