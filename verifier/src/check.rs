@@ -30,10 +30,12 @@ pub enum Property {
     /// A read-write lock's readers (each on its own slot, `NAME@read-K`) may hold it together,
     /// but never while a lease on the lock's own name (its writer's) is certainly valid.
     ReadersExcludeWriters,
+    /// A lease whose release was acknowledged as durable is never named as the holder again.
+    ReleasesKept,
 }
 
 impl Property {
-    pub const ALL: [Property; 7] = [
+    pub const ALL: [Property; 8] = [
         Property::SingleHolder,
         Property::MonotoneTokens,
         Property::Fencing,
@@ -41,6 +43,7 @@ impl Property {
         Property::FailedWritesAbsent,
         Property::PermitsWithinBound,
         Property::ReadersExcludeWriters,
+        Property::ReleasesKept,
     ];
 
     pub fn name(self) -> &'static str {
@@ -52,6 +55,7 @@ impl Property {
             Property::FailedWritesAbsent => "failed writes absent",
             Property::PermitsWithinBound => "permits within bound",
             Property::ReadersExcludeWriters => "readers exclude writers",
+            Property::ReleasesKept => "releases kept",
         }
     }
 }
@@ -191,6 +195,7 @@ pub fn check(history: &[Event]) -> Report {
                 Property::ReadersExcludeWriters,
                 readers_exclude_writers(&events, &done),
             ),
+            (Property::ReleasesKept, releases_kept(&done)),
         ],
     }
 }
@@ -405,6 +410,52 @@ fn readers_exclude_writers(events: &[Event], done: &[Done<'_>]) -> Verdict {
     }
     if readers == 0 {
         return Verdict::NotShown("no granted reader".into());
+    }
+    verdict(violations)
+}
+
+/// After a release acknowledged as durable (its lockd holds it in its store), the lease is
+/// gone for good: no acquire invoked after that acknowledgement is refused naming the
+/// released lease's token as the holder. A durable release lost in a leader change or a
+/// quorum loss would bring the lease back, and show here.
+fn releases_kept(done: &[Done<'_>]) -> Verdict {
+    let mut released: HashMap<(&str, u64), &Event> = HashMap::new();
+    for d in done {
+        if d.end.f == Op::Release && d.end.kind == EventType::Ok && d.end.durable {
+            let token = d
+                .end
+                .token
+                .expect("validated: a durable release has its token");
+            released
+                .entry((d.end.resource.as_str(), token))
+                .and_modify(|e| {
+                    if d.end.time < e.time {
+                        *e = d.end;
+                    }
+                })
+                .or_insert(d.end);
+        }
+    }
+    if released.is_empty() {
+        return Verdict::NotShown("no release acknowledged as durable".into());
+    }
+    let mut violations = Vec::new();
+    for d in done {
+        let (Op::Acquire, EventType::Fail, Some(t)) = (d.end.f, d.end.kind, d.end.current_token)
+        else {
+            continue;
+        };
+        if let Some(r) = released.get(&(d.end.resource.as_str(), t))
+            && d.from() > r.time
+        {
+            violations.push(Violation {
+                message: format!(
+                    "{}: {} released token {t} (durable), and {} was later refused with token {t} named as the holder",
+                    d.end.resource, r.process, d.end.process
+                ),
+                lines: vec![r.line, d.end.line],
+            });
+        }
     }
     verdict(violations)
 }

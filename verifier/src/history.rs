@@ -75,6 +75,13 @@ struct Raw {
     /// `NAME@read-K`) or `write` (the lock's name).
     #[serde(default)]
     mode: Option<Mode>,
+    /// A release's `ok`: the lockd that answered holds the release in its store (lockd over
+    /// etcd answers a release only once etcd has it).
+    #[serde(default)]
+    durable: Option<bool>,
+    /// An acquire's `fail`: the token of the lease lockd named as the holder.
+    #[serde(default)]
+    current_token: Option<u64>,
 }
 
 /// A side of a read-write lock.
@@ -106,6 +113,10 @@ pub struct Event {
     pub permits: Option<u32>,
     /// An acquire of a side of a read-write lock.
     pub mode: Option<Mode>,
+    /// A release's `ok` that its lockd holds in its store.
+    pub durable: bool,
+    /// An acquire's `fail` (busy, or the wait ran out): the holder's token lockd named.
+    pub current_token: Option<u64>,
 }
 
 impl Event {
@@ -194,6 +205,23 @@ pub fn parse(input: impl BufRead) -> Result<Vec<Event>, HistoryError> {
                 )?,
             }
         }
+        if raw.durable.is_some() {
+            needs(
+                "durable is for a release's ok",
+                raw.f == Op::Release && raw.kind == EventType::Ok,
+            )?;
+            needs("a durable release needs its token", raw.token.is_some())?;
+        }
+        if let Some(t) = raw.current_token {
+            needs(
+                "current_token is for an acquire's fail",
+                raw.f == Op::Acquire && raw.kind == EventType::Fail,
+            )?;
+            needs(
+                "current_token is in the token range",
+                fencing::FencingToken::new(t).is_some(),
+            )?;
+        }
         match (raw.f, raw.kind) {
             (Op::Acquire, EventType::Ok) => {
                 needs("an ok acquire needs its token", raw.token.is_some())?;
@@ -226,6 +254,8 @@ pub fn parse(input: impl BufRead) -> Result<Vec<Event>, HistoryError> {
             note: raw.note,
             permits: raw.permits,
             mode: raw.mode,
+            durable: raw.durable == Some(true),
+            current_token: raw.current_token,
         });
     }
     Ok(out)

@@ -86,8 +86,11 @@ fn the_fenced_zombie_story_keeps_every_property() {
     let r = check(&h(&zombie_fenced()));
     assert!(r.ok(), "{r}");
     for p in Property::ALL {
-        if p == Property::PermitsWithinBound || p == Property::ReadersExcludeWriters {
-            // The story has no semaphore and no read-write lock.
+        if matches!(
+            p,
+            Property::PermitsWithinBound | Property::ReadersExcludeWriters | Property::ReleasesKept
+        ) {
+            // The story has no semaphore, no read-write lock and no durable release.
             assert!(matches!(r.verdict(p), Verdict::NotShown(_)), "{r}");
             continue;
         }
@@ -499,5 +502,98 @@ fn a_mode_is_only_a_read_write_locks_acquires() {
     ] {
         let err = parse(line.as_bytes()).expect_err(&line);
         assert!(err.to_string().contains(needle), "{line}: {err}");
+    }
+}
+
+/// A busy answer naming a lease whose durable release was acknowledged before the acquire was
+/// invoked: the release was lost (a leader change undid it).
+#[test]
+fn releases_kept_catches_a_lease_back_after_its_durable_release() {
+    let released = |durable: bool| {
+        let extra = if durable {
+            "\"token\":5,\"durable\":true"
+        } else {
+            "\"token\":5"
+        };
+        let mut lines = acquire("A", 0, 10, "r", 5, 10_000);
+        lines.push(ev("invoke", "A", 20, "release", "r", "\"token\":5"));
+        lines.push(ev("ok", "A", 30, "release", "r", extra));
+        lines
+    };
+    let refused = |invoke_ms: u64| {
+        vec![
+            ev("invoke", "B", invoke_ms, "acquire", "r", ""),
+            ev(
+                "fail",
+                "B",
+                invoke_ms + 5,
+                "acquire",
+                "r",
+                "\"note\":\"busy\",\"current_token\":5",
+            ),
+        ]
+    };
+    // Refused naming token 5 after its durable release: violated.
+    let mut lines = released(true);
+    lines.extend(refused(40));
+    let report = check(&h(&lines));
+    match report.verdict(Property::ReleasesKept) {
+        Verdict::Violated(v) => assert!(v[0].message.contains("released token 5"), "{v:?}"),
+        other => panic!("a lease back after its durable release: {other:?}"),
+    }
+    assert!(!report.ok());
+    // Invoked before the release was acknowledged: the answer may predate it.
+    let mut lines = released(true);
+    lines.extend(refused(25));
+    assert_eq!(
+        check(&h(&lines)).verdict(Property::ReleasesKept),
+        &Verdict::Holds
+    );
+    // A release not said to be durable (the embedded store's, answered before its sync)
+    // promises nothing across a crash.
+    let mut lines = released(false);
+    lines.extend(refused(40));
+    assert!(matches!(
+        check(&h(&lines)).verdict(Property::ReleasesKept),
+        Verdict::NotShown(_)
+    ));
+}
+
+#[test]
+fn durable_and_current_token_go_only_where_they_mean_something() {
+    for (line, needle) in [
+        (
+            ev(
+                "ok",
+                "A",
+                1,
+                "acquire",
+                "r",
+                "\"token\":1,\"ttl_ms\":5,\"durable\":true",
+            ),
+            "durable is for a release's ok",
+        ),
+        (
+            ev("ok", "A", 1, "release", "r", "\"durable\":true"),
+            "a durable release needs its token",
+        ),
+        (
+            ev(
+                "ok",
+                "A",
+                1,
+                "release",
+                "r",
+                "\"token\":1,\"current_token\":2",
+            ),
+            "current_token is for an acquire's fail",
+        ),
+        (
+            ev("fail", "A", 1, "acquire", "r", "\"current_token\":0"),
+            "current_token is in the token range",
+        ),
+    ] {
+        let err = parse(line.as_bytes()).unwrap_err().to_string();
+        assert!(err.contains(needle), "{line}: {err}");
     }
 }

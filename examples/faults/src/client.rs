@@ -47,6 +47,11 @@ pub struct Args {
     pub resources: u32,
     #[arg(long)]
     pub ttl_ms: u64,
+    /// lockd runs over etcd: a release it acknowledges is in etcd (recorded `durable`), and
+    /// one acquire in three is a try-lock, whose refusal names the holder's token, so that a
+    /// lost release would show.
+    #[arg(long)]
+    pub ha: bool,
 }
 
 enum Command {
@@ -115,9 +120,14 @@ async fn main_loop(args: Args) -> anyhow::Result<()> {
         };
 
         event("invoke", "acquire", json!({}));
+        let try_lock = args.ha && rng.random_ratio(1, 3);
         let opts = AcquireOptions {
             ttl: Some(ttl),
-            wait: Duration::from_secs(3),
+            wait: if try_lock {
+                Duration::ZERO
+            } else {
+                Duration::from_secs(3)
+            },
             holder: name.clone(),
             request_id: None,
             owner: None,
@@ -136,7 +146,11 @@ async fn main_loop(args: Args) -> anyhow::Result<()> {
                 lease
             }
             Ok(Acquired::NotGranted(why)) => {
-                event("fail", "acquire", json!({"note": why.to_string()}));
+                let mut extra = json!({"note": why.to_string()});
+                if let Some(t) = why.token {
+                    extra["current_token"] = json!(t);
+                }
+                event("fail", "acquire", extra);
                 continue;
             }
             Err(e @ ClientError::Unavailable(_)) => {
@@ -195,6 +209,7 @@ async fn main_loop(args: Args) -> anyhow::Result<()> {
 
         event("invoke", "release", json!({"token": token}));
         match lockd.release(&resource, &lease.lease_id).await {
+            Ok(true) if args.ha => event("ok", "release", json!({"token": token, "durable": true})),
             Ok(true) => event("ok", "release", json!({"token": token})),
             Ok(false) => event(
                 "fail",

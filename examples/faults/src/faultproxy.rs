@@ -1,6 +1,7 @@
 //! A userspace TCP fault proxy (the kernel here has no `tc netem`): relays every connection to
-//! one upstream address, and on demand delays each chunk it forwards, in both directions, or
-//! cuts every connection it relays at once (with a reset).
+//! one upstream address, and on demand delays each chunk it forwards, in both directions,
+//! holds every chunk until it is let go (a frozen path: connections stay open, nothing
+//! passes), or cuts every connection it relays at once (with a reset).
 
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, BorrowedFd};
@@ -16,6 +17,7 @@ pub struct FaultProxy {
     pub addr: SocketAddr,
     delay_ms: Arc<AtomicU64>,
     cuts: watch::Sender<u64>,
+    frozen: watch::Sender<bool>,
 }
 
 impl FaultProxy {
@@ -25,10 +27,12 @@ impl FaultProxy {
         let addr = listener.local_addr()?;
         let delay_ms = Arc::new(AtomicU64::new(0));
         let (cuts, _) = watch::channel(0u64);
+        let (frozen, _) = watch::channel(false);
         let proxy = FaultProxy {
             addr,
             delay_ms: Arc::clone(&delay_ms),
             cuts: cuts.clone(),
+            frozen: frozen.clone(),
         };
         tokio::spawn(async move {
             loop {
@@ -40,6 +44,7 @@ impl FaultProxy {
                     upstream.clone(),
                     Arc::clone(&delay_ms),
                     cuts.subscribe(),
+                    frozen.subscribe(),
                 ));
             }
         });
@@ -50,6 +55,12 @@ impl FaultProxy {
     pub fn set_delay(&self, delay: Duration) {
         self.delay_ms
             .store(delay.as_millis() as u64, Ordering::Relaxed);
+    }
+
+    /// Holds every chunk (and every new connection's first) until [`FaultProxy::set_frozen`]
+    /// with `false`: the path is silent, as a partition is, while its connections stay open.
+    pub fn set_frozen(&self, frozen: bool) {
+        self.frozen.send_replace(frozen);
     }
 
     /// Resets every connection relayed at this moment.
@@ -63,6 +74,7 @@ async fn relay(
     upstream: String,
     delay_ms: Arc<AtomicU64>,
     mut cuts: watch::Receiver<u64>,
+    frozen: watch::Receiver<bool>,
 ) {
     cuts.mark_unchanged();
     let Ok(server) = TcpStream::connect(&upstream).await else {
@@ -75,7 +87,10 @@ async fn relay(
     let (cr, cw) = client.into_split();
     let (sr, sw) = server.into_split();
     let both = async {
-        tokio::join!(pump(cr, sw, Arc::clone(&delay_ms)), pump(sr, cw, delay_ms));
+        tokio::join!(
+            pump(cr, sw, Arc::clone(&delay_ms), frozen.clone()),
+            pump(sr, cw, delay_ms, frozen)
+        );
     };
     tokio::pin!(both);
     tokio::select! {
@@ -95,6 +110,7 @@ async fn pump(
     mut from: tokio::net::tcp::OwnedReadHalf,
     mut to: tokio::net::tcp::OwnedWriteHalf,
     delay_ms: Arc<AtomicU64>,
+    mut frozen: watch::Receiver<bool>,
 ) {
     let mut buf = vec![0u8; 16 * 1024];
     loop {
@@ -105,6 +121,9 @@ async fn pump(
         let delay = delay_ms.load(Ordering::Relaxed);
         if delay > 0 {
             tokio::time::sleep(Duration::from_millis(delay)).await;
+        }
+        if frozen.wait_for(|f| !*f).await.is_err() {
+            break;
         }
         if to.write_all(&buf[..n]).await.is_err() {
             break;

@@ -8,6 +8,7 @@
 //!     cargo build --bins && target/debug/faults --mode http --seed 7
 //!     target/debug/faults --mode pg --seed 7 --fault-count 10
 //!     target/debug/faults --mode http --seed 7 --no-fencing    # must end in a violation
+//!     target/debug/faults --backend etcd --seed 7               # lockd over etcd, HA faults
 //!
 //! Exit status: 0 the history holds every property, 1 it breaks one, 2 the run itself failed.
 
@@ -17,6 +18,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 
 mod client;
 mod faultproxy;
+mod ha;
 mod runner;
 mod store;
 
@@ -28,13 +30,22 @@ pub enum Mode {
     Pg,
 }
 
+/// Where lockd keeps its state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Backend {
+    /// One lockd on its embedded store.
+    Embedded,
+    /// Several lockd instances over a three-member etcd cluster (high availability).
+    Etcd,
+}
+
 /// The faults the runner can inject.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, ValueEnum)]
 pub enum Fault {
     /// SIGSTOP a client (half the time just before a write) until its lease has been taken
     /// over, or for 1.5 TTL if it held none; then SIGCONT.
     Pause,
-    /// `kill -9` lockd and start it again on its data.
+    /// `kill -9` lockd (over etcd: the leading instance) and start it again on its data.
     Lockd,
     /// `kill -9` fence-proxy and start it again.
     Proxy,
@@ -44,6 +55,36 @@ pub enum Fault {
     Delay,
     /// Reset every connection on the clients' path to lockd or to the store.
     Cut,
+    /// `--backend etcd`: SIGSTOP the leading lockd past its term, then SIGCONT.
+    LeaderPause,
+    /// `--backend etcd`: `kill -9` a lockd instance that does not lead, restarted.
+    Follower,
+    /// `--backend etcd`: `kill -9` one etcd member, restarted.
+    Member,
+    /// `--backend etcd`: `kill -9` two of the three etcd members (no quorum), restarted.
+    Quorum,
+    /// `--backend etcd`: the leading lockd cut off from etcd while its clients reach it.
+    Isolate,
+    /// `--backend etcd`: delay on the leading lockd's paths to etcd.
+    EtcdDelay,
+    /// `--backend etcd`: the leading lockd's clock jumps ahead (libfaketime).
+    Clock,
+}
+
+impl Fault {
+    /// Whether the fault acts on lockd's high-availability mode only.
+    pub fn needs_etcd(self) -> bool {
+        matches!(
+            self,
+            Fault::LeaderPause
+                | Fault::Follower
+                | Fault::Member
+                | Fault::Quorum
+                | Fault::Isolate
+                | Fault::EtcdDelay
+                | Fault::Clock
+        )
+    }
 }
 
 #[derive(Parser, Debug)]
@@ -58,6 +99,15 @@ pub struct Cli {
     /// Which fence-proxy mode the clients write through.
     #[arg(long, value_enum, default_value = "http")]
     mode: Mode,
+    /// Where lockd keeps its state: one embedded lockd, or instances over etcd.
+    #[arg(long, value_enum, default_value = "embedded")]
+    backend: Backend,
+    /// `--backend etcd`: lockd instances.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(2..=5))]
+    lockds: u32,
+    /// `--backend etcd`: the leadership lease's TTL, milliseconds (etcd's shortest is 2 s).
+    #[arg(long, default_value_t = 2000, value_parser = clap::value_parser!(u64).range(2000..=60000))]
+    leader_ttl_ms: u64,
     /// Seed of the fault schedule and of the clients' choices (random when not given).
     #[arg(long)]
     seed: Option<u64>,

@@ -18,8 +18,9 @@ use rand::{Rng, SeedableRng};
 use serde_json::{Value, json};
 
 use crate::faultproxy::FaultProxy;
+use crate::ha::Ha;
 use crate::store::Counters;
-use crate::{Cli, Fault, Mode};
+use crate::{Backend, Cli, Fault, Mode};
 
 /// What a client process said.
 enum Msg {
@@ -134,6 +135,16 @@ fn signal(pid: i32, sig: libc::c_int) {
     }
 }
 
+/// lockd: one on its embedded store, or instances over etcd.
+enum Lockds {
+    One {
+        lockd: Lockd,
+        dir: std::path::PathBuf,
+        addr: String,
+    },
+    Ha(Ha),
+}
+
 /// The store the clients protect.
 enum Store {
     Http(Arc<Counters>, std::net::SocketAddr),
@@ -179,6 +190,17 @@ pub fn run(cli: &Cli) -> anyhow::Result<bool> {
         if cli.mode == Mode::Pg {
             all.push(Fault::Postgres);
         }
+        if cli.backend == Backend::Etcd {
+            all.extend([
+                Fault::LeaderPause,
+                Fault::Follower,
+                Fault::Member,
+                Fault::Quorum,
+                Fault::Isolate,
+                Fault::EtcdDelay,
+                Fault::Clock,
+            ]);
+        }
         all
     } else {
         let mut k = cli.faults.clone();
@@ -189,11 +211,23 @@ pub fn run(cli: &Cli) -> anyhow::Result<bool> {
     if kinds.contains(&Fault::Postgres) && cli.mode != Mode::Pg {
         bail!("--faults postgres needs --mode pg");
     }
+    if let Some(k) = kinds.iter().find(|k| k.needs_etcd())
+        && cli.backend != Backend::Etcd
+    {
+        bail!("--faults {} needs --backend etcd", fault_name(*k));
+    }
     let ttl = Duration::from_millis(cli.ttl_ms);
     let replay = replay_command(cli, seed, &kinds);
     println!(
-        "faults: mode {:?}, seed {seed}, {} clients, {} counters, TTL {} ms, {} faults from {:?}, fencing {}",
+        "faults: mode {:?}, backend {}, seed {seed}, {} clients, {} counters, TTL {} ms, {} faults from {:?}, fencing {}",
         cli.mode,
+        match cli.backend {
+            Backend::Embedded => "embedded".to_string(),
+            Backend::Etcd => format!(
+                "etcd (3 members, {} lockd instances, leadership TTL {} ms)",
+                cli.lockds, cli.leader_ttl_ms
+            ),
+        },
         cli.clients,
         cli.resources,
         cli.ttl_ms,
@@ -251,9 +285,26 @@ pub fn run(cli: &Cli) -> anyhow::Result<bool> {
     );
     let keys_arg = keys.to_str().context("a UTF-8 temporary path")?.to_string();
     let lockd_args = ["--fence-keys", keys_arg.as_str()];
-    let lockd_dir = tmp.path().join("lockd");
-    let lockd_addr = free_loopback_addr();
-    let mut lockd = Lockd::start_on(&lockd_dir, &lockd_addr, &lockd_args);
+    let mut lockds = match cli.backend {
+        Backend::Embedded => {
+            let dir = tmp.path().join("lockd");
+            let addr = free_loopback_addr();
+            let lockd = Lockd::start_on(&dir, &addr, &lockd_args);
+            Lockds::One { lockd, dir, addr }
+        }
+        Backend::Etcd => Lockds::Ha(Ha::start(
+            &rt,
+            tmp.path(),
+            cli.lockds as usize,
+            Duration::from_millis(cli.leader_ttl_ms),
+            &lockd_args,
+            kinds.contains(&Fault::Clock),
+        )?),
+    };
+    let lockd_addrs = match &lockds {
+        Lockds::One { addr, .. } => vec![addr.clone()],
+        Lockds::Ha(ha) => ha.addrs(),
+    };
     let proxy_dir = tmp.path().join("proxy");
     std::fs::create_dir_all(&proxy_dir)?;
     let proxy_listen = free_loopback_addr();
@@ -266,9 +317,24 @@ pub fn run(cli: &Cli) -> anyhow::Result<bool> {
         (Store::Http(_, addr), true) => addr.to_string(),
         (Store::Pg(pg), true) => format!("127.0.0.1:{}", pg.port),
     };
-    let to_lockd = rt.block_on(FaultProxy::start(lockd_addr.clone()))?;
+    let to_lockd = lockd_addrs
+        .iter()
+        .map(|a| rt.block_on(FaultProxy::start(a.clone())))
+        .collect::<Result<Vec<_>, _>>()?;
     let to_store = rt.block_on(FaultProxy::start(store_target))?;
-    let paths = [("lockd", &to_lockd), ("store", &to_store)];
+    let mut paths: Vec<(String, &FaultProxy)> = to_lockd
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let name = if to_lockd.len() == 1 {
+                "lockd".to_string()
+            } else {
+                format!("lockd {i}")
+            };
+            (name, p)
+        })
+        .collect();
+    paths.push(("store".to_string(), &to_store));
 
     let (tx, inbox) = channel();
     let mut clients = Vec::new();
@@ -308,10 +374,34 @@ pub fn run(cli: &Cli) -> anyhow::Result<bool> {
                 let at_write = rng.random_bool(0.5);
                 pause(&mut world, v, at_write, ttl, &mut counts)
             }
-            Fault::Lockd => {
-                lockd.kill9();
-                lockd = Lockd::start_on(&lockd_dir, &lockd_addr, &lockd_args);
-                "lockd: kill -9, restarted".to_string()
+            Fault::Lockd => match &mut lockds {
+                Lockds::One { lockd, dir, addr } => {
+                    lockd.kill9();
+                    *lockd = Lockd::start_on(dir, addr, &lockd_args);
+                    "lockd: kill -9, restarted".to_string()
+                }
+                Lockds::Ha(ha) => ha.kill(true, &mut rng)?,
+            },
+            Fault::LeaderPause
+            | Fault::Follower
+            | Fault::Member
+            | Fault::Quorum
+            | Fault::Isolate
+            | Fault::EtcdDelay
+            | Fault::Clock => {
+                let Lockds::Ha(ha) = &mut lockds else {
+                    unreachable!("checked: these faults need --backend etcd")
+                };
+                let mut wait = |d: Duration| world.run_for(d);
+                match fault {
+                    Fault::LeaderPause => ha.pause_leader(&mut rng, &mut wait),
+                    Fault::Follower => ha.kill(false, &mut rng)?,
+                    Fault::Member => ha.kill_member(&mut rng, &mut wait),
+                    Fault::Quorum => ha.lose_quorum(&mut rng, &mut wait),
+                    Fault::Isolate => ha.isolate_leader(&mut rng, &mut wait),
+                    Fault::EtcdDelay => ha.delay_leader(&mut rng, &mut wait),
+                    _ => ha.jump_clock(&mut rng, &mut wait)?,
+                }
             }
             Fault::Proxy => {
                 proxy.kill9();
@@ -326,7 +416,7 @@ pub fn run(cli: &Cli) -> anyhow::Result<bool> {
                 "PostgreSQL: crashed (immediate shutdown), restarted".to_string()
             }
             Fault::Delay => {
-                let (name, path) = paths[rng.random_range(0..paths.len())];
+                let (name, path) = &paths[rng.random_range(0..paths.len())];
                 let delay = Duration::from_millis(rng.random_range(20..=2 * cli.ttl_ms));
                 let lasting = Duration::from_millis(rng.random_range(300..=1500));
                 path.set_delay(delay);
@@ -335,14 +425,12 @@ pub fn run(cli: &Cli) -> anyhow::Result<bool> {
                 format!("delay on the path to {name}: {delay:?} per chunk for {lasting:?}")
             }
             Fault::Cut => {
-                let (name, path) = paths[rng.random_range(0..paths.len())];
+                let (name, path) = &paths[rng.random_range(0..paths.len())];
                 path.cut_all();
                 format!("cut every connection on the path to {name}")
             }
         };
-        *counts
-            .entry(format!("{fault:?}").to_lowercase())
-            .or_default() += 1;
+        *counts.entry(fault_name(fault)).or_default() += 1;
         println!("fault {n}/{}: {what}", cli.fault_count);
     }
 
@@ -393,6 +481,12 @@ pub fn run(cli: &Cli) -> anyhow::Result<bool> {
         world.events.push(read);
     }
 
+    if let Lockds::Ha(ha) = &lockds {
+        println!("lockd terms ended (why: how many):");
+        for (why, n) in ha.terms_ended() {
+            println!("  {why:<36} {n}");
+        }
+    }
     report(&mut world.events, &out_dir, &counts, &replay)
 }
 
@@ -460,7 +554,7 @@ fn spawn_client(
     cli: &Cli,
     seed: u64,
     id: u32,
-    to_lockd: &FaultProxy,
+    to_lockd: &[FaultProxy],
     to_store: &FaultProxy,
     tx: Sender<(usize, Msg)>,
 ) -> anyhow::Result<ClientProc> {
@@ -477,7 +571,11 @@ fn spawn_client(
                 Mode::Pg => "pg",
             },
             "--lockd",
-            &format!("http://{}", to_lockd.addr),
+            &to_lockd
+                .iter()
+                .map(|p| format!("http://{}", p.addr))
+                .collect::<Vec<_>>()
+                .join(","),
             "--store",
             &to_store.addr.to_string(),
             "--resources",
@@ -485,6 +583,7 @@ fn spawn_client(
             "--ttl-ms",
             &cli.ttl_ms.to_string(),
         ])
+        .args((cli.backend == Backend::Etcd).then_some("--ha"))
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn()
@@ -520,13 +619,25 @@ fn spawn_client(
     })
 }
 
+/// A fault's name as `--faults` takes it.
+fn fault_name(fault: Fault) -> String {
+    use clap::ValueEnum;
+    fault
+        .to_possible_value()
+        .map_or_else(|| format!("{fault:?}"), |v| v.get_name().to_string())
+}
+
 fn replay_command(cli: &Cli, seed: u64, kinds: &[Fault]) -> String {
-    let kinds: Vec<String> = kinds
-        .iter()
-        .map(|k| format!("{k:?}").to_lowercase())
-        .collect();
+    let kinds: Vec<String> = kinds.iter().map(|k| fault_name(*k)).collect();
+    let backend = match cli.backend {
+        Backend::Embedded => String::new(),
+        Backend::Etcd => format!(
+            " --backend etcd --lockds {} --leader-ttl-ms {}",
+            cli.lockds, cli.leader_ttl_ms
+        ),
+    };
     format!(
-        "target/debug/faults --mode {} --seed {seed} --clients {} --resources {} --fault-count {} --faults {} --ttl-ms {}{}",
+        "target/debug/faults --mode {}{backend} --seed {seed} --clients {} --resources {} --fault-count {} --faults {} --ttl-ms {}{}",
         match cli.mode {
             Mode::Http => "http",
             Mode::Pg => "pg",
