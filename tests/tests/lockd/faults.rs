@@ -1,5 +1,6 @@
 //! The fault runner (`faults`), short runs with fixed seeds: in each fence-proxy mode the
-//! history holds, and with fencing off the checker must find the zombie writes.
+//! history holds, and with fencing off the checker must find the zombie writes; over etcd
+//! (`--backend etcd`), runs of the high-availability faults hold.
 //!
 //! The seeds were chosen so that their schedules include every fault kind of the mode and at
 //! least one pause just before a write; the schedule follows from the seed alone, so these
@@ -8,6 +9,10 @@
 use std::process::Command;
 
 use e2e::{bin, output};
+
+/// Seeds whose schedules of eight faults over etcd have every kind their tests ask for.
+const SEED_LEADER: &str = "0";
+const SEED_ETCD: &str = "0";
 
 /// Runs `faults` with `args`; returns its exit code and output.
 fn faults(args: &[&str]) -> (Option<i32>, String, tempfile::TempDir) {
@@ -111,11 +116,69 @@ fn a_fault_run_without_fencing_is_caught_by_the_checker() {
     );
 }
 
+/// A run over etcd (`extra` adds the mode, seed and faults) holds, injected every kind of
+/// `kinds`, and judged its durable releases against the try-locks' refusals.
+fn over_etcd_holds(extra: &[&str], kinds: &str) {
+    let mut args = vec!["--backend", "etcd", "--fault-count", "8", "--faults", kinds];
+    args.extend_from_slice(extra);
+    let (code, out, dir) = faults(&args);
+    assert_eq!(code, Some(0), "{out}");
+    assert!(out.contains("verdict: no violation"), "{out}");
+    for kind in kinds.split(',') {
+        assert!(
+            injected(&out, kind) >= 1,
+            "no {kind} fault injected:\n{out}"
+        );
+    }
+    assert!(out.contains("holds     releases kept"), "{out}");
+    let history = std::fs::read_to_string(dir.path().join("history.jsonl")).unwrap();
+    assert!(
+        history.contains("\"durable\":true"),
+        "no durable release recorded"
+    );
+    assert!(
+        history.contains("\"current_token\""),
+        "no refusal naming a holder"
+    );
+    assert!(
+        out.contains(" --backend etcd --lockds 3 --leader-ttl-ms 2000 "),
+        "{out}"
+    );
+}
+
+/// The leading lockd paused past its term, killed and cut off from etcd; a follower killed.
+#[test]
+fn a_fault_run_over_etcd_holds_when_the_leader_fails() {
+    over_etcd_holds(
+        &["--mode", "http", "--seed", SEED_LEADER],
+        "leader-pause,lockd,follower,isolate",
+    );
+}
+
+/// etcd members killed (one, and two: no quorum), the leader slowed on its way to etcd, and
+/// its clock jumping; through the PostgreSQL mode.
+#[test]
+fn a_fault_run_over_etcd_holds_when_etcd_and_clocks_fail() {
+    over_etcd_holds(
+        &["--mode", "pg", "--seed", SEED_ETCD],
+        "member,quorum,etcd-delay,clock",
+    );
+}
+
 #[test]
 fn the_fault_runner_refuses_options_that_do_not_fit() {
     let (code, out, _dir) = faults(&["--mode", "http", "--faults", "postgres"]);
     assert_eq!(code, Some(2), "{out}");
     assert!(out.contains("--faults postgres needs --mode pg"), "{out}");
+    let (code, out, _dir) = faults(&["--faults", "quorum"]);
+    assert_eq!(code, Some(2), "{out}");
+    assert!(
+        out.contains("--faults quorum needs --backend etcd"),
+        "{out}"
+    );
+    let (code, out, _dir) = faults(&["--backend", "etcd", "--leader-ttl-ms", "500"]);
+    assert_eq!(code, Some(2), "{out}");
+    assert!(out.contains("--leader-ttl-ms"), "{out}");
     let (code, out, _dir) = faults(&["--clients", "0"]);
     assert_eq!(code, Some(2), "{out}");
     assert!(out.contains("--clients"), "{out}");
