@@ -150,6 +150,8 @@ pub struct Core {
     /// Read-write locks whose first waiter is a reader the lock admits, waiting for room for
     /// one more lease (lockd's or the tenant's): served, in name order, when a lease ends.
     rw_room_wait: BTreeSet<ResourceName>,
+    /// Leases expire only up to this time, when set ([`Core::limit_expiry`]).
+    expiry_limit: Option<Millis>,
 }
 
 impl Core {
@@ -174,7 +176,17 @@ impl Core {
             semaphores: HashMap::new(),
             rwlocks: HashMap::new(),
             rw_room_wait: BTreeSet::new(),
+            expiry_limit: None,
         }
+    }
+
+    /// Lets leases expire only up to `limit` (`None`: up to each call's `now`). An HA leader
+    /// holds expiry back at the last moment its clock was checked against etcd's, so that a
+    /// clock that jumps ahead expires nothing early; new deadlines are still counted from the
+    /// calls' `now`, and waits still time out by it. A lease past its deadline but not yet
+    /// expired is held as before (renewed by its holder, refused to others).
+    pub fn limit_expiry(&mut self, limit: Option<Millis>) {
+        self.expiry_limit = limit;
     }
 
     /// Rebuilds the machine from persisted state after a restart. Every lease gets its full
@@ -614,7 +626,8 @@ impl Core {
         loop {
             // The earliest of the next expiry and the next wait deadline; at equal times the
             // expiry first (see the module docs).
-            let expiry = self.leases.next_expiry().filter(|&at| at <= self.now);
+            let until = self.expiry_limit.map_or(self.now, |l| l.min(self.now));
+            let expiry = self.leases.next_expiry().filter(|&at| at <= until);
             let wait = self
                 .wait_deadlines
                 .first()
@@ -657,7 +670,8 @@ impl Core {
     }
 
     fn expire_next(&mut self, fx: &mut Vec<Effect>) {
-        let (resource, ended) = self.leases.expire_next(self.now).expect("an expiry is due");
+        let until = self.expiry_limit.map_or(self.now, |l| l.min(self.now));
+        let (resource, ended) = self.leases.expire_next(until).expect("an expiry is due");
         self.count(resource.as_str(), Counted::Leases, -1);
         fx.push(Effect::Persist(Op::Remove {
             resource: resource.clone(),

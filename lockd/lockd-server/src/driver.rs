@@ -18,9 +18,10 @@
 //!
 //! # Time (HA mode)
 //!
-//! The core is given the clock's time, but an HA leader holds it back at the point up to
-//! which it has checked its clock against etcd's ([`Authority::core_time`]): a clock that
-//! jumps expires nothing beyond that point before the check that finds the jump ends the term.
+//! The core is given the clock's time, but an HA leader lets leases expire only up to the
+//! point etcd's clock has surely reached by its last clock check ([`Authority::expiry_limit`]):
+//! a clock that jumps expires nothing beyond that point before the check that finds the jump
+//! ends the term.
 //!
 //! # Waiters
 //!
@@ -74,11 +75,11 @@ impl LeaseIdSource for OsLeaseIds {
 pub trait Authority: Send + Sync {
     fn in_force(&self) -> bool;
 
-    /// The core's time when the clock reads `now`: `now`, or earlier while the clock is not
-    /// trusted (the etcd leader's, past its last check against etcd's clock), so that nothing
-    /// expires by a clock that may have jumped.
-    fn core_time(&self, now: Millis) -> Millis {
-        now
+    /// Up to when leases may expire when the clock reads `now` (`None`: up to `now`). The
+    /// etcd leader's: up to what its last check against etcd's clock proved, so that nothing
+    /// expires by a clock that may have jumped since.
+    fn expiry_limit(&self, _now: Millis) -> Option<Millis> {
+        None
     }
 
     /// Resolves when the clock may be trusted further (the next passing check).
@@ -215,14 +216,9 @@ impl Driver {
         &self.clock
     }
 
-    /// The time every core call is given: the clock's, held back while the authority does
-    /// not trust it (see [`Authority::core_time`]).
+    /// The time every core call is given.
     fn now(&self) -> Millis {
-        let now = self.clock.now();
-        match &self.authority {
-            Some(a) => a.core_time(now),
-            None => now,
-        }
+        self.clock.now()
     }
 
     pub fn stats(&self) -> Stats {
@@ -250,9 +246,16 @@ impl Driver {
     fn lock(&self) -> MutexGuard<'_, State> {
         // A panic under the lock means an invariant assertion fired; the state is not to be
         // trusted, so every later call fails loudly too.
-        self.state
+        let mut st = self
+            .state
             .lock()
-            .expect("lockd core poisoned by an earlier invariant violation")
+            .expect("lockd core poisoned by an earlier invariant violation");
+        if let Some(a) = &self.authority {
+            // Before every core call: how far leases may expire (see Authority).
+            let limit = a.expiry_limit(self.clock.now());
+            st.core.limit_expiry(limit);
+        }
+        st
     }
 
     fn check_open(&self) -> Result<(), DriverError> {
@@ -599,20 +602,21 @@ impl Driver {
                         () = tokio::time::sleep_until(self.clock.instant(at).into()) => {
                             let trusted_again = self.authority.as_ref().map(|a| a.trusted_again());
                             let now = self.now();
-                            if now < at {
-                                // Due by the clock, but the clock is not trusted that far yet.
-                                if let Some(again) = trusted_again {
-                                    tokio::select! {
-                                        () = again => {}
-                                        () = self.timer.notified() => {}
-                                    }
+                            let held_back = {
+                                let mut st = self.lock();
+                                let mut fx = Vec::new();
+                                st.core.tick(now, &mut fx);
+                                self.apply(&mut st, fx);
+                                st.core.next_deadline().is_some_and(|d| d <= now)
+                            };
+                            // An expiry due by the clock but beyond what etcd's clock has
+                            // proved waits for the next clock check.
+                            if held_back && let Some(again) = trusted_again {
+                                tokio::select! {
+                                    () = again => {}
+                                    () = self.timer.notified() => {}
                                 }
-                                continue;
                             }
-                            let mut st = self.lock();
-                            let mut fx = Vec::new();
-                            st.core.tick(now, &mut fx);
-                            self.apply(&mut st, fx);
                         }
                         () = self.timer.notified() => {}
                     }

@@ -64,15 +64,10 @@ impl Authority for Term {
         Term::in_force(self)
     }
 
-    /// The clock's time, or the point up to which it is trusted (the last passing check
-    /// against etcd's clock plus [`Term::trust`]) when that is earlier.
-    fn core_time(&self, now: lockd_core::Millis) -> lockd_core::Millis {
-        let left = self.trust_left_ns();
-        if left >= 0 {
-            now
-        } else {
-            now.saturating_sub(left.unsigned_abs().div_ceil(1_000_000) as u64)
-        }
+    /// Up to the point etcd's clock has surely reached, by the last clock check.
+    fn expiry_limit(&self, now: lockd_core::Millis) -> Option<lockd_core::Millis> {
+        let behind = lockd_store_etcd::boot_time().saturating_sub(self.proven());
+        Some(now.saturating_sub(behind.as_millis() as u64))
     }
 
     fn trusted_again(

@@ -1,17 +1,24 @@
 //! Whether the leader's clock keeps etcd's time.
 //!
-//! A leader decides expiries by its own clock, and answers only while its term is in force by
-//! that clock. A clock that jumps ahead (a hypervisor's or libfaketime's, or a stepped
-//! `CLOCK_MONOTONIC` on a broken kernel) would expire leases early and commit the expiries
-//! while its leader key is still valid in etcd; a clock that runs slow would keep the leader
-//! answering after etcd has handed its leadership on. So each term checks its clock against
-//! etcd's: it grants itself a *clock lease* (never kept alive) and, every few hundred
-//! milliseconds, asks etcd how many seconds the lease has left. etcd counts the lease's time on
-//! its leader's clock, so `TTL - remaining` is how long etcd's clock has run since the grant;
-//! the leader compares that with how long its own clock ran (bounded by when it sent each
-//! request and when the answer came). etcd reports whole seconds, rounded down, so the check
-//! sees a disagreement of about one second or more ([`judge`]); a smaller jump, or a rate
-//! error that has not yet added up to that, goes unnoticed (ARCHITECTURE.md's assumptions).
+//! A leader decides expiries and how long its term holds by its own clock. A clock that jumps
+//! ahead (a hypervisor's or libfaketime's, or a stepped clock on a broken kernel) would expire
+//! leases early and commit the expiries while its leader key is still valid in etcd; a clock
+//! that runs slow would keep the leader answering after etcd has handed its leadership on. So
+//! each term checks its clock against etcd's: it grants itself a *clock lease* (never kept
+//! alive) and, every [`CHECK_EVERY`], asks etcd how many seconds the lease has left. etcd
+//! counts the lease's time on its leader's clock, so `TTL - remaining` is how long etcd's
+//! clock has run since the grant.
+//!
+//! etcd reports whole seconds, rounded down, so one reading says little: etcd's time is known
+//! to within a second. But the offset between the two clocks, `D = local elapsed - etcd
+//! elapsed`, stays put while they keep the same time, and every reading bounds it; the
+//! [`Witness`] keeps the intersection of all the bounds (widened by the rate difference
+//! allowed, [`RATE`], as time passes). Readings a tenth of a second apart catch each second's
+//! change of the reported value within a tenth of a second, so the intersection narrows to
+//! about [`CHECK_EVERY`] plus the round trip. A jump of the local clock moves `D` by the jump;
+//! once a reading's bounds miss the intersection, the clocks disagree. A jump smaller than the
+//! intersection's width, or one in the first second after a clock lease was granted (the
+//! width is then a second), can go unseen.
 //!
 //! An etcd leader change gives every lease a full TTL again; the raft term in the answer's
 //! header shows it, and the check then starts again from a new clock lease.
@@ -21,12 +28,15 @@ use std::time::Duration;
 /// The clock lease's TTL, in seconds; a new one is granted when half of it has run.
 pub const CLOCK_LEASE_TTL_S: i64 = 600;
 
+/// How often the leader reads its clock lease.
+pub const CHECK_EVERY: Duration = Duration::from_millis(100);
+
 /// The rate difference the check allows between this clock and etcd's leader's (the margin
-/// the term's own arithmetic assumes).
+/// the term's own arithmetic assumes; NTP keeps rates within 0.05 %).
 pub const RATE: f64 = 0.01;
 
-/// Allowed for etcd's own timer and rounding, beyond the whole second it reports.
-pub const SLACK: Duration = Duration::from_millis(20);
+/// Allowed for etcd's own timers, beyond what the readings bound.
+pub const SLACK: Duration = Duration::from_millis(10);
 
 /// A grant of the clock lease: etcd started counting its TTL somewhere between `sent` and
 /// `answered` (boot times on this machine), in the raft term `raft_term`.
@@ -40,61 +50,99 @@ pub struct Baseline {
 }
 
 /// What one reading of the clock lease shows.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug, PartialEq)]
 pub enum Verdict {
-    /// The two clocks agree within the tolerance.
-    Agrees,
-    /// This clock counted at least `local` while etcd's counted at most `etcd`.
-    Ahead { local: Duration, etcd: Duration },
-    /// This clock counted at most `local` while etcd's counted at least `etcd`.
-    Behind { local: Duration, etcd: Duration },
+    /// The two clocks agree within what the readings can tell; etcd's clock has surely
+    /// passed the moment this clock read `proven` (boot time).
+    Agrees { proven: Duration },
+    /// This clock has run ahead of etcd's by at least `by` since the readings before.
+    Ahead { by: Duration },
+    /// This clock has fallen behind etcd's by at least `by`.
+    Behind { by: Duration },
     /// The reading cannot be compared with the baseline (an etcd leader change lengthened the
     /// lease, the lease is gone, or half its TTL has run): start from a new clock lease.
     Rebase,
 }
 
-fn seconds(s: i64) -> Duration {
-    Duration::from_secs(s.max(0) as u64)
+/// What the readings of one clock lease have established (see the module documentation).
+#[derive(Clone, Debug)]
+pub struct Witness {
+    base: Baseline,
+    /// Bounds on `D`, in seconds, as of local elapsed `at` (seconds since `base.sent`).
+    lo: f64,
+    hi: f64,
+    at: f64,
 }
 
-/// Compares the clocks: the clock lease of `base` had `remaining_s` whole seconds left (etcd
-/// rounds down) at some moment between `sent` and `answered`, read in raft term `raft_term`.
-pub fn judge(
-    base: &Baseline,
-    sent: Duration,
-    answered: Duration,
-    remaining_s: i64,
-    raft_term: u64,
-) -> Verdict {
-    if raft_term != base.raft_term
-        || remaining_s < 0
-        || remaining_s > base.ttl_s
-        || remaining_s * 2 < base.ttl_s
-    {
-        return Verdict::Rebase;
+impl Witness {
+    pub fn new(base: Baseline) -> Witness {
+        // At the grant etcd's elapsed time was 0, somewhere within the grant's round trip.
+        let rtt = base.answered.saturating_sub(base.sent).as_secs_f64();
+        Witness {
+            base,
+            lo: 0.0,
+            hi: rtt,
+            at: 0.0,
+        }
     }
-    // etcd's clock ran more than `counted - 1` and at most `counted` seconds.
-    let counted = base.ttl_s - remaining_s;
-    let etcd_most = seconds(counted).mul_f64(1.0 + RATE) + SLACK;
-    let etcd_least = seconds(counted - 1)
-        .mul_f64(1.0 - RATE)
-        .saturating_sub(SLACK);
-    // This clock ran at least from the grant's answer to the reading's sending, and at most
-    // from the grant's sending to the reading's answer.
-    let local_least = sent.saturating_sub(base.answered);
-    let local_most = answered.saturating_sub(base.sent);
-    if local_least > etcd_most {
-        Verdict::Ahead {
-            local: local_least,
-            etcd: seconds(counted),
+
+    pub fn baseline(&self) -> &Baseline {
+        &self.base
+    }
+
+    /// How wide the bounds on the clocks' offset are: roughly the smallest jump the next
+    /// reading would catch.
+    pub fn width(&self) -> Duration {
+        Duration::from_secs_f64((self.hi - self.lo).max(0.0))
+    }
+
+    /// Takes a reading: the clock lease had `remaining_s` whole seconds left (etcd rounds
+    /// down) at some moment between `sent` and `answered`, in raft term `raft_term`.
+    pub fn judge(
+        &mut self,
+        sent: Duration,
+        answered: Duration,
+        remaining_s: i64,
+        raft_term: u64,
+    ) -> Verdict {
+        let base = &self.base;
+        if raft_term != base.raft_term
+            || remaining_s < 0
+            || remaining_s > base.ttl_s
+            || remaining_s * 2 < base.ttl_s
+        {
+            return Verdict::Rebase;
         }
-    } else if local_most < etcd_least {
-        Verdict::Behind {
-            local: local_most,
-            etcd: seconds(counted - 1),
+        // etcd's clock ran more than `counted - 1` and at most `counted` seconds; this one ran
+        // from `base.sent` to somewhere between `sent` and `answered`.
+        let counted = (base.ttl_s - remaining_s) as f64;
+        let local_least = sent.saturating_sub(base.sent).as_secs_f64();
+        let local_most = answered.saturating_sub(base.sent).as_secs_f64();
+        let slack = SLACK.as_secs_f64();
+        let new_lo = local_least - counted - slack;
+        let new_hi = local_most - (counted - 1.0).max(0.0) + slack;
+        // What was known drifts apart by at most RATE of the time since.
+        let drift = RATE * (local_most - self.at).max(0.0);
+        let (lo, hi) = (self.lo - drift, self.hi + drift);
+        if new_lo > hi {
+            return Verdict::Ahead {
+                by: Duration::from_secs_f64(new_lo - hi),
+            };
         }
-    } else {
-        Verdict::Agrees
+        if new_hi < lo {
+            return Verdict::Behind {
+                by: Duration::from_secs_f64(lo - new_hi),
+            };
+        }
+        self.lo = lo.max(new_lo);
+        self.hi = hi.min(new_hi);
+        self.at = local_most;
+        // etcd's clock has run more than `counted - 1` s; this clock read that moment at
+        // least `lo` later (a jump since can have raised `lo` by no more than the width).
+        let proven = (counted - 1.0).max(0.0) + self.lo;
+        Verdict::Agrees {
+            proven: base.sent + Duration::from_secs_f64(proven.max(0.0)),
+        }
     }
 }
 
@@ -106,65 +154,120 @@ mod tests {
         Duration::from_millis(v)
     }
 
-    /// A grant sent at 10.000 s and answered at 10.002 s (boot time), TTL 600 s.
-    fn base() -> Baseline {
-        Baseline {
+    /// A grant sent at 10.000 s and answered at 10.002 s (boot time), TTL 600 s; etcd's
+    /// clock started at 10.001 s.
+    fn witness() -> Witness {
+        Witness::new(Baseline {
             lease: 7,
             ttl_s: 600,
             sent: ms(10_000),
             answered: ms(10_002),
             raft_term: 3,
-        }
+        })
     }
 
-    /// A reading `after` the grant (by this clock), which took 2 ms, showing `remaining`.
-    fn read(after: u64, remaining: i64) -> Verdict {
-        let sent = ms(10_002 + after);
-        judge(&base(), sent, sent + ms(2), remaining, 3)
+    /// Readings every 100 ms (each taking 2 ms) from `from_ms` to `to_ms` of real time after
+    /// the grant was sent, on a local clock that reads `skew(real)` ms; etcd reports whole
+    /// seconds left, rounded down. The first verdict that is not `Agrees`, if any, and how far
+    /// (ms) the latest `proven` ran ahead of etcd's own time, read on the local clock as it
+    /// was before any skew.
+    fn readings(
+        w: &mut Witness,
+        from_ms: u64,
+        to_ms: u64,
+        skew: impl Fn(u64) -> u64,
+    ) -> (Option<(u64, Verdict)>, i64) {
+        let mut real = from_ms;
+        let mut ahead = i64::MIN;
+        while real <= to_ms {
+            // etcd reads the lease 1 ms after the sending and began counting 1 ms after the
+            // grant was sent: its elapsed time at the reading is `real`.
+            let remaining = 600 - real.div_ceil(1000) as i64;
+            let sent = ms(10_000 + skew(real));
+            match w.judge(sent, sent + ms(2), remaining, 3) {
+                Verdict::Agrees { proven } => {
+                    // etcd's time `real` is local `10_001 + real` on an unskewed clock.
+                    ahead = ahead.max(proven.as_millis() as i64 - (10_001 + real as i64));
+                }
+                v => return (Some((real, v)), ahead),
+            }
+            real += 100;
+        }
+        (None, ahead)
     }
 
     #[test]
-    fn clocks_that_keep_the_same_time_agree_at_every_rounding() {
-        // etcd's clock ran `true_ms`; it reports the remaining time rounded down.
-        for true_ms in [
-            0u64, 1, 333, 999, 1_000, 1_001, 2_500, 9_999, 120_000, 299_999,
-        ] {
-            let remaining = 600 - true_ms.div_ceil(1000) as i64;
-            assert_eq!(
-                read(true_ms, remaining),
-                Verdict::Agrees,
-                "after {true_ms} ms"
+    fn clocks_that_keep_the_same_time_agree_and_nothing_is_proven_early() {
+        let mut w = witness();
+        let (v, ahead) = readings(&mut w, 1, 20_000, |r| r);
+        assert_eq!(v, None);
+        assert!(ahead <= 0, "proven {ahead} ms ahead of etcd's time");
+        // A tenth of a second apart, the readings pin the offset down to about that.
+        assert!(w.width() < ms(150), "{:?}", w.width());
+        // 0.5 % fast for five minutes is within the 1 % allowed.
+        let (v, _) = readings(&mut w, 20_001, 299_000, |r| r + (r - 20_000) / 200);
+        assert_eq!(v, None);
+    }
+
+    #[test]
+    fn a_jump_ahead_of_a_quarter_second_is_seen_within_a_second_and_proves_nothing_early() {
+        for jump in [250, 900, 1_500, 60_000] {
+            let mut w = witness();
+            assert_eq!(readings(&mut w, 1, 5_000, |r| r).0, None);
+            let width = w.width().as_millis() as i64;
+            let (seen, ahead) = readings(&mut w, 5_001, 10_000, |r| r + jump);
+            let (at, v) = seen.unwrap_or_else(|| panic!("a jump of {jump} ms is not seen"));
+            assert!(matches!(v, Verdict::Ahead { .. }), "{v:?}");
+            assert!(at <= 6_100, "a jump of {jump} ms seen at {at} ms only");
+            // Until it is seen, what the readings prove runs ahead by less than the bounds'
+            // width: expiry is held back there.
+            assert!(
+                ahead < width + 20,
+                "{jump} ms: proven {ahead} ms ahead, width {width}"
             );
         }
     }
 
     #[test]
-    fn a_clock_that_jumped_ahead_is_seen_once_the_jump_passes_a_second_and_a_bit() {
-        // etcd: 2.3 s ran (597.7 s left, reported as 597).
-        assert_eq!(read(2_300, 597), Verdict::Agrees);
-        // This clock jumped 1.5 s: it counts 3.8 s where etcd counted at most 3 s.
-        assert!(matches!(read(3_800, 597), Verdict::Ahead { .. }));
-        // 60 s, the jump that expired leases in the outside tester's run.
-        assert!(matches!(read(62_300, 597), Verdict::Ahead { .. }));
+    fn the_edge_a_jump_under_the_bounds_width_is_not_seen() {
+        // Settled bounds are about a tenth of a second wide: a 50 ms jump passes, and what
+        // is proven runs up to that much ahead.
+        let mut w = witness();
+        assert_eq!(readings(&mut w, 1, 5_000, |r| r).0, None);
+        let (v, ahead) = readings(&mut w, 5_001, 10_000, |r| r + 50);
+        assert_eq!(v, None);
+        assert!(ahead <= 50, "{ahead}");
     }
 
     #[test]
-    fn a_clock_that_runs_slow_or_fast_is_seen_within_seconds() {
-        // Half speed: after 4 s of etcd's time (596 left) this clock counted 2 s.
-        assert!(matches!(read(2_000, 596), Verdict::Behind { .. }));
-        // Double speed: after 2 s of etcd's time (598 left) this clock counted 4 s.
-        assert!(matches!(read(4_000, 598), Verdict::Ahead { .. }));
-        // 0.5 % fast over five minutes is within the 1 % allowed.
-        assert_eq!(read(301_500, 300), Verdict::Agrees);
+    fn a_clock_that_runs_slow_or_fast_is_seen_within_a_second_or_so() {
+        let mut w = witness();
+        let (at, v) = readings(&mut w, 1, 10_000, |r| r / 2)
+            .0
+            .expect("half speed is seen");
+        assert!(
+            matches!(v, Verdict::Behind { .. }) && at < 2_000,
+            "{at} {v:?}"
+        );
+        let mut w = witness();
+        let (at, v) = readings(&mut w, 1, 10_000, |r| r * 2)
+            .0
+            .expect("double speed is seen");
+        assert!(
+            matches!(v, Verdict::Ahead { .. }) && at < 2_000,
+            "{at} {v:?}"
+        );
     }
 
     #[test]
     fn an_etcd_leader_change_or_a_lease_gone_or_half_run_starts_again() {
         let sent = ms(12_000);
-        // A new raft term: etcd gave every lease a full TTL again.
-        assert_eq!(judge(&base(), sent, sent, 600, 4), Verdict::Rebase);
-        assert_eq!(judge(&base(), sent, sent, 601, 3), Verdict::Rebase);
-        assert_eq!(judge(&base(), sent, sent, -1, 3), Verdict::Rebase);
-        assert_eq!(judge(&base(), sent, sent, 299, 3), Verdict::Rebase);
+        for (remaining, term) in [(600, 4), (601, 3), (-1, 3), (299, 3)] {
+            assert_eq!(
+                witness().judge(sent, sent, remaining, term),
+                Verdict::Rebase,
+                "{remaining} s left in raft term {term}"
+            );
+        }
     }
 }

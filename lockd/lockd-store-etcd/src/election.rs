@@ -28,7 +28,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tracing::{error, info, warn};
 
-use crate::clockcheck::{Baseline, CLOCK_LEASE_TTL_S, Verdict, judge};
+use crate::clockcheck::{Baseline, CHECK_EVERY, CLOCK_LEASE_TTL_S, Verdict, Witness};
 use crate::keys::LeaderRecord;
 use crate::{Cluster, EtcdError, conn, decimal};
 
@@ -78,6 +78,9 @@ pub struct Term {
     /// etcd's time was sent (see [`clockcheck`](crate::clockcheck)); the clock is trusted
     /// [`Term::trust`] beyond it.
     verified_ns: watch::Sender<u64>,
+    /// Boot-time nanoseconds up to which etcd's clock has surely run (in this clock's
+    /// terms): leases expire only up to there ([`Term::proven`]).
+    proven_ns: AtomicU64,
     /// The clock lease of the current check (0: none yet), revoked with the term.
     clock_lease: AtomicI64,
     /// The term was ended before its lease ran out ([`Term::end`]), and why.
@@ -94,6 +97,7 @@ impl Term {
             margin: ttl / 10,
             deadline_ns: AtomicU64::new(0),
             verified_ns: watch::channel(sent_at.as_nanos() as u64).0,
+            proven_ns: AtomicU64::new(sent_at.as_nanos() as u64),
             clock_lease: AtomicI64::new(0),
             over: AtomicBool::new(false),
             ended: std::sync::Mutex::new(None),
@@ -122,6 +126,17 @@ impl Term {
         async move {
             let _ = rx.changed().await;
         }
+    }
+
+    /// The boot time up to which etcd's clock has surely run, by the clock checks: nothing
+    /// may expire by a later time (the clock may have jumped since the last check).
+    pub fn proven(&self) -> Duration {
+        Duration::from_nanos(self.proven_ns.load(Ordering::Acquire))
+    }
+
+    fn proven_at(&self, proven: Duration) {
+        self.proven_ns
+            .fetch_max(proven.as_nanos() as u64, Ordering::AcqRel);
     }
 
     fn verified_at(&self, sent: Duration) {
@@ -287,10 +302,19 @@ impl Cluster {
     /// (see [`clockcheck`](crate::clockcheck)); ends the term, and returns why, when it does
     /// not.
     async fn check_clock(&self, term: &Term) -> String {
-        let every = term.trust() / 3;
-        let mut base: Option<Baseline> = None;
+        let mut witness: Option<Witness> = None;
         let mut failing = false;
+        let mut last = boot_time();
         loop {
+            let now = boot_time();
+            if now + BACKWARDS_SLACK < last {
+                let why = format!(
+                    "this instance's clock went backwards by {:?}",
+                    last.saturating_sub(now)
+                );
+                return self.clock_fault(term, why);
+            }
+            last = last.max(now);
             if term.trust_left_ns() < -(term.ttl.as_nanos() as i128) {
                 let why = format!(
                     "this instance's clock could not be checked against etcd's for {:?}",
@@ -299,33 +323,35 @@ impl Cluster {
                 term.end(&why);
                 return why;
             }
-            let Some(b) = base else {
-                match self.clock_baseline(every).await {
+            let Some(w) = witness.as_mut() else {
+                match self.clock_baseline(term.trust()).await {
                     Ok(b) => {
                         let old = term.clock_lease.swap(b.lease, Ordering::AcqRel);
                         if old != 0 {
                             self.revoke_later(old);
                         }
+                        // A new clock lease proves nothing yet, but the interval it cannot
+                        // compare (an etcd leader change) does not end the trust either.
                         term.verified_at(b.sent);
-                        base = Some(b);
+                        witness = Some(Witness::new(b));
                         failing = false;
                     }
                     Err(e) => {
                         if !std::mem::replace(&mut failing, true) {
                             warn!(error = %e, "cannot grant the clock lease; retrying");
                         }
-                        tokio::time::sleep(every).await;
+                        tokio::time::sleep(CHECK_EVERY).await;
                     }
                 }
                 continue;
             };
-            tokio::time::sleep(every).await;
+            tokio::time::sleep(CHECK_EVERY).await;
             let sent = boot_time();
-            let id = b.lease;
+            let id = w.baseline().lease;
             let read = self
                 .etcd
                 .call(
-                    Instant::now() + every,
+                    Instant::now() + term.trust(),
                     "reading the clock lease",
                     |mut c| async move { c.lease_time_to_live(id, None).await },
                 )
@@ -342,26 +368,31 @@ impl Cluster {
             failing = false;
             let answered = boot_time();
             let raft_term = r.header().map_or(0, |h| h.raft_term());
-            let why = match judge(&b, sent, answered, r.ttl(), raft_term) {
-                Verdict::Agrees => {
+            let why = match w.judge(sent, answered, r.ttl(), raft_term) {
+                Verdict::Agrees { proven } => {
+                    term.proven_at(proven);
                     term.verified_at(sent);
                     continue;
                 }
                 Verdict::Rebase => {
-                    base = None;
+                    witness = None;
                     continue;
                 }
-                Verdict::Ahead { local, etcd } => format!(
-                    "this instance's clock ran ahead of etcd's: it counted at least {local:?} while etcd counted at most {etcd:?} (a clock jump, or a clock running fast)"
+                Verdict::Ahead { by } => format!(
+                    "this instance's clock ran ahead of etcd's by at least {by:?} (a clock jump, or a clock running fast)"
                 ),
-                Verdict::Behind { local, etcd } => format!(
-                    "this instance's clock fell behind etcd's: it counted at most {local:?} while etcd counted at least {etcd:?} (a clock running slow)"
+                Verdict::Behind { by } => format!(
+                    "this instance's clock fell behind etcd's by at least {by:?} (a clock running slow)"
                 ),
             };
-            error!(reason = %why, "clock fault: giving the leadership up before deciding anything by this clock");
-            term.end(&why);
-            return why;
+            return self.clock_fault(term, why);
         }
+    }
+
+    fn clock_fault(&self, term: &Term, why: String) -> String {
+        error!(reason = %why, "clock fault: giving the leadership up before deciding anything by this clock");
+        term.end(&why);
+        why
     }
 
     /// Grants a new clock lease: the start of a clock check.
@@ -547,6 +578,10 @@ impl Cluster {
         Ok(leader)
     }
 }
+
+/// How far the clock may seem to go back (two readings on different CPUs) before it is a
+/// clock fault.
+const BACKWARDS_SLACK: Duration = Duration::from_millis(1);
 
 /// Most leases of given-up terms kept for a later revocation (the oldest run out by
 /// themselves).
