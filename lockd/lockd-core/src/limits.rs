@@ -30,8 +30,9 @@ pub const BATCH_MAX: usize = 1000;
 /// them in order instead (the SDK's ordered helper).
 pub const SET_MAX: usize = 32;
 /// The fewest operations per etcd transaction lockd can work with: an atomic set of
-/// [`SET_MAX`] resources is one transaction.
-pub const TXN_OPS_MIN: usize = 2 * SET_MAX + 1;
+/// [`SET_MAX`] resources is one transaction (a lock and a request record per resource, the
+/// token high-water, and the batch's own key, `{p}/batch`).
+pub const TXN_OPS_MIN: usize = 2 * SET_MAX + 2;
 /// Most permits a semaphore may have (`permits` of an Acquire). Bounds the scan for a free
 /// permit, and the length a permit's number adds to the semaphore's name.
 pub const PERMITS_MAX: u32 = 1000;

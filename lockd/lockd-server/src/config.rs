@@ -763,8 +763,8 @@ mod tests {
                 "etcd_max_txn_ops must be",
             ),
             (
-                "backend = \"etcd\"\netcd_max_txn_ops = 64",
-                "etcd_max_txn_ops must be 65 ..= 100000, so that an AcquireAll of 32",
+                "backend = \"etcd\"\netcd_max_txn_ops = 65",
+                "etcd_max_txn_ops must be 66 ..= 100000, so that an AcquireAll of 32",
             ),
             (
                 "backend = \"etcd\"\netcd_compact_every_ms = 10",

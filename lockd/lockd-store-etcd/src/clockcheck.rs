@@ -20,13 +20,20 @@
 //! intersection's width, or one in the first second after a clock lease was granted (the
 //! width is then a second), can go unseen.
 //!
-//! An etcd leader change gives every lease a full TTL again; the raft term in the answer's
-//! header shows it, and the check then starts again from a new clock lease.
+//! Before half of a clock lease's TTL has run, the leader grants the next one and reads both
+//! for [`OVERLAP`] before it lets the old one go, so that no moment goes unchecked. An etcd
+//! leader change gives every lease a full TTL again; the raft term in the answer's header
+//! shows it, and the check then starts again from a new clock lease (the moment of the change
+//! is the one interval not compared).
 
 use std::time::Duration;
 
-/// The clock lease's TTL, in seconds; a new one is granted when half of it has run.
+/// The clock lease's TTL, in seconds; the next one is granted when half of it has run.
 pub const CLOCK_LEASE_TTL_S: i64 = 600;
+
+/// How long the next clock lease is read beside the old one before the old one is let go:
+/// long enough for its bounds to narrow (each second's change of the rounded value).
+pub const OVERLAP: Duration = Duration::from_secs(3);
 
 /// How often the leader reads its clock lease.
 pub const CHECK_EVERY: Duration = Duration::from_millis(100);
@@ -60,7 +67,7 @@ pub enum Verdict {
     /// This clock has fallen behind etcd's by at least `by`.
     Behind { by: Duration },
     /// The reading cannot be compared with the baseline (an etcd leader change lengthened the
-    /// lease, the lease is gone, or half its TTL has run): start from a new clock lease.
+    /// lease, or the lease is gone): start from a new clock lease.
     Rebase,
 }
 
@@ -72,6 +79,8 @@ pub struct Witness {
     lo: f64,
     hi: f64,
     at: f64,
+    /// Seconds left at the last reading.
+    remaining_s: i64,
 }
 
 impl Witness {
@@ -83,11 +92,17 @@ impl Witness {
             lo: 0.0,
             hi: rtt,
             at: 0.0,
+            remaining_s: base.ttl_s,
         }
     }
 
     pub fn baseline(&self) -> &Baseline {
         &self.base
+    }
+
+    /// Whether half of the clock lease's TTL has run: time to grant the next one.
+    pub fn aging(&self) -> bool {
+        self.remaining_s * 2 < self.base.ttl_s
     }
 
     /// How wide the bounds on the clocks' offset are: roughly the smallest jump the next
@@ -106,11 +121,7 @@ impl Witness {
         raft_term: u64,
     ) -> Verdict {
         let base = &self.base;
-        if raft_term != base.raft_term
-            || remaining_s < 0
-            || remaining_s > base.ttl_s
-            || remaining_s * 2 < base.ttl_s
-        {
+        if raft_term != base.raft_term || remaining_s < 0 || remaining_s > base.ttl_s {
             return Verdict::Rebase;
         }
         // etcd's clock ran more than `counted - 1` and at most `counted` seconds; this one ran
@@ -137,6 +148,7 @@ impl Witness {
         self.lo = lo.max(new_lo);
         self.hi = hi.min(new_hi);
         self.at = local_most;
+        self.remaining_s = remaining_s;
         // etcd's clock has run more than `counted - 1` s; this clock read that moment at
         // least `lo` later (a jump since can have raised `lo` by no more than the width).
         let proven = (counted - 1.0).max(0.0) + self.lo;
@@ -260,14 +272,23 @@ mod tests {
     }
 
     #[test]
-    fn an_etcd_leader_change_or_a_lease_gone_or_half_run_starts_again() {
+    fn an_etcd_leader_change_or_a_lease_gone_starts_again() {
         let sent = ms(12_000);
-        for (remaining, term) in [(600, 4), (601, 3), (-1, 3), (299, 3)] {
+        for (remaining, term) in [(600, 4), (601, 3), (-1, 3)] {
             assert_eq!(
                 witness().judge(sent, sent, remaining, term),
                 Verdict::Rebase,
                 "{remaining} s left in raft term {term}"
             );
         }
+    }
+
+    #[test]
+    fn half_way_through_a_clock_lease_the_next_one_is_due() {
+        let mut w = witness();
+        assert_eq!(readings(&mut w, 1, 299_000, |r| r).0, None);
+        assert!(!w.aging());
+        assert_eq!(readings(&mut w, 300_001, 301_000, |r| r).0, None);
+        assert!(w.aging());
     }
 }

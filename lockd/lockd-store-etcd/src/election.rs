@@ -28,7 +28,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tracing::{error, info, warn};
 
-use crate::clockcheck::{Baseline, CHECK_EVERY, CLOCK_LEASE_TTL_S, Verdict, Witness};
+use crate::clockcheck::{Baseline, CHECK_EVERY, CLOCK_LEASE_TTL_S, OVERLAP, Verdict, Witness};
 use crate::keys::LeaderRecord;
 use crate::{Cluster, EtcdError, conn, decimal};
 
@@ -81,8 +81,10 @@ pub struct Term {
     /// Boot-time nanoseconds up to which etcd's clock has surely run (in this clock's
     /// terms): leases expire only up to there ([`Term::proven`]).
     proven_ns: AtomicU64,
-    /// The clock lease of the current check (0: none yet), revoked with the term.
+    /// The clock lease of the current check (0: none yet), and the next one while both are
+    /// read; revoked with the term.
     clock_lease: AtomicI64,
+    clock_next: AtomicI64,
     /// The term was ended before its lease ran out ([`Term::end`]), and why.
     over: AtomicBool,
     ended: std::sync::Mutex<Option<String>>,
@@ -99,6 +101,7 @@ impl Term {
             verified_ns: watch::channel(sent_at.as_nanos() as u64).0,
             proven_ns: AtomicU64::new(sent_at.as_nanos() as u64),
             clock_lease: AtomicI64::new(0),
+            clock_next: AtomicI64::new(0),
             over: AtomicBool::new(false),
             ended: std::sync::Mutex::new(None),
         };
@@ -303,6 +306,8 @@ impl Cluster {
     /// not.
     async fn check_clock(&self, term: &Term) -> String {
         let mut witness: Option<Witness> = None;
+        // The next clock lease, read beside the current one since the boot time given.
+        let mut next: Option<(Witness, Duration)> = None;
         let mut failing = false;
         let mut last = boot_time();
         loop {
@@ -324,13 +329,9 @@ impl Cluster {
                 return why;
             }
             let Some(w) = witness.as_mut() else {
-                match self.clock_baseline(term.trust()).await {
+                match self.clock_baseline(term).await {
                     Ok(b) => {
-                        let old = term.clock_lease.swap(b.lease, Ordering::AcqRel);
-                        if old != 0 {
-                            self.revoke_later(old);
-                        }
-                        // A new clock lease proves nothing yet, but the interval it cannot
+                        // A new clock lease proves nothing yet; the interval it cannot
                         // compare (an etcd leader change) does not end the trust either.
                         term.verified_at(b.sent);
                         witness = Some(Witness::new(b));
@@ -347,17 +348,8 @@ impl Cluster {
             };
             tokio::time::sleep(CHECK_EVERY).await;
             let sent = boot_time();
-            let id = w.baseline().lease;
-            let read = self
-                .etcd
-                .call(
-                    Instant::now() + term.trust(),
-                    "reading the clock lease",
-                    |mut c| async move { c.lease_time_to_live(id, None).await },
-                )
-                .await;
-            let r = match read {
-                Ok(r) => r,
+            let verdict = match self.read_clock(w, term).await {
+                Ok(v) => v,
                 Err(e) => {
                     if !std::mem::replace(&mut failing, true) {
                         warn!(error = %e, "cannot read the clock lease; retrying");
@@ -366,27 +358,73 @@ impl Cluster {
                 }
             };
             failing = false;
-            let answered = boot_time();
-            let raft_term = r.header().map_or(0, |h| h.raft_term());
-            let why = match w.judge(sent, answered, r.ttl(), raft_term) {
+            match verdict {
                 Verdict::Agrees { proven } => {
                     term.proven_at(proven);
                     term.verified_at(sent);
-                    continue;
                 }
                 Verdict::Rebase => {
                     witness = None;
+                    next = None;
+                    for lease in [&term.clock_lease, &term.clock_next] {
+                        let old = lease.swap(0, Ordering::AcqRel);
+                        if old != 0 {
+                            self.revoke_later(old);
+                        }
+                    }
                     continue;
                 }
-                Verdict::Ahead { by } => format!(
-                    "this instance's clock ran ahead of etcd's by at least {by:?} (a clock jump, or a clock running fast)"
-                ),
-                Verdict::Behind { by } => format!(
-                    "this instance's clock fell behind etcd's by at least {by:?} (a clock running slow)"
-                ),
-            };
-            return self.clock_fault(term, why);
+                Verdict::Ahead { by } => return self.clock_fault(term, ahead(by)),
+                Verdict::Behind { by } => return self.clock_fault(term, behind(by)),
+            }
+            // Half the clock lease has run: the next one is read beside it for a while first.
+            if w.aging() && next.is_none() {
+                match self.clock_baseline(term).await {
+                    Ok(b) => next = Some((Witness::new(b), boot_time())),
+                    Err(e) => warn!(error = %e, "cannot grant the next clock lease; retrying"),
+                }
+            }
+            if let Some((n, since)) = next.as_mut() {
+                match self.read_clock(n, term).await {
+                    Ok(Verdict::Ahead { by }) => return self.clock_fault(term, ahead(by)),
+                    Ok(Verdict::Behind { by }) => return self.clock_fault(term, behind(by)),
+                    Ok(Verdict::Rebase) => {
+                        next = None;
+                        let old = term.clock_next.swap(0, Ordering::AcqRel);
+                        if old != 0 {
+                            self.revoke_later(old);
+                        }
+                    }
+                    Ok(Verdict::Agrees { .. }) if boot_time() > *since + OVERLAP => {
+                        let old = w.baseline().lease;
+                        witness = next.take().map(|(n, _)| n);
+                        term.clock_next.store(0, Ordering::Release);
+                        term.clock_lease.store(
+                            witness.as_ref().map_or(0, |w| w.baseline().lease),
+                            Ordering::Release,
+                        );
+                        self.revoke_later(old);
+                    }
+                    Ok(Verdict::Agrees { .. }) | Err(_) => {}
+                }
+            }
         }
+    }
+
+    /// One reading of `w`'s clock lease, judged.
+    async fn read_clock(&self, w: &mut Witness, term: &Term) -> Result<Verdict, EtcdError> {
+        let sent = boot_time();
+        let id = w.baseline().lease;
+        let r = self
+            .etcd
+            .call(
+                Instant::now() + term.trust(),
+                "reading the clock lease",
+                |mut c| async move { c.lease_time_to_live(id, None).await },
+            )
+            .await?;
+        let raft_term = r.header().map_or(0, |h| h.raft_term());
+        Ok(w.judge(sent, boot_time(), r.ttl(), raft_term))
     }
 
     fn clock_fault(&self, term: &Term, why: String) -> String {
@@ -395,17 +433,27 @@ impl Cluster {
         why
     }
 
-    /// Grants a new clock lease: the start of a clock check.
-    async fn clock_baseline(&self, within: Duration) -> Result<Baseline, EtcdError> {
+    /// Grants a new clock lease: the start of a clock check. The term keeps its id, to
+    /// revoke it with the term.
+    async fn clock_baseline(&self, term: &Term) -> Result<Baseline, EtcdError> {
         let sent = boot_time();
         let r = self
             .etcd
             .call(
-                Instant::now() + within,
+                Instant::now() + term.trust(),
                 "granting the clock lease",
                 |mut c| async move { c.lease_grant(CLOCK_LEASE_TTL_S, None).await },
             )
             .await?;
+        let (current, next) = (&term.clock_lease, &term.clock_next);
+        if current.load(Ordering::Acquire) == 0 {
+            current.store(r.id(), Ordering::Release);
+        } else {
+            let old = next.swap(r.id(), Ordering::AcqRel);
+            if old != 0 {
+                self.revoke_later(old);
+            }
+        }
         Ok(Baseline {
             lease: r.id(),
             ttl_s: r.ttl(),
@@ -496,7 +544,8 @@ impl Cluster {
     /// need not wait for the TTL.
     pub async fn resign(&self, term: &Term) {
         let clock = term.clock_lease.swap(0, Ordering::AcqRel);
-        for lease in [term.lease, clock] {
+        let next = term.clock_next.swap(0, Ordering::AcqRel);
+        for lease in [term.lease, clock, next] {
             if lease != 0 && !self.revoke(lease).await {
                 // etcd could not take it (no quorum, say): the next campaign tries again, so
                 // that a quorum back does not leave the others waiting for the TTL.
@@ -577,6 +626,16 @@ impl Cluster {
         self.highwater.saw(high_water);
         Ok(leader)
     }
+}
+
+fn ahead(by: Duration) -> String {
+    format!(
+        "this instance's clock ran ahead of etcd's by at least {by:?} (a clock jump, or a clock running fast)"
+    )
+}
+
+fn behind(by: Duration) -> String {
+    format!("this instance's clock fell behind etcd's by at least {by:?} (a clock running slow)")
 }
 
 /// How far the clock may seem to go back (two readings on different CPUs) before it is a

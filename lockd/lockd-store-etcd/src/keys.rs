@@ -5,6 +5,7 @@
 //! |---|---|---|
 //! | `{p}/leader` | [`LeaderRecord`] as JSON: who leads, and where to reach it | the leader's leadership lease |
 //! | `{p}/high-water` | the highest token ever granted, decimal | none |
+//! | `{p}/batch` | the last committed batch, `{term revision}:{store nonce}:{number}` (it orders one term's batches: each is conditional on the one before) | none |
 //! | `{p}/locks/{resource}` | [`LockRecord`] as JSON: the lease held on the resource | none |
 //! | `{p}/requests/{request_id}` | [`RequestRecord`] as JSON: the grant a request id got | none |
 //!
@@ -24,6 +25,7 @@ pub struct Keys {
     prefix: String,
     leader: String,
     high_water: String,
+    batch: String,
     locks: String,
     requests: String,
 }
@@ -34,6 +36,7 @@ impl Keys {
         Keys {
             leader: format!("{prefix}/leader"),
             high_water: format!("{prefix}/high-water"),
+            batch: format!("{prefix}/batch"),
             locks: format!("{prefix}/locks/"),
             requests: format!("{prefix}/requests/"),
             prefix,
@@ -51,6 +54,12 @@ impl Keys {
 
     pub fn high_water(&self) -> &str {
         &self.high_water
+    }
+
+    /// The last committed batch: every batch of a term is conditional on its mod revision
+    /// being that of the batch before, so a late attempt of an earlier batch changes nothing.
+    pub fn batch(&self) -> &str {
+        &self.batch
     }
 
     /// The prefix of every lock key.

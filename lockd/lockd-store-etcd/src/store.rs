@@ -3,7 +3,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
-use etcd_client::{Compare, CompareOp, Txn, TxnOp};
+use etcd_client::{Compare, CompareOp, Txn, TxnOp, TxnOpResponse};
 use fencing::{FencingToken, LeaseId, ResourceName};
 use lockd_core::{Op, Snapshot};
 use lockd_store::{Store, StoreError, View, check_batch};
@@ -120,6 +120,12 @@ pub struct EtcdStore {
     cluster: Arc<Cluster>,
     term: Arc<Term>,
     mirror: Mirror,
+    /// Batches of this store committed so far, and the revision of the last one (`None`:
+    /// none yet). Each batch is conditional on `{p}/batch` having that revision.
+    batches: u64,
+    last_batch: Option<i64>,
+    /// Tells this store's batches from any other's in `{p}/batch`.
+    nonce: u64,
     /// The runtime the etcd calls run on (`commit` is called from plain threads).
     runtime: Handle,
 }
@@ -146,6 +152,14 @@ impl EtcdStore {
             cluster,
             term,
             mirror: Mirror::default(),
+            batches: 0,
+            last_batch: None,
+            nonce: {
+                let mut b = [0u8; 8];
+                getrandom::fill(&mut b)
+                    .expect("the operating system's random number generator failed");
+                u64::from_le_bytes(b)
+            },
             runtime: Handle::current(),
         }
     }
@@ -199,7 +213,7 @@ impl EtcdStore {
         Ok(snapshot)
     }
 
-    async fn put_high_water(&self, value: u64) -> Result<(), StoreError> {
+    async fn put_high_water(&mut self, value: u64) -> Result<(), StoreError> {
         let mut changes = BTreeMap::new();
         changes.insert(
             self.cluster.keys().high_water().to_string(),
@@ -208,10 +222,17 @@ impl EtcdStore {
         self.apply(changes).await
     }
 
-    /// One transaction of `changes`, conditional on the term twice: this instance's own
-    /// check that its term is in force (by its clock, checked against etcd's), and etcd's
-    /// compare of the leader key's create revision and lease with the term's.
-    async fn apply(&self, changes: BTreeMap<String, Change>) -> Result<(), StoreError> {
+    /// One transaction of `changes`, conditional on the term twice (this instance's own
+    /// check that its term is in force, by its clock checked against etcd's; and etcd's
+    /// compare of the leader key's create revision and lease with the term's), and on the
+    /// term's previous batch being the last one committed (`{p}/batch`'s mod revision).
+    ///
+    /// The last condition makes retries safe: a call that timed out on one member is sent
+    /// again to another, and the first attempt may still land later. Landing after a later
+    /// batch, it would undo that batch (a release's delete after the next grant's put); with
+    /// the condition it fails and changes nothing. An attempt that fails because an earlier
+    /// attempt of the same batch committed finds its own id in `{p}/batch`, and succeeds.
+    async fn apply(&mut self, changes: BTreeMap<String, Change>) -> Result<(), StoreError> {
         if !self
             .term
             .wait_in_force(self.cluster.request_timeout())
@@ -224,38 +245,60 @@ impl EtcdStore {
                     .map_or(String::new(), |why| format!(": {why}"))
             )));
         }
-        let ops: Vec<TxnOp> = changes
+        let keys = self.cluster.keys();
+        let id = format!(
+            "{}:{:016x}:{}",
+            self.term.revision(),
+            self.nonce,
+            self.batches + 1
+        );
+        let mut ops: Vec<TxnOp> = changes
             .into_iter()
             .map(|(k, c)| match c {
                 Change::Put(v) => TxnOp::put(k, v, None),
                 Change::Delete => TxnOp::delete(k, None),
             })
             .collect();
+        ops.push(TxnOp::put(keys.batch(), id.clone(), None));
+        let after = match self.last_batch {
+            Some(revision) => Compare::mod_revision(keys.batch(), CompareOp::Equal, revision),
+            // The previous terms' batches all committed before this term's key was written.
+            None => Compare::mod_revision(keys.batch(), CompareOp::Less, self.term.revision()),
+        };
         let txn = Txn::new()
             .when([
-                Compare::create_revision(
-                    self.cluster.keys().leader(),
-                    CompareOp::Equal,
-                    self.term.revision(),
-                ),
-                Compare::lease(
-                    self.cluster.keys().leader(),
-                    CompareOp::Equal,
-                    self.term.lease(),
-                ),
+                Compare::create_revision(keys.leader(), CompareOp::Equal, self.term.revision()),
+                Compare::lease(keys.leader(), CompareOp::Equal, self.term.lease()),
+                after,
             ])
-            .and_then(ops);
-        // A retry after an attempt that committed applies the same values again: harmless.
+            .and_then(ops)
+            .or_else([TxnOp::get(keys.batch(), None)]);
         let r = self.cluster.txn("committing a batch", txn).await?;
-        if r.succeeded() {
-            Ok(())
+        let committed = if r.succeeded() {
+            r.header().map(|h| h.revision())
         } else {
-            Err(StoreError::Deposed(format!(
-                "{} is no longer this instance's key (revision {}, lease {})",
-                self.cluster.keys().leader(),
+            // An earlier attempt of this very batch may have committed (its answer lost).
+            match r.op_responses().first() {
+                Some(TxnOpResponse::Get(g)) => g
+                    .kvs()
+                    .first()
+                    .filter(|kv| kv.value() == id.as_bytes())
+                    .map(etcd_client::KeyValue::mod_revision),
+                _ => None,
+            }
+        };
+        match committed {
+            Some(revision) => {
+                self.batches += 1;
+                self.last_batch = Some(revision);
+                Ok(())
+            }
+            None => Err(StoreError::Deposed(format!(
+                "{} is no longer this instance's key (revision {}, lease {}), or another batch was committed in between",
+                keys.leader(),
                 self.term.revision(),
                 self.term.lease()
-            )))
+            ))),
         }
     }
 
@@ -334,7 +377,8 @@ impl EtcdStore {
     async fn commit_async(&mut self, ops: &[Op]) -> Result<(), StoreError> {
         // Refused before anything is sent: a refused batch changes nothing.
         check_batch(&self.mirror, ops)?;
-        let max = self.cluster.max_txn_ops;
+        // One operation of each transaction is the put of `{p}/batch`.
+        let max = self.cluster.max_txn_ops - 1;
         let mut start = 0;
         while start < ops.len() {
             let mut changes = BTreeMap::new();

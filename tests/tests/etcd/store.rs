@@ -211,6 +211,36 @@ fn a_leader_key_put_again_under_another_lease_refuses_the_batch() {
     assert!(matches!(err, StoreError::Deposed(_)), "{err}");
 }
 
+/// A call that timed out on one member is sent again to another, and the first attempt may
+/// still land later, after the term's next batch: it must change nothing. A store that has not
+/// seen the term's last batch stands for that late attempt.
+#[test]
+fn a_late_attempt_of_an_earlier_batch_changes_nothing() {
+    let mut h = OnEtcd::new();
+    let mut store = h.open();
+    let term = h.term.clone().unwrap();
+    store.commit(&[Op::Grant(record("a", 1))], true).unwrap();
+    // Built before that grant committed: a release of the lease the batch above granted
+    // (as a delayed attempt of an earlier release would delete a later grant's key).
+    let mut late = h.store(&term);
+    late.load().unwrap();
+    let remove = Op::Remove {
+        resource: ResourceName::new("a").unwrap(),
+        lease_id: record("a", 1).lease_id,
+    };
+    store.commit(&[Op::Grant(record("b", 2))], true).unwrap();
+    let err = late
+        .commit(&[remove], false)
+        .expect_err("a batch built before the term's last commit must not land");
+    assert!(matches!(err, StoreError::Deposed(_)), "{err}");
+    // Both grants stand, and the first store goes on committing.
+    store.commit(&[Op::Grant(record("c", 3))], true).unwrap();
+    let snap = h.open().load().unwrap();
+    let mut leases = snap.leases;
+    leases.sort_by(|x, y| x.resource.cmp(&y.resource));
+    assert_eq!(leases, vec![record("a", 1), record("b", 2), record("c", 3)]);
+}
+
 #[test]
 fn a_batch_beyond_etcds_transaction_limit_is_cut_and_lands_whole() {
     // etcd refuses a transaction of more than --max-txn-ops (128) operations.
@@ -286,7 +316,14 @@ fn the_key_layout_is_the_documented_one() {
         h.term.as_ref().unwrap().lease(),
         "the leader key lives under the leadership lease"
     );
-    assert_eq!(got.len(), 4, "nothing else is stored: {got:?}");
+    // The last batch of the term, which orders its batches.
+    let (_, batch, lease) = find("/lockd/batch");
+    let term_revision = h.term.as_ref().unwrap().revision();
+    assert!(
+        batch.starts_with(&format!("{term_revision}:")) && lease == 0,
+        "{batch}"
+    );
+    assert_eq!(got.len(), 5, "nothing else is stored: {got:?}");
 }
 
 #[test]
