@@ -80,10 +80,17 @@ impl Ha {
             } else {
                 None
             };
+            // A free port, and not one an instance before drew (none listens yet).
+            let addr = loop {
+                let a = e2e::free_loopback_addr();
+                if instances.iter().all(|i: &Instance| i.addr != a) {
+                    break a;
+                }
+            };
             instances.push(Instance {
                 lockd: None,
                 dir: dir.join(format!("lockd-{i}")),
-                addr: e2e::free_loopback_addr(),
+                addr,
                 to_etcd,
                 clock,
             });

@@ -17,8 +17,9 @@
 //! deleted by hand ends the term within one round.
 //!
 //! The margin covers rates, not jumps: beside the keep-alives, each term checks its clock
-//! against etcd's ([`clockcheck`](crate::clockcheck)), trusts it only [`Term::trust`] past
-//! the last check that passed, and ends when the two disagree.
+//! against etcd's every 100 ms ([`clockcheck`](crate::clockcheck)), answers only
+//! [`Term::trust`] past the last check that passed, lets leases expire only up to what etcd's
+//! clock has proven ([`Term::proven`]), and ends when the two clocks disagree.
 
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
