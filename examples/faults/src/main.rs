@@ -72,18 +72,19 @@ pub enum Fault {
 }
 
 impl Fault {
-    /// Whether the fault acts on lockd's high-availability mode only.
+    /// The faults that act on lockd's high-availability mode only.
+    pub const HA: [Fault; 7] = [
+        Fault::LeaderPause,
+        Fault::Follower,
+        Fault::Member,
+        Fault::Quorum,
+        Fault::Isolate,
+        Fault::EtcdDelay,
+        Fault::Clock,
+    ];
+
     pub fn needs_etcd(self) -> bool {
-        matches!(
-            self,
-            Fault::LeaderPause
-                | Fault::Follower
-                | Fault::Member
-                | Fault::Quorum
-                | Fault::Isolate
-                | Fault::EtcdDelay
-                | Fault::Clock
-        )
+        Fault::HA.contains(&self)
     }
 }
 

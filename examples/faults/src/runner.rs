@@ -191,15 +191,7 @@ pub fn run(cli: &Cli) -> anyhow::Result<bool> {
             all.push(Fault::Postgres);
         }
         if cli.backend == Backend::Etcd {
-            all.extend([
-                Fault::LeaderPause,
-                Fault::Follower,
-                Fault::Member,
-                Fault::Quorum,
-                Fault::Isolate,
-                Fault::EtcdDelay,
-                Fault::Clock,
-            ]);
+            all.extend(Fault::HA);
         }
         all
     } else {
@@ -382,27 +374,6 @@ pub fn run(cli: &Cli) -> anyhow::Result<bool> {
                 }
                 Lockds::Ha(ha) => ha.kill(true, &mut rng)?,
             },
-            Fault::LeaderPause
-            | Fault::Follower
-            | Fault::Member
-            | Fault::Quorum
-            | Fault::Isolate
-            | Fault::EtcdDelay
-            | Fault::Clock => {
-                let Lockds::Ha(ha) = &mut lockds else {
-                    unreachable!("checked: these faults need --backend etcd")
-                };
-                let mut wait = |d: Duration| world.run_for(d);
-                match fault {
-                    Fault::LeaderPause => ha.pause_leader(&mut rng, &mut wait),
-                    Fault::Follower => ha.kill(false, &mut rng)?,
-                    Fault::Member => ha.kill_member(&mut rng, &mut wait),
-                    Fault::Quorum => ha.lose_quorum(&mut rng, &mut wait),
-                    Fault::Isolate => ha.isolate_leader(&mut rng, &mut wait),
-                    Fault::EtcdDelay => ha.delay_leader(&mut rng, &mut wait),
-                    _ => ha.jump_clock(&mut rng, &mut wait)?,
-                }
-            }
             Fault::Proxy => {
                 proxy.kill9();
                 proxy = start_proxy(&proxy_dir, &config, cli.mode);
@@ -428,6 +399,23 @@ pub fn run(cli: &Cli) -> anyhow::Result<bool> {
                 let (name, path) = &paths[rng.random_range(0..paths.len())];
                 path.cut_all();
                 format!("cut every connection on the path to {name}")
+            }
+            // The high-availability faults (`Fault::HA`).
+            _ => {
+                let Lockds::Ha(ha) = &mut lockds else {
+                    unreachable!("checked: these faults need --backend etcd")
+                };
+                let mut wait = |d: Duration| world.run_for(d);
+                match fault {
+                    Fault::LeaderPause => ha.pause_leader(&mut rng, &mut wait),
+                    Fault::Follower => ha.kill(false, &mut rng)?,
+                    Fault::Member => ha.kill_member(&mut rng, &mut wait),
+                    Fault::Quorum => ha.lose_quorum(&mut rng, &mut wait),
+                    Fault::Isolate => ha.isolate_leader(&mut rng, &mut wait),
+                    Fault::EtcdDelay => ha.delay_leader(&mut rng, &mut wait),
+                    Fault::Clock => ha.jump_clock(&mut rng, &mut wait)?,
+                    other => unreachable!("{other:?} has its own arm above"),
+                }
             }
         };
         *counts.entry(fault_name(fault)).or_default() += 1;
