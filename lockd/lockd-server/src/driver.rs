@@ -216,11 +216,6 @@ impl Driver {
         &self.clock
     }
 
-    /// The time every core call is given.
-    fn now(&self) -> Millis {
-        self.clock.now()
-    }
-
     pub fn stats(&self) -> Stats {
         self.lock().core.stats()
     }
@@ -272,7 +267,7 @@ impl Driver {
         let step = {
             let mut st = self.lock();
             let mut fx = Vec::new();
-            let outcome = st.core.acquire(self.now(), req, &mut fx);
+            let outcome = st.core.acquire(self.clock.now(), req, &mut fx);
             let seq = self.apply(&mut st, fx);
             match outcome? {
                 AcquireOutcome::Granted(grant) => Step::Reply(
@@ -384,7 +379,7 @@ impl Driver {
         let (outcome, seq) = {
             let mut st = self.lock();
             let mut fx = Vec::new();
-            let outcome = st.core.acquire_all(self.now(), req, &mut fx);
+            let outcome = st.core.acquire_all(self.clock.now(), req, &mut fx);
             (outcome, self.apply(&mut st, fx))
         };
         let outcome = outcome?;
@@ -414,7 +409,7 @@ impl Driver {
         let (result, seq) = {
             let mut st = self.lock();
             let mut fx = Vec::new();
-            let result = st.core.renew(self.now(), resource, lease_id, &mut fx);
+            let result = st.core.renew(self.clock.now(), resource, lease_id, &mut fx);
             (result, self.apply(&mut st, fx))
         };
         if result.is_err() {
@@ -465,7 +460,7 @@ impl Driver {
         let (results, seq) = {
             let mut st = self.lock();
             let mut fx = Vec::new();
-            let now = self.now();
+            let now = self.clock.now();
             let results: Vec<_> = leases
                 .iter()
                 .map(|(resource, id)| st.core.renew(now, resource, *id, &mut fx))
@@ -490,7 +485,7 @@ impl Driver {
         let (outcomes, seq) = {
             let mut st = self.lock();
             let mut fx = Vec::new();
-            let now = self.now();
+            let now = self.clock.now();
             let outcomes: Vec<_> = leases
                 .iter()
                 .map(|(resource, id)| st.core.release(now, resource, *id, &mut fx))
@@ -534,7 +529,9 @@ impl Driver {
             let mut fx = Vec::new();
             // Places looked at per page: a few milliseconds under the lock at most.
             let budget = limit.saturating_mul(64).max(65_536);
-            let page = st.core.list(self.now(), from, limit, budget, keep, &mut fx);
+            let page = st
+                .core
+                .list(self.clock.now(), from, limit, budget, keep, &mut fx);
             (page, self.apply(&mut st, fx))
         };
         self.durable(seq).await?;
@@ -546,7 +543,7 @@ impl Driver {
         let (description, seq) = {
             let mut st = self.lock();
             let mut fx = Vec::new();
-            let description = st.core.describe(self.now(), resource, &mut fx);
+            let description = st.core.describe(self.clock.now(), resource, &mut fx);
             (description, self.apply(&mut st, fx))
         };
         self.durable(seq).await?;
@@ -601,7 +598,7 @@ impl Driver {
                     tokio::select! {
                         () = tokio::time::sleep_until(self.clock.instant(at).into()) => {
                             let trusted_again = self.authority.as_ref().map(|a| a.trusted_again());
-                            let now = self.now();
+                            let now = self.clock.now();
                             let held_back = {
                                 let mut st = self.lock();
                                 let mut fx = Vec::new();
@@ -705,7 +702,7 @@ impl Driver {
         }
         st.slots.remove(&waiter);
         let mut fx = Vec::new();
-        let was_waiting = st.core.cancel(self.now(), waiter, &mut fx);
+        let was_waiting = st.core.cancel(self.clock.now(), waiter, &mut fx);
         self.apply(&mut st, fx);
         if was_waiting {
             crate::metrics::get().call_without_answer("acquire", "cancelled");

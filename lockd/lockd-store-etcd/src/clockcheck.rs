@@ -107,6 +107,7 @@ impl Witness {
 
     /// How wide the bounds on the clocks' offset are: roughly the smallest jump the next
     /// reading would catch.
+    #[cfg(test)]
     pub fn width(&self) -> Duration {
         Duration::from_secs_f64((self.hi - self.lo).max(0.0))
     }

@@ -120,8 +120,12 @@ impl Term {
     /// How long the clock is still trusted, in nanoseconds: negative once the trust has run
     /// out (by as much as it is overdue).
     pub fn trust_left_ns(&self) -> i128 {
-        let until = *self.verified_ns.borrow() as i128 + self.trust().as_nanos() as i128;
-        until - boot_time().as_nanos() as i128
+        self.trusted_until_ns() - boot_time().as_nanos() as i128
+    }
+
+    /// Boot-time nanoseconds until which the clock is trusted.
+    fn trusted_until_ns(&self) -> i128 {
+        *self.verified_ns.borrow() as i128 + self.trust().as_nanos() as i128
     }
 
     /// Resolves at the next clock check that passes.
@@ -179,9 +183,10 @@ impl Term {
     /// Whether this instance surely still leads (see the module documentation), and its
     /// clock has been found keeping etcd's time within [`Term::trust`].
     pub fn in_force(&self) -> bool {
+        let now = boot_time().as_nanos();
         !self.over.load(Ordering::Acquire)
-            && (boot_time().as_nanos() as u64) < self.deadline_ns.load(Ordering::Acquire)
-            && self.trust_left_ns() > 0
+            && (now as u64) < self.deadline_ns.load(Ordering::Acquire)
+            && (now as i128) < self.trusted_until_ns()
     }
 
     /// Waits (up to `within`) until the term is in force, if only the clock's trust has run
