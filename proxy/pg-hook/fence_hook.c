@@ -5,7 +5,8 @@
  * At each top-level commit (and PREPARE TRANSACTION) of a transaction that has written
  * (a transaction id is assigned) in a session with any fencing setting, it runs the general
  * check, fencing.check_token(fence_hook.wait_ms): a stale token, half a declaration or a bad
- * signature raises, and the commit fails. PostgreSQL calls it after the transaction's deferred
+ * signature raises, and the commit fails. The common case, a READ COMMITTED transaction whose
+ * token is its resource's mark, is passed in C by the fast check (below), without PL/pgSQL. PostgreSQL calls it after the transaction's deferred
  * triggers have fired and its held cursors have run, so the check judges everything the
  * transaction did, including commits inside procedures and what a FunctionCall wrote.
  *
@@ -28,22 +29,35 @@
  */
 #include "postgres.h"
 
+#include "access/genam.h"
+#include "access/htup_details.h"
+#include "access/skey.h"
+#include "access/stratnum.h"
+#include "access/table.h"
 #include "access/transam.h"
 #include "access/xact.h"
 #include "catalog/namespace.h"
+#include "catalog/pg_collation.h"
+#include "catalog/pg_index.h"
 #include "catalog/pg_inherits.h"
 #include "catalog/pg_language.h"
 #include "catalog/pg_proc.h"
 #include "catalog/pg_type.h"
+#include "common/cryptohash.h"
+#include "common/sha2.h"
 #include "executor/spi.h"
 #include "fmgr.h"
 #include "miscadmin.h"
 #include "nodes/parsenodes.h"
 #include "postmaster/autovacuum.h"
+#include "storage/lock.h"
 #include "tcop/utility.h"
+#include "utils/builtins.h"
+#include "utils/fmgroids.h"
 #include "utils/guc.h"
 #include "utils/lsyscache.h"
-#include "utils/builtins.h"
+#include "utils/rel.h"
+#include "utils/relcache.h"
 #include "utils/snapmgr.h"
 #include "utils/syscache.h"
 
@@ -82,6 +96,294 @@ remote_error_context(void *arg)
 }
 
 /*
+ * The fast check: the common case of the general check, in C. A READ COMMITTED transaction
+ * whose token is its resource's mark passes after what fencing.check does for it, and nothing
+ * more: the mark read, the resource's fence lock taken shared (without waiting), the mark read
+ * again with a snapshot taken after the lock, so that a raise committed meanwhile is seen (a
+ * raise holds the lock exclusively until its commit is visible). A plain token passes only for
+ * a resource that needs no signature (fencing.signed_prefixes); a signed one only when it
+ * hashes to the signed_hash its raise stored (its signature was verified then, and a change of
+ * the keys clears every hash). Everything else (no row, another token, a signature to verify,
+ * another isolation level, the lock held by another session, a schema not as installed) is
+ * left to the general check, in PL/pgSQL: the fast check never refuses and never raises.
+ */
+
+/* The seed of fencing.lock_key. */
+#define FENCE_LOCK_SEED INT64CONST(1178946115)
+
+/* Whether `r` is a valid resource name (fencing.check's rule): 1 to 256 of A-Z a-z 0-9 . _ : / @ -. */
+static bool
+valid_resource(const char *r)
+{
+	size_t		n = 0;
+
+	for (; r[n] != '\0'; n++)
+	{
+		char		c = r[n];
+
+		if (n >= 256 ||
+			!((c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
+			  c == '.' || c == '_' || c == ':' || c == '/' || c == '@' || c == '-'))
+			return false;
+	}
+	return n > 0;
+}
+
+/*
+ * The number of a token as fencing.token_of reads it: 1 to 19 digits, 1 ..= 2^63-1, alone
+ * (plain) or followed by .KEY_ID.MAC (1 to 32 of A-Z a-z 0-9 _ -, then 64 lowercase hex
+ * digits: signed). False when it is neither.
+ */
+static bool
+parse_token(const char *text, int64 *value, bool *is_signed)
+{
+	const char *p = text;
+	uint64		v = 0;
+	int			n;
+
+	for (n = 0; *p >= '0' && *p <= '9'; p++, n++)
+	{
+		if (n == 19)
+			return false;
+		v = v * 10 + (uint64) (*p - '0');
+	}
+	if (n == 0 || v < 1 || v > (uint64) PG_INT64_MAX)
+		return false;
+	*value = (int64) v;
+	*is_signed = *p != '\0';
+	if (!*is_signed)
+		return true;
+	if (*p++ != '.')
+		return false;
+	for (n = 0; (*p >= 'A' && *p <= 'Z') || (*p >= 'a' && *p <= 'z') || (*p >= '0' && *p <= '9') ||
+		 *p == '_' || *p == '-'; p++, n++)
+		;
+	if (n < 1 || n > 32 || *p++ != '.')
+		return false;
+	for (n = 0; (*p >= '0' && *p <= '9') || (*p >= 'a' && *p <= 'f'); p++, n++)
+		;
+	return n == 64 && *p == '\0';
+}
+
+/* SHA-256 of `text` into `out`; false if it could not be computed. */
+static bool
+sha256_of(const char *text, uint8 *out)
+{
+	pg_cryptohash_ctx *ctx = pg_cryptohash_create(PG_SHA256);
+	bool		ok;
+
+	if (ctx == NULL)
+		return false;
+	ok = pg_cryptohash_init(ctx) == 0 &&
+		pg_cryptohash_update(ctx, (const uint8 *) text, strlen(text)) == 0 &&
+		pg_cryptohash_final(ctx, out, PG_SHA256_DIGEST_LENGTH) == 0;
+	pg_cryptohash_free(ctx);
+	return ok;
+}
+
+/* Table `name` of schema fencing, opened AccessShareLock (kept to the transaction's end, as a query keeps it), or NULL when it is not an ordinary table. */
+static Relation
+open_fencing_table(const char *name)
+{
+	Oid			nsp = get_namespace_oid("fencing", true);
+	Oid			relid;
+	Relation	rel;
+
+	if (!OidIsValid(nsp))
+		return NULL;
+	relid = get_relname_relid(name, nsp);
+	if (!OidIsValid(relid))
+		return NULL;
+	rel = table_open(relid, AccessShareLock);
+	if (rel->rd_rel->relkind != RELKIND_RELATION || rel->rd_rel->relrowsecurity)
+	{
+		table_close(rel, NoLock);
+		return NULL;
+	}
+	return rel;
+}
+
+/* The number of column `name` of `rel` when it has type `type`, else InvalidAttrNumber. */
+static AttrNumber
+column(Relation rel, const char *name, Oid type)
+{
+	AttrNumber	att = get_attnum(RelationGetRelid(rel), name);
+
+	if (att <= 0 || TupleDescAttr(RelationGetDescr(rel), att - 1)->atttypid != type)
+		return InvalidAttrNumber;
+	return att;
+}
+
+typedef enum
+{
+	NEEDS_NONE,
+	NEEDS_SIGNATURE,
+	NEEDS_UNKNOWN
+} SignatureNeed;
+
+/* Whether resource `r` needs a signed token (fencing.signature_required), read now. */
+static SignatureNeed
+signature_need(const char *r, Snapshot snapshot)
+{
+	Relation	rel = open_fencing_table("signed_prefixes");
+	AttrNumber	att;
+	SysScanDesc scan;
+	HeapTuple	tuple;
+	SignatureNeed need = NEEDS_NONE;
+
+	if (rel == NULL)
+		return NEEDS_UNKNOWN;
+	att = column(rel, "prefix", TEXTOID);
+	if (att == InvalidAttrNumber)
+	{
+		table_close(rel, NoLock);
+		return NEEDS_UNKNOWN;
+	}
+	scan = systable_beginscan(rel, InvalidOid, false, snapshot, 0, NULL);
+	while (need == NEEDS_NONE && HeapTupleIsValid(tuple = systable_getnext(scan)))
+	{
+		bool		isnull;
+		Datum		d = heap_getattr(tuple, att, RelationGetDescr(rel), &isnull);
+		text	   *prefix;
+
+		if (isnull)
+			continue;
+		prefix = DatumGetTextPP(d);
+		if (strlen(r) >= VARSIZE_ANY_EXHDR(prefix) &&
+			memcmp(r, VARDATA_ANY(prefix), VARSIZE_ANY_EXHDR(prefix)) == 0)
+			need = NEEDS_SIGNATURE;
+	}
+	systable_endscan(scan);
+	table_close(rel, NoLock);
+	return need;
+}
+
+/*
+ * Whether resource `r`'s mark, read now, is `t` (and, for a signed token, its signed_hash is
+ * `hash`). False also when the table is not as the schema makes it.
+ */
+static bool
+mark_is(const char *r, int64 t, const uint8 *hash)
+{
+	Relation	rel = open_fencing_table("tokens");
+	AttrNumber	a_resource, a_token, a_hash;
+	Oid			pk;
+	HeapTuple	index;
+	bool		by_index;
+	ScanKeyData key;
+	Snapshot	snapshot;
+	SysScanDesc scan;
+	HeapTuple	tuple;
+	bool		is = false;
+
+	if (rel == NULL)
+		return false;
+	a_resource = column(rel, "resource", TEXTOID);
+	a_token = column(rel, "token", INT8OID);
+	a_hash = column(rel, "signed_hash", BYTEAOID);
+	if (a_resource == InvalidAttrNumber || a_token == InvalidAttrNumber || a_hash == InvalidAttrNumber)
+	{
+		table_close(rel, NoLock);
+		return false;
+	}
+	/* The primary key on resource alone, as installed; a table without it is read whole. */
+	pk = RelationGetPrimaryKeyIndex(rel);
+	by_index = false;
+	if (OidIsValid(pk) && HeapTupleIsValid(index = SearchSysCache1(INDEXRELID, ObjectIdGetDatum(pk))))
+	{
+		Form_pg_index form = (Form_pg_index) GETSTRUCT(index);
+
+		by_index = form->indnatts == 1 && form->indkey.values[0] == a_resource && form->indisvalid;
+		ReleaseSysCache(index);
+	}
+	/* Compared in the column's collation: the index is ordered by it. */
+	ScanKeyEntryInitialize(&key, 0, a_resource, BTEqualStrategyNumber, InvalidOid,
+						   TupleDescAttr(RelationGetDescr(rel), a_resource - 1)->attcollation,
+						   F_TEXTEQ, CStringGetTextDatum(r));
+	/* READ COMMITTED: a new snapshot, as each statement of fencing.check takes. */
+	snapshot = RegisterSnapshot(GetTransactionSnapshot());
+	scan = systable_beginscan(rel, by_index ? pk : InvalidOid, by_index, snapshot, 1, &key);
+	tuple = systable_getnext(scan);
+	if (HeapTupleIsValid(tuple))
+	{
+		bool		isnull;
+		Datum		d = heap_getattr(tuple, a_token, RelationGetDescr(rel), &isnull);
+
+		is = !isnull && DatumGetInt64(d) == t;
+		if (is && hash != NULL)
+		{
+			bytea	   *stored;
+
+			d = heap_getattr(tuple, a_hash, RelationGetDescr(rel), &isnull);
+			stored = isnull ? NULL : DatumGetByteaPP(d);
+			is = stored != NULL && VARSIZE_ANY_EXHDR(stored) == PG_SHA256_DIGEST_LENGTH &&
+				memcmp(VARDATA_ANY(stored), hash, PG_SHA256_DIGEST_LENGTH) == 0;
+		}
+	}
+	systable_endscan(scan);
+	UnregisterSnapshot(snapshot);
+	table_close(rel, NoLock);
+	return is;
+}
+
+/*
+ * Whether the session's token `token` for resource `resource` passes the fast check (see
+ * above). On true the transaction holds the resource's fence lock shared, as the general
+ * check leaves it.
+ */
+static bool
+fast_check(const char *resource, const char *token)
+{
+	int64		t;
+	bool		is_signed;
+	uint8		hash[PG_SHA256_DIGEST_LENGTH];
+	int64		key;
+	LOCKTAG		tag;
+	Snapshot	snapshot;
+	SignatureNeed need;
+
+	if (XactIsoLevel != XACT_READ_COMMITTED || !valid_resource(resource) ||
+		!parse_token(token, &t, &is_signed))
+		return false;
+	/* What this transaction's last statement wrote is seen too, as SPI's statements see it. */
+	CommandCounterIncrement();
+	if (is_signed)
+	{
+		if (!sha256_of(token, hash))
+			return false;
+	}
+	else
+	{
+		snapshot = RegisterSnapshot(GetTransactionSnapshot());
+		need = signature_need(resource, snapshot);
+		UnregisterSnapshot(snapshot);
+		if (need != NEEDS_NONE)
+			return false;
+	}
+	key = DatumGetInt64(DirectFunctionCall2Coll(hashtextextended, DEFAULT_COLLATION_OID,
+												CStringGetTextDatum(resource),
+												Int64GetDatum(FENCE_LOCK_SEED)));
+	SET_LOCKTAG_ADVISORY(tag, MyDatabaseId, (uint32) (((uint64) key) >> 32), (uint32) key, 1);
+	if (!LockHeldByMe(&tag, ShareLock) && !LockHeldByMe(&tag, ExclusiveLock))
+	{
+		/*
+		 * Not yet holding the lock: only a token that is the mark now takes it here (one that
+		 * is not goes to the general check, which may need it exclusively), and only without
+		 * waiting (the general check waits, and ends a session that holds it by hand).
+		 */
+		if (!mark_is(resource, t, is_signed ? hash : NULL))
+			return false;
+		if (LockAcquire(&tag, ShareLock, false, true) == LOCKACQUIRE_NOT_AVAIL)
+			return false;
+	}
+	if (!mark_is(resource, t, is_signed ? hash : NULL))
+		return false;
+	elog(DEBUG1, "fence_hook: token %lld is the mark of resource %s (the fast check)",
+		 (long long) t, resource);
+	return true;
+}
+
+/*
  * Runs the general check with the session's settings, if it has any: it raises when the
  * token is stale, half declared or forged. `where` names the moment in errors.
  */
@@ -103,6 +405,9 @@ run_check(void (*where) (void *))
 	resource = GetConfigOption("fencing.resource", true, false);
 	token = GetConfigOption("fencing.token", true, false);
 	if (!is_set(resource) && !is_set(token))
+		return;
+
+	if (is_set(resource) && is_set(token) && fast_check(resource, token))
 		return;
 
 	context.callback = where;

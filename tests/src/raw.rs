@@ -18,6 +18,8 @@ pub struct Answer {
     pub rows: Vec<Vec<Option<String>>>,
     /// The SQLSTATE and message of each error.
     pub errors: Vec<(String, String)>,
+    /// The message of each notice (as `client_min_messages` lets them through).
+    pub notices: Vec<String>,
     /// The transaction status of the last ReadyForQuery.
     pub status: char,
 }
@@ -209,6 +211,12 @@ impl Raw {
                     String::from_utf8_lossy(f.code).into_owned(),
                     String::from_utf8_lossy(f.message).into_owned(),
                 )),
+                Backend::Notice => a.notices.push(
+                    String::from_utf8_lossy(
+                        msg::error_fields(&m).expect("a notice's fields").message,
+                    )
+                    .into_owned(),
+                ),
                 Backend::ReadyForQuery { status } => {
                     a.status = status as char;
                     return Ok(a);

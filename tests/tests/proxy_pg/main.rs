@@ -12,6 +12,7 @@
 //! - `combined`: one process with a PostgreSQL and an HTTP listener;
 //! - `pool`: server connections reused across clients (`pool_size`): the reset, the bound,
 //!   SCRAM in the proxy, cancel keys, fencing through reused connections;
+//! - `hook`, `fast_check`: the commit hook, and its check in C of a token that is the mark;
 //! - `tls`: TLS on both hops with psql, every failure, channel binding, SIGHUP.
 //!
 //! Needs the binaries: `cargo build --bins` first; PostgreSQL 15 in /usr/lib/postgresql/15/bin.
@@ -21,6 +22,7 @@ mod clients;
 mod combined;
 mod commit_point;
 mod drivers;
+mod fast_check;
 mod fencing;
 mod foreign;
 mod freeze;

@@ -1,0 +1,273 @@
+//! fence_hook's fast check (proxy/pg-hook): at a commit, a READ COMMITTED transaction whose
+//! token is its resource's mark passes in C, without the PL/pgSQL check; everything else goes
+//! to the general check, which decides as before. These connect straight to PostgreSQL (the
+//! hook judges every client, with or without the proxy) with `client_min_messages = debug1`,
+//! under which the hook says when the fast check passed, and show that it passes only where
+//! the general check would: never a stale token, a plain token where a signature is needed, a
+//! signed token whose text is not the one that raised the mark, or a token whose raise is
+//! still in progress; and that it finds the marks in a database whose collation orders them
+//! otherwise than bytes do.
+
+use e2e::keys::{SECRET_B, sign, write_key_file};
+use e2e::pg::Postgres;
+use e2e::raw::{Answer, Raw};
+use fencing::signed::KeyState;
+
+const R: &str = "inv:a";
+const UPDATE: &str = "UPDATE stock SET n = n - 1 WHERE sku = 'a'";
+const FAST: &str = "(the fast check)";
+
+/// Installs the fence check in database `db` by hand (`fence-proxy pg print-schema` | psql).
+fn install(pg: &Postgres, db: &str) {
+    let schema = std::process::Command::new(e2e::bin("fence-proxy"))
+        .args(["pg", "print-schema"])
+        .output()
+        .unwrap();
+    assert!(schema.status.success(), "fence-proxy pg print-schema");
+    let url = format!("postgres://postgres@127.0.0.1:{}/{db}", pg.port);
+    let mut psql = std::process::Command::new("psql");
+    psql.args([&url, "-q", "-X", "-v", "ON_ERROR_STOP=1"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null());
+    let mut child = psql.spawn().unwrap();
+    use std::io::Write;
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(&schema.stdout)
+        .unwrap();
+    assert!(child.wait().unwrap().success(), "installing the schema");
+}
+
+/// A PostgreSQL with the hook and the check, `stock` (n = 10) and the mark of inv:a at 100.
+fn database() -> Postgres {
+    let pg = Postgres::start_with_hook();
+    install(&pg, "postgres");
+    pg.psql(
+        "CREATE TABLE stock (sku text PRIMARY KEY, n int); INSERT INTO stock VALUES ('a', 10);
+         INSERT INTO fencing.tokens (resource, token) VALUES ('inv:a', 100)",
+    );
+    pg
+}
+
+/// A session straight to PostgreSQL that hears the hook's DEBUG1 messages.
+fn session(pg: &Postgres, db: &str) -> Raw {
+    let port = pg.port.to_string();
+    let mut c = Raw::connect(&format!("127.0.0.1:{port}"), &[("database", db)]);
+    let a = c.simple("SET client_min_messages = debug1");
+    assert!(a.errors.is_empty(), "{a:?}");
+    c
+}
+
+fn declare(c: &mut Raw, resource: &str, token: &str) {
+    let a = c.simple(&format!(
+        "SET fencing.resource = '{resource}'; SET fencing.token = '{token}'"
+    ));
+    assert!(a.errors.is_empty(), "{a:?}");
+}
+
+fn fast(a: &Answer) -> bool {
+    a.notices.iter().any(|n| n.contains(FAST))
+}
+
+fn stock(pg: &Postgres) -> String {
+    pg.psql("SELECT n FROM stock")
+}
+
+#[test]
+fn the_fast_check_passes_the_mark_and_nothing_else() {
+    let pg = database();
+    let mut c = session(&pg, "postgres");
+
+    // The mark, plain: passed in C.
+    declare(&mut c, R, "100");
+    let a = c.simple(UPDATE);
+    assert!(a.errors.is_empty() && fast(&a), "the mark: {a:?}");
+    assert_eq!(stock(&pg), "9");
+    // The same number spelled with a leading zero is the same token to the general check.
+    declare(&mut c, R, "0100");
+    let a = c.simple(UPDATE);
+    assert!(a.errors.is_empty() && fast(&a), "0100: {a:?}");
+
+    // Stale: the general check refuses it.
+    declare(&mut c, R, "99");
+    let a = c.simple(UPDATE);
+    assert_eq!(a.code(), "FN001", "{a:?}");
+    assert!(!fast(&a), "{a:?}");
+    assert_eq!(stock(&pg), "8");
+
+    // Malformed, or half a declaration: refused, not passed.
+    for (resource, token, code) in [
+        (R, "1e2", "FN002"),
+        (R, "100 ", "FN002"),
+        (R, "+100", "FN002"),
+        ("", "100", "FN002"),
+        (R, "", "FN002"),
+        ("inv a", "100", "FN002"),
+    ] {
+        declare(&mut c, resource, token);
+        let a = c.simple(UPDATE);
+        assert_eq!(a.code(), code, "{resource:?} {token:?}: {a:?}");
+        assert!(!fast(&a), "{a:?}");
+    }
+    assert_eq!(stock(&pg), "8");
+
+    // Under REPEATABLE READ the general check reads the mark FOR SHARE: not the fast one.
+    declare(&mut c, R, "100");
+    let a = c.simple(&format!(
+        "BEGIN ISOLATION LEVEL REPEATABLE READ; {UPDATE}; COMMIT"
+    ));
+    assert!(a.errors.is_empty() && !fast(&a), "{a:?}");
+
+    // A higher token raises the mark in the general check; then it is the mark.
+    declare(&mut c, R, "101");
+    let a = c.simple(UPDATE);
+    assert!(a.errors.is_empty() && !fast(&a), "{a:?}");
+    let a = c.simple(UPDATE);
+    assert!(a.errors.is_empty() && fast(&a), "{a:?}");
+    assert_eq!(stock(&pg), "5");
+
+    // A plain token for a resource that needs a signed one is refused though it is the mark,
+    // also where the transaction being judged is the one that says so.
+    let a = c.simple("INSERT INTO fencing.signed_prefixes VALUES ('inv:')");
+    assert_eq!(a.code(), "FN007", "{a:?}");
+    pg.psql("INSERT INTO fencing.signed_prefixes VALUES ('inv:')");
+    let a = c.simple(UPDATE);
+    assert_eq!(a.code(), "FN007", "{a:?}");
+    assert!(!fast(&a), "{a:?}");
+    assert_eq!(stock(&pg), "5");
+}
+
+#[test]
+fn a_signed_mark_passes_only_in_the_text_that_raised_it() {
+    // A proxy with key k2 installs the check and the key; every resource needs a signature.
+    let pg = Postgres::start_with_hook();
+    let dir = tempfile::tempdir().unwrap();
+    let file = write_key_file(
+        dir.path(),
+        "fence-keys.toml",
+        &[("k2", KeyState::Active, Some(SECRET_B))],
+    );
+    let _proxy = crate::start_proxy(
+        &dir,
+        &pg,
+        1000,
+        &format!("[signing]\nkeys = \"{}\"\n", file.display()),
+    );
+    pg.psql("CREATE TABLE stock (sku text PRIMARY KEY, n int); INSERT INTO stock VALUES ('a', 10)");
+    let token = sign("k2", SECRET_B, R, 7);
+    let mut c = session(&pg, "postgres");
+    declare(&mut c, R, &token);
+    let a = c.simple(UPDATE);
+    assert!(a.errors.is_empty() && !fast(&a), "the raise: {a:?}");
+    let a = c.simple(UPDATE);
+    assert!(a.errors.is_empty() && fast(&a), "the mark, signed: {a:?}");
+
+    // The same number with its MAC altered, or signed for another resource: not the text
+    // that raised the mark, so the general check verifies it and refuses it.
+    let mut forged = token.clone().into_bytes();
+    let last = forged.len() - 1;
+    forged[last] = if forged[last] == b'0' { b'1' } else { b'0' };
+    let forged = String::from_utf8(forged).unwrap();
+    for t in [forged, sign("k2", SECRET_B, "inv:b", 7)] {
+        declare(&mut c, R, &t);
+        let a = c.simple(UPDATE);
+        assert_eq!(a.code(), "FN007", "{t}: {a:?}");
+        assert!(!fast(&a), "{a:?}");
+    }
+    // The plain number is refused too.
+    declare(&mut c, R, "7");
+    assert_eq!(c.simple(UPDATE).code(), "FN007");
+    assert_eq!(stock(&pg), "8");
+
+    // A change of the keys clears the hashes: the mark's own text goes through the general
+    // check again, which refuses it once its key is retired.
+    pg.psql("UPDATE fencing.keys SET retired = true, ipad = NULL, opad = NULL WHERE key_id = 'k2'");
+    pg.psql("UPDATE fencing.tokens SET signed_hash = NULL");
+    declare(&mut c, R, &token);
+    let a = c.simple(UPDATE);
+    assert_eq!(a.code(), "FN007", "{a:?}");
+    assert!(!fast(&a), "{a:?}");
+    assert_eq!(stock(&pg), "8");
+}
+
+#[test]
+fn a_raise_in_progress_keeps_the_fast_check_waiting_and_then_refuses() {
+    let pg = database();
+    // Session b raises the mark to 101 and keeps its transaction open: it holds the
+    // resource's lock exclusively.
+    let mut b = session(&pg, "postgres");
+    declare(&mut b, R, "101");
+    let a = b.simple("BEGIN; SELECT * FROM fencing.check(1000)");
+    assert!(a.errors.is_empty(), "{a:?}");
+    // Session a, with 100 (still the committed mark), writes and commits.
+    let mut a = session(&pg, "postgres");
+    declare(&mut a, R, "100");
+    let w = a.simple(&format!("BEGIN; {UPDATE}"));
+    assert!(w.errors.is_empty(), "{w:?}");
+    let pid = a.simple("SELECT pg_backend_pid()").rows[0][0]
+        .clone()
+        .unwrap();
+    a.send_simple("COMMIT");
+    // It waits for the lock (the fast check does not pass a token whose raise is under way).
+    pg.wait_until(
+        "the commit waiting for the fence lock",
+        &format!(
+            "SELECT count(*) FROM pg_locks WHERE pid = {pid} AND locktype = 'advisory' AND NOT granted"
+        ),
+        "1",
+    );
+    let done = b.simple("COMMIT");
+    assert!(done.errors.is_empty(), "{done:?}");
+    let w = a.read_answer();
+    assert_eq!(w.code(), "FN001", "{w:?}");
+    assert_eq!(stock(&pg), "10");
+}
+
+#[test]
+fn the_fast_check_finds_marks_in_a_database_ordered_by_icu() {
+    // An index ordered by ICU's en-US collation (case and punctuation second), which bytes do
+    // not follow: a look-up in the wrong collation misses marks that are there.
+    let pg = Postgres::start_with_hook();
+    pg.psql(
+        "CREATE DATABASE icu TEMPLATE template0 ENCODING 'UTF8' LOCALE 'C' \
+         LOCALE_PROVIDER icu ICU_LOCALE 'en-US'",
+    );
+    install(&pg, "icu");
+    let names: Vec<String> = (0..300)
+        .map(|i| {
+            let stem = ["a", "B", "_c", "D-", "@e", "f.", "G:", "h/"][i % 8];
+            format!("{stem}{}{}", i % 7, if i % 2 == 0 { "X" } else { "y" }) + &format!("-{i}")
+        })
+        .collect();
+    let values: Vec<String> = names.iter().map(|n| format!("('{n}', 3)")).collect();
+    let url = format!("postgres://postgres@127.0.0.1:{}/icu", pg.port);
+    let out = std::process::Command::new("psql")
+        .args([&url, "-X", "-q", "-v", "ON_ERROR_STOP=1", "-c"])
+        .arg(format!(
+            "CREATE TABLE t (n int); INSERT INTO fencing.tokens (resource, token) VALUES {}",
+            values.join(", ")
+        ))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut c = session(&pg, "icu");
+    let mut missed = Vec::new();
+    for name in names.iter().step_by(7) {
+        declare(&mut c, name, "3");
+        let a = c.simple("INSERT INTO t VALUES (1)");
+        assert!(a.errors.is_empty(), "{name}: {a:?}");
+        if !fast(&a) {
+            missed.push(name.clone());
+        }
+    }
+    assert!(
+        missed.is_empty(),
+        "marks the fast check did not find: {missed:?}"
+    );
+}
