@@ -98,9 +98,9 @@ remote_error_context(void *arg)
 /*
  * The fast check: the common case of the general check, in C. A READ COMMITTED transaction
  * whose token is its resource's mark passes after what fencing.check does for it, and nothing
- * more: the mark read, the resource's fence lock taken shared (without waiting), the mark read
- * again with a snapshot taken after the lock, so that a raise committed meanwhile is seen (a
- * raise holds the lock exclusively until its commit is visible). A plain token passes only for
+ * more: the resource's fence lock taken shared (without waiting), then the mark read with a
+ * snapshot taken after the lock, so that every raise committed before is seen (a raise holds
+ * the lock exclusively until its commit is visible). A plain token passes only for
  * a resource that needs no signature (fencing.signed_prefixes); a signed one only when it
  * hashes to the signed_hash its raise stored (its signature was verified then, and a change of
  * the keys clears every hash). Everything else (no row, another token, a signature to verify,
@@ -341,6 +341,7 @@ fast_check(const char *resource, const char *token)
 	LOCKTAG		tag;
 	Snapshot	snapshot;
 	SignatureNeed need;
+	bool		took = false;
 
 	if (XactIsoLevel != XACT_READ_COMMITTED || !valid_resource(resource) ||
 		!parse_token(token, &t, &is_signed))
@@ -367,17 +368,22 @@ fast_check(const char *resource, const char *token)
 	if (!LockHeldByMe(&tag, ShareLock) && !LockHeldByMe(&tag, ExclusiveLock))
 	{
 		/*
-		 * Not yet holding the lock: only a token that is the mark now takes it here (one that
-		 * is not goes to the general check, which may need it exclusively), and only without
-		 * waiting (the general check waits, and ends a session that holds it by hand).
+		 * Not yet holding the lock: taken here without waiting (the general check waits, and
+		 * ends a session that holds it by hand), and given back when the token is not the
+		 * mark: the general check may then need it exclusively, and two transactions that
+		 * held it shared would deadlock on that.
 		 */
-		if (!mark_is(resource, t, is_signed ? hash : NULL))
-			return false;
 		if (LockAcquire(&tag, ShareLock, false, true) == LOCKACQUIRE_NOT_AVAIL)
 			return false;
+		took = true;
 	}
+	/* Read with a snapshot taken after the lock: a raise committed before it is seen. */
 	if (!mark_is(resource, t, is_signed ? hash : NULL))
+	{
+		if (took)
+			LockRelease(&tag, ShareLock, false);
 		return false;
+	}
 	elog(DEBUG1, "fence_hook: token %lld is the mark of resource %s (the fast check)",
 		 (long long) t, resource);
 	return true;
