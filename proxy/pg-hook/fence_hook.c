@@ -101,9 +101,10 @@ remote_error_context(void *arg)
  * more: the resource's fence lock taken shared (without waiting), then the mark read with a
  * snapshot taken after the lock, so that every raise committed before is seen (a raise holds
  * the lock exclusively until its commit is visible). A plain token passes only for
- * a resource that needs no signature (fencing.signed_prefixes); a signed one only when it
- * hashes to the signed_hash its raise stored (its signature was verified then, and a change of
- * the keys clears every hash). Everything else (no row, another token, a signature to verify,
+ * a resource that needs no signature (fencing.signed_prefixes); a signed one only when its
+ * key verifies (present in fencing.keys, not retired) and it hashes to the signed_hash its
+ * raise stored (a raise stores one only for a signature it verified, checked again under the
+ * key's row lock after the raise's wait; a change of the keys clears every hash). Everything else (no row, another token, a signature to verify,
  * another isolation level, the lock held by another session, a schema not as installed) is
  * left to the general check, in PL/pgSQL: the fast check never refuses and never raises.
  */
@@ -135,9 +136,10 @@ valid_resource(const char *r)
  * digits: signed). False when it is neither.
  */
 static bool
-parse_token(const char *text, int64 *value, bool *is_signed)
+parse_token(const char *text, int64 *value, bool *is_signed, char *key_id)
 {
 	const char *p = text;
+	const char *id;
 	uint64		v = 0;
 	int			n;
 
@@ -155,11 +157,14 @@ parse_token(const char *text, int64 *value, bool *is_signed)
 		return true;
 	if (*p++ != '.')
 		return false;
+	id = p;
 	for (n = 0; (*p >= 'A' && *p <= 'Z') || (*p >= 'a' && *p <= 'z') || (*p >= '0' && *p <= '9') ||
 		 *p == '_' || *p == '-'; p++, n++)
 		;
 	if (n < 1 || n > 32 || *p++ != '.')
 		return false;
+	memcpy(key_id, id, n);
+	key_id[n] = '\0';
 	for (n = 0; (*p >= '0' && *p <= '9') || (*p >= 'a' && *p <= 'f'); p++, n++)
 		;
 	return n == 64 && *p == '\0';
@@ -212,6 +217,50 @@ column(Relation rel, const char *name, Oid type)
 	if (att <= 0 || TupleDescAttr(RelationGetDescr(rel), att - 1)->atttypid != type)
 		return InvalidAttrNumber;
 	return att;
+}
+
+/*
+ * Whether key `key_id` is a key of this fence that verifies (fencing.keys: present, not
+ * retired, with its pads), read now. The hash a raise stored was of a text verified under the
+ * keys of its time, and a change of keys clears the hashes; this is a second guard, against
+ * keys changed by hand without that.
+ */
+static bool
+key_verifies(const char *key_id, Snapshot snapshot)
+{
+	Relation	rel = open_fencing_table("keys");
+	AttrNumber	a_id, a_retired, a_ipad;
+	ScanKeyData key;
+	SysScanDesc scan;
+	HeapTuple	tuple;
+	bool		verifies = false;
+
+	if (rel == NULL)
+		return false;
+	a_id = column(rel, "key_id", TEXTOID);
+	a_retired = column(rel, "retired", BOOLOID);
+	a_ipad = column(rel, "ipad", BYTEAOID);
+	if (a_id == InvalidAttrNumber || a_retired == InvalidAttrNumber || a_ipad == InvalidAttrNumber)
+	{
+		table_close(rel, NoLock);
+		return false;
+	}
+	ScanKeyEntryInitialize(&key, 0, a_id, BTEqualStrategyNumber, InvalidOid,
+						   TupleDescAttr(RelationGetDescr(rel), a_id - 1)->attcollation,
+						   F_TEXTEQ, CStringGetTextDatum(key_id));
+	scan = systable_beginscan(rel, InvalidOid, false, snapshot, 1, &key);
+	tuple = systable_getnext(scan);
+	if (HeapTupleIsValid(tuple))
+	{
+		bool		retired_null, ipad_null;
+		Datum		retired = heap_getattr(tuple, a_retired, RelationGetDescr(rel), &retired_null);
+
+		(void) heap_getattr(tuple, a_ipad, RelationGetDescr(rel), &ipad_null);
+		verifies = !retired_null && !DatumGetBool(retired) && !ipad_null;
+	}
+	systable_endscan(scan);
+	table_close(rel, NoLock);
+	return verifies;
 }
 
 typedef enum
@@ -336,6 +385,8 @@ fast_check(const char *resource, const char *token)
 {
 	int64		t;
 	bool		is_signed;
+	char		key_id[33];
+	bool		key_ok;
 	uint8		hash[PG_SHA256_DIGEST_LENGTH];
 	int64		key;
 	LOCKTAG		tag;
@@ -344,13 +395,16 @@ fast_check(const char *resource, const char *token)
 	bool		took = false;
 
 	if (XactIsoLevel != XACT_READ_COMMITTED || !valid_resource(resource) ||
-		!parse_token(token, &t, &is_signed))
+		!parse_token(token, &t, &is_signed, key_id))
 		return false;
 	/* What this transaction's last statement wrote is seen too, as SPI's statements see it. */
 	CommandCounterIncrement();
 	if (is_signed)
 	{
-		if (!sha256_of(token, hash))
+		snapshot = RegisterSnapshot(GetTransactionSnapshot());
+		key_ok = key_verifies(key_id, snapshot);
+		UnregisterSnapshot(snapshot);
+		if (!key_ok || !sha256_of(token, hash))
 			return false;
 	}
 	else
@@ -497,10 +551,11 @@ refuse_prepare_with_fence_locks(void)
 static void
 fence_hook_xact(XactEvent event, void *arg)
 {
-	if (event == XACT_EVENT_PRE_PREPARE)
-		refuse_prepare_with_fence_locks();
 	if (event == XACT_EVENT_PRE_COMMIT || event == XACT_EVENT_PRE_PREPARE)
 		judge_commit();
+	/* After the check, which takes the fence lock: a fenced transaction is never prepared. */
+	if (event == XACT_EVENT_PRE_PREPARE)
+		refuse_prepare_with_fence_locks();
 }
 
 /*

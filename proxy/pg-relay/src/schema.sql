@@ -480,7 +480,11 @@ BEGIN
     END IF;
     -- The number, after its signature (FN007) where there is or must be one.
     t := fencing.token_of(r, t_text);
-    IF position('.' in t_text) > 0 THEN
+    -- The hash a raise stores, for the fast reads (the relay's and the commit hook's): only of
+    -- a signed form whose signature was verified, under a key of this fence (without any key,
+    -- token_of takes a signed form's number unverified).
+    IF position('.' in t_text) > 0
+       AND EXISTS (SELECT 1 FROM fencing.keys kk WHERE kk.key_id = split_part(t_text, '.', 2)) THEN
         sh := sha256(convert_to(t_text, 'UTF8'));
     END IF;
     k := fencing.lock_key(r);
@@ -549,6 +553,18 @@ BEGIN
             END IF;
             CONTINUE;
         END;
+        IF sh IS NOT NULL THEN
+            -- The signature again, against the keys as they are now, its key's row held until
+            -- this transaction ends: a change of keys that committed while this raise waited
+            -- for the lock is verified against here, and one that comes later waits for this
+            -- raise and then clears the hash it stores (fence-proxy's installation updates or
+            -- deletes every key row before it clears the hashes).
+            PERFORM 1 FROM fencing.keys kk WHERE kk.key_id = split_part(t_text, '.', 2) FOR SHARE;
+            IF NOT FOUND THEN
+                sh := NULL;
+            END IF;
+            PERFORM fencing.token_of(r, t_text);
+        END IF;
         IF found_row THEN
             UPDATE fencing.tokens m SET token = t, updated_at = now(), signed_hash = sh
              WHERE m.resource = r AND m.token < t;

@@ -181,10 +181,13 @@ fn a_signed_mark_passes_only_in_the_text_that_raised_it() {
     assert_eq!(c.simple(UPDATE).code(), "FN007");
     assert_eq!(stock(&pg), "8");
 
-    // A change of the keys clears the hashes: the mark's own text goes through the general
-    // check again, which refuses it once its key is retired.
+    // A key retired by hand, its hashes left in place (fence-proxy's installation clears
+    // them): the fast check looks the key up, and the general check refuses the mark's text.
     pg.psql("UPDATE fencing.keys SET retired = true, ipad = NULL, opad = NULL WHERE key_id = 'k2'");
-    pg.psql("UPDATE fencing.tokens SET signed_hash = NULL");
+    assert_eq!(
+        pg.psql("SELECT count(*) FROM fencing.tokens WHERE signed_hash IS NOT NULL"),
+        "1"
+    );
     declare(&mut c, R, &token);
     let a = c.simple(UPDATE);
     assert_eq!(a.code(), "FN007", "{a:?}");
@@ -270,4 +273,98 @@ fn the_fast_check_finds_marks_in_a_database_ordered_by_icu() {
         missed.is_empty(),
         "marks the fast check did not find: {missed:?}"
     );
+}
+
+/// Without any key, the general check takes a signed form's number unverified; a raise by such
+/// a text stores no hash, so that once keys come the text is verified, not passed by the fast
+/// check (an outside breaker's finding: a forged token went on committing after signing was
+/// switched on by hand).
+#[test]
+fn a_signed_form_taken_without_keys_is_verified_once_keys_come() {
+    let pg = database();
+    let forged = format!("300.zz.{}", "ab".repeat(32));
+    let mut c = session(&pg, "postgres");
+    declare(&mut c, R, &forged);
+    let a = c.simple(UPDATE);
+    assert!(a.errors.is_empty(), "taken as 300 without keys: {a:?}");
+    assert_eq!(
+        pg.psql("SELECT token, signed_hash IS NULL FROM fencing.tokens WHERE resource = 'inv:a'"),
+        "300|t"
+    );
+    pg.psql(
+        "INSERT INTO fencing.keys (key_id, ipad, opad) \
+         VALUES ('k9', decode(repeat('36', 64), 'hex'), decode(repeat('5c', 64), 'hex'))",
+    );
+    let a = c.simple(UPDATE);
+    assert_eq!(a.code(), "FN007", "{a:?}");
+    assert!(!fast(&a), "{a:?}");
+    assert_eq!(stock(&pg), "9");
+}
+
+/// A raise verifies its signature, then may wait for the lock; a change of keys that commits
+/// meanwhile (fence-proxy's installation retiring the key and clearing the hashes) is verified
+/// against again before the raise writes its hash (an outside breaker's finding: the hash
+/// written after the clearing let a retired key's token pass the fast check at every commit).
+#[test]
+fn a_key_retired_while_a_raise_waits_refuses_the_raise() {
+    let pg = Postgres::start_with_hook();
+    let dir = tempfile::tempdir().unwrap();
+    let file = write_key_file(
+        dir.path(),
+        "fence-keys.toml",
+        &[("k2", KeyState::Active, Some(SECRET_B))],
+    );
+    let _proxy = crate::start_proxy(
+        &dir,
+        &pg,
+        1000,
+        &format!("[signing]\nkeys = \"{}\"\n", file.display()),
+    );
+    pg.psql("CREATE TABLE stock (sku text PRIMARY KEY, n int); INSERT INTO stock VALUES ('a', 10)");
+    let five = sign("k2", SECRET_B, R, 5);
+    let six = sign("k2", SECRET_B, R, 6);
+    let mut x = session(&pg, "postgres");
+    declare(&mut x, R, &five);
+    assert!(x.simple(UPDATE).errors.is_empty());
+    // x holds the resource's lock shared in an open transaction with the mark, 5.
+    let a = x.simple(&format!(
+        "BEGIN; {UPDATE}; SELECT * FROM fencing.check(1000)"
+    ));
+    assert!(a.errors.is_empty(), "{a:?}");
+    // The raiser verifies 6 and waits for x (for a minute before it would end it).
+    let mut raiser = session(&pg, "postgres");
+    declare(&mut raiser, R, &six);
+    let pid = raiser.simple("SELECT pg_backend_pid()").rows[0][0]
+        .clone()
+        .unwrap();
+    raiser.send_simple("BEGIN; SELECT * FROM fencing.check(60000)");
+    pg.wait_until(
+        "the raise waiting for the fence lock",
+        &format!(
+            "SELECT count(*) FROM pg_locks WHERE pid = {pid} AND locktype = 'advisory' AND NOT granted"
+        ),
+        "1",
+    );
+    // What fence-proxy's installation runs for a key file that retires k2.
+    pg.psql(
+        "BEGIN; UPDATE fencing.keys SET retired = true, ipad = NULL, opad = NULL WHERE key_id = 'k2';
+         UPDATE fencing.tokens SET signed_hash = NULL WHERE signed_hash IS NOT NULL; COMMIT",
+    );
+    let a = x.simple("COMMIT");
+    assert_eq!(a.code(), "FN007", "x, its key retired: {a:?}");
+    let a = raiser.read_answer();
+    assert_eq!(
+        a.code(),
+        "FN007",
+        "the raise, its key retired meanwhile: {a:?}"
+    );
+    raiser.simple("ROLLBACK");
+    assert_eq!(
+        pg.psql("SELECT token, signed_hash IS NULL FROM fencing.tokens WHERE resource = 'inv:a'"),
+        "5|t"
+    );
+    declare(&mut raiser, R, &six);
+    let a = raiser.simple(UPDATE);
+    assert_eq!(a.code(), "FN007", "{a:?}");
+    assert_eq!(stock(&pg), "9");
 }

@@ -158,6 +158,34 @@ fn with_the_hook_no_transaction_holding_a_fence_lock_is_prepared() {
     assert!(a.errors.is_empty(), "{a:?}");
 }
 
+/// A transaction whose commit check takes the fence lock (a client with a token, straight to
+/// PostgreSQL) is not prepared either: the hook refuses after its check, not before it (an
+/// outside breaker's finding: the prepared transaction kept the lock, and a raise waited on
+/// it until `COMMIT PREPARED`).
+#[test]
+fn with_the_hook_a_fenced_transaction_is_not_prepared() {
+    let mut pg = e2e::pg::Postgres::start_with_hook();
+    pg.psql_each(&["ALTER SYSTEM SET max_prepared_transactions = 5"]);
+    pg.restart();
+    let s = crate::setup_with(pg, 300, "");
+    s.pg.psql(
+        "CREATE TABLE stock (sku text PRIMARY KEY, n int); INSERT INTO stock VALUES ('a', 10);
+         INSERT INTO fencing.tokens (resource, token) VALUES ('inv:a', 100);",
+    );
+    let direct = format!("127.0.0.1:{}", s.pg.port);
+    let mut c = Raw::connect(
+        &direct,
+        &[("options", "-c fencing.resource=inv:a -c fencing.token=100")],
+    );
+    let a = c.simple(&format!("BEGIN; {UPDATE}"));
+    assert!(a.errors.is_empty(), "{a:?}");
+    let a = c.simple("PREPARE TRANSACTION 'fenced'");
+    assert_eq!(a.code(), "0A000", "{a:?}");
+    assert_eq!(s.pg.psql("SELECT count(*) FROM pg_prepared_xacts"), "0");
+    let a = holder(&s, "101").simple(UPDATE);
+    assert!(a.errors.is_empty(), "{a:?}");
+}
+
 /// Without the hook nothing refuses a prepared transaction a fence lock: a server that allows
 /// prepared transactions is refused at the installation (fence-proxy does not start), unless
 /// the database accepts that.
