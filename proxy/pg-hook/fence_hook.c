@@ -103,9 +103,9 @@ remote_error_context(void *arg)
  * the lock exclusively until its commit is visible). A plain token passes only for
  * a resource that needs no signature (fencing.signed_prefixes); a signed one only when its
  * key verifies (present in fencing.keys, not retired) and it hashes to the signed_hash its
- * raise stored (a raise stores one only for a signature it verified, checked again under the
- * key's row lock after the raise's wait; a change of the keys clears every hash). Everything else (no row, another token, a signature to verify,
- * another isolation level, the lock held by another session, a schema not as installed) is
+ * raise stored (a raise stores one only for a signature it verified, and verifies it again
+ * after its wait for the lock; a change of the keys clears every hash). Everything else (no
+ * row, another token, a signature to verify, another isolation level, the lock held by another session, a schema not as installed) is
  * left to the general check, in PL/pgSQL: the fast check never refuses and never raises.
  */
 

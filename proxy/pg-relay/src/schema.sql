@@ -554,13 +554,10 @@ BEGIN
             CONTINUE;
         END;
         IF sh IS NOT NULL THEN
-            -- The signature again, against the keys as they are now, its key's row held until
-            -- this transaction ends: a change of keys that committed while this raise waited
-            -- for the lock is verified against here, and one that comes later waits for this
-            -- raise and then clears the hash it stores (fence-proxy's installation updates or
-            -- deletes every key row before it clears the hashes).
-            PERFORM 1 FROM fencing.keys kk WHERE kk.key_id = split_part(t_text, '.', 2) FOR SHARE;
-            IF NOT FOUND THEN
+            -- The signature again, against the keys as they are now: a change of keys that
+            -- committed while this raise waited for the lock is verified against here (no row
+            -- of fencing.keys is locked: a raise left open would hold up every installation).
+            IF NOT EXISTS (SELECT 1 FROM fencing.keys kk WHERE kk.key_id = split_part(t_text, '.', 2)) THEN
                 sh := NULL;
             END IF;
             PERFORM fencing.token_of(r, t_text);
