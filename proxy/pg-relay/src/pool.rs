@@ -212,15 +212,16 @@ impl ServerConn {
     }
 
     /// Whether an idle connection is still open and silent: PostgreSQL says nothing to an
-    /// idle session unless it ends it (a FATAL, then the end of the stream).
+    /// idle session unless it ends it (a FATAL, then the end of the stream). Asked of the
+    /// socket itself (a non-blocking `MSG_PEEK`), not of the runtime's readiness, which learns
+    /// of the FATAL only at its reactor's next turn: a connection ended a moment ago was
+    /// handed out so (an e2e pool test saw it).
     fn alive(&self) -> bool {
-        let mut byte = [0u8; 1];
-        let mut probe = tokio::io::ReadBuf::new(&mut byte);
-        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
-        self.stream
-            .tcp()
-            .poll_peek(&mut cx, &mut probe)
-            .is_pending()
+        let mut byte = [std::mem::MaybeUninit::<u8>::uninit(); 1];
+        match socket2::SockRef::from(self.stream.tcp()).peek(&mut byte) {
+            Err(e) => e.kind() == std::io::ErrorKind::WouldBlock,
+            Ok(_) => false,
+        }
     }
 
     /// The bytes the session's machine reads as the start-up's answer: AuthenticationOk, the
