@@ -220,6 +220,70 @@ column(Relation rel, const char *name, Oid type)
 }
 
 /*
+ * The version of the signing configuration (fencing.keys_version) in `snapshot`; false when
+ * it cannot be read (no such table, no row).
+ */
+static bool
+keys_version(Snapshot snapshot, int64 *version)
+{
+	Relation	rel = open_fencing_table("keys_version");
+	AttrNumber	att;
+	SysScanDesc scan;
+	HeapTuple	tuple;
+	bool		found = false;
+
+	if (rel == NULL)
+		return false;
+	att = column(rel, "v", INT8OID);
+	if (att != InvalidAttrNumber)
+	{
+		scan = systable_beginscan(rel, InvalidOid, false, snapshot, 0, NULL);
+		tuple = systable_getnext(scan);
+		if (HeapTupleIsValid(tuple))
+		{
+			bool		isnull;
+			Datum		d = heap_getattr(tuple, att, RelationGetDescr(rel), &isnull);
+
+			found = !isnull;
+			if (found)
+				*version = DatumGetInt64(d);
+		}
+		systable_endscan(scan);
+	}
+	table_close(rel, NoLock);
+	return found;
+}
+
+/*
+ * A REPEATABLE READ or SERIALIZABLE transaction judges by the keys and signed prefixes of its
+ * snapshot: when they have changed since (the version in its snapshot is not the latest
+ * committed one), it is refused with 40001, to be retried under the keys now in force.
+ */
+static void
+refuse_keys_changed_since_snapshot(void)
+{
+	int64		then, now;
+	bool		have_then, have_now;
+	Snapshot	snapshot;
+
+	if (!IsolationUsesXactSnapshot())
+		return;
+	snapshot = RegisterSnapshot(GetTransactionSnapshot());
+	have_then = keys_version(snapshot, &then);
+	UnregisterSnapshot(snapshot);
+	snapshot = RegisterSnapshot(GetLatestSnapshot());
+	have_now = keys_version(snapshot, &now);
+	UnregisterSnapshot(snapshot);
+	if (have_then && have_now && then != now)
+		ereport(ERROR,
+				(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
+				 errmsg("fence_hook: the fence's signing keys or signed prefixes changed since this transaction's snapshot"),
+				 errdetail("The check would judge the token by keys that are no longer the fence's (version %lld in the snapshot, %lld now).",
+						   (long long) then, (long long) now),
+				 errhint("Retry the transaction.")));
+}
+
+/*
  * Whether key `key_id` is a key of this fence that verifies (fencing.keys: present, not
  * retired, with its pads), read now. The hash a raise stored was of a text verified under the
  * keys of its time, and a change of keys clears the hashes; this is a second guard, against
@@ -309,13 +373,14 @@ signature_need(const char *r, Snapshot snapshot)
 
 /*
  * Whether resource `r`'s mark, read now, is `t` (and, for a signed token, its signed_hash is
- * `hash`). False also when the table is not as the schema makes it.
+ * `hash`, verified under the keys of version `version`). False also when the table is not as
+ * the schema makes it.
  */
 static bool
-mark_is(const char *r, int64 t, const uint8 *hash)
+mark_is(const char *r, int64 t, const uint8 *hash, int64 version)
 {
 	Relation	rel = open_fencing_table("tokens");
-	AttrNumber	a_resource, a_token, a_hash;
+	AttrNumber	a_resource, a_token, a_hash, a_version;
 	Oid			pk;
 	HeapTuple	index;
 	bool		by_index;
@@ -330,7 +395,9 @@ mark_is(const char *r, int64 t, const uint8 *hash)
 	a_resource = column(rel, "resource", TEXTOID);
 	a_token = column(rel, "token", INT8OID);
 	a_hash = column(rel, "signed_hash", BYTEAOID);
-	if (a_resource == InvalidAttrNumber || a_token == InvalidAttrNumber || a_hash == InvalidAttrNumber)
+	a_version = column(rel, "keys_version", INT8OID);
+	if (a_resource == InvalidAttrNumber || a_token == InvalidAttrNumber || a_hash == InvalidAttrNumber ||
+		a_version == InvalidAttrNumber)
 	{
 		table_close(rel, NoLock);
 		return false;
@@ -367,6 +434,9 @@ mark_is(const char *r, int64 t, const uint8 *hash)
 			stored = isnull ? NULL : DatumGetByteaPP(d);
 			is = stored != NULL && VARSIZE_ANY_EXHDR(stored) == PG_SHA256_DIGEST_LENGTH &&
 				memcmp(VARDATA_ANY(stored), hash, PG_SHA256_DIGEST_LENGTH) == 0;
+			/* Verified under the keys still in force. */
+			d = heap_getattr(tuple, a_version, RelationGetDescr(rel), &isnull);
+			is = is && !isnull && DatumGetInt64(d) == version;
 		}
 	}
 	systable_endscan(scan);
@@ -387,6 +457,7 @@ fast_check(const char *resource, const char *token)
 	bool		is_signed;
 	char		key_id[33];
 	bool		key_ok;
+	int64		version = 0;
 	uint8		hash[PG_SHA256_DIGEST_LENGTH];
 	int64		key;
 	LOCKTAG		tag;
@@ -402,7 +473,7 @@ fast_check(const char *resource, const char *token)
 	if (is_signed)
 	{
 		snapshot = RegisterSnapshot(GetTransactionSnapshot());
-		key_ok = key_verifies(key_id, snapshot);
+		key_ok = key_verifies(key_id, snapshot) && keys_version(snapshot, &version);
 		UnregisterSnapshot(snapshot);
 		if (!key_ok || !sha256_of(token, hash))
 			return false;
@@ -432,7 +503,7 @@ fast_check(const char *resource, const char *token)
 		took = true;
 	}
 	/* Read with a snapshot taken after the lock: a raise committed before it is seen. */
-	if (!mark_is(resource, t, is_signed ? hash : NULL))
+	if (!mark_is(resource, t, is_signed ? hash : NULL, version))
 	{
 		if (took)
 			LockRelease(&tag, ShareLock, false);
@@ -469,6 +540,7 @@ run_check(void (*where) (void *))
 
 	if (is_set(resource) && is_set(token) && fast_check(resource, token))
 		return;
+	refuse_keys_changed_since_snapshot();
 
 	context.callback = where;
 	context.arg = (void *) (is_set(resource) ? resource : "''");

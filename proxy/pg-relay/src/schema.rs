@@ -108,7 +108,8 @@ THEN true ELSE fencing.share(s.r, NULL) END FROM (SELECT pg_catalog.current_sett
 /// itself, with no PL/pgSQL call; in every other case (stale, higher, missing, malformed, no
 /// token, another isolation level, a plain token for a resource that needs signed ones) it
 /// hands over to the general check. A signed token is the mark when it hashes to the
-/// `signed_hash` its raise stored: the signature was verified then, by the general check
+/// `signed_hash` its raise stored, under the version of the keys that is still current
+/// (`fencing.keys_version`): the signature was verified then, by the general check
 /// (`fencing.check_token($1)`), which decides, raises or refuses, unless `u` (above). Two plain
 /// statements cost PostgreSQL about a third of what one PL/pgSQL call does (BENCHMARKS.md).
 pub const CHECK_FAST: &[u8] = concat!(
@@ -120,9 +121,10 @@ m.token::pg_catalog.text OPERATOR(pg_catalog.=) v.t \
 AND NOT EXISTS (SELECT FROM fencing.signed_prefixes p \
 WHERE pg_catalog.left(v.r, pg_catalog.length(p.prefix)) OPERATOR(pg_catalog.=) p.prefix) \
 OR m.signed_hash OPERATOR(pg_catalog.=) \
-pg_catalog.sha256(pg_catalog.convert_to(v.t, 'UTF8')), false) AS cur FROM ",
+pg_catalog.sha256(pg_catalog.convert_to(v.t, 'UTF8')) \
+AND m.keys_version OPERATOR(pg_catalog.=) (SELECT k.v FROM fencing.keys_version k), false) AS cur FROM ",
     settings!("true"),
-    ") v LEFT JOIN LATERAL (SELECT m.token, m.signed_hash FROM fencing.tokens m \
+    ") v LEFT JOIN LATERAL (SELECT m.token, m.signed_hash, m.keys_version FROM fencing.tokens m \
 WHERE m.resource OPERATOR(pg_catalog.=) v.r) m ON true) s"
 )
 .as_bytes();

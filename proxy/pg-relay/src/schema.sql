@@ -40,6 +40,12 @@ BEGIN
                    WHERE attrelid = 'fencing.tokens'::regclass AND attname = 'signed_hash' AND NOT attisdropped) THEN
         ALTER TABLE fencing.tokens ADD COLUMN signed_hash bytea;
     END IF;
+    -- The version of the signing configuration (fencing.keys_version) that signed_hash was
+    -- verified under: the fast reads pass the hash only while that version is current.
+    IF NOT EXISTS (SELECT 1 FROM pg_attribute
+                   WHERE attrelid = 'fencing.tokens'::regclass AND attname = 'keys_version' AND NOT attisdropped) THEN
+        ALTER TABLE fencing.tokens ADD COLUMN keys_version bigint;
+    END IF;
 END
 $do$;
 
@@ -73,6 +79,39 @@ INSERT INTO fencing.secret (k)
 CREATE TABLE IF NOT EXISTS fencing.signed_prefixes (
     prefix text PRIMARY KEY CHECK (prefix ~ '^[A-Za-z0-9._:/@-]*$' AND length(prefix) <= 256)
 );
+
+-- The version of the signing configuration: every statement that changes fencing.keys or
+-- fencing.signed_prefixes (fence-proxy's installation, or a hand) raises it, in its own
+-- transaction. A raise stores, beside the hash of the signed token it verified, the version it
+-- verified under, read in the same snapshot as the keys; the fast reads (the relay's and the
+-- commit hook's) pass that hash only while the version they read is the same, so a change of
+-- keys that commits at any moment after the verification ends it, without a lock. The commit
+-- hook also refuses (40001) a REPEATABLE READ or SERIALIZABLE transaction whose snapshot shows
+-- an older version than the latest: its check would judge by keys that are no longer the
+-- fence's. Readable by all (the relay's fast read).
+CREATE TABLE IF NOT EXISTS fencing.keys_version (
+    only_row boolean PRIMARY KEY DEFAULT true CHECK (only_row),
+    v        bigint  NOT NULL
+);
+INSERT INTO fencing.keys_version (v) VALUES (1) ON CONFLICT DO NOTHING;
+
+CREATE OR REPLACE FUNCTION fencing.keys_changed()
+RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+BEGIN
+    UPDATE fencing.keys_version SET v = v + 1;
+    RETURN NULL;
+END;
+$fn$;
+
+CREATE OR REPLACE TRIGGER fencing_keys_changed
+    AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON fencing.keys
+    FOR EACH STATEMENT EXECUTE FUNCTION fencing.keys_changed();
+CREATE OR REPLACE TRIGGER fencing_keys_changed
+    AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON fencing.signed_prefixes
+    FOR EACH STATEMENT EXECUTE FUNCTION fencing.keys_changed();
 
 -- Records of marks changed by hand (`fence-proxy marks lower|reset`): who, why, from what.
 CREATE TABLE IF NOT EXISTS fencing.mark_changes (
@@ -458,6 +497,7 @@ DECLARE
     old_timeout text;
     found_row boolean;
     sh bytea;
+    ver bigint;
 BEGIN
     IF coalesce(r, '') = '' AND coalesce(t_text, '') = '' THEN
         RETURN;  -- no token: nothing to check
@@ -479,7 +519,8 @@ BEGIN
             HINT = '1 to 256 characters of A-Z a-z 0-9 - _ . : / @';
     END IF;
     -- The number, after its signature (FN007) where there is or must be one.
-    t := fencing.token_of(r, t_text);
+    -- The token and the version of the keys it was judged by, in one snapshot.
+    SELECT fencing.token_of(r, t_text), (SELECT kv.v FROM fencing.keys_version kv) INTO t, ver;
     -- The hash a raise stores, for the fast reads (the relay's and the commit hook's): only of
     -- a signed form whose signature was verified, under a key of this fence (without any key,
     -- token_of takes a signed form's number unverified).
@@ -557,16 +598,18 @@ BEGIN
             -- The signature again, against the keys as they are now: a change of keys that
             -- committed while this raise waited for the lock is verified against here (no row
             -- of fencing.keys is locked: a raise left open would hold up every installation).
+            SELECT fencing.token_of(r, t_text), (SELECT kv.v FROM fencing.keys_version kv) INTO t, ver;
             IF NOT EXISTS (SELECT 1 FROM fencing.keys kk WHERE kk.key_id = split_part(t_text, '.', 2)) THEN
                 sh := NULL;
             END IF;
-            PERFORM fencing.token_of(r, t_text);
         END IF;
         IF found_row THEN
-            UPDATE fencing.tokens m SET token = t, updated_at = now(), signed_hash = sh
+            UPDATE fencing.tokens m SET token = t, updated_at = now(), signed_hash = sh,
+                   keys_version = CASE WHEN sh IS NOT NULL THEN ver END
              WHERE m.resource = r AND m.token < t;
         ELSE
-            INSERT INTO fencing.tokens AS m (resource, token, signed_hash) VALUES (r, t, sh)
+            INSERT INTO fencing.tokens AS m (resource, token, signed_hash, keys_version)
+                VALUES (r, t, sh, CASE WHEN sh IS NOT NULL THEN ver END)
                 ON CONFLICT (resource) DO NOTHING;
         END IF;
         IF FOUND THEN
@@ -1083,6 +1126,9 @@ GRANT EXECUTE ON FUNCTION fencing.signature_required(text) TO PUBLIC;
 REVOKE ALL ON TABLE fencing.keys FROM PUBLIC;
 REVOKE ALL ON TABLE fencing.signed_prefixes FROM PUBLIC;
 GRANT SELECT ON TABLE fencing.signed_prefixes TO PUBLIC;
+REVOKE ALL ON TABLE fencing.keys_version FROM PUBLIC;
+GRANT SELECT ON TABLE fencing.keys_version TO PUBLIC;
+REVOKE ALL ON FUNCTION fencing.keys_changed() FROM PUBLIC;
 REVOKE ALL ON TABLE fencing.mark_changes FROM PUBLIC;
 GRANT SELECT ON TABLE fencing.mark_changes TO PUBLIC;
 GRANT EXECUTE ON FUNCTION fencing.lock_key(text) TO PUBLIC;

@@ -368,3 +368,89 @@ fn a_key_retired_while_a_raise_waits_refuses_the_raise() {
     assert_eq!(a.code(), "FN007", "{a:?}");
     assert_eq!(stock(&pg), "9");
 }
+
+/// A signed mark's hash is passed only under the version of the keys it was verified under: a
+/// key's secret changed by hand (same id, hashes left in place) sends the mark's text to the
+/// general check, which verifies it under the new secret and refuses it, in the commit hook's
+/// fast check and in the relay's fast read alike.
+#[test]
+fn a_signed_mark_is_not_passed_once_the_keys_change() {
+    for hook in [true, false] {
+        let pg = if hook {
+            Postgres::start_with_hook()
+        } else {
+            Postgres::start()
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let file = write_key_file(
+            dir.path(),
+            "fence-keys.toml",
+            &[("k2", KeyState::Active, Some(SECRET_B))],
+        );
+        let proxy = crate::start_proxy(
+            &dir,
+            &pg,
+            1000,
+            &format!("[signing]\nkeys = \"{}\"\n", file.display()),
+        );
+        pg.psql(
+            "CREATE TABLE stock (sku text PRIMARY KEY, n int); INSERT INTO stock VALUES ('a', 10)",
+        );
+        let token = sign("k2", SECRET_B, R, 7);
+        let mut c = if hook {
+            session(&pg, "postgres")
+        } else {
+            Raw::connect(&proxy.pg[0], &[])
+        };
+        declare(&mut c, R, &token);
+        for _ in 0..2 {
+            let a = c.simple(UPDATE);
+            assert!(a.errors.is_empty(), "hook {hook}: {a:?}");
+        }
+        if hook {
+            assert!(fast(&c.simple(UPDATE)), "hook: the mark passes in C");
+        }
+        pg.psql(
+            "UPDATE fencing.keys SET ipad = decode(repeat('36', 64), 'hex'), \
+             opad = decode(repeat('5c', 64), 'hex') WHERE key_id = 'k2'",
+        );
+        assert_eq!(
+            pg.psql("SELECT count(*) FROM fencing.tokens WHERE signed_hash IS NOT NULL"),
+            "1"
+        );
+        let a = c.simple(UPDATE);
+        assert_eq!(a.code(), "FN007", "hook {hook}: {a:?}");
+        assert!(!fast(&a), "{a:?}");
+        assert_eq!(stock(&pg), if hook { "7" } else { "8" }, "hook {hook}");
+    }
+}
+
+/// A REPEATABLE READ transaction judges by the keys and prefixes of its snapshot; when they
+/// changed since, the commit hook refuses it (40001, to be retried) rather than judge by keys
+/// that are no longer the fence's (an outside breaker's finding: a prefix added, or a key
+/// retired, while such a transaction was open, and its write committed).
+#[test]
+fn a_snapshot_older_than_the_keys_is_refused() {
+    let pg = database();
+    let mut c = session(&pg, "postgres");
+    declare(&mut c, R, "100");
+    let a = c.simple("BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT count(*) FROM stock");
+    assert!(a.errors.is_empty(), "{a:?}");
+    pg.psql("INSERT INTO fencing.signed_prefixes VALUES ('inv:')");
+    let a = c.simple(&format!("{UPDATE}; COMMIT"));
+    assert_eq!(a.code(), "40001", "{a:?}");
+    c.simple("ROLLBACK");
+    assert_eq!(stock(&pg), "10");
+    // Retried, under the keys now in force: the plain token needs a signature.
+    let a = c.simple(&format!(
+        "BEGIN ISOLATION LEVEL REPEATABLE READ; {UPDATE}; COMMIT"
+    ));
+    assert_eq!(a.code(), "FN007", "{a:?}");
+    // A snapshot taken after the change is judged as before.
+    pg.psql("DELETE FROM fencing.signed_prefixes");
+    let a = c.simple(&format!(
+        "BEGIN ISOLATION LEVEL REPEATABLE READ; {UPDATE}; COMMIT"
+    ));
+    assert!(a.errors.is_empty(), "{a:?}");
+    assert_eq!(stock(&pg), "9");
+}
