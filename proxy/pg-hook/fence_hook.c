@@ -27,7 +27,13 @@
  * check of its own at a transaction's commit point (the checks before statements, which keep
  * a newer token from waiting behind an older one's row locks, it still sends).
  */
+/* dladdr (the library's own file, fence_hook.library); PGXS defines it, a bare cc does not. */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
 #include "postgres.h"
+
+#include <dlfcn.h>
 
 #include "access/genam.h"
 #include "access/htup_details.h"
@@ -56,6 +62,7 @@
 #include "utils/fmgroids.h"
 #include "utils/guc.h"
 #include "utils/lsyscache.h"
+#include "utils/memutils.h"
 #include "utils/rel.h"
 #include "utils/relcache.h"
 #include "utils/snapmgr.h"
@@ -69,6 +76,8 @@ void _PG_init(void);
 static bool fence_hook_active = true;
 /* How long a raise waits for older-token transactions before ending them (the check's p_wait_ms). */
 static int fence_hook_wait_ms = 1000;
+/* This library's file, reported so that the schema can create fencing.hook_check from it. */
+static char *fence_hook_library = NULL;
 /* The check, prepared once per backend; the plan cache re-plans it when the schema changes. */
 static SPIPlanPtr check_plan = NULL;
 static needs_fmgr_hook_type prev_needs_fmgr_hook = NULL;
@@ -372,12 +381,12 @@ signature_need(const char *r, Snapshot snapshot)
 }
 
 /*
- * Whether resource `r`'s mark, read now, is `t` (and, for a signed token, its signed_hash is
- * `hash`, verified under the keys of version `version`). False also when the table is not as
- * the schema makes it.
+ * Whether resource `r`'s mark, read in `snapshot`, is `t` (and, for a signed token, its
+ * signed_hash is `hash`, verified under the keys of version `version`). False also when the
+ * table is not as the schema makes it.
  */
 static bool
-mark_is(const char *r, int64 t, const uint8 *hash, int64 version)
+mark_is(const char *r, int64 t, const uint8 *hash, int64 version, Snapshot snapshot)
 {
 	Relation	rel = open_fencing_table("tokens");
 	AttrNumber	a_resource, a_token, a_hash, a_version;
@@ -385,7 +394,6 @@ mark_is(const char *r, int64 t, const uint8 *hash, int64 version)
 	HeapTuple	index;
 	bool		by_index;
 	ScanKeyData key;
-	Snapshot	snapshot;
 	SysScanDesc scan;
 	HeapTuple	tuple;
 	bool		is = false;
@@ -416,8 +424,6 @@ mark_is(const char *r, int64 t, const uint8 *hash, int64 version)
 	ScanKeyEntryInitialize(&key, 0, a_resource, BTEqualStrategyNumber, InvalidOid,
 						   TupleDescAttr(RelationGetDescr(rel), a_resource - 1)->attcollation,
 						   F_TEXTEQ, CStringGetTextDatum(r));
-	/* READ COMMITTED: a new snapshot, as each statement of fencing.check takes. */
-	snapshot = RegisterSnapshot(GetTransactionSnapshot());
 	scan = systable_beginscan(rel, by_index ? pk : InvalidOid, by_index, snapshot, 1, &key);
 	tuple = systable_getnext(scan);
 	if (HeapTupleIsValid(tuple))
@@ -440,7 +446,6 @@ mark_is(const char *r, int64 t, const uint8 *hash, int64 version)
 		}
 	}
 	systable_endscan(scan);
-	UnregisterSnapshot(snapshot);
 	table_close(rel, NoLock);
 	return is;
 }
@@ -451,41 +456,23 @@ mark_is(const char *r, int64 t, const uint8 *hash, int64 version)
  * check leaves it.
  */
 static bool
-fast_check(const char *resource, const char *token)
+fast_check(const char *resource, const char *token, int64 *accepted)
 {
 	int64		t;
 	bool		is_signed;
 	char		key_id[33];
-	bool		key_ok;
 	int64		version = 0;
 	uint8		hash[PG_SHA256_DIGEST_LENGTH];
 	int64		key;
 	LOCKTAG		tag;
 	Snapshot	snapshot;
-	SignatureNeed need;
 	bool		took = false;
+	bool		is;
 
 	if (XactIsoLevel != XACT_READ_COMMITTED || !valid_resource(resource) ||
-		!parse_token(token, &t, &is_signed, key_id))
+		!parse_token(token, &t, &is_signed, key_id) ||
+		(is_signed && !sha256_of(token, hash)))
 		return false;
-	/* What this transaction's last statement wrote is seen too, as SPI's statements see it. */
-	CommandCounterIncrement();
-	if (is_signed)
-	{
-		snapshot = RegisterSnapshot(GetTransactionSnapshot());
-		key_ok = key_verifies(key_id, snapshot) && keys_version(snapshot, &version);
-		UnregisterSnapshot(snapshot);
-		if (!key_ok || !sha256_of(token, hash))
-			return false;
-	}
-	else
-	{
-		snapshot = RegisterSnapshot(GetTransactionSnapshot());
-		need = signature_need(resource, snapshot);
-		UnregisterSnapshot(snapshot);
-		if (need != NEEDS_NONE)
-			return false;
-	}
 	key = DatumGetInt64(DirectFunctionCall2Coll(hashtextextended, DEFAULT_COLLATION_OID,
 												CStringGetTextDatum(resource),
 												Int64GetDatum(FENCE_LOCK_SEED)));
@@ -502,8 +489,23 @@ fast_check(const char *resource, const char *token)
 			return false;
 		took = true;
 	}
-	/* Read with a snapshot taken after the lock: a raise committed before it is seen. */
-	if (!mark_is(resource, t, is_signed ? hash : NULL, version))
+
+	/*
+	 * Everything read in one snapshot, taken after the lock: a raise committed before it is
+	 * seen, and the keys, the prefixes and the mark are of one moment (a change of keys that
+	 * committed between two reads would otherwise be missed). What this transaction's last
+	 * statement wrote is seen too, as SPI's statements see it.
+	 */
+	CommandCounterIncrement();
+	snapshot = RegisterSnapshot(GetTransactionSnapshot());
+	if (is_signed)
+		is = key_verifies(key_id, snapshot) && keys_version(snapshot, &version) &&
+			mark_is(resource, t, hash, version, snapshot);
+	else
+		is = signature_need(resource, snapshot) == NEEDS_NONE &&
+			mark_is(resource, t, NULL, 0, snapshot);
+	UnregisterSnapshot(snapshot);
+	if (!is)
 	{
 		if (took)
 			LockRelease(&tag, ShareLock, false);
@@ -511,41 +513,22 @@ fast_check(const char *resource, const char *token)
 	}
 	elog(DEBUG1, "fence_hook: token %lld is the mark of resource %s (the fast check)",
 		 (long long) t, resource);
+	*accepted = t;
 	return true;
 }
 
 /*
- * Runs the general check with the session's settings, if it has any: it raises when the
- * token is stale, half declared or forged. `where` names the moment in errors.
+ * The general check, fencing.check_token(wait_ms), through SPI: it raises when the token is
+ * stale, half declared or forged, and raises the mark for a newer one. True, with the token it
+ * accepted, when the session has one.
  */
-static void
-run_check(void (*where) (void *))
+static bool
+general_check(int wait_ms, int64 *accepted)
 {
-	const char *resource;
-	const char *token;
 	Datum		args[1];
+	Datum		value;
+	bool		isnull;
 	int			rc;
-	ErrorContextCallback context;
-
-	/*
-	 * Autovacuum carries no client's token: fencing settings in postgresql.conf would
-	 * otherwise fail its ANALYZE commits (statistics) forever under a stale token.
-	 */
-	if (IsAutoVacuumWorkerProcess())
-		return;
-	resource = GetConfigOption("fencing.resource", true, false);
-	token = GetConfigOption("fencing.token", true, false);
-	if (!is_set(resource) && !is_set(token))
-		return;
-
-	if (is_set(resource) && is_set(token) && fast_check(resource, token))
-		return;
-	refuse_keys_changed_since_snapshot();
-
-	context.callback = where;
-	context.arg = (void *) (is_set(resource) ? resource : "''");
-	context.previous = error_context_stack;
-	error_context_stack = &context;
 
 	if (SPI_connect() != SPI_OK_CONNECT)
 		elog(ERROR, "fence_hook: SPI_connect failed");
@@ -562,16 +545,81 @@ run_check(void (*where) (void *))
 			elog(ERROR, "fence_hook: keeping the fence check's plan failed");
 		check_plan = plan;
 	}
-	args[0] = Int32GetDatum(fence_hook_wait_ms);
+	args[0] = Int32GetDatum(wait_ms);
 	/* No portal is left at a commit to lend a snapshot; each statement of the check takes its own. */
 	PushActiveSnapshot(GetTransactionSnapshot());
 	rc = SPI_execute_plan(check_plan, args, NULL, false, 0);
 	PopActiveSnapshot();
-	if (rc != SPI_OK_SELECT)
+	if (rc != SPI_OK_SELECT || SPI_processed != 1)
 		elog(ERROR, "fence_hook: the fence check answered %s", SPI_result_code_string(rc));
+	value = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
+	if (!isnull)
+		*accepted = DatumGetInt64(value);
 	SPI_finish();
+	return !isnull;
+}
 
+/*
+ * Runs the check with the session's settings, if it has any: the fast check, else the general
+ * one, which raises when the token is stale, half declared or forged. `where` names the moment
+ * in errors.
+ */
+static void
+run_check(void (*where) (void *))
+{
+	const char *resource;
+	const char *token;
+	int64		accepted;
+	ErrorContextCallback context;
+
+	/*
+	 * Autovacuum carries no client's token: fencing settings in postgresql.conf would
+	 * otherwise fail its ANALYZE commits (statistics) forever under a stale token.
+	 */
+	if (IsAutoVacuumWorkerProcess())
+		return;
+	resource = GetConfigOption("fencing.resource", true, false);
+	token = GetConfigOption("fencing.token", true, false);
+	if (!is_set(resource) && !is_set(token))
+		return;
+
+	if (is_set(resource) && is_set(token) && fast_check(resource, token, &accepted))
+		return;
+	refuse_keys_changed_since_snapshot();
+
+	context.callback = where;
+	context.arg = (void *) (is_set(resource) ? resource : "''");
+	context.previous = error_context_stack;
+	error_context_stack = &context;
+	(void) general_check(fence_hook_wait_ms, &accepted);
 	error_context_stack = context.previous;
+}
+
+PG_FUNCTION_INFO_V1(fence_hook_check);
+
+/*
+ * fencing.hook_check(p_wait_ms): fence-proxy's check before a transaction's statements where
+ * PostgreSQL judges the commits (the hook is loaded): the fast check, else the general check
+ * with fence wait `p_wait_ms` (1000 when NULL). One statement where the relay sends two (the
+ * fence lock, then the mark read under it). Returns the token accepted; NULL when the session
+ * has no token. The schema creates it where this library is loaded (fence_hook.library).
+ */
+Datum
+fence_hook_check(PG_FUNCTION_ARGS)
+{
+	const char *resource = GetConfigOption("fencing.resource", true, false);
+	const char *token = GetConfigOption("fencing.token", true, false);
+	int			wait_ms = PG_ARGISNULL(0) ? 1000 : PG_GETARG_INT32(0);
+	int64		accepted;
+
+	if (!is_set(resource) && !is_set(token))
+		PG_RETURN_NULL();
+	if (is_set(resource) && is_set(token) && fast_check(resource, token, &accepted))
+		PG_RETURN_INT64(accepted);
+	refuse_keys_changed_since_snapshot();
+	if (general_check(wait_ms, &accepted))
+		PG_RETURN_INT64(accepted);
+	PG_RETURN_NULL();
 }
 
 static void
@@ -746,6 +794,18 @@ _PG_init(void)
 							"How long a raise of the mark at a commit waits for older-token transactions before ending them.",
 							NULL, &fence_hook_wait_ms, 1000, 0, 3600 * 1000, PGC_SUSET,
 							GUC_UNIT_MS, NULL, NULL, NULL);
+	{
+		Dl_info		info;
+		const char *path = "";
+
+		if (dladdr((void *) _PG_init, &info) != 0 && info.dli_fname != NULL)
+			path = MemoryContextStrdup(TopMemoryContext, info.dli_fname);
+		DefineCustomStringVariable("fence_hook.library",
+								   "The file fence_hook was loaded from (the schema creates fencing.hook_check from it).",
+								   NULL, &fence_hook_library, path, PGC_INTERNAL,
+								   GUC_NOT_IN_SAMPLE | GUC_DISALLOW_IN_FILE,
+								   NULL, NULL, NULL);
+	}
 	MarkGUCPrefixReserved("fence_hook");
 	RegisterXactCallback(fence_hook_xact, NULL);
 	prev_needs_fmgr_hook = needs_fmgr_hook;

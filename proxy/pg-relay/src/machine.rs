@@ -58,23 +58,42 @@ const ANY: &[u8] = b"__fence_proxy_any";
 const LOCK: &[u8] = b"__fence_proxy_lock";
 const FAST: &[u8] = b"__fence_proxy_fast";
 const BARE: &[u8] = b"__fence_proxy_bare";
+const HOOKED: &[u8] = b"__fence_proxy_hooked";
 /// Parameters (see `schema.rs`): the fence wait in milliseconds (int4), whether the check is
 /// at the transaction's commit point (bool), whether the transaction ends there (bool: its
 /// deferred triggers fire first). The lock statement takes only the last; the fast read, which
 /// always follows it, the first two.
-/// Every one of `STATEMENTS` prepared.
-const ALL_PREPARED: u8 = (1 << STATEMENTS.len()) - 1;
+/// The statements every connection of a database with the check has: the first four of
+/// `STATEMENTS`. The fifth, the commit hook's check in C ([`schema::CHECK_HOOKED`]), exists
+/// only where the hook's library is loaded and a superuser installed the check; the probe
+/// parses it only where the start-up reported the hook, and its absence is no fault.
+pub(crate) const BASE_STATEMENTS: usize = 4;
+/// The first four of `STATEMENTS` prepared.
+const BASE_PREPARED: u8 = (1 << BASE_STATEMENTS) - 1;
+/// The bit of `prepared` for [`HOOKED`].
+const HOOKED_BIT: u8 = 1 << BASE_STATEMENTS;
+
+/// How many of `STATEMENTS` a probe parses: the hook's check too where the start-up
+/// reported the hook (and the listener trusts it).
+pub(crate) fn probe_len(hook: bool) -> usize {
+    if hook {
+        STATEMENTS.len()
+    } else {
+        BASE_STATEMENTS
+    }
+}
 
 /// The first `n` of `STATEMENTS` prepared (as a probe that stopped at an error leaves them).
 pub(crate) fn parsed_mask(n: usize) -> u8 {
     ((1u16 << n.min(STATEMENTS.len())) - 1) as u8
 }
 
-pub(crate) const STATEMENTS: [(&[u8], &[u8], &[u32]); 4] = [
+pub(crate) const STATEMENTS: [(&[u8], &[u8], &[u32]); 5] = [
     (BARE, schema::CHECK_BARE, &[23, 16, 16]),
     (ANY, schema::CHECK_ANY, &[23, 16, 16]),
     (LOCK, schema::CHECK_LOCK, &[16]),
     (FAST, schema::CHECK_FAST, &[23, 16]),
+    (HOOKED, schema::CHECK_HOOKED, &[23]),
 ];
 /// The portal of a check placed before a client's Execute (the client's own portal, bound
 /// earlier, may be the unnamed one, which a Bind of ours would replace).
@@ -531,12 +550,16 @@ pub(crate) struct Machine {
     hook_reported: bool,
     /// The listener does not trust that report (`trust_commit_hook = false`).
     hook_ignored: bool,
+    /// The commit hook's check in C exists in this database (the probe prepared [`HOOKED`]):
+    /// where the hook judges, a check before the statements of a token believed current is
+    /// that one statement, not the lock and the fast read.
+    hooked: bool,
     /// The server connection outlives the client's (pooled): its Terminate is not passed on.
     keep_server: bool,
     /// A pooled connection whose statements the pool prepared and checked: (the check is
     /// installed, our statements are prepared). Its start-up's ReadyForQuery then goes
     /// straight to the client, with no probe.
-    preprobed: Option<(bool, u8)>,
+    preprobed: Option<(bool, u8, bool)>,
     /// A check before any visible change of the settings found no token: the session's
     /// defaults (start-up, role, database) declare none. They are fixed for a backend's life,
     /// so the next client of a pooled connection may start from that belief.
@@ -584,6 +607,7 @@ impl Machine {
             hook_ignored: false,
             keep_server: false,
             preprobed: None,
+            hooked: false,
             defaults_tokenless: false,
         }
     }
@@ -603,8 +627,8 @@ impl Machine {
 
     /// The pool prepared our statements on this connection and checked them since its last
     /// client (see `pool::reset`): what the probe would have learnt.
-    pub(crate) fn probed(&mut self, installed: bool, prepared: u8) {
-        self.preprobed = Some((installed, prepared));
+    pub(crate) fn probed(&mut self, installed: bool, prepared: u8, hooked: bool) {
+        self.preprobed = Some((installed, prepared, hooked));
     }
 
     /// The server connection goes back to a pool when the client leaves: the client's
@@ -921,6 +945,11 @@ impl Machine {
     /// runs the general check at every commit, after the deferred triggers and held cursors,
     /// inside procedures too. Not in a database without the check, nor where tokens are
     /// refused here ([`Machine::refuse_tokens`]): the bare check says FN004 there.
+    #[cfg(test)]
+    pub(crate) fn hook_ignored(&self) -> bool {
+        self.hook_ignored
+    }
+
     pub(crate) fn hook_judges(&self) -> bool {
         self.hook_reported && !self.hook_ignored && self.installed == Installed::Yes
     }
@@ -981,6 +1010,16 @@ impl Machine {
         if check.bare {
             self.prepare_ours(out, &[BARE]);
             self.execute_ours(out, portal, BARE, &params, expect);
+        } else if form == Form::Before
+            && self.hooked
+            && self.hook_judges()
+            && self.known_current(marks)
+        {
+            // The commit hook judges the commit; this check is for liveness (a stale token is
+            // refused before it takes row locks, a current one holds the fence lock that a
+            // raise may end): the hook's fast check does both halves in one statement.
+            self.prepare_ours(out, &[HOOKED]);
+            self.execute_ours(out, portal, HOOKED, &params[..1], expect);
         } else if self.known_current(marks)
             || (form != Form::Before && self.plan.before_checked && !self.plan.pending)
         {
@@ -1678,11 +1717,12 @@ impl Machine {
 
     fn on_ready(&mut self, status: u8) -> Verdict {
         if self.phase == Phase::Auth {
-            let Some((installed, prepared)) = self.preprobed.take() else {
+            let Some((installed, prepared, hooked)) = self.preprobed.take() else {
                 return self.start_probe();
             };
             self.phase = Phase::Ready;
             self.prepared = prepared;
+            self.hooked = hooked;
             if self.installed == Installed::Unknown {
                 self.installed = if installed {
                     Installed::Yes
@@ -1730,9 +1770,12 @@ impl Machine {
         if self.phase == Phase::Probing && self.idle() {
             // The probe's ReadyForQuery is the one the client waits for after start-up.
             self.phase = Phase::Ready;
-            if self.installed == Installed::Unknown && self.prepared == ALL_PREPARED {
+            if self.installed == Installed::Unknown
+                && self.prepared & BASE_PREPARED == BASE_PREPARED
+            {
                 self.installed = Installed::Yes;
             }
+            self.hooked = self.prepared & HOOKED_BIT != 0;
             return Verdict::Forward;
         }
         if hide {
@@ -1748,7 +1791,8 @@ impl Machine {
     fn start_probe(&mut self) -> Verdict {
         self.phase = Phase::Probing;
         let mut out = Vec::new();
-        for (name, text, types) in STATEMENTS {
+        let n = probe_len(self.hook_reported && !self.hook_ignored);
+        for (name, text, types) in &STATEMENTS[..n] {
             msg::parse(&mut out, name, text, types);
             self.expect.push_back(Expect::Parse { ours: true });
         }
@@ -1756,7 +1800,7 @@ impl Machine {
         // Forwarded: it answers the client's start-up.
         self.expect.push_back(Expect::Sync { ours: false });
         self.to_server.extend_from_slice(&out);
-        self.prepared = ALL_PREPARED;
+        self.prepared = parsed_mask(n);
         Verdict::Hide
     }
 
@@ -1796,8 +1840,11 @@ impl Machine {
         }
         if self.phase == Phase::Probing {
             // A statement of the probe failed: the check is not usable in this database. The
-            // bare form, first, is what remains (if it was prepared).
-            self.installed = Installed::No;
+            // bare form, first, is what remains (if it was prepared). Unless it was only the
+            // hook's check, last, which a database may lack ([`BASE_STATEMENTS`]).
+            if self.probe_parsed < BASE_STATEMENTS {
+                self.installed = Installed::No;
+            }
             self.prepared = parsed_mask(self.probe_parsed);
             self.skip_to_sync();
             return Verdict::Hide;

@@ -213,33 +213,45 @@ fn run(script: &str, installed: bool) -> String {
 
 /// [`run`], for machine `m`, after the server messages `startup` (ParameterStatus and the
 /// like, before the first ReadyForQuery).
-fn run_after(mut m: Machine, startup: &[&str], script: &str, installed: bool) -> String {
+fn run_after(m: Machine, startup: &[&str], script: &str, installed: bool) -> String {
+    let replies: &[&str] = if installed {
+        &["1", "1", "1", "1", "1", "Z I"]
+    } else {
+        &["1", "E 3F000", "Z I"]
+    };
+    run_probed(m, startup, script, replies)
+}
+
+/// [`run_after`], the probe answered with `replies` (a ParseComplete for each statement
+/// parsed, up to the first error, then ReadyForQuery; one too many "1" is ignored).
+fn run_probed(mut m: Machine, startup: &[&str], script: &str, replies: &[&str]) -> String {
     let marks = TestMarks::default();
     for s in startup {
         assert_eq!(m.server(&server_message(s), &marks), Verdict::Forward);
     }
     assert_eq!(m.server(&server_message("Z I"), &marks), Verdict::Hide);
-    let probe = m.take_to_server();
-    assert_eq!(
-        describe_client(&probe),
-        [
-            "Parse bare",
-            "Parse any",
-            "Parse lock",
-            "Parse fast",
-            "Sync"
-        ]
-    );
-    let replies: &[&str] = if installed {
-        &["1", "1", "1", "1", "Z I"]
-    } else {
-        &["1", "E 3F000", "Z I"]
-    };
+    let probe = describe_client(&m.take_to_server());
+    // The hook's check is parsed only where the start-up reported the hook.
+    let hook = startup.contains(&"S fence_hook.active on") && !m.hook_ignored();
+    let mut expected = vec!["Parse bare", "Parse any", "Parse lock", "Parse fast"];
+    if hook {
+        expected.push("Parse hooked");
+    }
+    expected.push("Sync");
+    assert_eq!(probe, expected);
+    let parses = expected.len() - 1;
+    let replies: Vec<&str> = replies
+        .iter()
+        .copied()
+        .enumerate()
+        .filter(|(i, r)| *r != "1" || *i < parses)
+        .map(|(_, r)| r)
+        .collect();
     for r in replies {
         let v = m.server(&server_message(r), &marks);
         assert_eq!(
             v,
-            if *r == "Z I" {
+            if r == "Z I" {
                 Verdict::Forward
             } else {
                 Verdict::Hide
@@ -1607,4 +1619,55 @@ fn only_a_start_up_report_of_the_commit_hook_leaves_commit_points_to_postgresql(
     m.ignore_hook();
     let t = run_after(m, &hook, script, true);
     assert_eq!(t.matches("at commit").count(), 2, "{t}");
+}
+
+#[test]
+fn with_the_hook_a_current_tokens_check_before_is_one_call_of_the_hooks_check() {
+    // The first write's check learns the token (5 for r); the check before the write of the
+    // next, explicit, transaction (an implicit one's waits for its commit point, which the hook
+    // judges) is, where the hook judges and its check exists here, the hook's check in C
+    // alone: no lock and fast read.
+    let script = "
+        C Q UPDATE t SET v = 1
+        S 2
+        S D r 5
+        S C SELECT 1
+        S 1
+        S 2
+        S n
+        S C UPDATE 1
+        S Z I
+        C Q BEGIN
+        S C BEGIN
+        S Z T
+        C Q UPDATE t SET v = 2
+    ";
+    let hook = ["S fence_hook.active on"];
+    let t = run_after(Machine::new(1000), &hook, script, true);
+    let second = t.split("C Q UPDATE t SET v = 2").nth(1).unwrap();
+    assert!(second.contains("Bind \"\" hooked"), "{t}");
+    assert!(!second.contains("lock") && !second.contains("fast"), "{t}");
+    // A database without the hook's check (an older installation, or one by a role that is
+    // not a superuser): the probe's last Parse fails, the check is still installed, and the
+    // check before is the lock and the fast read.
+    let t = run_probed(
+        Machine::new(1000),
+        &hook,
+        script,
+        &["1", "1", "1", "1", "E 42883", "Z I"],
+    );
+    let second = t.split("C Q UPDATE t SET v = 2").nth(1).unwrap();
+    assert!(
+        second.contains("Bind \"\" lock") && second.contains("Bind \"\" fast"),
+        "{t}"
+    );
+    assert!(!t.contains("bare"), "still installed: {t}");
+    // Without the hook's report, never the hook's check.
+    let t = run_after(Machine::new(1000), &[], script, true);
+    assert!(!t.contains("hooked"), "{t}");
+    // On a listener that does not trust the report, neither.
+    let mut m = Machine::new(1000);
+    m.ignore_hook();
+    let t = run_after(m, &hook, script, true);
+    assert!(!t.contains("hooked"), "{t}");
 }

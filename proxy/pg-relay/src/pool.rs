@@ -27,7 +27,7 @@ use tlsconf::Stream;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::{OwnedSemaphorePermit, RwLock, Semaphore};
 
-use crate::machine::{STATEMENTS, parsed_mask};
+use crate::machine::{BASE_STATEMENTS, STATEMENTS, parsed_mask, probe_len};
 use crate::scram::{self, ClientExchange, Credential, ScramError, Secret, ServerExchange};
 use std::net::SocketAddr;
 
@@ -194,6 +194,8 @@ pub(crate) struct Meta {
 pub(crate) struct Probe {
     pub(crate) installed: bool,
     pub(crate) prepared: u8,
+    /// The commit hook's check in C exists here (see `machine::BASE_STATEMENTS`).
+    pub(crate) hooked: bool,
 }
 
 impl Meta {
@@ -686,9 +688,10 @@ pub(crate) async fn login(
         }
     }
     let mut out = Vec::new();
-    prepare(&mut out);
+    let n = probe_len(reports_hook(&startup));
+    prepare(&mut out, n);
     stream.write_all(&out).await.map_err(io)?;
-    let probe = read_prepared(&mut stream, &mut buf)
+    let probe = read_prepared(&mut stream, &mut buf, n)
         .await
         .map_err(io)?
         .ok_or_else(|| LoginError::Other("PostgreSQL failed our statements oddly".into()))?;
@@ -707,10 +710,28 @@ pub(crate) async fn login(
     })
 }
 
-/// Our statements, as the probe sends them (the bare form first: it needs nothing of ours,
-/// so it is there even when the rest fails), and a Sync.
-fn prepare(out: &mut Vec<u8>) {
-    for (name, text, types) in STATEMENTS {
+/// Whether the start-up's reports (ParameterStatus messages) say `fence_hook.active = on`.
+/// Only the probe's extent follows it: whether the proxy relies on the hook is the session's
+/// machine's decision, from the same report.
+fn reports_hook(startup: &[u8]) -> bool {
+    let mut rest = startup;
+    while let Ok(Some(h)) = pg_wire::header(rest, usize::MAX) {
+        if rest.len() < h.total {
+            break;
+        }
+        let (m, tail) = rest.split_at(h.total);
+        if m[0] == b'S' && m.get(5..) == Some(&b"fence_hook.active\0on\0"[..]) {
+            return true;
+        }
+        rest = tail;
+    }
+    false
+}
+
+/// The first `n` of our statements, as the probe sends them (the bare form first: it needs
+/// nothing of ours, so it is there even when the rest fails), and a Sync.
+fn prepare(out: &mut Vec<u8>, n: usize) {
+    for (name, text, types) in &STATEMENTS[..n] {
         pg_wire::msg::parse(out, name, text, types);
     }
     pg_wire::msg::sync(out);
@@ -718,7 +739,11 @@ fn prepare(out: &mut Vec<u8>) {
 
 /// Reads the answer to `prepare`: what it found, or `None` when PostgreSQL said something
 /// else.
-async fn read_prepared(stream: &mut Stream, buf: &mut BytesMut) -> std::io::Result<Option<Probe>> {
+async fn read_prepared(
+    stream: &mut Stream,
+    buf: &mut BytesMut,
+    sent: usize,
+) -> std::io::Result<Option<Probe>> {
     let mut parsed = 0;
     loop {
         let m = read_message(stream, buf).await?;
@@ -728,8 +753,9 @@ async fn read_prepared(stream: &mut Stream, buf: &mut BytesMut) -> std::io::Resu
             b'E' => {}
             b'Z' => {
                 return Ok(Some(Probe {
-                    installed: parsed == STATEMENTS.len(),
+                    installed: parsed >= BASE_STATEMENTS,
                     prepared: parsed_mask(parsed),
+                    hooked: parsed == sent && sent > BASE_STATEMENTS,
                 }));
             }
             // Notices, reports.

@@ -129,6 +129,16 @@ WHERE m.resource OPERATOR(pg_catalog.=) v.r) m ON true) s"
 )
 .as_bytes();
 
+/// The check before a transaction's statements where the commit hook judges the commits and
+/// the proxy believes the token current: one call of the hook's fast check in C
+/// (`fencing.hook_check`, which the schema creates where the hook's library is loaded), in
+/// place of [`CHECK_LOCK`] and [`CHECK_FAST`]. It takes the resource's lock shared and reads
+/// the mark after it, and hands anything else to the general check, as they do. Returns the
+/// resource and the token accepted (NULL without a token). `$1`: the fence wait.
+pub const CHECK_HOOKED: &[u8] =
+    b"SELECT COALESCE(pg_catalog.current_setting('fencing.resource', true), ''), \
+fencing.hook_check($1)";
+
 /// The check as the relay writes it into a Query's text (where prepared statements cannot go:
 /// after a statement of the same string, or before a `COPY FROM STDIN`). `current`: the proxy
 /// believes the token is the mark; `at_commit`: at the transaction's commit point ([`CHECK_ANY`]
@@ -268,7 +278,8 @@ async fn install_signing(
     sqlx::query(
         "INSERT INTO fencing.keys (key_id, ipad, opad, retired) \
          SELECT * FROM unnest($1::text[], $2::bytea[], $3::bytea[], $4::bool[]) \
-         ON CONFLICT (key_id) DO UPDATE SET ipad = EXCLUDED.ipad, opad = EXCLUDED.opad, retired = EXCLUDED.retired",
+         ON CONFLICT (key_id) DO UPDATE SET ipad = EXCLUDED.ipad, opad = EXCLUDED.opad, retired = EXCLUDED.retired \
+         WHERE (keys.ipad, keys.opad, keys.retired) IS DISTINCT FROM (EXCLUDED.ipad, EXCLUDED.opad, EXCLUDED.retired)",
     )
     .bind(&ids)
     .bind(&ipads)
@@ -276,17 +287,26 @@ async fn install_signing(
     .bind(&retired)
     .execute(&mut *tx)
     .await?;
-    // A key retired or removed now must not go on passing through the fast read.
-    sqlx::query("UPDATE fencing.tokens SET signed_hash = NULL WHERE signed_hash IS NOT NULL")
-        .execute(&mut *tx)
-        .await?;
-    sqlx::query("DELETE FROM fencing.signed_prefixes")
-        .execute(&mut *tx)
-        .await?;
-    sqlx::query("INSERT INTO fencing.signed_prefixes SELECT DISTINCT unnest($1::text[])")
+    // Only what differs is written: every change raises `fencing.keys_version`, which ends the
+    // fast reads' hashes and fails every open REPEATABLE READ transaction's commit (with the
+    // commit hook); an installation with the same key file changes nothing.
+    sqlx::query("DELETE FROM fencing.signed_prefixes WHERE prefix <> ALL($1::text[])")
         .bind(policy.required_prefixes())
         .execute(&mut *tx)
         .await?;
+    sqlx::query(
+        "INSERT INTO fencing.signed_prefixes SELECT DISTINCT unnest($1::text[]) ON CONFLICT DO NOTHING",
+    )
+    .bind(policy.required_prefixes())
+    .execute(&mut *tx)
+    .await?;
+    // The hashes of other versions of the keys pass no fast read; dropped, they say so.
+    sqlx::query(
+        "UPDATE fencing.tokens SET signed_hash = NULL, keys_version = NULL WHERE signed_hash IS NOT NULL \
+         AND keys_version IS DISTINCT FROM (SELECT v FROM fencing.keys_version)",
+    )
+    .execute(&mut *tx)
+    .await?;
     Ok(())
 }
 

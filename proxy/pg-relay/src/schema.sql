@@ -93,7 +93,11 @@ CREATE TABLE IF NOT EXISTS fencing.keys_version (
     only_row boolean PRIMARY KEY DEFAULT true CHECK (only_row),
     v        bigint  NOT NULL
 );
-INSERT INTO fencing.keys_version (v) VALUES (1) ON CONFLICT DO NOTHING;
+-- Above every version a mark was stored under (were the row ever deleted, an old hash must
+-- not match again). Only when missing, and without waiting for a change in progress.
+INSERT INTO fencing.keys_version (v)
+    SELECT coalesce((SELECT max(m.keys_version) FROM fencing.tokens m), 0) + 1
+    WHERE NOT EXISTS (SELECT 1 FROM fencing.keys_version);
 
 CREATE OR REPLACE FUNCTION fencing.keys_changed()
 RETURNS trigger
@@ -106,12 +110,35 @@ BEGIN
 END;
 $fn$;
 
-CREATE OR REPLACE TRIGGER fencing_keys_changed
-    AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON fencing.keys
-    FOR EACH STATEMENT EXECUTE FUNCTION fencing.keys_changed();
-CREATE OR REPLACE TRIGGER fencing_keys_changed
-    AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON fencing.signed_prefixes
-    FOR EACH STATEMENT EXECUTE FUNCTION fencing.keys_changed();
+-- Row triggers, so that a statement that changes nothing (an installation with the same key
+-- file) raises nothing: every open REPEATABLE READ transaction would otherwise be refused at
+-- each proxy's start. Fired ALWAYS: also with session_replication_role = replica (a restore
+-- with triggers disabled, logical replication's apply).
+DO $do$
+DECLARE
+    tab text;
+BEGIN
+    FOREACH tab IN ARRAY ARRAY['keys', 'signed_prefixes'] LOOP
+        IF (SELECT count(*) FROM pg_trigger t WHERE t.tgrelid = format('fencing.%I', tab)::regclass
+            AND t.tgname IN ('fencing_keys_added', 'fencing_keys_updated', 'fencing_keys_truncated')
+            AND t.tgfoid = 'fencing.keys_changed()'::regprocedure) < 3 THEN
+            EXECUTE format('CREATE OR REPLACE TRIGGER fencing_keys_added AFTER INSERT OR DELETE ON fencing.%I '
+                           'FOR EACH ROW EXECUTE FUNCTION fencing.keys_changed()', tab);
+            EXECUTE format('CREATE OR REPLACE TRIGGER fencing_keys_updated AFTER UPDATE ON fencing.%I '
+                           'FOR EACH ROW WHEN (OLD.* IS DISTINCT FROM NEW.*) EXECUTE FUNCTION fencing.keys_changed()', tab);
+            EXECUTE format('CREATE OR REPLACE TRIGGER fencing_keys_truncated AFTER TRUNCATE ON fencing.%I '
+                           'FOR EACH STATEMENT EXECUTE FUNCTION fencing.keys_changed()', tab);
+        END IF;
+        IF EXISTS (SELECT 1 FROM pg_trigger t WHERE t.tgrelid = format('fencing.%I', tab)::regclass
+                   AND t.tgname IN ('fencing_keys_added', 'fencing_keys_updated', 'fencing_keys_truncated')
+                   AND t.tgenabled <> 'A') THEN
+            EXECUTE format('ALTER TABLE fencing.%I ENABLE ALWAYS TRIGGER fencing_keys_added', tab);
+            EXECUTE format('ALTER TABLE fencing.%I ENABLE ALWAYS TRIGGER fencing_keys_updated', tab);
+            EXECUTE format('ALTER TABLE fencing.%I ENABLE ALWAYS TRIGGER fencing_keys_truncated', tab);
+        END IF;
+    END LOOP;
+END
+$do$;
 
 -- Records of marks changed by hand (`fence-proxy marks lower|reset`): who, why, from what.
 CREATE TABLE IF NOT EXISTS fencing.mark_changes (
@@ -711,6 +738,22 @@ RETURNS bigint
 LANGUAGE sql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $fn$ SELECT c.fenced_token FROM fencing.check(p_wait_ms) c $fn$;
+
+-- The commit hook's fast check in C, as fence-proxy's check before a transaction's statements
+-- where PostgreSQL judges the commits (schema.rs, CHECK_HOOKED): created from the hook's own
+-- file (fence_hook.library, which only the loaded library reports) by a superuser's
+-- installation, and only then; without it the relay sends its lock and its fast read.
+DO $do$
+BEGIN
+    IF coalesce(current_setting('fence_hook.library', true), '') <> ''
+       AND (SELECT rolsuper FROM pg_roles WHERE rolname = current_user) THEN
+        EXECUTE format('CREATE OR REPLACE FUNCTION fencing.hook_check(p_wait_ms integer) RETURNS bigint '
+                       'LANGUAGE c VOLATILE AS %L, %L',
+                       current_setting('fence_hook.library'), 'fence_hook_check');
+        GRANT EXECUTE ON FUNCTION fencing.hook_check(integer) TO PUBLIC;
+    END IF;
+END
+$do$;
 
 -- Protected tables: PostgreSQL itself refuses a write (INSERT, UPDATE, DELETE, MERGE, TRUNCATE,
 -- COPY FROM) to the table unless the writing session presents a current token for a resource

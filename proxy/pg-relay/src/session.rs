@@ -383,7 +383,7 @@ async fn session(
     let who = Who { peer, database };
     if let Some((_, meta)) = &pooled {
         machine.keep_server();
-        machine.probed(meta.probe.installed, meta.probe.prepared);
+        machine.probed(meta.probe.installed, meta.probe.prepared, meta.probe.hooked);
         if meta.tokenless {
             machine.assume_tokenless_defaults();
         }
