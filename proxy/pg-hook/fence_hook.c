@@ -51,6 +51,7 @@
 #include "catalog/pg_type.h"
 #include "common/cryptohash.h"
 #include "common/sha2.h"
+#include "executor/executor.h"
 #include "executor/spi.h"
 #include "fmgr.h"
 #include "miscadmin.h"
@@ -83,6 +84,9 @@ static SPIPlanPtr check_plan = NULL;
 static needs_fmgr_hook_type prev_needs_fmgr_hook = NULL;
 static fmgr_hook_type prev_fmgr_hook = NULL;
 static ProcessUtility_hook_type prev_utility_hook = NULL;
+static ExecutorStart_hook_type prev_executor_start_hook = NULL;
+/* Inside judge_write: the check's own statements are not judged again. */
+static bool judging_write = false;
 
 static bool
 is_set(const char *value)
@@ -94,6 +98,13 @@ static void
 check_error_context(void *arg)
 {
 	errcontext("fence_hook: the fence check at this transaction's commit (fencing.resource = %s)",
+			   (const char *) arg);
+}
+
+static void
+write_error_context(void *arg)
+{
+	errcontext("fence_hook: the fence check before this transaction's first write (fencing.resource = %s)",
 			   (const char *) arg);
 }
 
@@ -720,6 +731,69 @@ fence_needs_fmgr(Oid fn_oid)
 	return reaches_out(fn_oid);
 }
 
+/*
+ * Judges a transaction's first write on its resource, before it takes a row lock: the check
+ * takes the resource's fence lock (shared for the mark, exclusively for a newer token, which
+ * raises it and ends older transactions after the fence wait) or refuses a stale token. A
+ * transaction that writes holds the fence lock from then on, however its client sends its
+ * statements (a COPY whose data never comes, an extended-protocol batch never synced, a
+ * result it stops reading): paused there with its row locks, it is ended by a newer token's
+ * raise instead of keeping the newer holder waiting behind those locks. Liveness only: the
+ * check at the commit judges what the transaction did.
+ */
+static void
+judge_write(void)
+{
+	const char *resource;
+	const char *token;
+	int64		key;
+	LOCKTAG		tag;
+
+	if (judging_write || IsAutoVacuumWorkerProcess())
+		return;
+	resource = GetConfigOption("fencing.resource", true, false);
+	token = GetConfigOption("fencing.token", true, false);
+	/* Half a declaration, or a name the check refuses: the commit's check says so. */
+	if (!is_set(resource) || !is_set(token) || !valid_resource(resource))
+		return;
+	key = DatumGetInt64(DirectFunctionCall2Coll(hashtextextended, DEFAULT_COLLATION_OID,
+												CStringGetTextDatum(resource),
+												Int64GetDatum(FENCE_LOCK_SEED)));
+	SET_LOCKTAG_ADVISORY(tag, MyDatabaseId, (uint32) (((uint64) key) >> 32), (uint32) key, 1);
+	if (LockHeldByMe(&tag, ShareLock) || LockHeldByMe(&tag, ExclusiveLock))
+		return;
+	judging_write = true;
+	PG_TRY();
+	{
+		run_check(write_error_context);
+	}
+	PG_FINALLY();
+	{
+		judging_write = false;
+	}
+	PG_END_TRY();
+}
+
+/* Whether the statement about to run writes or locks rows. */
+static bool
+writes_rows(QueryDesc *queryDesc)
+{
+	PlannedStmt *stmt = queryDesc->plannedstmt;
+
+	return stmt->commandType != CMD_SELECT || stmt->hasModifyingCTE || stmt->rowMarks != NIL;
+}
+
+static void
+fence_executor_start(QueryDesc *queryDesc, int eflags)
+{
+	if ((eflags & EXEC_FLAG_EXPLAIN_ONLY) == 0 && writes_rows(queryDesc))
+		judge_write();
+	if (prev_executor_start_hook)
+		(*prev_executor_start_hook) (queryDesc, eflags);
+	else
+		standard_ExecutorStart(queryDesc, eflags);
+}
+
 /* Judges a write that leaves through another connection, before it leaves. */
 static void
 judge_remote(void)
@@ -771,6 +845,8 @@ fence_utility(PlannedStmt *pstmt, const char *queryString, bool readOnlyTree,
 
 	if (IsA(parsetree, TruncateStmt) && truncates_foreign((TruncateStmt *) parsetree))
 		judge_remote();
+	else if (IsA(parsetree, TruncateStmt) || (IsA(parsetree, CopyStmt) && ((CopyStmt *) parsetree)->is_from))
+		judge_write();
 	if (prev_utility_hook)
 		(*prev_utility_hook) (pstmt, queryString, readOnlyTree, context, params, queryEnv, dest, qc);
 	else
@@ -812,6 +888,8 @@ _PG_init(void)
 	needs_fmgr_hook = fence_needs_fmgr;
 	prev_fmgr_hook = fmgr_hook;
 	fmgr_hook = fence_fmgr;
+	prev_executor_start_hook = ExecutorStart_hook;
+	ExecutorStart_hook = fence_executor_start;
 	prev_utility_hook = ProcessUtility_hook;
 	ProcessUtility_hook = fence_utility;
 }

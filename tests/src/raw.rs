@@ -233,6 +233,16 @@ impl Raw {
         self.send(&q);
     }
 
+    /// Parse, Bind and Execute of `sql` (unnamed), and no Sync: PostgreSQL runs it and the
+    /// implicit transaction stays open until a Sync that never comes (a client paused there).
+    pub fn send_unsynced(&mut self, sql: &str) {
+        let mut m = Vec::new();
+        msg::parse(&mut m, b"", sql.as_bytes(), &[]);
+        msg::bind(&mut m, b"", b"", &[]);
+        msg::execute(&mut m, b"", 0);
+        self.send(&m);
+    }
+
     /// Reads the answer to what was sent, up to its ReadyForQuery (or a FATAL error).
     pub fn read_answer(&mut self) -> Answer {
         self.answer()
