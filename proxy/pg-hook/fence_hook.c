@@ -836,6 +836,37 @@ truncates_foreign(TruncateStmt *stmt)
 	return false;
 }
 
+/*
+ * Whether a utility statement writes rows or takes a table lock that a writer would wait
+ * behind: judged before it runs, as a write is (an outside breaker froze a resource with a
+ * LOCK TABLE, and with a REFRESH MATERIALIZED VIEW, taken without the fence lock).
+ */
+static bool
+locks_or_writes(Node *parsetree)
+{
+	switch (nodeTag(parsetree))
+	{
+		case T_CopyStmt:
+			return ((CopyStmt *) parsetree)->is_from;
+		case T_TruncateStmt:
+		case T_LockStmt:
+		case T_RefreshMatViewStmt:
+		case T_AlterTableStmt:
+		case T_IndexStmt:
+		case T_ClusterStmt:
+		case T_ReindexStmt:
+		case T_VacuumStmt:
+		case T_DropStmt:
+		case T_RenameStmt:
+		case T_AlterObjectSchemaStmt:
+		case T_CreateTrigStmt:
+		case T_RuleStmt:
+			return true;
+		default:
+			return false;
+	}
+}
+
 static void
 fence_utility(PlannedStmt *pstmt, const char *queryString, bool readOnlyTree,
 			  ProcessUtilityContext context, ParamListInfo params,
@@ -845,7 +876,7 @@ fence_utility(PlannedStmt *pstmt, const char *queryString, bool readOnlyTree,
 
 	if (IsA(parsetree, TruncateStmt) && truncates_foreign((TruncateStmt *) parsetree))
 		judge_remote();
-	else if (IsA(parsetree, TruncateStmt) || (IsA(parsetree, CopyStmt) && ((CopyStmt *) parsetree)->is_from))
+	else if (locks_or_writes(parsetree))
 		judge_write();
 	if (prev_utility_hook)
 		(*prev_utility_hook) (pstmt, queryString, readOnlyTree, context, params, queryEnv, dest, qc);

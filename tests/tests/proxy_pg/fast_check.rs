@@ -563,12 +563,15 @@ fn a_client_paused_inside_an_implicit_transaction_is_ended_by_a_newer_token() {
     let dir = tempfile::tempdir().unwrap();
     let proxy = crate::start_proxy(&dir, &pg, 1000, "");
     let direct = format!("127.0.0.1:{}", pg.port);
+    pg.psql("CREATE MATERIALIZED VIEW stock_view AS SELECT * FROM stock");
     let mut mark = 100;
     for (how, addr) in [
         ("copy", &proxy.pg[0]),
         ("unsynced", &proxy.pg[0]),
         ("copy", &direct),
         ("unsynced", &direct),
+        ("lock", &direct),
+        ("refresh", &direct),
     ] {
         let mut zombie = Raw::connect(addr, &[]);
         declare(&mut zombie, R, &mark.to_string());
@@ -576,18 +579,40 @@ fn a_client_paused_inside_an_implicit_transaction_is_ended_by_a_newer_token() {
         assert!(zombie.simple(UPDATE).errors.is_empty(), "{how} {addr}");
         match how {
             "copy" => zombie.send_simple(&format!("{UPDATE}; COPY stock (sku) FROM STDIN")),
+            "lock" => {
+                assert!(zombie.simple("BEGIN").errors.is_empty());
+                zombie.send_unsynced("LOCK TABLE stock IN EXCLUSIVE MODE")
+            }
+            "refresh" => zombie.send_unsynced("REFRESH MATERIALIZED VIEW stock_view"),
             _ => zombie.send_unsynced(UPDATE),
         }
-        // The zombie holds the row's lock (its UPDATE ran) and sends nothing more.
-        pg.wait_until(
-            "the zombie's write to hold the row",
-            "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid \
-             WHERE l.locktype = 'transactionid' AND l.mode = 'ExclusiveLock' \
-             AND a.query LIKE '%UPDATE stock%' AND a.backend_type = 'client backend'",
-            "1",
-        );
+        // The zombie holds what its statement took (a row, a table) and sends nothing more.
+        let held = match how {
+            "lock" => "SELECT count(*) FROM pg_locks WHERE locktype = 'relation' \
+                       AND relation = 'stock'::regclass AND mode = 'ExclusiveLock' AND granted"
+                .to_string(),
+            _ => format!(
+                "SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid \
+                 WHERE l.locktype = 'transactionid' AND l.mode = 'ExclusiveLock' \
+                 AND a.query LIKE '{}%' AND a.backend_type = 'client backend'",
+                if how == "refresh" {
+                    "REFRESH"
+                } else {
+                    "UPDATE stock"
+                }
+            ),
+        };
+        pg.wait_until("the zombie's statement to hold its locks", &held, "1");
         mark += 1;
-        let mut newer = Raw::connect(addr, &[]);
+        // A table lock is waited for while the newer statement is parsed, before any check of
+        // the hook's can run: the newer holder's check must come first, as fence-proxy sends
+        // it (docs/fence-proxy.md, "The commit hook").
+        let newer_addr = if matches!(how, "lock" | "refresh") {
+            &proxy.pg[0]
+        } else {
+            addr
+        };
+        let mut newer = Raw::connect(newer_addr, &[]);
         let a = newer.simple("SET lock_timeout = '60s'");
         assert!(a.errors.is_empty());
         declare(&mut newer, R, &mark.to_string());
