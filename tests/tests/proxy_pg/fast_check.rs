@@ -17,38 +17,40 @@ const R: &str = "inv:a";
 const UPDATE: &str = "UPDATE stock SET n = n - 1 WHERE sku = 'a'";
 const FAST: &str = "(the fast check)";
 
-/// Installs the fence check in database `db` by hand (`fence-proxy pg print-schema` | psql).
-fn install(pg: &Postgres, db: &str) {
-    let schema = std::process::Command::new(e2e::bin("fence-proxy"))
-        .args(["pg", "print-schema"])
-        .output()
-        .unwrap();
-    assert!(schema.status.success(), "fence-proxy pg print-schema");
-    let url = format!("postgres://postgres@127.0.0.1:{}/{db}", pg.port);
-    let mut psql = std::process::Command::new("psql");
-    psql.args([&url, "-q", "-X", "-v", "ON_ERROR_STOP=1"])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::null());
-    let mut child = psql.spawn().unwrap();
-    use std::io::Write;
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(&schema.stdout)
-        .unwrap();
-    assert!(child.wait().unwrap().success(), "installing the schema");
-}
-
 /// A PostgreSQL with the hook and the check, `stock` (n = 10) and the mark of inv:a at 100.
 fn database() -> Postgres {
     let pg = Postgres::start_with_hook();
-    install(&pg, "postgres");
+    crate::install_schema(&pg, "postgres");
     pg.psql(
         "CREATE TABLE stock (sku text PRIMARY KEY, n int); INSERT INTO stock VALUES ('a', 10);
          INSERT INTO fencing.tokens (resource, token) VALUES ('inv:a', 100)",
     );
     pg
+}
+
+/// A PostgreSQL (with the hook, or not), `stock` (n = 10), behind a proxy that installed the
+/// check and key k2 (active); every resource needs a signature. The directory and the proxy
+/// live as long as the test holds them.
+fn signed(hook: bool) -> (Postgres, tempfile::TempDir, e2e::FenceProxy) {
+    let pg = if hook {
+        Postgres::start_with_hook()
+    } else {
+        Postgres::start()
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let file = write_key_file(
+        dir.path(),
+        "fence-keys.toml",
+        &[("k2", KeyState::Active, Some(SECRET_B))],
+    );
+    let proxy = crate::start_proxy(
+        &dir,
+        &pg,
+        1000,
+        &format!("[signing]\nkeys = \"{}\"\n", file.display()),
+    );
+    pg.psql("CREATE TABLE stock (sku text PRIMARY KEY, n int); INSERT INTO stock VALUES ('a', 10)");
+    (pg, dir, proxy)
 }
 
 /// A session straight to PostgreSQL that hears the hook's DEBUG1 messages.
@@ -144,20 +146,7 @@ fn the_fast_check_passes_the_mark_and_nothing_else() {
 #[test]
 fn a_signed_mark_passes_only_in_the_text_that_raised_it() {
     // A proxy with key k2 installs the check and the key; every resource needs a signature.
-    let pg = Postgres::start_with_hook();
-    let dir = tempfile::tempdir().unwrap();
-    let file = write_key_file(
-        dir.path(),
-        "fence-keys.toml",
-        &[("k2", KeyState::Active, Some(SECRET_B))],
-    );
-    let _proxy = crate::start_proxy(
-        &dir,
-        &pg,
-        1000,
-        &format!("[signing]\nkeys = \"{}\"\n", file.display()),
-    );
-    pg.psql("CREATE TABLE stock (sku text PRIMARY KEY, n int); INSERT INTO stock VALUES ('a', 10)");
+    let (pg, _dir, _proxy) = signed(true);
     let token = sign("k2", SECRET_B, R, 7);
     let mut c = session(&pg, "postgres");
     declare(&mut c, R, &token);
@@ -240,7 +229,7 @@ fn the_fast_check_finds_marks_in_a_database_ordered_by_icu() {
         "CREATE DATABASE icu TEMPLATE template0 ENCODING 'UTF8' LOCALE 'C' \
          LOCALE_PROVIDER icu ICU_LOCALE 'en-US'",
     );
-    install(&pg, "icu");
+    crate::install_schema(&pg, "icu");
     let names: Vec<String> = (0..300)
         .map(|i| {
             let stem = ["a", "B", "_c", "D-", "@e", "f.", "G:", "h/"][i % 8];
@@ -310,20 +299,7 @@ fn a_signed_form_taken_without_keys_is_verified_once_keys_come() {
 /// written after the clearing let a retired key's token pass the fast check at every commit).
 #[test]
 fn a_key_retired_while_a_raise_waits_refuses_the_raise() {
-    let pg = Postgres::start_with_hook();
-    let dir = tempfile::tempdir().unwrap();
-    let file = write_key_file(
-        dir.path(),
-        "fence-keys.toml",
-        &[("k2", KeyState::Active, Some(SECRET_B))],
-    );
-    let _proxy = crate::start_proxy(
-        &dir,
-        &pg,
-        1000,
-        &format!("[signing]\nkeys = \"{}\"\n", file.display()),
-    );
-    pg.psql("CREATE TABLE stock (sku text PRIMARY KEY, n int); INSERT INTO stock VALUES ('a', 10)");
+    let (pg, _dir, _proxy) = signed(true);
     let five = sign("k2", SECRET_B, R, 5);
     let six = sign("k2", SECRET_B, R, 6);
     let mut x = session(&pg, "postgres");
@@ -379,26 +355,7 @@ fn a_key_retired_while_a_raise_waits_refuses_the_raise() {
 #[test]
 fn a_signed_mark_is_not_passed_once_the_keys_change() {
     for hook in [true, false] {
-        let pg = if hook {
-            Postgres::start_with_hook()
-        } else {
-            Postgres::start()
-        };
-        let dir = tempfile::tempdir().unwrap();
-        let file = write_key_file(
-            dir.path(),
-            "fence-keys.toml",
-            &[("k2", KeyState::Active, Some(SECRET_B))],
-        );
-        let proxy = crate::start_proxy(
-            &dir,
-            &pg,
-            1000,
-            &format!("[signing]\nkeys = \"{}\"\n", file.display()),
-        );
-        pg.psql(
-            "CREATE TABLE stock (sku text PRIMARY KEY, n int); INSERT INTO stock VALUES ('a', 10)",
-        );
+        let (pg, _dir, proxy) = signed(hook);
         let token = sign("k2", SECRET_B, R, 7);
         let mut c = if hook {
             session(&pg, "postgres")

@@ -255,3 +255,29 @@ pub fn psql(addr: &str, script: &str, extra_env: &[(&str, &str)]) -> (bool, Stri
         String::from_utf8_lossy(&out.stderr).into_owned(),
     )
 }
+
+/// Installs the fence check in database `db` by hand, as a DBA would: `fence-proxy pg
+/// print-schema` piped to psql, as `postgres`.
+pub fn install_schema(pg: &Postgres, db: &str) {
+    let schema = std::process::Command::new(e2e::bin("fence-proxy"))
+        .args(["pg", "print-schema"])
+        .output()
+        .unwrap();
+    assert!(schema.status.success(), "fence-proxy pg print-schema");
+    let url = format!("postgres://postgres@127.0.0.1:{}/{db}", pg.port);
+    let mut psql = std::process::Command::new("psql");
+    psql.args([&url, "-q", "-X", "-v", "ON_ERROR_STOP=1"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null());
+    let mut child = psql.spawn().unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(&schema.stdout)
+        .unwrap();
+    assert!(
+        child.wait().unwrap().success(),
+        "installing the schema in {db}"
+    );
+}

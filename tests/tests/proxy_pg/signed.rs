@@ -265,27 +265,8 @@ fn a_poisoned_mark_is_lowered_live_and_the_holder_writes_again() {
 fn a_database_without_the_proxys_keys_takes_no_token() {
     let s = prepared(None);
     s.pg.psql("CREATE DATABASE other");
-    let schema = std::process::Command::new(e2e::bin("fence-proxy"))
-        .args(["pg", "print-schema"])
-        .output()
-        .unwrap();
+    crate::install_schema(&s.pg, "other");
     let other = format!("postgres://postgres@127.0.0.1:{}/other", s.pg.port);
-    let mut psql = std::process::Command::new("psql");
-    psql.args([&other, "-q", "-v", "ON_ERROR_STOP=1"])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::null());
-    let mut child = psql.spawn().unwrap();
-    use std::io::Write;
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(&schema.stdout)
-        .unwrap();
-    assert!(
-        child.wait().unwrap().success(),
-        "installing the schema by hand"
-    );
     // Connect to `other` (a raw start-up packet: user and database only).
     let mut c = raw_to(s.addr(), "other");
     assert!(c.simple("CREATE TABLE t (n int)").errors.is_empty());
