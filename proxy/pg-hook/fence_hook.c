@@ -132,6 +132,24 @@ remote_error_context(void *arg)
 /* The seed of fencing.lock_key. */
 #define FENCE_LOCK_SEED INT64CONST(1178946115)
 
+/* The tag of resource `r`'s fence lock: the advisory lock on fencing.lock_key(r). */
+static void
+fence_lock_tag(const char *r, LOCKTAG *tag)
+{
+	int64		key = DatumGetInt64(DirectFunctionCall2Coll(hashtextextended, DEFAULT_COLLATION_OID,
+															CStringGetTextDatum(r),
+															Int64GetDatum(FENCE_LOCK_SEED)));
+
+	SET_LOCKTAG_ADVISORY(*tag, MyDatabaseId, (uint32) (((uint64) key) >> 32), (uint32) key, 1);
+}
+
+/* Whether this transaction holds the fence lock `tag`, shared or exclusively. */
+static bool
+holds_fence_lock(const LOCKTAG *tag)
+{
+	return LockHeldByMe(tag, ShareLock) || LockHeldByMe(tag, ExclusiveLock);
+}
+
 /* Whether `r` is a valid resource name (fencing.check's rule): 1 to 256 of A-Z a-z 0-9 . _ : / @ -. */
 static bool
 valid_resource(const char *r)
@@ -474,7 +492,6 @@ fast_check(const char *resource, const char *token, int64 *accepted)
 	char		key_id[33];
 	int64		version = 0;
 	uint8		hash[PG_SHA256_DIGEST_LENGTH];
-	int64		key;
 	LOCKTAG		tag;
 	Snapshot	snapshot;
 	bool		took = false;
@@ -484,11 +501,8 @@ fast_check(const char *resource, const char *token, int64 *accepted)
 		!parse_token(token, &t, &is_signed, key_id) ||
 		(is_signed && !sha256_of(token, hash)))
 		return false;
-	key = DatumGetInt64(DirectFunctionCall2Coll(hashtextextended, DEFAULT_COLLATION_OID,
-												CStringGetTextDatum(resource),
-												Int64GetDatum(FENCE_LOCK_SEED)));
-	SET_LOCKTAG_ADVISORY(tag, MyDatabaseId, (uint32) (((uint64) key) >> 32), (uint32) key, 1);
-	if (!LockHeldByMe(&tag, ShareLock) && !LockHeldByMe(&tag, ExclusiveLock))
+	fence_lock_tag(resource, &tag);
+	if (!holds_fence_lock(&tag))
 	{
 		/*
 		 * Not yet holding the lock: taken here without waiting (the general check waits, and
@@ -746,7 +760,6 @@ judge_write(void)
 {
 	const char *resource;
 	const char *token;
-	int64		key;
 	LOCKTAG		tag;
 
 	if (judging_write || IsAutoVacuumWorkerProcess())
@@ -756,11 +769,8 @@ judge_write(void)
 	/* Half a declaration, or a name the check refuses: the commit's check says so. */
 	if (!is_set(resource) || !is_set(token) || !valid_resource(resource))
 		return;
-	key = DatumGetInt64(DirectFunctionCall2Coll(hashtextextended, DEFAULT_COLLATION_OID,
-												CStringGetTextDatum(resource),
-												Int64GetDatum(FENCE_LOCK_SEED)));
-	SET_LOCKTAG_ADVISORY(tag, MyDatabaseId, (uint32) (((uint64) key) >> 32), (uint32) key, 1);
-	if (LockHeldByMe(&tag, ShareLock) || LockHeldByMe(&tag, ExclusiveLock))
+	fence_lock_tag(resource, &tag);
+	if (holds_fence_lock(&tag))
 		return;
 	judging_write = true;
 	PG_TRY();
