@@ -80,6 +80,7 @@ pub async fn run(
     let options = RedbStoreOptions {
         cache_size_bytes: config.cache_size_mb << 20,
         journal_bytes: config.journal_size_mb << 20,
+        ..RedbStoreOptions::default()
     };
     let policy = load_policy(&config)?;
     let mut store = RedbStore::open(&config.data_dir, &options).map_err(ServeError::Open)?;

@@ -73,6 +73,8 @@ struct Inner {
     /// The store (`None` once stopped). Taken by the committer, and by the writer thread for
     /// deferred work.
     store: Mutex<Option<Box<dyn Store>>>,
+    /// The store's commit runs a runtime of its own (see `Store::commit_runs_a_runtime`).
+    commit_runs_a_runtime: bool,
     on_failure: Mutex<Option<FailureHook>>,
     sync_interval: Duration,
 }
@@ -110,6 +112,7 @@ impl Writer {
             }),
             wake: Condvar::new(),
             progress,
+            commit_runs_a_runtime: store.commit_runs_a_runtime(),
             store: Mutex::new(Some(store)),
             on_failure: Mutex::new(Some(on_failure)),
             sync_interval,
@@ -147,8 +150,18 @@ impl Writer {
     pub async fn wait(&self, seq: Seq) -> Result<(), WriterStopped> {
         let mut rx = self.inner.progress.subscribe();
         // Committing on this thread needs a runtime that can move its other tasks elsewhere.
-        let may_lead = tokio::runtime::Handle::try_current()
-            .is_ok_and(|h| h.runtime_flavor() == RuntimeFlavor::MultiThread);
+        let (may_lead, lone_worker) = match tokio::runtime::Handle::try_current() {
+            Ok(h) if h.runtime_flavor() == RuntimeFlavor::MultiThread => {
+                (true, h.metrics().num_workers() < 2)
+            }
+            _ => (false, false),
+        };
+        // With other workers to run the rest, the leader commits right here: `block_in_place`
+        // hands this worker's queue to another thread first, a thread wake-up and more per
+        // commit (BENCHMARKS.md, "lockd's per-call cost"). A lone worker hands it over, so
+        // that the runtime goes on serving (renewals, releases) during the sync; so does a
+        // store whose commit runs a runtime of its own, which tokio refuses on a worker.
+        let hand_over = lone_worker || self.inner.commit_runs_a_runtime;
         loop {
             let p = *rx.borrow_and_update();
             if p.applied >= seq {
@@ -171,7 +184,11 @@ impl Writer {
                 }
             };
             if lead {
-                tokio::task::block_in_place(|| commit_as_leader(&self.inner, false));
+                if hand_over {
+                    tokio::task::block_in_place(|| commit_as_leader(&self.inner, false));
+                } else {
+                    commit_as_leader(&self.inner, false);
+                }
                 continue;
             }
             rx.changed().await.map_err(|_| WriterStopped)?;
@@ -439,6 +456,37 @@ mod tests {
         );
         let seq = writer.submit(vec![grant(1)]);
         writer.wait(seq).await.unwrap();
+    }
+
+    /// The etcd store's commit runs a runtime of its own, which tokio refuses on a worker
+    /// thread: its leader hands the worker's tasks over first (committing in place panicked
+    /// with "Cannot start a runtime from within a runtime").
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_store_whose_commit_runs_a_runtime_is_committed_off_the_workers() {
+        struct OwnRuntime(MemoryStore);
+        impl Store for OwnRuntime {
+            fn load(&mut self) -> Result<lockd_core::Snapshot, StoreError> {
+                self.0.load()
+            }
+            fn commit(&mut self, ops: &[Op], sync: bool) -> Result<(), StoreError> {
+                let runtime = tokio::runtime::Builder::new_current_thread()
+                    .build()
+                    .expect("a runtime");
+                runtime.block_on(async { self.0.commit(ops, sync) })
+            }
+            fn commit_runs_a_runtime(&self) -> bool {
+                true
+            }
+        }
+        let writer = Writer::start(
+            Box::new(OwnRuntime(MemoryStore::new())),
+            Duration::from_secs(60),
+            Box::new(|e| panic!("store failed: {e}")),
+        );
+        for n in 1..=3 {
+            let seq = writer.submit(vec![grant(n)]);
+            writer.wait(seq).await.unwrap();
+        }
     }
 
     #[tokio::test]

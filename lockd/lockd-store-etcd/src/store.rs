@@ -415,6 +415,10 @@ impl Store for EtcdStore {
     }
 
     /// Every commit is durable (replicated to a majority) when it returns, `sync` or not.
+    fn commit_runs_a_runtime(&self) -> bool {
+        true
+    }
+
     fn commit(&mut self, ops: &[Op], _sync: bool) -> Result<(), StoreError> {
         if ops.is_empty() {
             return Ok(());

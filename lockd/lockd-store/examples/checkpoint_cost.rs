@@ -24,6 +24,7 @@ fn main() {
         dir.path(),
         &RedbStoreOptions {
             journal_bytes: 1 << 30,
+            checkpoint_ops: usize::MAX,
             ..Default::default()
         },
     )

@@ -125,3 +125,96 @@ fn remember<'a>(
     requests.insert(id, true);
     Ok(())
 }
+
+/// Ops a store has made durable elsewhere (the redb store's journal) but not yet applied to the
+/// tables a [`View`] reads, and what they change there: checking a new batch against
+/// [`Pending::over`] the tables is checking it against the tables with these ops applied.
+#[derive(Default)]
+pub(crate) struct Pending {
+    ops: Vec<Op>,
+    /// Ops counted as [`Op::parts`].
+    parts: usize,
+    leases: HashMap<ResourceName, Option<LeaseId>>,
+    requests: HashMap<String, bool>,
+    last_token: Option<FencingToken>,
+}
+
+impl Pending {
+    /// Adds `ops`, which [`check_batch`] accepted against [`Pending::over`] the tables.
+    pub(crate) fn push(&mut self, ops: &[Op]) {
+        for op in ops.iter().flat_map(Op::parts) {
+            self.parts += 1;
+            match op {
+                Op::Atomic(_) => unreachable!("parts are never atomic ops"),
+                Op::Grant(rec) => {
+                    self.last_token = Some(rec.token);
+                    self.leases.insert(rec.resource.clone(), Some(rec.lease_id));
+                    if let Some(id) = &rec.request_id {
+                        self.requests.insert(id.clone(), true);
+                    }
+                }
+                Op::Remove { resource, .. } => {
+                    self.leases.insert(resource.clone(), None);
+                }
+                Op::ForgetRequest { request_id } => {
+                    self.requests.insert(request_id.clone(), false);
+                }
+                Op::Reenter { request_id, .. } => {
+                    if let Some(id) = request_id {
+                        self.requests.insert(id.clone(), true);
+                    }
+                }
+                Op::Unhold { .. } => {}
+            }
+        }
+        self.ops.extend_from_slice(ops);
+    }
+
+    /// How many ops (counted as parts) are pending.
+    pub(crate) fn len(&self) -> usize {
+        self.parts
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.ops.is_empty()
+    }
+
+    /// The pending ops, in order.
+    pub(crate) fn ops(&self) -> &[Op] {
+        &self.ops
+    }
+
+    /// `tables` as they will be once the pending ops are applied to them.
+    pub(crate) fn over<'a, V: View>(&'a self, tables: &'a V) -> impl View + 'a {
+        Over {
+            pending: self,
+            tables,
+        }
+    }
+}
+
+struct Over<'a, V> {
+    pending: &'a Pending,
+    tables: &'a V,
+}
+
+impl<V: View> View for Over<'_, V> {
+    fn lease(&self, resource: &ResourceName) -> Result<Option<LeaseId>, StoreError> {
+        match self.pending.leases.get(resource) {
+            Some(lease) => Ok(*lease),
+            None => self.tables.lease(resource),
+        }
+    }
+    fn has_request(&self, request_id: &str) -> Result<bool, StoreError> {
+        match self.pending.requests.get(request_id) {
+            Some(known) => Ok(*known),
+            None => self.tables.has_request(request_id),
+        }
+    }
+    fn last_token(&self) -> Result<Option<FencingToken>, StoreError> {
+        match self.pending.last_token {
+            Some(token) => Ok(Some(token)),
+            None => self.tables.last_token(),
+        }
+    }
+}

@@ -2,9 +2,9 @@
 //! small write and one `fdatasync` instead of a full B-tree commit.
 //!
 //! A batch of ops is appended as one or more records and, when it must be durable, synced;
-//! only then is it answered. The ops are applied to redb afterwards without a sync, and a
-//! *checkpoint* (a synced redb commit that records the last applied record) makes the journal's
-//! contents redundant, so writing starts over at offset 0.
+//! only then is it answered. The store has two journals and writes one at a time; a
+//! *checkpoint* (a synced redb commit of the other journal's ops, recording its last record)
+//! makes that journal's contents redundant, so its writing starts over at offset 0.
 //!
 //! The file has a fixed size and is zero-filled when created: overwriting allocated blocks
 //! needs no file-size update, so `fdatasync` flushes data only (about half the latency of an
@@ -169,6 +169,13 @@ impl Journal {
             self.synced = self.appended;
         }
         Ok(())
+    }
+
+    /// Numbers the next record after `seq`, every record up to which is durable (in the other
+    /// journal, or in redb).
+    pub fn continue_from(&mut self, seq: u64) {
+        self.appended = seq;
+        self.synced = seq;
     }
 
     /// Starts over at offset 0 (after a checkpoint made every record redundant). Old records

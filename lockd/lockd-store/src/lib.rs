@@ -34,7 +34,9 @@ pub use check::{View, check_batch};
 pub use error::StoreError;
 pub use lockd_core::{LeaseRecord, Op, Snapshot};
 pub use memory::MemoryStore;
-pub use redb_store::{DATA_FILE, JOURNAL_FILE, RedbStore, RedbStoreOptions};
+pub use redb_store::{
+    CHECKPOINT_OPS, DATA_FILE, JOURNAL_FILE, RedbStore, RedbStoreOptions, SECOND_JOURNAL_FILE,
+};
 
 /// Where the core's decisions are kept.
 pub trait Store: Send {
@@ -46,6 +48,14 @@ pub trait Store: Send {
     /// when the call returns; without, they may be lost in a crash (but not torn). An empty
     /// batch with `sync` makes every earlier batch durable.
     fn commit(&mut self, ops: &[Op], sync: bool) -> Result<(), StoreError>;
+
+    /// Whether [`Store::commit`] runs an async runtime of its own (`block_on`): it must then
+    /// never be called on a thread that drives another runtime's tasks, which tokio refuses.
+    /// The server's writer hands such a thread's tasks over first (`block_in_place`); for a
+    /// store that answers `false` it commits in place, saving that hand-over.
+    fn commit_runs_a_runtime(&self) -> bool {
+        false
+    }
 
     /// Work that may be deferred after a commit has been answered (the redb store applies the
     /// journaled batch to its main file here). The writer calls it when it has answered the

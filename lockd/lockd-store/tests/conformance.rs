@@ -23,7 +23,7 @@ mod redb {
     use lockd_store::conformance::Harness;
     use lockd_store::{RedbStore, RedbStoreOptions};
 
-    struct Redb(tempfile::TempDir);
+    struct Redb(tempfile::TempDir, RedbStoreOptions);
 
     /// A small journal, so that the suite's histories wrap it many times (checkpoints).
     fn options() -> RedbStoreOptions {
@@ -36,14 +36,29 @@ mod redb {
     impl Harness for Redb {
         type S = RedbStore;
         fn open(&mut self) -> RedbStore {
-            RedbStore::open(self.0.path(), &options()).expect("open redb store")
+            RedbStore::open(self.0.path(), &self.1).expect("open redb store")
         }
         fn crash(&mut self, store: RedbStore) {
             store.abandon();
         }
     }
 
-    lockd_store::conformance_tests!(Redb(tempfile::tempdir().expect("temp dir")));
+    lockd_store::conformance_tests!(Redb(tempfile::tempdir().expect("temp dir"), options()));
+
+    /// A checkpoint every three ops: the suite's checks then meet state that is partly in redb
+    /// and partly only journaled (a lease granted in redb and removed since, a request id
+    /// remembered in redb and forgotten since, the high-water in either).
+    mod frequent_checkpoints {
+        use super::*;
+
+        lockd_store::conformance_tests!(Redb(
+            tempfile::tempdir().expect("temp dir"),
+            RedbStoreOptions {
+                checkpoint_ops: 3,
+                ..options()
+            }
+        ));
+    }
 
     /// Records journaled but never applied to redb (the process died right after the sync) are
     /// replayed on open.
