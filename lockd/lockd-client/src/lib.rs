@@ -620,7 +620,7 @@ impl Client {
                         continue;
                     }
                     Some(pb::acquire_response::Outcome::NotGranted(ng)) => {
-                        let why = not_granted(&ng);
+                        let why = not_granted(&ng, !opts.wait.is_zero());
                         if Instant::now() >= deadline {
                             return Ok(Acquired::NotGranted(why));
                         }
@@ -897,9 +897,14 @@ fn lease_of(resource: &str, l: pb::Lease, owner: Option<String>) -> Lease {
     }
 }
 
-fn not_granted(ng: &pb::NotGranted) -> NotGranted {
+/// What lockd's refusal means to the caller. A caller that asked to wait (`waited`) gets a
+/// timeout whatever the last attempt's answer: when lockd ends a wait a little before the
+/// caller's own deadline (its clock counts whole milliseconds), the attempt that follows asks
+/// with no time left and is answered busy, but the caller did wait its full time.
+fn not_granted(ng: &pb::NotGranted, waited: bool) -> NotGranted {
     let reason = match pb::not_granted::Reason::try_from(ng.reason) {
         Ok(pb::not_granted::Reason::WaitTimeout) => NotGrantedReason::WaitTimeout,
+        _ if waited => NotGrantedReason::WaitTimeout,
         _ => NotGrantedReason::Busy,
     };
     NotGranted {
@@ -914,6 +919,28 @@ fn not_granted(ng: &pb::NotGranted) -> NotGranted {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The other SDKs report a refusal after a wait as a timeout too (`|| waited`).
+    #[test]
+    fn a_refusal_after_a_wait_is_a_timeout_even_when_the_last_attempt_was_answered_busy() {
+        let busy = pb::NotGranted {
+            reason: pb::not_granted::Reason::Busy as i32,
+            ..pb::NotGranted::default()
+        };
+        assert_eq!(
+            not_granted(&busy, true).reason,
+            NotGrantedReason::WaitTimeout
+        );
+        assert_eq!(not_granted(&busy, false).reason, NotGrantedReason::Busy);
+        let timeout = pb::NotGranted {
+            reason: pb::not_granted::Reason::WaitTimeout as i32,
+            ..pb::NotGranted::default()
+        };
+        assert_eq!(
+            not_granted(&timeout, false).reason,
+            NotGrantedReason::WaitTimeout
+        );
+    }
 
     #[test]
     fn bad_endpoints_are_refused_at_once() {

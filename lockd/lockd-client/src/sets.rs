@@ -96,7 +96,7 @@ impl Client {
                             if Instant::now() >= deadline {
                                 return Ok(AcquiredAll::NotGranted {
                                     resource: resp.busy_resource,
-                                    why: not_granted(&ng),
+                                    why: not_granted(&ng, !opts.wait.is_zero()),
                                 });
                             }
                             None
