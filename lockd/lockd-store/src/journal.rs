@@ -37,6 +37,13 @@
 //! corrupted, and opening fails. (Without such proof the damage is treated as a torn tail: the
 //! kernel may write unsynced pages back out of order, so a later unsynced record can survive a
 //! power cut that an earlier unsynced one did not.)
+//!
+//! A damaged record at offset 0 is the first of its run, and its number is unknown. The
+//! records of earlier cycles behind it are no proof: a journal starts a new run only once
+//! every record it held is in redb, so their numbers are at most redb's `applied_seq` (the
+//! *floor* the reader is given). A record above the floor is of the damaged one's run, so
+//! numbered above it; if the lowest such record is `m`, the damaged one is at most `m - 1`,
+//! and an intact record of the run whose *synced* is at least `m - 1` proves it was synced.
 
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::FileExt;
@@ -82,8 +89,13 @@ fn io(what: &str, e: std::io::Error) -> StoreError {
 
 impl Journal {
     /// Opens (creating and zero-filling if needed) the journal at `path` and reads back the
-    /// intact run of records from its start.
-    pub fn open(path: &Path, capacity: u64) -> Result<(Journal, Vec<Record>), StoreError> {
+    /// intact run of records from its start. `floor` is redb's `applied_seq`: every record of
+    /// an earlier cycle is numbered at most that (see the module documentation).
+    pub fn open(
+        path: &Path,
+        capacity: u64,
+        floor: u64,
+    ) -> Result<(Journal, Vec<Record>), StoreError> {
         let file = OpenOptions::new()
             .read(true)
             .write(true)
@@ -96,7 +108,7 @@ impl Journal {
             zero_fill(&file, len, capacity)?;
         }
         let capacity = capacity.max(len);
-        let records = read_all(&file, capacity)?;
+        let records = read_all(&file, capacity, floor)?;
         let last = records.last().map_or(0, |r| r.seq);
         Ok((
             Journal {
@@ -203,7 +215,7 @@ fn zero_fill(file: &File, from: u64, to: u64) -> Result<(), StoreError> {
     file.sync_all().map_err(|e| io("sync after zero-fill", e))
 }
 
-fn read_all(file: &File, capacity: u64) -> Result<Vec<Record>, StoreError> {
+fn read_all(file: &File, capacity: u64, floor: u64) -> Result<Vec<Record>, StoreError> {
     let mut bytes = vec![0u8; capacity as usize];
     file.read_exact_at(&mut bytes, 0)
         .map_err(|e| io("read", e))?;
@@ -227,7 +239,14 @@ fn read_all(file: &File, capacity: u64) -> Result<Vec<Record>, StoreError> {
             Parsed::End => break,
             Parsed::Damaged => {
                 // A torn tail is fine; proof that the damaged record had been synced is not.
-                let damaged = records.last().map_or(0, |r| r.seq) + 1;
+                let damaged = match records.last() {
+                    Some(last) => last.seq + 1,
+                    // The first of its run: at most one below the lowest record of the run.
+                    None => match lowest_above(&bytes, at + 1, floor) {
+                        Some(m) => m - 1,
+                        None => break,
+                    },
+                };
                 if let Some((offset, seq)) = proof_of_sync(&bytes, at + 1, damaged) {
                     return Err(corrupt(format!(
                         "the record at offset {at} is damaged, but record {seq} at offset {offset} after it is intact and was written after record {damaged} was synced: acknowledged data was lost; restore the data directory from a backup"
@@ -279,21 +298,36 @@ fn parse_record(b: &[u8]) -> Parsed<'_> {
     }
 }
 
+/// Intact records anywhere from `from` on: their offsets, numbers and *synced*.
+fn intact_from(bytes: &[u8], from: usize) -> impl Iterator<Item = (usize, u64, u64)> + '_ {
+    let mut at = from;
+    std::iter::from_fn(move || {
+        while at + HEADER <= bytes.len() {
+            let next = bytes[at..].windows(4).position(|w| w == MAGIC)?;
+            at += next;
+            let here = at;
+            at += 1;
+            if let Parsed::Record { seq, synced, .. } = parse_record(&bytes[here..]) {
+                return Some((here, seq, synced));
+            }
+        }
+        None
+    })
+}
+
+/// The lowest number above `floor` of an intact record from `from` on.
+fn lowest_above(bytes: &[u8], from: usize, floor: u64) -> Option<u64> {
+    intact_from(bytes, from)
+        .map(|(_, seq, _)| seq)
+        .filter(|&seq| seq > floor)
+        .min()
+}
+
 /// An intact record, anywhere from `from` on, written after record `damaged` was synced.
 fn proof_of_sync(bytes: &[u8], from: usize, damaged: u64) -> Option<(usize, u64)> {
-    let mut at = from;
-    while at + HEADER <= bytes.len() {
-        let next = bytes[at..].windows(4).position(|w| w == MAGIC)?;
-        at += next;
-        if let Parsed::Record { seq, synced, .. } = parse_record(&bytes[at..])
-            && synced >= damaged
-            && seq > damaged
-        {
-            return Some((at, seq));
-        }
-        at += 1;
-    }
-    None
+    intact_from(bytes, from)
+        .find(|&(_, seq, synced)| synced >= damaged && seq > damaged)
+        .map(|(at, seq, _)| (at, seq))
 }
 
 fn checksum(header: &[u8], payload: &[u8]) -> u32 {
@@ -524,13 +558,19 @@ mod tests {
     use crate::conformance::{sample_grant as grant, sample_remove as remove};
 
     fn reopen(dir: &Path) -> Vec<Record> {
-        Journal::open(&dir.join("j"), 64 << 10).unwrap().1
+        Journal::open(&dir.join("j"), 64 << 10, 0).unwrap().1
+    }
+
+    /// Zeros the 8 bytes before `end` (a write cut short).
+    fn tear(dir: &Path, end: u64) {
+        let f = OpenOptions::new().write(true).open(dir.join("j")).unwrap();
+        f.write_all_at(&[0; 8], end - 8).unwrap();
     }
 
     #[test]
     fn records_come_back_in_order() {
         let dir = tempfile::tempdir().unwrap();
-        let (mut j, none) = Journal::open(&dir.path().join("j"), 64 << 10).unwrap();
+        let (mut j, none) = Journal::open(&dir.path().join("j"), 64 << 10, 0).unwrap();
         assert!(none.is_empty());
         assert_eq!(j.append(1, &[grant(1), grant(2)]).unwrap(), 1);
         assert_eq!(
@@ -556,7 +596,7 @@ mod tests {
     #[test]
     fn after_a_restart_older_records_end_the_run() {
         let dir = tempfile::tempdir().unwrap();
-        let (mut j, _) = Journal::open(&dir.path().join("j"), 64 << 10).unwrap();
+        let (mut j, _) = Journal::open(&dir.path().join("j"), 64 << 10, 0).unwrap();
         for seq in 1..=5 {
             j.append(seq, &[grant(seq)]).unwrap();
         }
@@ -568,10 +608,71 @@ mod tests {
         assert_eq!(back.iter().map(|r| r.seq).collect::<Vec<_>>(), vec![6]);
     }
 
+    /// The first record of a new run torn at offset 0, the earlier cycle's records behind it
+    /// (all in redb: the floor): a torn tail, not corruption, though those records say that
+    /// record 1 was synced.
+    #[test]
+    fn a_torn_first_record_of_a_run_is_a_torn_tail_whatever_the_earlier_cycle_says() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut j, _) = Journal::open(&dir.path().join("j"), 64 << 10, 0).unwrap();
+        for seq in 1..=5 {
+            j.append(seq, &[grant(seq)]).unwrap();
+            j.sync().unwrap();
+        }
+        j.restart();
+        j.continue_from(5);
+        j.append(6, &[grant(6)]).unwrap();
+        j.sync().unwrap();
+        tear(dir.path(), j.offset());
+        let back = Journal::open(&dir.path().join("j"), 64 << 10, 5).unwrap().1;
+        assert!(
+            back.is_empty(),
+            "{:?}",
+            back.iter().map(|r| r.seq).collect::<Vec<_>>()
+        );
+    }
+
+    /// The first record of a run damaged, and a later record of the same run that says it
+    /// was synced: corruption, as anywhere else in a run. Unsynced, a torn tail.
+    #[test]
+    fn damage_of_a_synced_first_record_of_a_run_is_corruption() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut j, _) = Journal::open(&dir.path().join("j"), 64 << 10, 0).unwrap();
+        for seq in 1..=5 {
+            j.append(seq, &[grant(seq)]).unwrap();
+            j.sync().unwrap();
+        }
+        j.restart();
+        j.continue_from(5);
+        j.append(6, &[grant(6)]).unwrap();
+        let end_of_first = j.offset();
+        j.sync().unwrap();
+        j.append(7, &[grant(7)]).unwrap(); // says: record 6 was synced
+        j.sync().unwrap();
+        tear(dir.path(), end_of_first);
+        let err = Journal::open(&dir.path().join("j"), 64 << 10, 5)
+            .err()
+            .expect("corruption is refused");
+        assert!(err.to_string().contains("record 7"), "{err}");
+
+        let dir = tempfile::tempdir().unwrap();
+        let (mut j, _) = Journal::open(&dir.path().join("j"), 64 << 10, 0).unwrap();
+        j.append(1, &[grant(1)]).unwrap();
+        j.sync().unwrap();
+        j.restart();
+        j.continue_from(1);
+        j.append(2, &[grant(2)]).unwrap();
+        let end_of_first = j.offset();
+        j.append(3, &[grant(3)]).unwrap(); // says: only record 1 was synced
+        tear(dir.path(), end_of_first);
+        let back = Journal::open(&dir.path().join("j"), 64 << 10, 1).unwrap().1;
+        assert!(back.is_empty());
+    }
+
     #[test]
     fn a_torn_tail_is_dropped() {
         let dir = tempfile::tempdir().unwrap();
-        let (mut j, _) = Journal::open(&dir.path().join("j"), 64 << 10).unwrap();
+        let (mut j, _) = Journal::open(&dir.path().join("j"), 64 << 10, 0).unwrap();
         j.append(1, &[grant(1)]).unwrap();
         let end_of_first = j.offset();
         j.append(2, &[grant(2)]).unwrap();
@@ -592,7 +693,7 @@ mod tests {
     #[test]
     fn damage_of_a_synced_record_is_corruption() {
         let dir = tempfile::tempdir().unwrap();
-        let (mut j, _) = Journal::open(&dir.path().join("j"), 64 << 10).unwrap();
+        let (mut j, _) = Journal::open(&dir.path().join("j"), 64 << 10, 0).unwrap();
         j.append(1, &[grant(1)]).unwrap();
         j.sync().unwrap();
         j.append(2, &[grant(2)]).unwrap(); // says: record 1 was synced
@@ -602,7 +703,7 @@ mod tests {
             .open(dir.path().join("j"))
             .unwrap();
         f.write_all_at(b"X", (HEADER + 10) as u64).unwrap(); // inside record 1's payload
-        let err = Journal::open(&dir.path().join("j"), 64 << 10)
+        let err = Journal::open(&dir.path().join("j"), 64 << 10, 0)
             .err()
             .expect("corruption is refused");
         assert!(err.to_string().contains("damaged"), "{err}");
@@ -612,7 +713,7 @@ mod tests {
     fn damage_of_an_unsynced_record_followed_by_another_unsynced_one_is_a_torn_tail() {
         // Write-back may put a later unsynced page on disk before an earlier one.
         let dir = tempfile::tempdir().unwrap();
-        let (mut j, _) = Journal::open(&dir.path().join("j"), 64 << 10).unwrap();
+        let (mut j, _) = Journal::open(&dir.path().join("j"), 64 << 10, 0).unwrap();
         j.append(1, &[grant(1)]).unwrap();
         j.sync().unwrap();
         let second = j.offset();
@@ -630,13 +731,13 @@ mod tests {
     #[test]
     fn a_big_batch_is_split_into_records_that_all_come_back() {
         let dir = tempfile::tempdir().unwrap();
-        let (mut j, _) = Journal::open(&dir.path().join("j"), 64 << 20).unwrap();
+        let (mut j, _) = Journal::open(&dir.path().join("j"), 64 << 20, 0).unwrap();
         let ops: Vec<Op> = (1..=30_000).map(grant).collect();
         assert!(j.fits(&ops));
         let last = j.append(1, &ops).unwrap();
         assert!(last > 1, "split into several records");
         j.sync().unwrap();
-        let back = Journal::open(&dir.path().join("j"), 64 << 20).unwrap().1;
+        let back = Journal::open(&dir.path().join("j"), 64 << 20, 0).unwrap().1;
         assert_eq!(back.last().unwrap().seq, last);
         assert_eq!(
             back.into_iter().flat_map(|r| r.ops).collect::<Vec<_>>(),
@@ -649,11 +750,11 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("j");
         // Where a batch of plain grants is cut into records.
-        let (mut j, _) = Journal::open(&path, 64 << 20).unwrap();
+        let (mut j, _) = Journal::open(&path, 64 << 20, 0).unwrap();
         let probe: Vec<Op> = (1..=30_000).map(grant).collect();
         j.append(1, &probe).unwrap();
         j.sync().unwrap();
-        let first = Journal::open(&path, 64 << 20).unwrap().1[0].ops.len();
+        let first = Journal::open(&path, 64 << 20, 0).unwrap().1[0].ops.len();
         drop(j);
         std::fs::remove_file(&path).unwrap();
         // A set that starts a few grants before that cut.
@@ -661,7 +762,7 @@ mod tests {
         let mut ops: Vec<Op> = (1..first as u64 - 4).map(grant).collect();
         ops.push(set.clone());
         ops.extend((50_000..50_010).map(grant));
-        let (mut j, _) = Journal::open(&path, 64 << 20).unwrap();
+        let (mut j, _) = Journal::open(&path, 64 << 20, 0).unwrap();
         assert!(j.append(1, &ops).unwrap() > 1, "split into several records");
         j.sync().unwrap();
         drop(j);
@@ -675,7 +776,7 @@ mod tests {
         file.read_exact_at(&mut len, 4).unwrap();
         let end = HEADER as u64 + u64::from(u32::from_be_bytes(len));
         file.write_all_at(&vec![0; 4 << 20], end).unwrap();
-        let back: Vec<Op> = Journal::open(&path, 64 << 20)
+        let back: Vec<Op> = Journal::open(&path, 64 << 20, 0)
             .unwrap()
             .1
             .into_iter()
