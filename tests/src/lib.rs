@@ -28,6 +28,7 @@ pub mod raw;
 pub mod stacks;
 pub mod tap;
 pub mod upstream;
+pub mod zookeeper;
 
 /// How long any wait may take before the test fails. Generous: it only bounds a hang.
 pub const PATIENCE: Duration = Duration::from_secs(60);

@@ -33,18 +33,7 @@ use crate::clockcheck::{Baseline, CHECK_EVERY, CLOCK_LEASE_TTL_S, OVERLAP, Verdi
 use crate::keys::LeaderRecord;
 use crate::{Cluster, EtcdError, conn, decimal};
 
-/// Time since boot, stopped processes and suspended machines included.
-pub fn boot_time() -> Duration {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid, writable timespec; CLOCK_BOOTTIME exists on every Linux lockd
-    // supports (since 2.6.39), so the call cannot fail.
-    let rc = unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) };
-    assert_eq!(rc, 0, "clock_gettime(CLOCK_BOOTTIME) failed");
-    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
-}
+pub use lockd_store_kv::boot_time;
 
 /// This lockd process, as a candidate.
 #[derive(Clone, Debug)]

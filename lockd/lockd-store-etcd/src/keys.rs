@@ -17,7 +17,11 @@
 //! The records hold the lease id, which is the holder's capability to renew and release:
 //! whoever may read this prefix may act as any holder (give etcd access to lockd alone).
 
-use serde::{Deserialize, Serialize};
+use fencing::ResourceName;
+pub use lockd_store_kv::Key;
+pub use lockd_store_kv::records::{
+    LeaderRecord, LockRecord, ReentrantRecord, RequestRecord, RwSide,
+};
 
 /// The keys under one prefix, computed once (they are looked up for every watched change and
 /// every key of a full read).
@@ -79,97 +83,29 @@ impl Keys {
     pub fn request(&self, request_id: &str) -> String {
         format!("{}{request_id}", self.requests)
     }
-}
 
-/// A held lock.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct LockRecord {
-    /// 32 hex digits.
-    pub lease_id: String,
-    pub token: u64,
-    pub holder: String,
-    pub ttl_ms: u64,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub request_id: Option<String>,
-    /// A reentrant lease's owner and holds (absent for the others, and in records written
-    /// before reentrant leases existed).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub reentrant: Option<ReentrantRecord>,
-    /// A semaphore's permit: the semaphore's number of permits (absent for the others, and in
-    /// records written before semaphores existed).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub permits: Option<u32>,
-    /// A read-write lock's lease: `read` (a reader, on its slot) or `write` (the writer).
-    /// Absent for the others, and in records written before read-write locks existed.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub rw: Option<RwSide>,
-}
-
-/// The side of a read-write lock a [`LockRecord`] holds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum RwSide {
-    Read,
-    Write,
-}
-
-impl RwSide {
-    pub fn of(role: lockd_core::RwRole) -> RwSide {
-        match role {
-            lockd_core::RwRole::Read => RwSide::Read,
-            lockd_core::RwRole::Write => RwSide::Write,
+    /// The key of a record's place.
+    pub fn name(&self, key: &Key) -> String {
+        match key {
+            Key::HighWater => self.high_water.clone(),
+            Key::Lock(resource) => self.lock(resource.as_str()),
+            Key::Request(id) => self.request(id),
         }
     }
 
-    pub fn to_core(self) -> lockd_core::RwRole {
-        match self {
-            RwSide::Read => lockd_core::RwRole::Read,
-            RwSide::Write => lockd_core::RwRole::Write,
+    /// The record's place `key` is (`None`: a key lockd keeps no record under).
+    pub fn parse(&self, key: &str) -> Option<Result<Key, lockd_store::StoreError>> {
+        if key == self.high_water {
+            Some(Ok(Key::HighWater))
+        } else if let Some(resource) = key.strip_prefix(self.locks.as_str()) {
+            Some(
+                ResourceName::new(resource)
+                    .map(Key::Lock)
+                    .map_err(|e| lockd_store::StoreError::Corrupt(format!("{key}: {e}"))),
+            )
+        } else {
+            key.strip_prefix(self.requests.as_str())
+                .map(|id| Ok(Key::Request(id.to_string())))
         }
     }
-}
-
-/// The reentrant part of a [`LockRecord`].
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ReentrantRecord {
-    pub owner: String,
-    pub holds: u32,
-}
-
-impl ReentrantRecord {
-    pub fn of(r: &lockd_core::Reentrant) -> ReentrantRecord {
-        ReentrantRecord {
-            owner: r.owner.clone(),
-            holds: r.holds,
-        }
-    }
-
-    pub fn to_core(&self) -> lockd_core::Reentrant {
-        lockd_core::Reentrant {
-            owner: self.owner.clone(),
-            holds: self.holds,
-        }
-    }
-}
-
-/// A remembered request id, a grant's or a re-entry's (kept for
-/// `limits.request_retention_ms` after the lease ends).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct RequestRecord {
-    pub resource: String,
-    pub lease_id: String,
-    pub token: u64,
-    pub holder: String,
-    pub ttl_ms: u64,
-}
-
-/// The leader.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct LeaderRecord {
-    /// Random per process start: tells two lockd processes apart even on one address.
-    pub id: String,
-    /// The gRPC endpoint followers forward to, e.g. `http://10.0.0.5:7420`.
-    pub address: String,
-    /// When it started leading (Unix ms), for operators.
-    pub since_unix_ms: u64,
 }

@@ -188,17 +188,7 @@ impl Cluster {
 
 /// A token high-water as lockd writes it: a decimal within the token range (0: none).
 fn decimal(key: &str, value: &[u8]) -> Result<u64, EtcdError> {
-    std::str::from_utf8(value)
-        .ok()
-        .and_then(|v| v.trim().parse::<u64>().ok())
-        .filter(|&v| v <= fencing::FencingToken::MAX.get())
-        .ok_or_else(|| {
-            EtcdError::Corrupt(format!(
-                "{key} does not hold a token (a decimal up to {}): {:?}",
-                fencing::FencingToken::MAX,
-                String::from_utf8_lossy(value)
-            ))
-        })
+    lockd_store_kv::high_water_value(key, value).map_err(|e| EtcdError::Corrupt(e.to_string()))
 }
 
 impl Cluster {

@@ -2,19 +2,17 @@
 //! Built by a full read (a new leader's load) or kept current from a watch ([`Warm`]: a
 //! follower's copy, so that it can take over without reading everything).
 
-use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::Duration;
 
 use etcd_client::{EventType, GetOptions, WatchOptions};
-use fencing::{FencingToken, ResourceName};
-use lockd_core::{LeaseRecord, Snapshot};
 use lockd_store::StoreError;
+pub use lockd_store_kv::Stored;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use crate::keys::{Keys, LockRecord, ReentrantRecord, RequestRecord, RwSide};
-use crate::{Cluster, decimal};
+use crate::Cluster;
+use crate::keys::Keys;
 
 /// Keys read per page when the state is read (about 3 MiB of records with the default
 /// limits, 30 MiB at most).
@@ -24,108 +22,12 @@ const LOAD_PAGE: i64 = 10_000;
 /// names, holders and request ids the limits allow).
 const LOAD_PAGE_BYTES: usize = 64 << 20;
 
-/// The records under a prefix, by key, and the stored high-water.
-#[derive(Clone, Debug, Default)]
-pub struct Stored {
-    high_water: u64,
-    locks: HashMap<String, LeaseRecord>,
-    requests: HashMap<String, LeaseRecord>,
-}
-
-impl Stored {
-    /// Takes in a key's value (keys lockd does not store records under are ignored).
-    pub fn put(&mut self, keys: &Keys, key: &str, value: &[u8]) -> Result<(), StoreError> {
-        if key == keys.high_water() {
-            self.high_water = decimal(key, value)?;
-        } else if let Some(resource) = key.strip_prefix(keys.locks()) {
-            let r: LockRecord = parse(key, value)?;
-            let record = lease_record(
-                key,
-                resource,
-                &r.lease_id,
-                r.token,
-                r.holder,
-                r.ttl_ms,
-                r.request_id,
-            )?;
-            let record = LeaseRecord {
-                reentrant: r.reentrant.as_ref().map(ReentrantRecord::to_core),
-                permits: r.permits,
-                rw: r.rw.map(RwSide::to_core),
-                ..record
-            };
-            self.locks.insert(key.to_string(), record);
-        } else if let Some(request_id) = key.strip_prefix(keys.requests()) {
-            let r: RequestRecord = parse(key, value)?;
-            let record = lease_record(
-                key,
-                &r.resource,
-                &r.lease_id,
-                r.token,
-                r.holder,
-                r.ttl_ms,
-                Some(request_id.to_string()),
-            )?;
-            self.requests.insert(key.to_string(), record);
-        }
-        Ok(())
+/// Takes the value of `key` into `stored` (keys lockd keeps no record under are ignored).
+fn put(stored: &mut Stored, keys: &Keys, key: &str, value: &[u8]) -> Result<(), StoreError> {
+    match keys.parse(key) {
+        Some(k) => stored.put(&k?, key, value),
+        None => Ok(()),
     }
-
-    pub fn delete(&mut self, keys: &Keys, key: &str) {
-        if key == keys.high_water() {
-            self.high_water = 0;
-        }
-        self.locks.remove(key);
-        self.requests.remove(key);
-    }
-
-    /// The snapshot, and the highest token stored anywhere (the high-water key, or a record).
-    pub fn snapshot(&self) -> (Snapshot, u64) {
-        let tokens = self.locks.values().chain(self.requests.values());
-        let stored = tokens
-            .map(|r| r.token.get())
-            .fold(self.high_water, u64::max);
-        let snapshot = Snapshot {
-            last_token: FencingToken::new(stored),
-            leases: self.locks.values().cloned().collect(),
-            requests: self.requests.values().cloned().collect(),
-        };
-        (snapshot, stored)
-    }
-}
-
-fn parse<T: serde::de::DeserializeOwned>(key: &str, value: &[u8]) -> Result<T, StoreError> {
-    serde_json::from_slice(value).map_err(|e| {
-        StoreError::Corrupt(format!(
-            "{key} does not hold what lockd writes ({e}): {:?}",
-            String::from_utf8_lossy(value)
-        ))
-    })
-}
-
-fn lease_record(
-    key: &str,
-    resource: &str,
-    lease_id: &str,
-    token: u64,
-    holder: String,
-    ttl_ms: u64,
-    request_id: Option<String>,
-) -> Result<LeaseRecord, StoreError> {
-    let corrupt = |what: String| StoreError::Corrupt(format!("{key}: {what}"));
-    Ok(LeaseRecord {
-        resource: ResourceName::new(resource).map_err(|e| corrupt(e.to_string()))?,
-        lease_id: lease_id
-            .parse()
-            .map_err(|e: fencing::ParseLeaseIdError| corrupt(e.to_string()))?,
-        token: FencingToken::new(token).ok_or_else(|| corrupt(format!("token {token}")))?,
-        holder,
-        ttl_ms,
-        request_id,
-        reentrant: None,
-        permits: None,
-        rw: None,
-    })
 }
 
 /// The end of the key range holding every key that starts with `prefix`.
@@ -151,14 +53,14 @@ impl Cluster {
         let revision = first.header().map_or(0, |h| h.revision());
         let mut stored = Stored::default();
         if let Some(kv) = first.kvs().first() {
-            stored.put(&self.keys, hw_key, kv.value())?;
+            put(&mut stored, &self.keys, hw_key, kv.value())?;
         }
         let (locks, requests) = tokio::try_join!(
             self.range(self.keys.locks(), revision),
             self.range(self.keys.requests(), revision)
         )?;
         for (key, value) in locks.iter().chain(requests.iter()) {
-            stored.put(&self.keys, key, value)?;
+            put(&mut stored, &self.keys, key, value)?;
         }
         Ok((stored, revision))
     }
@@ -242,8 +144,12 @@ impl Cluster {
                 let Some(kv) = e.kv() else { continue };
                 let Ok(key) = kv.key_str() else { continue };
                 match e.event_type() {
-                    EventType::Put => stored.put(&self.keys, key, kv.value())?,
-                    EventType::Delete => stored.delete(&self.keys, key),
+                    EventType::Put => put(stored, &self.keys, key, kv.value())?,
+                    EventType::Delete => {
+                        if let Some(Ok(k)) = self.keys.parse(key) {
+                            stored.delete(&k);
+                        }
+                    }
                 }
                 *at = (*at).max(kv.mod_revision());
             }

@@ -17,8 +17,16 @@ const RULES: &[(&str, Option<&[&str]>)] = &[
     ("lockd-core", Some(&["fencing"])),
     ("lockd-store", Some(&["fencing", "lockd-core"])),
     (
-        "lockd-store-etcd",
+        "lockd-store-kv",
         Some(&["fencing", "lockd-core", "lockd-store"]),
+    ),
+    (
+        "lockd-store-etcd",
+        Some(&["fencing", "lockd-core", "lockd-store", "lockd-store-kv"]),
+    ),
+    (
+        "lockd-store-zk",
+        Some(&["fencing", "lockd-core", "lockd-store", "lockd-store-kv"]),
     ),
     ("lockd-proto", Some(&[])),
     (

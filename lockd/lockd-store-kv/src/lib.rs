@@ -1,0 +1,35 @@
+//! What lockd's stores over a key-value service share (the etcd store, and the ZooKeeper
+//! store): the state is one record per held lock, one per remembered request id, and the
+//! token high-water, each under a key of its own; only the leading lockd writes them, in
+//! transactions conditional on its leadership.
+//!
+//! - [`records`]: the records as JSON, the same in every such store.
+//! - [`Mirror`]: what the store holds, as far as the preconditions need it (the leader is the
+//!   only writer, so the mirror is exact while its term lasts), and the cutting of a batch
+//!   into [`Change`]s of [`Key`]s, piece by piece within a service's transaction limits.
+//! - [`Stored`]: the state read back (a new leader's load, a follower's warm copy).
+//!
+//! A store maps each [`Key`] to its own key or path, and each [`Change`] to its own
+//! operation; it decides nothing about the state.
+
+mod mirror;
+pub mod records;
+mod stored;
+
+pub use mirror::{Change, Key, Mirror, Piece};
+pub use stored::{Stored, high_water_value};
+
+/// Time since boot, stopped processes and suspended machines included: the clock a leader
+/// measures its term by, so that a leader that wakes up from a pause knows at once that its
+/// term may be over.
+pub fn boot_time() -> std::time::Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec; CLOCK_BOOTTIME exists on every Linux lockd
+    // supports (since 2.6.39), so the call cannot fail.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) };
+    assert_eq!(rc, 0, "clock_gettime(CLOCK_BOOTTIME) failed");
+    std::time::Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}

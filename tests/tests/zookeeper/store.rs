@@ -1,0 +1,287 @@
+//! The ZooKeeper store: the Store conformance suite against a real ZooKeeper, and what is
+//! particular to a replicated store (a deposed leader's batch, a late batch, batches beyond
+//! ZooKeeper's request size, the node layout operators read).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use e2e::zookeeper::ZkEnsemble;
+use fencing::{FencingToken, LeaseId, ResourceName};
+use lockd_core::{LeaseRecord, Op};
+use lockd_store::conformance::{Harness, sample_grant};
+use lockd_store::{Store, StoreError};
+use lockd_store_zk::{Campaign, Cluster, Term, ZkOptions, ZkStore};
+use zookeeper_client as zk;
+
+/// One ZooKeeper server, and the terms the suite's stores run in.
+struct OnZk {
+    zk: ZkEnsemble,
+    rt: tokio::runtime::Runtime,
+    cluster: Arc<Cluster>,
+    term: Option<Arc<Term>>,
+}
+
+fn options(zk: &ZkEnsemble) -> ZkOptions {
+    ZkOptions {
+        endpoints: zk.endpoints(),
+        prefix: "/lockd".to_string(),
+        request_timeout: Duration::from_secs(5),
+        session_timeout: Duration::from_secs(2),
+    }
+}
+
+impl OnZk {
+    fn new() -> OnZk {
+        let zk = ZkEnsemble::start(1);
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        let cluster = Arc::new(rt.block_on(Cluster::connect(&options(&zk))).unwrap());
+        OnZk {
+            zk,
+            rt,
+            cluster,
+            term: None,
+        }
+    }
+
+    /// Ends the current term, as its session's end would.
+    fn end_term(&mut self) {
+        if let Some(t) = self.term.take() {
+            self.rt.block_on(self.cluster.resign(&t));
+        }
+    }
+
+    /// A new term, kept (its node read, its session alive) as the leader keeps its own.
+    fn campaign(&self) -> Arc<Term> {
+        match self
+            .rt
+            .block_on(self.cluster.campaign("test", "http://test"))
+            .unwrap()
+        {
+            Campaign::Won(t) => {
+                let term = Arc::new(t);
+                let (c, t) = (Arc::clone(&self.cluster), Arc::clone(&term));
+                self.rt.spawn(async move { c.keep_leading(&t).await });
+                term
+            }
+            Campaign::Lost(l) => panic!("the only candidate lost to {l:?}"),
+        }
+    }
+
+    fn store(&self, term: &Arc<Term>) -> ZkStore {
+        let _in = self.rt.enter();
+        ZkStore::new(Arc::clone(&self.cluster), Arc::clone(term))
+    }
+
+    /// A client of its own, as an operator's `zkCli.sh` would be.
+    fn client(&self) -> zk::Client {
+        let endpoints = self.zk.endpoints().join(",");
+        self.rt.block_on(zk::Client::connect(&endpoints)).unwrap()
+    }
+}
+
+impl Harness for OnZk {
+    type S = ZkStore;
+
+    /// A new term (the previous store's leader gave up, or its session ended), whose store
+    /// starts from what ZooKeeper holds.
+    fn open(&mut self) -> ZkStore {
+        self.end_term();
+        let term = self.campaign();
+        self.term = Some(Arc::clone(&term));
+        self.store(&term)
+    }
+
+    /// Every commit is replicated when it returns; a crash of the leader only leaves its
+    /// session to expire, which `open` stands in for.
+    fn crash(&mut self, store: ZkStore) {
+        drop(store);
+    }
+}
+
+lockd_store::conformance_tests!(OnZk::new());
+
+fn record(resource: &str, token: u64) -> LeaseRecord {
+    LeaseRecord {
+        resource: ResourceName::new(resource).unwrap(),
+        lease_id: LeaseId::from_bytes([token as u8; 16]),
+        token: FencingToken::new(token).unwrap(),
+        holder: format!("h{token}"),
+        ttl_ms: 5_000,
+        request_id: Some(format!("q{token}")),
+        reentrant: None,
+        permits: None,
+        rw: None,
+    }
+}
+
+#[test]
+fn a_deposed_leaders_batch_is_refused_and_changes_nothing() {
+    let mut h = OnZk::new();
+    let mut old = h.open();
+    old.commit(&[Op::Grant(record("a", 1))], true).unwrap();
+    // The old leader's node is gone (its session ended); another instance leads.
+    h.end_term();
+    let mut new = h.open();
+    let err = old
+        .commit(&[Op::Grant(record("b", 2))], true)
+        .expect_err("a deposed leader's batch must be refused");
+    assert!(matches!(err, StoreError::Deposed(_)), "{err}");
+    let snap = new.load().unwrap();
+    assert_eq!(snap.leases, vec![record("a", 1)]);
+    assert_eq!(snap.last_token, FencingToken::new(1));
+}
+
+#[test]
+fn a_leader_whose_node_was_deleted_commits_nothing() {
+    let mut h = OnZk::new();
+    let mut store = h.open();
+    store.commit(&[Op::Grant(record("a", 1))], true).unwrap();
+    let node = h.term.as_ref().unwrap().node().to_string();
+    let operator = h.client();
+    h.rt.block_on(operator.delete(&node, None)).unwrap();
+    let err = store
+        .commit(&[Op::Grant(record("b", 2))], true)
+        .expect_err("a batch without the leader's node must be refused");
+    assert!(matches!(err, StoreError::Deposed(_)), "{err}");
+    h.term = None;
+    let snap = h.open().load().unwrap();
+    assert_eq!(snap.leases, vec![record("a", 1)]);
+}
+
+#[test]
+fn a_term_ended_by_its_own_clock_commits_nothing_though_its_node_lives() {
+    let mut h = OnZk::new();
+    let mut store = h.open();
+    store.commit(&[Op::Grant(record("a", 1))], true).unwrap();
+    let term = h.term.clone().unwrap();
+    term.end("a pause past the session timeout (test)");
+    assert!(!term.in_force());
+    let err = store
+        .commit(&[Op::Grant(record("b", 2))], true)
+        .expect_err("a batch after the term ended must be refused");
+    assert!(matches!(err, StoreError::Deposed(_)), "{err}");
+    assert!(err.to_string().contains("(test)"), "{err}");
+}
+
+/// A store that has not seen the term's last batch stands for a late attempt of an earlier
+/// batch: it must change nothing.
+#[test]
+fn a_batch_built_before_the_terms_last_commit_changes_nothing() {
+    let mut h = OnZk::new();
+    let mut store = h.open();
+    let term = h.term.clone().unwrap();
+    store.commit(&[Op::Grant(record("a", 1))], true).unwrap();
+    let mut late = h.store(&term);
+    late.load().unwrap();
+    let remove = Op::Remove {
+        resource: ResourceName::new("a").unwrap(),
+        lease_id: record("a", 1).lease_id,
+    };
+    store.commit(&[Op::Grant(record("b", 2))], true).unwrap();
+    let err = late
+        .commit(&[remove], false)
+        .expect_err("a batch built before the term's last commit must not land");
+    assert!(matches!(err, StoreError::Deposed(_)), "{err}");
+    store.commit(&[Op::Grant(record("c", 3))], true).unwrap();
+    let snap = h.open().load().unwrap();
+    let mut leases = snap.leases;
+    leases.sort_by(|x, y| x.resource.cmp(&y.resource));
+    assert_eq!(leases, vec![record("a", 1), record("b", 2), record("c", 3)]);
+}
+
+#[test]
+fn a_batch_beyond_zookeepers_request_size_is_cut_and_lands_whole() {
+    let mut h = OnZk::new();
+    let mut s = h.open();
+    // About 1.5 MiB of records: more than one request of ZooKeeper's (1 MiB).
+    let long = "h".repeat(600);
+    let grants: Vec<Op> = (1..=3000)
+        .map(|n| match sample_grant(n) {
+            Op::Grant(r) => Op::Grant(LeaseRecord {
+                holder: long.clone(),
+                ..r
+            }),
+            _ => unreachable!("a grant"),
+        })
+        .collect();
+    s.commit(&grants, true).unwrap();
+    let removes: Vec<Op> = (1..=1500)
+        .map(|n| Op::Remove {
+            resource: ResourceName::new(&format!("r{n}")).unwrap(),
+            lease_id: match sample_grant(n) {
+                Op::Grant(r) => r.lease_id,
+                _ => unreachable!("a grant"),
+            },
+        })
+        .collect();
+    s.commit(&removes, false).unwrap();
+    let snap = h.open().load().unwrap();
+    assert_eq!(snap.leases.len(), 1500);
+    assert_eq!(snap.requests.len(), 3000);
+    assert_eq!(snap.last_token, FencingToken::new(3000));
+}
+
+#[test]
+fn the_node_layout_is_the_documented_one() {
+    let mut h = OnZk::new();
+    let mut s = h.open();
+    // A name with every character ZooKeeper could not take as it is, and a request id with a
+    // slash and a space.
+    let mut rec = record("tenant/a/../b.c", 9);
+    rec.request_id = Some("retry 1/2".to_string());
+    s.commit(&[Op::Grant(rec.clone())], true).unwrap();
+    let c = h.client();
+    let get = |path: &str| -> String {
+        let (data, _) =
+            h.rt.block_on(c.get_data(path))
+                .unwrap_or_else(|e| panic!("{path}: {e}"));
+        String::from_utf8(data).unwrap()
+    };
+    assert_eq!(get("/lockd/high-water"), "9");
+    let find = |parent: &str, node: &str| -> String {
+        for b in 0..256 {
+            let path = format!("{parent}/{b:02x}");
+            let children = h.rt.block_on(c.list_children(&path)).unwrap();
+            if children.iter().any(|n| n == node) {
+                return format!("{path}/{node}");
+            }
+        }
+        panic!("{node} is in no bucket of {parent}")
+    };
+    let lock = find("/lockd/locks", "tenant%2Fa%2F%2E%2E%2Fb%2Ec");
+    let lock: serde_json::Value = serde_json::from_str(&get(&lock)).unwrap();
+    assert_eq!(lock["token"], 9);
+    assert_eq!(lock["holder"], "h9");
+    assert_eq!(lock["lease_id"], LeaseId::from_bytes([9; 16]).to_string());
+    let req = find("/lockd/requests", "retry%201%2F2");
+    let req: serde_json::Value = serde_json::from_str(&get(&req)).unwrap();
+    assert_eq!(req["resource"], "tenant/a/../b.c");
+    let members = h.rt.block_on(c.list_children("/lockd/election")).unwrap();
+    assert_eq!(members.len(), 1, "{members:?}");
+    let leader: serde_json::Value =
+        serde_json::from_str(&get(&format!("/lockd/election/{}", members[0]))).unwrap();
+    assert_eq!(leader["address"], "http://test");
+    let batch = get("/lockd/batch");
+    assert!(
+        batch.starts_with(&format!("{}:", h.term.as_ref().unwrap().node())),
+        "{batch}"
+    );
+    // What lockd read back is what it wrote, under both names.
+    let snap = h.open().load().unwrap();
+    assert_eq!(snap.leases, vec![rec.clone()]);
+    assert_eq!(snap.requests[0].request_id.as_deref(), Some("retry 1/2"));
+}
+
+#[test]
+fn a_node_lockd_did_not_write_is_refused_on_load() {
+    let mut h = OnZk::new();
+    let mut s = h.open();
+    s.commit(&[Op::Grant(record("a", 1))], true).unwrap();
+    let c = h.client();
+    let options = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
+    h.rt.block_on(c.create("/lockd/locks/00/not%2fencoded", b"{}", &options))
+        .unwrap();
+    let err = h.open().load().expect_err("a foreign node must be refused");
+    assert!(matches!(err, StoreError::Corrupt(_)), "{err}");
+    assert!(err.to_string().contains("not%2fencoded"), "{err}");
+}
