@@ -1,7 +1,7 @@
 //! The API conformance suite: what every lockd backend must do, checked through the gRPC API
 //! against the real binary. The embedded backend runs it from the `lockd` tests, the etcd
-//! backend from the `etcd` tests ([`api_suite!`](crate::api_suite)), so that both keep one
-//! contract: contention, FIFO hand-off, expiry, request-id de-duplication, stale lease ids,
+//! backend from the `etcd` tests, the ZooKeeper backend from the `zookeeper` tests
+//! ([`api_suite!`](crate::api_suite)), so that all keep one contract: contention, FIFO hand-off, expiry, request-id de-duplication, stale lease ids,
 //! tokens across restarts, the longest fields, cancelled waiters, a retried waiter keeping its
 //! place, queue limits, bad input, tenants, batched renewals and releases, reentrant locks, atomic
 //! sets, semaphores, read-write locks.
@@ -23,6 +23,7 @@ use tonic::transport::Channel;
 use tonic::{Code, Status};
 
 use crate::etcd::EtcdCluster;
+use crate::zookeeper::ZkEnsemble;
 use crate::{Lockd, PATIENCE};
 
 mod kinds;
@@ -71,6 +72,30 @@ impl Backend for OverEtcd {
     fn start(&self, dir: &Path, extra: &[&str]) -> Lockd {
         let lockd = self.0.lockd(dir, extra);
         // After a restart the predecessor's leadership must run out first.
+        lockd.wait_event(crate::etcd::LEADING, |_| true);
+        lockd
+    }
+}
+
+/// lockd over a ZooKeeper ensemble (one server, one lockd, which leads).
+pub struct OverZooKeeper(pub ZkEnsemble);
+
+impl OverZooKeeper {
+    pub fn new() -> OverZooKeeper {
+        OverZooKeeper(ZkEnsemble::start(1))
+    }
+}
+
+impl Default for OverZooKeeper {
+    fn default() -> OverZooKeeper {
+        OverZooKeeper::new()
+    }
+}
+
+impl Backend for OverZooKeeper {
+    fn start(&self, dir: &Path, extra: &[&str]) -> Lockd {
+        let lockd = self.0.lockd(dir, extra);
+        // After a restart the predecessor's session must end first.
         lockd.wait_event(crate::etcd::LEADING, |_| true);
         lockd
     }

@@ -33,9 +33,9 @@ pub fn readiness(routes: &Routes) -> Result<(), &'static str> {
         Routes::Single(driver) if driver.serving() => Ok(()),
         Routes::Single(_) => Err("lockd is shutting down"),
         Routes::Cluster(ha) if ha.ready() => Ok(()),
-        Routes::Cluster(_) => {
-            Err("no leader is known (an election is under way, or etcd is out of reach)")
-        }
+        Routes::Cluster(_) => Err(
+            "no leader is known (an election is under way, or etcd or ZooKeeper is out of reach)",
+        ),
     }
 }
 

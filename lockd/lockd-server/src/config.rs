@@ -79,6 +79,9 @@ pub enum Backend {
     Embedded,
     /// An etcd cluster: several lockd instances, one of which leads; etcd stores its state.
     Etcd,
+    /// A ZooKeeper ensemble: several lockd instances, one of which leads; ZooKeeper stores
+    /// its state.
+    Zookeeper,
 }
 
 /// Every setting, optional: what one source (flags+environment, or the file) says.
@@ -133,7 +136,7 @@ pub struct Settings {
     #[arg(long, env = "LOCKD_CONNECTIONS_MAX", value_name = "N")]
     pub connections_max: Option<usize>,
 
-    /// Where the locks live: `embedded` (redb in data_dir) or `etcd` [default: embedded].
+    /// Where the locks live: `embedded` (redb in data_dir), `etcd` or `zookeeper` [default: embedded].
     #[arg(long, env = "LOCKD_BACKEND", value_name = "BACKEND")]
     pub backend: Option<Backend>,
 
@@ -178,7 +181,28 @@ pub struct Settings {
     #[arg(long, env = "LOCKD_ETCD_KEY", value_name = "FILE")]
     pub etcd_key: Option<PathBuf>,
 
-    /// URL the other instances forward calls to while this one leads (backend etcd) [default: http:// plus the listen address].
+    /// ZooKeeper servers, comma-separated host:port (backend zookeeper) [default: 127.0.0.1:2181].
+    #[arg(
+        long,
+        env = "LOCKD_ZK_ENDPOINTS",
+        value_name = "HOSTS",
+        value_delimiter = ','
+    )]
+    pub zk_endpoints: Option<Vec<String>>,
+
+    /// ZooKeeper path under which this lockd cluster keeps its nodes; clusters sharing an ensemble use different ones [default: /lockd].
+    #[arg(long, env = "LOCKD_ZK_PREFIX", value_name = "PATH")]
+    pub zk_prefix: Option<String>,
+
+    /// Longest the ZooKeeper work of one call may take before it is answered UNAVAILABLE, in ms [default: 3000].
+    #[arg(long, env = "LOCKD_ZK_REQUEST_TIMEOUT_MS", value_name = "MS")]
+    pub zk_request_timeout_ms: Option<u64>,
+
+    /// ZooKeeper session timeout asked for, in ms: how long the cluster may stay without a leader when the leader dies (ZooKeeper grants it within its minSessionTimeout and maxSessionTimeout) [default: 6000].
+    #[arg(long, env = "LOCKD_ZK_SESSION_TIMEOUT_MS", value_name = "MS")]
+    pub zk_session_timeout_ms: Option<u64>,
+
+    /// URL the other instances forward calls to while this one leads (backend etcd or zookeeper) [default: http:// plus the listen address].
     #[arg(long, env = "LOCKD_ADVERTISE", value_name = "URL")]
     pub advertise: Option<String>,
 
@@ -194,7 +218,7 @@ pub struct Settings {
     #[arg(long, env = "LOCKD_TLS_CLIENT_CA", value_name = "FILE")]
     pub tls_client_ca: Option<PathBuf>,
 
-    /// CA (PEM) of the other instances' certificates, for forwarding to the leader over TLS (backend etcd) [default: tls_client_ca].
+    /// CA (PEM) of the other instances' certificates, for forwarding to the leader over TLS (backend etcd or zookeeper) [default: tls_client_ca].
     #[arg(long, env = "LOCKD_TLS_PEER_CA", value_name = "FILE")]
     pub tls_peer_ca: Option<PathBuf>,
 
@@ -281,6 +305,10 @@ pub struct Config {
     pub etcd_leader_ttl_ms: u64,
     pub etcd_max_txn_ops: usize,
     pub etcd_compact_every_ms: u64,
+    pub zk_endpoints: Vec<String>,
+    pub zk_prefix: String,
+    pub zk_request_timeout_ms: u64,
+    pub zk_session_timeout_ms: u64,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub etcd_ca: Option<PathBuf>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -327,6 +355,10 @@ impl Default for Config {
             etcd_leader_ttl_ms: 3_000,
             etcd_max_txn_ops: 128,
             etcd_compact_every_ms: 300_000,
+            zk_endpoints: vec!["127.0.0.1:2181".to_string()],
+            zk_prefix: "/lockd".to_string(),
+            zk_request_timeout_ms: 3_000,
+            zk_session_timeout_ms: 6_000,
             etcd_ca: None,
             etcd_cert: None,
             etcd_key: None,
@@ -392,7 +424,11 @@ impl Config {
             etcd_request_timeout_ms,
             etcd_leader_ttl_ms,
             etcd_max_txn_ops,
-            etcd_compact_every_ms
+            etcd_compact_every_ms,
+            zk_endpoints,
+            zk_prefix,
+            zk_request_timeout_ms,
+            zk_session_timeout_ms
         );
         if let Some(a) = s.admin_listen {
             self.admin_listen = Some(a);
@@ -544,6 +580,11 @@ impl Config {
             {
                 bail!("etcd_compact_every_ms must be 0 (never) or 1000 ..= 86400000");
             }
+        }
+        if self.backend == Backend::Zookeeper {
+            self.validate_zookeeper()?;
+        }
+        if self.backend != Backend::Embedded {
             match &self.advertise {
                 Some(a)
                     if !(a.starts_with("http://") && a.len() > "http://".len()
@@ -589,10 +630,10 @@ impl Config {
             (None, None) => {}
             _ => bail!("tls_cert and tls_key go together: give both, or neither"),
         }
-        if self.backend == Backend::Etcd && self.tls_cert.is_some() {
+        if self.backend != Backend::Embedded && self.tls_cert.is_some() {
             if self.tls_peer_ca.is_none() && self.tls_client_ca.is_none() {
                 bail!(
-                    "with TLS, backend etcd needs tls_peer_ca (the CA of the other instances' certificates), or tls_client_ca, so that followers can forward to the leader"
+                    "with TLS, backends etcd and zookeeper need tls_peer_ca (the CA of the other instances' certificates), or tls_client_ca, so that followers can forward to the leader"
                 );
             }
             if let Some(a) = &self.advertise
@@ -600,6 +641,42 @@ impl Config {
             {
                 bail!("advertise {a:?} must be an https:// URL when lockd serves TLS");
             }
+        }
+        Ok(())
+    }
+
+    /// The ZooKeeper settings, checked (backend zookeeper).
+    fn validate_zookeeper(&self) -> Result<(), ConfigError> {
+        macro_rules! bail {
+            ($($arg:tt)*) => { return Err(ConfigError::Invalid(format!($($arg)*))) };
+        }
+        if self.zk_endpoints.is_empty() {
+            bail!("zk_endpoints must name at least one ZooKeeper server");
+        }
+        for e in &self.zk_endpoints {
+            let port = e
+                .rsplit_once(':')
+                .map(|(host, port)| (host, port.parse::<u16>()));
+            match port {
+                Some((host, Ok(p)))
+                    if !host.is_empty() && p > 0 && !host.contains(['/', '@', ',']) => {}
+                _ => bail!(
+                    "ZooKeeper endpoint {e:?} must be host:port, e.g. 127.0.0.1:2181 (no scheme, no path: the path is zk_prefix)"
+                ),
+            }
+            if !self.insecure && !loopback_url(&format!("http://{e}")) {
+                bail!(
+                    "ZooKeeper endpoint {e:?} is not on loopback, and lockd speaks to ZooKeeper in plaintext: run lockd next to a ZooKeeper server, or set insecure = true"
+                );
+            }
+        }
+        lockd_store_zk::paths::Paths::new(&self.zk_prefix)
+            .map_err(|e| ConfigError::Invalid(e.to_string()))?;
+        if !(100..=60_000).contains(&self.zk_request_timeout_ms) {
+            bail!("zk_request_timeout_ms must be 100 ..= 60000");
+        }
+        if !(1_000..=120_000).contains(&self.zk_session_timeout_ms) {
+            bail!("zk_session_timeout_ms must be 1000 ..= 120000");
         }
         Ok(())
     }

@@ -1,36 +1,38 @@
-//! lockd over etcd: which instance leads, and where every other instance sends its calls.
+//! lockd over a coordination service (etcd or ZooKeeper, [`crate::coord`]): which instance
+//! leads, and where every other instance sends its calls.
 //!
-//! Each instance runs [`Ha::run`]: it campaigns for the leader key; the winner loads the
-//! state from etcd, rebuilds the same core as the embedded mode (every stored lease gets a
-//! full TTL from now, tokens continue above the stored high-water) and serves it over an
-//! [`EtcdStore`] until its term ends; the others *follow*. A follower forwards every call to
-//! the leader (the client may talk to any instance) and keeps reading the leader key, so that
-//! it campaigns as soon as the key is gone.
+//! Each instance runs [`Ha::run`]: it campaigns for leadership; the winner loads the stored
+//! state, rebuilds the same core as the embedded mode (every stored lease gets a full TTL from
+//! now, tokens continue above the stored high-water) and serves it over the term's store until
+//! its term ends; the others *follow*. A follower forwards every call to the leader (the client
+//! may talk to any instance) and keeps looking at who leads, so that it campaigns as soon as
+//! the leader is gone.
 //!
-//! Every instance that does not lead keeps a warm copy of the stored state (a full read, then
-//! a watch of the prefix), so that a new leader starts from it once the copy has reached the
-//! term's own revision, instead of reading everything (which takes seconds with a million
-//! remembered request ids); it reads everything when the copy is not there in time.
+//! Over etcd, every instance that does not lead keeps a warm copy of the stored state (a full
+//! read, then a watch of the prefix), so that a new leader starts from it once the copy has
+//! reached the term's own revision, instead of reading everything (which takes seconds with a
+//! million remembered request ids); it reads everything when the copy is not there in time.
 //!
-//! A term ends when its lease cannot be kept alive in time, when etcd refuses or fails a batch
-//! (the writer stops), or on shutdown. The driver is then deposed: queued waits and new calls
-//! are answered UNAVAILABLE `not_leader`, the lease is revoked (so another instance need not
-//! wait for the TTL), and the instance campaigns again.
+//! A term ends when it cannot be kept in force in time (etcd's lease, ZooKeeper's session),
+//! when the service refuses or fails a batch (the writer stops), or on shutdown. The driver
+//! is then deposed: queued waits and new calls are answered UNAVAILABLE `not_leader`, the
+//! leadership is given up (so another instance need not wait for it to run out), and the
+//! instance campaigns again.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use lockd_core::{Core, Limits, Tenancy};
 use lockd_proto::v1::lock_service_client::LockServiceClient;
-use lockd_store_etcd::keys::LeaderRecord;
-use lockd_store_etcd::{Campaign, Cluster, EtcdStore, Member, Term, Warm, highwater};
+use lockd_store_etcd::Member;
 use tokio::sync::watch;
 use tonic::Status;
 use tonic::transport::{Channel, Endpoint};
 use tracing::{error, info, warn};
 
 use crate::clock::Clock;
-use crate::driver::{Authority, Driver, OsLeaseIds};
+use crate::coord::{Campaigned, Coordination, Leader, Leading};
+use crate::driver::{Driver, OsLeaseIds};
 use crate::server::MAX_MESSAGE_BYTES;
 use crate::status::{no_leader, not_leader};
 use crate::writer::Writer;
@@ -38,14 +40,10 @@ use crate::writer::Writer;
 /// How often a follower reads the leader key (and the stored high-water).
 const FOLLOW_EVERY: Duration = Duration::from_millis(200);
 
-/// How long a new leader waits for its warm copy to reach the term's revision before it
-/// reads the whole state instead.
-const WARM_CATCH_UP: Duration = Duration::from_millis(500);
-
 /// The pause before campaigning again after the state could not be loaded.
 const LOAD_RETRY_AFTER: Duration = Duration::from_secs(2);
 
-/// The pause before campaigning again after etcd failed.
+/// The pause before campaigning again after the coordination service failed.
 const CAMPAIGN_RETRY_AFTER: Duration = Duration::from_millis(200);
 
 /// Metadata on a forwarded call: an instance that does not lead does not forward it again.
@@ -58,24 +56,6 @@ pub const INSTANCE_METADATA: &str = "lockd-instance";
 
 /// Attempts of the advertise check before the leader gives up.
 const PROBE_ATTEMPTS: u32 = 3;
-
-impl Authority for Term {
-    fn in_force(&self) -> bool {
-        Term::in_force(self)
-    }
-
-    /// Up to the point etcd's clock has surely reached, by the last clock check.
-    fn expiry_limit(&self, now: lockd_core::Millis) -> Option<lockd_core::Millis> {
-        let behind = lockd_store_etcd::boot_time().saturating_sub(self.proven());
-        Some(now.saturating_sub(behind.as_millis() as u64))
-    }
-
-    fn trusted_again(
-        &self,
-    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + 'static>> {
-        Box::pin(self.verified())
-    }
-}
 
 /// What this instance is now.
 #[derive(Clone)]
@@ -99,12 +79,10 @@ pub enum Route {
 
 /// See the module documentation.
 pub struct Ha {
-    cluster: Arc<Cluster>,
+    coord: Arc<dyn Coordination>,
     me: Member,
     limits: Limits,
     sync_interval: Duration,
-    /// How often the leader compacts etcd's history (`None`: never).
-    compact_every: Option<Duration>,
     role: watch::Sender<Role>,
     stop: watch::Sender<bool>,
     /// A forward failed: the follower looks at the leader key again at once.
@@ -121,20 +99,18 @@ pub struct Ha {
 
 impl Ha {
     pub fn new(
-        cluster: Arc<Cluster>,
+        coord: Arc<dyn Coordination>,
         me: Member,
         limits: Limits,
         sync_interval: Duration,
-        compact_every: Option<Duration>,
         peer_tls: Option<tonic::transport::ClientTlsConfig>,
         tenancy: Option<Arc<Tenancy>>,
     ) -> Ha {
         Ha {
-            cluster,
+            coord,
             me,
             limits,
             sync_interval,
-            compact_every,
             role: watch::channel(Role::Candidate).0,
             stop: watch::channel(false).0,
             look_again: tokio::sync::Notify::new(),
@@ -144,11 +120,11 @@ impl Ha {
         }
     }
 
-    /// Where a call goes now. Waits (up to the etcd request timeout) while there is no leader;
+    /// Where a call goes now. Waits (up to the request timeout) while there is no leader;
     /// a call that was forwarded already is served here or refused, never forwarded again.
     pub async fn route(&self, forwarded: bool) -> Result<Route, Status> {
         let mut rx = self.role.subscribe();
-        let deadline = tokio::time::Instant::now() + self.cluster.request_timeout();
+        let deadline = tokio::time::Instant::now() + self.coord.request_timeout();
         loop {
             let role = rx.borrow_and_update().clone();
             match role {
@@ -171,8 +147,9 @@ impl Ha {
                 .is_err()
             {
                 return Err(no_leader(format!(
-                    "no lockd leader within {:?}: an election is under way, or etcd is out of reach",
-                    self.cluster.request_timeout()
+                    "no lockd leader within {:?}: an election is under way, or {} is out of reach",
+                    self.coord.request_timeout(),
+                    self.coord.service()
                 )));
             }
         }
@@ -252,7 +229,7 @@ impl Ha {
         }
     }
 
-    /// Resolves once this instance no longer follows the leader at `address` (the leader key
+    /// Resolves once this instance no longer follows the leader at `address` (the leadership
     /// moved on, or is gone).
     pub async fn moved_from(&self, address: &str) {
         let mut rx = self.role.subscribe();
@@ -262,12 +239,12 @@ impl Ha {
     }
 
     /// A call forwarded to `failed` did not reach it (the leader died or stepped down): looks
-    /// at the leader key again at once, and waits (up to the etcd request timeout) until the
-    /// leadership has moved; then says where the call goes now.
+    /// at who leads again at once, and waits (up to the request timeout) until the leadership
+    /// has moved; then says where the call goes now.
     pub async fn reroute(&self, failed: &str) -> Result<Route, Status> {
         self.look_again.notify_one();
         let mut rx = self.role.subscribe();
-        let deadline = tokio::time::Instant::now() + self.cluster.request_timeout();
+        let deadline = tokio::time::Instant::now() + self.coord.request_timeout();
         loop {
             let moved = match &*rx.borrow_and_update() {
                 Role::Follower { leader, .. } => leader != failed,
@@ -283,7 +260,7 @@ impl Ha {
             {
                 return Err(no_leader(format!(
                     "the leader {failed} cannot be reached, and no other took over within {:?}",
-                    self.cluster.request_timeout()
+                    self.coord.request_timeout()
                 )));
             }
         }
@@ -300,43 +277,32 @@ impl Ha {
 
     /// Campaigns, leads and follows until [`Ha::shutdown`].
     pub async fn run(self: Arc<Self>) {
-        let flusher = tokio::spawn(flush_high_water(
-            Arc::clone(&self.cluster),
-            self.stop.subscribe(),
-        ));
-        let etcd_leader = tokio::spawn(prefer_etcd_leader(
-            Arc::clone(&self.cluster),
-            self.stop.subscribe(),
-        ));
+        let background = Arc::clone(&self.coord).background(self.stop.subscribe());
         // Since when this instance has known of no leader (for the time it logs on taking over).
         let mut leader_gone = Instant::now();
-        // The warm copy of the state, kept while not leading.
-        let mut warm: Option<(Arc<Warm>, tokio::task::JoinHandle<()>)> = None;
         while !self.stopping() {
-            if warm.is_none() {
-                warm = Some(self.keep_warm());
-            }
+            self.coord.warm_up();
             if !self.may_lead.load(std::sync::atomic::Ordering::Acquire) {
-                match self.cluster.observe().await {
-                    Ok(Some((leader, lease))) => self.follow(Some(leader), lease).await,
+                match self.coord.observe().await {
+                    Ok(Some(leader)) => self.follow(Some(leader)).await,
                     Ok(None) => {
                         self.set(Role::Candidate);
                         self.pause(FOLLOW_EVERY).await;
                     }
                     Err(e) => {
-                        warn!(error = %e, "cannot read the leader key");
+                        warn!(error = %e, "cannot read who leads");
                         self.pause(FOLLOW_EVERY).await;
                     }
                 }
                 continue;
             }
-            match self.cluster.campaign(&self.me).await {
-                Ok(Campaign::Won(term)) => {
-                    self.lead(term, leader_gone, warm.take()).await;
+            match self.coord.campaign(&self.me).await {
+                Ok(Campaigned::Won(term)) => {
+                    self.lead(term, leader_gone).await;
                     leader_gone = Instant::now();
                 }
-                Ok(Campaign::Lost(leader, lease)) => {
-                    self.follow(leader, lease).await;
+                Ok(Campaigned::Lost(leader)) => {
+                    self.follow(leader).await;
                     leader_gone = Instant::now();
                 }
                 Err(e) => {
@@ -347,11 +313,10 @@ impl Ha {
             }
         }
         self.set(Role::Stopped);
-        if let Some((_, task)) = warm {
-            task.abort();
+        self.coord.cool_down();
+        for task in background {
+            let _ = task.await;
         }
-        let _ = flusher.await;
-        etcd_leader.abort();
     }
 
     fn set(&self, role: Role) {
@@ -366,62 +331,22 @@ impl Ha {
         let _ = tokio::time::timeout(d, stop.changed()).await;
     }
 
-    /// A task that keeps a copy of the stored state current (started again whenever the
-    /// watch fails).
-    fn keep_warm(&self) -> (Arc<Warm>, tokio::task::JoinHandle<()>) {
-        let warm = Arc::new(Warm::default());
-        let task = tokio::spawn({
-            let (cluster, warm) = (Arc::clone(&self.cluster), Arc::clone(&warm));
-            async move {
-                loop {
-                    if let Err(e) = cluster.keep_warm(&warm).await {
-                        warn!(error = %e, "the warm copy of the state stopped; reading it again");
-                    }
-                    tokio::time::sleep(CAMPAIGN_RETRY_AFTER).await;
-                }
-            }
-        });
-        (warm, task)
-    }
-
     /// One term as leader.
-    async fn lead(
-        &self,
-        term: Term,
-        leader_gone: Instant,
-        warm: Option<(Arc<Warm>, tokio::task::JoinHandle<()>)>,
-    ) {
-        let term = Arc::new(term);
+    async fn lead(&self, term: Box<dyn Leading>, leader_gone: Instant) {
         let won = Instant::now();
-        // The lease is kept alive from the start: loading a large state takes a while.
-        let keep = self.cluster.keep_leading(&term);
+        let service = self.coord.service();
+        // The term is kept in force from the start: loading a large state takes a while.
+        let keep = term.keep();
         tokio::pin!(keep);
-        let mut store = EtcdStore::new(Arc::clone(&self.cluster), Arc::clone(&term));
-        let copy = match warm {
-            Some((warm, task)) => {
-                let copy = warm.take_at(term.revision(), WARM_CATCH_UP).await;
-                task.abort();
-                copy
-            }
-            None => None,
-        };
-        let from = if copy.is_some() { "warm copy" } else { "etcd" };
-        let load = async {
-            match &copy {
-                Some(stored) => store.load_from(stored).await,
-                None => store.load_async().await,
-            }
-        };
         let loaded = tokio::select! {
-            loaded = load => loaded.map_err(|e| e.to_string()),
+            loaded = term.load() => loaded,
             why = &mut keep => Err(why),
         };
-        drop(copy);
-        let snapshot = match loaded {
-            Ok(s) => s,
+        let (store, snapshot, from) = match loaded {
+            Ok(loaded) => loaded,
             Err(e) => {
-                error!(error = %e, "cannot load the state from etcd; giving the leadership up");
-                self.cluster.resign(&term).await;
+                error!(error = %e, "cannot load the state from {service}; giving the leadership up");
+                term.resign().await;
                 // Damaged data stays damaged: do not churn leases five times a second.
                 self.pause(LOAD_RETRY_AFTER).await;
                 return;
@@ -436,10 +361,10 @@ impl Ha {
         ) {
             Ok(core) => core,
             Err(e) => {
-                // What etcd holds breaks the invariants: no instance may serve it until it is
-                // repaired (the others find the same), and none exits over it.
-                error!(error = %e, "the state in etcd is inconsistent; giving the leadership up");
-                self.cluster.resign(&term).await;
+                // What the service holds breaks the invariants: no instance may serve it until
+                // it is repaired (the others find the same), and none exits over it.
+                error!(error = %e, "the state in {service} is inconsistent; giving the leadership up");
+                term.resign().await;
                 self.pause(LOAD_RETRY_AFTER).await;
                 return;
             }
@@ -449,13 +374,13 @@ impl Ha {
         let last_token = core.last_token().map_or(0, |t| t.get());
         let (failed_tx, mut failed) = watch::channel(None::<String>);
         let writer = Writer::start(
-            Box::new(store),
+            store,
             self.sync_interval,
             Box::new(move |e| {
                 failed_tx.send_replace(Some(e.to_string()));
             }),
         );
-        let driver = Arc::new(Driver::new(core, writer, clock).with_authority(term.clone()));
+        let driver = Arc::new(Driver::new(core, writer, clock).with_authority(term.authority()));
         let timer = tokio::spawn({
             let driver = Arc::clone(&driver);
             async move { driver.run_timer().await }
@@ -463,8 +388,7 @@ impl Ha {
         self.set(Role::Leader(Arc::clone(&driver)));
         crate::metrics::get().took_over(leader_gone.elapsed());
         info!(
-            lease = term.lease(),
-            revision = term.revision(),
+            term = %term.describe(),
             leases = stats.leases,
             requests = stats.requests,
             last_token,
@@ -473,9 +397,7 @@ impl Ha {
             without_leader_ms = leader_gone.elapsed().as_millis() as u64,
             "leading: every stored lease gets a full TTL from now"
         );
-        let compactor = self
-            .compact_every
-            .map(|every| tokio::spawn(compact(Arc::clone(&self.cluster), every)));
+        let alongside = term.while_leading();
         let mut stop = self.stop.subscribe();
         let misadvertised = async {
             match self.check_advertise().await {
@@ -492,21 +414,21 @@ impl Ha {
             }
             why = failed.wait_for(Option::is_some) => {
                 let why = why.map(|w| w.clone().unwrap_or_default()).unwrap_or_default();
-                format!("etcd refused or failed a batch: {why}")
+                format!("{service} refused or failed a batch: {why}")
             }
             _ = stop.wait_for(|s| *s) => "shutting down".to_string(),
         };
         // No call reaches the driver from now on; the ones inside it end.
         self.set(Role::Candidate);
-        if let Some(c) = compactor {
-            c.abort();
+        if let Some(task) = alongside {
+            task.abort();
         }
         driver.depose();
         let _ = timer.await;
         // Releases and expiries not yet committed are committed if the term still holds.
         let closing = Arc::clone(&driver);
         let _ = tokio::task::spawn_blocking(move || closing.close_store()).await;
-        self.cluster.resign(&term).await;
+        term.resign().await;
         if self.stopping() {
             info!("stopped leading: shutting down");
         } else {
@@ -516,19 +438,19 @@ impl Ha {
         }
     }
 
-    /// Follows `leader` until the leader key is gone and its leadership lease with it (or
-    /// this instance stops).
-    async fn follow(&self, leader: Option<LeaderRecord>, lease: i64) {
+    /// Follows `leader` until its leadership is gone (or this instance stops).
+    async fn follow(&self, leader: Option<Leader>) {
         let mut current: Option<String> = None;
-        let mut leader = leader.map(|l| (l, lease));
-        // The lease of the last leader seen, and since when a leader names this address.
-        let mut last_lease = None;
+        let mut leader = leader;
+        // The last leader seen, and since when a leader names this address.
+        let mut last: Option<Leader> = None;
         let mut on_my_address: Option<Instant> = None;
         loop {
             match &leader {
-                Some((l, lease)) if current.as_deref() != Some(l.id.as_str()) => {
+                Some(seen) if current.as_deref() != Some(seen.record.id.as_str()) => {
+                    let l = &seen.record;
                     current = Some(l.id.clone());
-                    last_lease = Some(*lease);
+                    last = Some(seen.clone());
                     on_my_address = None;
                     // The leader advertises this instance's address: a predecessor on it (killed,
                     // its lease not yet run out), or one of the two advertise settings is wrong.
@@ -555,23 +477,24 @@ impl Ha {
                         }
                     }
                 }
-                Some((l, _)) => {
-                    // A dead predecessor's lease runs out within its TTL; a live leader that
-                    // keeps naming this address has a wrong advertise setting.
+                Some(seen) => {
+                    let l = &seen.record;
+                    // A dead predecessor's leadership runs out within its TTL; a live leader
+                    // that keeps naming this address has a wrong advertise setting.
                     if let Some(since) = on_my_address
-                        && since.elapsed() > self.cluster.leader_ttl() * 2
+                        && since.elapsed() > self.coord.leader_ttl() * 2
                     {
                         error!(leader = %l.id, address = %l.address, "the leader advertises this instance's address (its advertise setting is wrong): nobody can forward to it; fix its advertise, or stop it");
                         on_my_address = None;
                     }
                 }
                 None if current.is_some() => {
-                    // The key is gone. If its lease is not, the key was deleted by hand and
-                    // the old leader may still be answering until its keep-alive notices:
-                    // no new leader before that lease has ended.
-                    let alive = match last_lease {
-                        Some(lease) if lease != 0 => self.cluster.lease_alive(lease).await,
-                        _ => Ok(false),
+                    // The leader is gone. If its leadership is not (etcd: the key deleted by
+                    // hand, its lease alive), the old leader may still be answering until it
+                    // notices: no new leader before that leadership has ended.
+                    let alive = match &last {
+                        Some(seen) => self.coord.leadership_alive(seen).await,
+                        None => Ok(false),
                     };
                     match alive {
                         Ok(false) => {
@@ -586,14 +509,15 @@ impl Ha {
                             return;
                         }
                         Ok(true) => warn!(
-                            "the leader key is gone but its leadership lease is not (deleted by hand?); waiting for the lease to end"
+                            "the leader's record is gone but its leadership is not (deleted by hand?); waiting for it to end"
                         ),
-                        Err(e) => warn!(error = %e, "cannot read the old leader's lease"),
+                        Err(e) => warn!(error = %e, "cannot read the old leader's leadership"),
                     }
                 }
                 None => {
-                    // The key holds something lockd did not write: do not campaign in a loop.
-                    warn!("the leader key holds no leader record; waiting");
+                    // The leadership holds something lockd did not write: do not campaign in a
+                    // loop.
+                    warn!("the leader holds no leader record lockd can read; waiting");
                     self.pause(FOLLOW_EVERY).await;
                     return;
                 }
@@ -605,9 +529,9 @@ impl Ha {
             if self.stopping() {
                 return;
             }
-            match self.cluster.observe().await {
+            match self.coord.observe().await {
                 Ok(l) => leader = l,
-                Err(e) => warn!(error = %e, "cannot read the leader key"),
+                Err(e) => warn!(error = %e, "cannot read who leads"),
             }
         }
     }
@@ -663,54 +587,5 @@ impl Forwarders {
     fn next(&self) -> LockServiceClient<Channel> {
         let i = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         self.clients[i % self.clients.len()].clone()
-    }
-}
-
-/// While leading: every `every`, compacts etcd's history up to the revision of one interval
-/// before (so that one interval of history is always kept).
-async fn compact(cluster: Arc<Cluster>, every: Duration) {
-    let mut previous = None;
-    loop {
-        tokio::time::sleep(every).await;
-        let now = match cluster.revision().await {
-            Ok(r) => r,
-            Err(e) => {
-                warn!(error = %e, "cannot read etcd's revision to compact");
-                continue;
-            }
-        };
-        if let Some(revision) = previous.replace(now) {
-            match cluster.compact(revision).await {
-                Ok(()) => info!(revision, "compacted etcd's history"),
-                Err(e) => warn!(error = %e, revision, "cannot compact etcd's history"),
-            }
-        }
-    }
-}
-
-/// Writes the high-water file every [`highwater::FLUSH_EVERY`], and once more at the end.
-async fn flush_high_water(cluster: Arc<Cluster>, mut stop: watch::Receiver<bool>) {
-    loop {
-        let c = Arc::clone(&cluster);
-        match tokio::task::spawn_blocking(move || c.high_water().flush()).await {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => error!(error = %e, "cannot write the token high-water file"),
-            Err(e) => error!(error = %e, "the high-water flush panicked"),
-        }
-        if *stop.borrow_and_update() {
-            return;
-        }
-        let _ = tokio::time::timeout(highwater::FLUSH_EVERY, stop.changed()).await;
-    }
-}
-
-/// Sends etcd calls to etcd's leader first, checking every few seconds.
-async fn prefer_etcd_leader(cluster: Arc<Cluster>, mut stop: watch::Receiver<bool>) {
-    loop {
-        cluster.prefer_etcd_leader().await;
-        if *stop.borrow_and_update() {
-            return;
-        }
-        let _ = tokio::time::timeout(Duration::from_secs(2), stop.changed()).await;
     }
 }

@@ -18,6 +18,7 @@ pub mod admin;
 pub mod audit;
 pub mod clock;
 pub mod config;
+pub mod coord;
 pub mod driver;
 pub mod ha;
 pub mod metrics;

@@ -13,11 +13,13 @@ use tracing::{error, info};
 
 use crate::clock::Clock;
 use crate::config::{Backend, Config};
+use crate::coord::{Coordination, Etcd, ZooKeeper};
 use crate::driver::{Driver, OsLeaseIds};
 use crate::ha::Ha;
 use crate::service::{LockApi, Routes};
 use crate::writer::Writer;
 use lockd_store_etcd::{Cluster, EtcdOptions, Member};
+use lockd_store_zk::ZkOptions;
 
 /// Largest gRPC message lockd accepts: room for the largest valid request, a RenewMany or
 /// ReleaseMany of `limits::BATCH_MAX` entries with names at their limit (each entry is the
@@ -45,6 +47,8 @@ pub enum ServeError {
     Inconsistent(#[from] lockd_core::RecoverError),
     #[error("starting the etcd backend: {0}")]
     Etcd(#[source] lockd_store_etcd::EtcdError),
+    #[error("ZooKeeper: {0}")]
+    ZooKeeper(#[source] lockd_store_zk::ZkError),
     #[error("cannot listen on {addr}: {source}")]
     Listen {
         addr: std::net::SocketAddr,
@@ -74,8 +78,8 @@ pub async fn run(
     if let Some(target) = &config.audit_log {
         crate::audit::start(target).map_err(ServeError::Audit)?;
     }
-    if config.backend == Backend::Etcd {
-        return run_etcd(config, shutdown).await;
+    if config.backend != Backend::Embedded {
+        return run_cluster(config, shutdown).await;
     }
     let options = RedbStoreOptions {
         cache_size_bytes: config.cache_size_mb << 20,
@@ -143,11 +147,28 @@ pub async fn run(
     Ok(())
 }
 
-/// lockd over an etcd cluster: campaign, then lead or follow (see [`crate::ha`]).
-async fn run_etcd(
-    config: Config,
-    shutdown: impl Future<Output = ()> + Send + 'static,
-) -> Result<(), ServeError> {
+/// The coordination service `config` names, connected.
+async fn coordination(config: &Config) -> Result<Arc<dyn Coordination>, ServeError> {
+    if config.backend == Backend::Zookeeper {
+        let options = ZkOptions {
+            endpoints: config.zk_endpoints.clone(),
+            prefix: config.zk_prefix.clone(),
+            request_timeout: Duration::from_millis(config.zk_request_timeout_ms),
+            session_timeout: Duration::from_millis(config.zk_session_timeout_ms),
+        };
+        let cluster = lockd_store_zk::Cluster::connect(&options)
+            .await
+            .map_err(ServeError::ZooKeeper)?;
+        info!(
+            endpoints = ?config.zk_endpoints,
+            prefix = %config.zk_prefix,
+            "connected to ZooKeeper"
+        );
+        return Ok(Arc::new(ZooKeeper::new(
+            Arc::new(cluster),
+            options.session_timeout,
+        )));
+    }
     let options = EtcdOptions {
         endpoints: config.etcd_endpoints.clone(),
         prefix: config.etcd_prefix.clone(),
@@ -157,8 +178,27 @@ async fn run_etcd(
         max_txn_ops: config.etcd_max_txn_ops,
         tls: config.etcd_tls().map(|f| tonic_tls(&f)).transpose()?,
     };
-    let policy = load_policy(&config)?;
     let cluster = Arc::new(Cluster::connect(&options).await.map_err(ServeError::Etcd)?);
+    info!(
+        endpoints = ?config.etcd_endpoints,
+        prefix = %config.etcd_prefix,
+        high_water = cluster.high_water().value(),
+        "connected to etcd"
+    );
+    Ok(Arc::new(Etcd::new(
+        cluster,
+        (config.etcd_compact_every_ms > 0)
+            .then(|| Duration::from_millis(config.etcd_compact_every_ms)),
+    )))
+}
+
+/// lockd over etcd or ZooKeeper: campaign, then lead or follow (see [`crate::ha`]).
+async fn run_cluster(
+    config: Config,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), ServeError> {
+    let policy = load_policy(&config)?;
+    let coord = coordination(&config).await?;
     let (incoming, addr) = bind(&config)?;
     let advertise = config.advertise.clone().unwrap_or_else(|| {
         let scheme = if config.tls_cert.is_some() {
@@ -169,21 +209,12 @@ async fn run_etcd(
         format!("{scheme}://{addr}")
     });
     let me = Member::new(advertise.clone());
-    info!(
-        endpoints = ?config.etcd_endpoints,
-        prefix = %config.etcd_prefix,
-        id = %me.id,
-        %advertise,
-        high_water = cluster.high_water().value(),
-        "connected to etcd; campaigning"
-    );
+    info!(id = %me.id, %advertise, "campaigning");
     let ha = Arc::new(Ha::new(
-        cluster,
+        coord,
         me,
         config.limits.clone(),
         Duration::from_millis(config.sync_interval_ms),
-        (config.etcd_compact_every_ms > 0)
-            .then(|| Duration::from_millis(config.etcd_compact_every_ms)),
         peer_tls(&config)?,
         policy.as_ref().map(|p| p.tenancy()),
     ));

@@ -35,25 +35,7 @@ use crate::{Cluster, EtcdError, conn, decimal};
 
 pub use lockd_store_kv::boot_time;
 
-/// This lockd process, as a candidate.
-#[derive(Clone, Debug)]
-pub struct Member {
-    pub id: String,
-    /// Where followers forward to.
-    pub address: String,
-}
-
-impl Member {
-    /// A member with a fresh random id.
-    pub fn new(address: String) -> Member {
-        let mut bytes = [0u8; 8];
-        getrandom::fill(&mut bytes).expect("the operating system's random number generator failed");
-        Member {
-            id: bytes.iter().map(|b| format!("{b:02x}")).collect(),
-            address,
-        }
-    }
-}
+pub use lockd_store_kv::Member;
 
 /// One leader's time in office.
 #[derive(Debug)]

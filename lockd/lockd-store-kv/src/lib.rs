@@ -33,3 +33,23 @@ pub fn boot_time() -> std::time::Duration {
     assert_eq!(rc, 0, "clock_gettime(CLOCK_BOOTTIME) failed");
     std::time::Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
 }
+
+/// This lockd process, as a candidate for leadership.
+#[derive(Clone, Debug)]
+pub struct Member {
+    pub id: String,
+    /// Where followers forward to.
+    pub address: String,
+}
+
+impl Member {
+    /// A member with a fresh random id.
+    pub fn new(address: String) -> Member {
+        let mut bytes = [0u8; 8];
+        getrandom::fill(&mut bytes).expect("the operating system's random number generator failed");
+        Member {
+            id: bytes.iter().map(|b| format!("{b:02x}")).collect(),
+            address,
+        }
+    }
+}

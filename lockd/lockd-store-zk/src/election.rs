@@ -21,8 +21,8 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use lockd_store_kv::boot_time;
 use lockd_store_kv::records::LeaderRecord;
+use lockd_store_kv::{Member, boot_time};
 use tokio::time::Instant;
 use tracing::{info, warn};
 use zookeeper_client as zk;
@@ -137,13 +137,13 @@ fn sequence(node: &str) -> Option<u64> {
 }
 
 impl Cluster {
-    /// Runs for leadership as the instance `id`, reached at `address`: leads if its node is
-    /// the lowest, else gives its node up and names the leader.
-    pub async fn campaign(&self, id: &str, address: &str) -> Result<Campaign, ZkError> {
+    /// Runs for leadership as `me`: leads if its node is the lowest, else gives its node up
+    /// and names the leader.
+    pub async fn campaign(&self, me: &Member) -> Result<Campaign, ZkError> {
         let client = session(&self.connect, self.session_timeout, self.request_timeout).await?;
         let record = LeaderRecord {
-            id: id.to_string(),
-            address: address.to_string(),
+            id: me.id.clone(),
+            address: me.address.clone(),
             since_unix_ms: unix_ms(),
         };
         let data = serde_json::to_vec(&record).expect("a leader record serialises");
@@ -206,7 +206,8 @@ impl Cluster {
 
     /// The current leader, if there is one.
     pub async fn observe(&self) -> Result<Option<LeaderRecord>, ZkError> {
-        Ok(self.lowest(&self.client).await?.and_then(|(_, r)| r))
+        let client = self.reader().await?;
+        Ok(self.lowest(&client).await?.and_then(|(_, r)| r))
     }
 
     /// Keeps `term` in force: reads its node every sixth of the session timeout, extending

@@ -28,6 +28,7 @@ use zookeeper_client as zk;
 
 pub use crate::election::{Campaign, Term};
 pub use crate::store::ZkStore;
+pub use lockd_store_kv::Member;
 
 use crate::paths::Paths;
 
@@ -91,7 +92,8 @@ pub struct ZkOptions {
 /// The connection to one lockd cluster's nodes in ZooKeeper: a session for reading, shared,
 /// and what each candidate needs to open a session of its own.
 pub struct Cluster {
-    client: zk::Client,
+    /// The shared session, replaced when it has ended (expired during an outage).
+    client: std::sync::Mutex<zk::Client>,
     connect: String,
     paths: Paths,
     request_timeout: Duration,
@@ -109,7 +111,9 @@ impl Cluster {
         let paths = Paths::new(&options.prefix)?;
         let connect = options.endpoints.join(",");
         let cluster = Cluster {
-            client: session(&connect, options.session_timeout, options.request_timeout).await?,
+            client: std::sync::Mutex::new(
+                session(&connect, options.session_timeout, options.request_timeout).await?,
+            ),
             connect,
             paths,
             request_timeout: options.request_timeout,
@@ -117,6 +121,21 @@ impl Cluster {
         };
         cluster.set_up().await?;
         Ok(cluster)
+    }
+
+    /// The shared session; a new one if it has ended.
+    async fn reader(&self) -> Result<zk::Client, ZkError> {
+        let current = self
+            .client
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        if !current.state().is_terminated() {
+            return Ok(current);
+        }
+        let fresh = session(&self.connect, self.session_timeout, self.request_timeout).await?;
+        *self.client.lock().unwrap_or_else(|p| p.into_inner()) = fresh.clone();
+        Ok(fresh)
     }
 
     pub fn paths(&self) -> &Paths {
@@ -157,16 +176,14 @@ impl Cluster {
     /// Creates the skeleton, the high-water (0) and the batch node, each unless it exists.
     async fn set_up(&self) -> Result<(), ZkError> {
         let options = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
+        let client = self.reader().await?;
         let last = format!("{}/ff", self.paths.requests());
         if self
-            .within("reading the nodes", self.client.check_stat(&last))
+            .within("reading the nodes", client.check_stat(&last))
             .await?
             .is_some()
             && self
-                .within(
-                    "reading the nodes",
-                    self.client.check_stat(self.paths.batch()),
-                )
+                .within("reading the nodes", client.check_stat(self.paths.batch()))
                 .await?
                 .is_some()
         {
@@ -183,7 +200,7 @@ impl Cluster {
         for (path, data) in &nodes {
             let doing = "creating lockd's nodes";
             match self
-                .answer(doing, self.client.create(path, data, &options))
+                .answer(doing, client.create(path, data, &options))
                 .await?
             {
                 Ok(_) | Err(zk::Error::NodeExists) => {}

@@ -10,6 +10,9 @@ use crate::{Cluster, ZkError, failed};
 /// Calls in flight at once while the state is read.
 const READ_AHEAD: usize = 256;
 
+/// A bucket's parent, its name, and its children.
+type Listed = (String, String, Vec<String>);
+
 /// The state as read, and the version of `{p}/batch` (the next batch is conditional on it).
 pub(crate) struct Read {
     pub stored: Stored,
@@ -41,15 +44,15 @@ impl Cluster {
         let (_, batch) = self
             .within(doing, client.get_data(self.paths.batch()))
             .await?;
-        let buckets: Vec<(&str, String)> = [self.paths.locks(), self.paths.requests()]
+        let buckets: Vec<(String, String)> = [self.paths.locks(), self.paths.requests()]
             .into_iter()
-            .flat_map(|parent| (0..BUCKETS).map(move |b| (parent, format!("{b:02x}"))))
+            .flat_map(|parent| (0..BUCKETS).map(move |b| (parent.to_string(), format!("{b:02x}"))))
             .collect();
-        let listed: Vec<_> = futures_util::stream::iter(buckets.iter())
+        let listed: Vec<Result<Listed, ZkError>> = futures_util::stream::iter(buckets)
             .map(|(parent, bucket)| async move {
                 let path = format!("{parent}/{bucket}");
                 let children = self.within(doing, client.list_children(&path)).await?;
-                Ok::<_, ZkError>((*parent, bucket.as_str(), children))
+                Ok((parent, bucket, children))
             })
             .buffer_unordered(READ_AHEAD)
             .collect()
@@ -58,7 +61,7 @@ impl Cluster {
         for listed in listed {
             let (parent, bucket, children) = listed?;
             for child in children {
-                let key = self.paths.parse(parent, bucket, &child)?;
+                let key = self.paths.parse(&parent, &bucket, &child)?;
                 nodes.push((format!("{parent}/{bucket}/{child}"), key));
             }
         }

@@ -36,6 +36,7 @@ const RULES: &[(&str, Option<&[&str]>)] = &[
             "lockd-core",
             "lockd-store",
             "lockd-store-etcd",
+            "lockd-store-zk",
             "lockd-proto",
             "cli-docs",
             "tlsconf",

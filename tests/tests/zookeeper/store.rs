@@ -10,7 +10,7 @@ use fencing::{FencingToken, LeaseId, ResourceName};
 use lockd_core::{LeaseRecord, Op};
 use lockd_store::conformance::{Harness, sample_grant};
 use lockd_store::{Store, StoreError};
-use lockd_store_zk::{Campaign, Cluster, Term, ZkOptions, ZkStore};
+use lockd_store_zk::{Campaign, Cluster, Member, Term, ZkOptions, ZkStore};
 use zookeeper_client as zk;
 
 /// One ZooKeeper server, and the terms the suite's stores run in.
@@ -54,7 +54,10 @@ impl OnZk {
     fn campaign(&self) -> Arc<Term> {
         match self
             .rt
-            .block_on(self.cluster.campaign("test", "http://test"))
+            .block_on(
+                self.cluster
+                    .campaign(&Member::new("http://test".to_string())),
+            )
             .unwrap()
         {
             Campaign::Won(t) => {

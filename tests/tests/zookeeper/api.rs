@@ -1,0 +1,3 @@
+//! The API conformance suite on the ZooKeeper backend.
+
+e2e::api_suite!(e2e::api::OverZooKeeper::new());
