@@ -9,6 +9,12 @@
 //!   compare-and-pexpire scripts. Redis offers no fencing token. Durable only with
 //!   `appendfsync always` (the benchmark script configures it).
 //!
+//! - **ZooKeeper** (the recipe of Curator's `InterProcessMutex`): an ephemeral sequential node
+//!   under the resource's node, then its children listed: the lowest node holds the lock
+//!   (try-lock: a node that is not the lowest is deleted at once). Release deletes the node;
+//!   the session keeps it alive, so a renewal only reads it. Every write is logged by a
+//!   majority of the ensemble before ZooKeeper answers. ZooKeeper offers no fencing token.
+//!
 //! A set of locks, all or none (`closed --set N`): lockd's AcquireAll and ReleaseMany; etcd's
 //! one transaction of N puts under one lease, released by revoking it; a Redis script that sets
 //! every key or none.
@@ -36,6 +42,8 @@ pub enum Target {
     LockdSdk,
     Etcd,
     Redis,
+    /// A ZooKeeper ensemble (`host:port,...`), Curator's lock recipe.
+    Zookeeper,
 }
 
 /// A held lock, as each system names it.
@@ -62,6 +70,10 @@ pub enum Held {
         key: String,
         holder: String,
     },
+    /// A ZooKeeper lock: the holder's node.
+    Zk {
+        node: String,
+    },
     /// The Rust SDK's guard, until released.
     Sdk(Arc<std::sync::Mutex<Option<lockd_client::LockGuard>>>),
 }
@@ -81,6 +93,7 @@ pub enum Backend {
     Sdk(Vec<lockd_client::Client>),
     Etcd(Vec<etcd_client::Client>),
     Redis(Vec<redis::aio::MultiplexedConnection>),
+    Zk(Vec<zookeeper_client::Client>),
 }
 
 static NEXT: AtomicUsize = AtomicUsize::new(0);
@@ -201,6 +214,17 @@ impl Backend {
                 }
                 Backend::Redis(v)
             }
+            Target::Zookeeper => {
+                let mut v = Vec::new();
+                for _ in 0..n {
+                    v.push(
+                        zookeeper_client::Client::connect(endpoint)
+                            .await
+                            .context("connecting to ZooKeeper")?,
+                    );
+                }
+                Backend::Zk(v)
+            }
         })
     }
 
@@ -245,6 +269,7 @@ impl Backend {
                     value,
                 }))
             }
+            Backend::Zk(v) => zk_take(&Self::pick(v), resource).await,
         }
     }
 
@@ -260,6 +285,9 @@ impl Backend {
     ) -> anyhow::Result<Option<Vec<Held>>> {
         match self {
             Backend::Sdk(_) => bail!("--target lockd-sdk measures plain locks only (closed loop)"),
+            Backend::Zk(_) => {
+                bail!("only the lock recipe is here for ZooKeeper: use --target lockd or redis")
+            }
             Backend::Lockd(v) => {
                 let req = lockd_proto::v1::AcquireAllRequest {
                     resources: resources.to_vec(),
@@ -355,6 +383,9 @@ impl Backend {
                 lockd_take(Self::pick(v), semaphore, ttl_ms, wait_ms, (permits, 0)).await
             }
             Backend::Etcd(_) => bail!("etcd has no semaphore recipe: use --target lockd or redis"),
+            Backend::Zk(_) => {
+                bail!("only the lock recipe is here for ZooKeeper: use --target lockd or redis")
+            }
             Backend::Redis(v) => {
                 let member = format!("{:032x}", rand::random::<u128>());
                 let script = redis::Script::new(REDIS_PERMIT);
@@ -392,6 +423,9 @@ impl Backend {
             }
             Backend::Etcd(_) => {
                 bail!("etcd has no read-write lock recipe outside Go: use --target lockd or redis")
+            }
+            Backend::Zk(_) => {
+                bail!("only the lock recipe is here for ZooKeeper: use --target lockd or redis")
             }
             Backend::Redis(v) => {
                 let holder = format!("{:032x}", rand::random::<u128>());
@@ -433,6 +467,12 @@ impl Backend {
                     .await?;
                 if renewed == 0 {
                     bail!("redis lock {key} was lost");
+                }
+                Ok(())
+            }
+            (Backend::Zk(v), Held::Zk { node }) => {
+                if Self::pick(v).check_stat(node).await?.is_none() {
+                    bail!("ZooKeeper lock {node} was lost");
                 }
                 Ok(())
             }
@@ -480,9 +520,45 @@ impl Backend {
                     .invoke_async(&mut c)
                     .await?;
             }
+            (Backend::Zk(v), Held::Zk { node }) => {
+                Self::pick(v).delete(&node, None).await?;
+            }
             _ => bail!("a held lock of another system"),
         }
         Ok(())
+    }
+}
+
+/// Curator's lock recipe, as a try-lock: an ephemeral sequential node under `/locks/{resource}`
+/// (created once, a container: ZooKeeper deletes it when it is left empty), held if it is the
+/// lowest of the children.
+async fn zk_take(c: &zookeeper_client::Client, resource: &str) -> anyhow::Result<Option<Held>> {
+    use zookeeper_client as zk;
+    let parent = format!("/locks/{resource}");
+    let node_options = zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all());
+    let prefix = format!("{parent}/lock-");
+    let created = match c.create(&prefix, b"", &node_options).await {
+        Err(zk::Error::NoNode) => {
+            let parents = zk::CreateMode::Container.with_acls(zk::Acls::anyone_all());
+            for p in ["/locks", parent.as_str()] {
+                match c.create(p, b"", &parents).await {
+                    Ok(_) | Err(zk::Error::NodeExists) => {}
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            c.create(&prefix, b"", &node_options).await?
+        }
+        other => other?,
+    };
+    let mine = format!("lock-{}", created.1);
+    let children = c.list_children(&parent).await?;
+    let lowest = children.iter().filter(|n| n.starts_with("lock-")).min();
+    let node = format!("{parent}/{mine}");
+    if lowest == Some(&mine) {
+        Ok(Some(Held::Zk { node }))
+    } else {
+        c.delete(&node, None).await?;
+        Ok(None)
     }
 }
 

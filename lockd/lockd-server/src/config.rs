@@ -818,7 +818,39 @@ mod tests {
             ),
             ("sync_interval_ms = -1", "invalid value"),
             ("this is not toml", "config file"),
-            ("backend = \"zookeeper\"", "unknown variant"),
+            ("backend = \"consul\"", "unknown variant"),
+            (
+                "backend = \"zookeeper\"\nzk_endpoints = []",
+                "at least one ZooKeeper server",
+            ),
+            (
+                "backend = \"zookeeper\"\nzk_endpoints = [\"http://127.0.0.1:2181\"]",
+                "must be host:port",
+            ),
+            (
+                "backend = \"zookeeper\"\nzk_endpoints = [\"127.0.0.1\"]",
+                "must be host:port",
+            ),
+            (
+                "backend = \"zookeeper\"\nzk_endpoints = [\"10.0.0.1:2181\"]",
+                "not on loopback",
+            ),
+            (
+                "backend = \"zookeeper\"\nzk_prefix = \"lockd\"",
+                "does not start with /",
+            ),
+            (
+                "backend = \"zookeeper\"\nzk_prefix = \"/zookeeper/x\"",
+                "ZooKeeper's own",
+            ),
+            (
+                "backend = \"zookeeper\"\nzk_session_timeout_ms = 10",
+                "zk_session_timeout_ms must be",
+            ),
+            (
+                "backend = \"zookeeper\"\nlisten = \"0.0.0.0:7420\"\ninsecure = true",
+                "set advertise",
+            ),
             (
                 "backend = \"etcd\"\netcd_endpoints = []",
                 "at least one etcd member",

@@ -197,8 +197,12 @@ impl Coordination for Etcd {
     }
 
     fn background(self: Arc<Self>, stop: watch::Receiver<bool>) -> Vec<JoinHandle<()>> {
+        let cluster = Arc::clone(&self.cluster);
         vec![
-            tokio::spawn(flush_high_water(Arc::clone(&self.cluster), stop.clone())),
+            tokio::spawn(flush_high_water(
+                move || cluster.high_water().flush(),
+                stop.clone(),
+            )),
             tokio::spawn(prefer_etcd_leader(Arc::clone(&self.cluster), stop)),
         ]
     }
@@ -297,11 +301,14 @@ async fn compact(cluster: Arc<Cluster>, every: Duration) {
     }
 }
 
-/// Writes the high-water file every [`highwater::FLUSH_EVERY`], and once more at the end.
-async fn flush_high_water(cluster: Arc<Cluster>, mut stop: watch::Receiver<bool>) {
+/// Writes the high-water file (`flush`) every [`highwater::FLUSH_EVERY`], and once more at the
+/// end.
+async fn flush_high_water(
+    flush: impl Fn() -> std::io::Result<()> + Clone + Send + Sync + 'static,
+    mut stop: watch::Receiver<bool>,
+) {
     loop {
-        let c = Arc::clone(&cluster);
-        match tokio::task::spawn_blocking(move || c.high_water().flush()).await {
+        match tokio::task::spawn_blocking(flush.clone()).await {
             Ok(Ok(())) => {}
             Ok(Err(e)) => error!(error = %e, "cannot write the token high-water file"),
             Err(e) => error!(error = %e, "the high-water flush panicked"),
@@ -326,8 +333,9 @@ async fn prefer_etcd_leader(cluster: Arc<Cluster>, mut stop: watch::Receiver<boo
 
 // ---- ZooKeeper -------------------------------------------------------------------------------
 
-/// lockd over ZooKeeper (`lockd_store_zk`). A new leader reads the whole state (there is no
-/// warm copy), and a leader's node deleted by hand lets the next campaign start at once: its
+/// lockd over ZooKeeper (`lockd_store_zk`), with the same token high-water file as over etcd
+/// (`zookeeper-token-high-water`). A new leader reads the whole state (there is no warm
+/// copy), and a leader's node deleted by hand lets the next campaign start at once: its
 /// holder's term ends at its next read of the node, and nothing it sends after the deletion
 /// commits.
 pub struct ZooKeeper {
@@ -380,6 +388,14 @@ impl Coordination for ZooKeeper {
 
     fn leadership_alive<'a>(&'a self, _leader: &'a Leader) -> Fut<'a, Result<bool, String>> {
         Box::pin(async { Ok(false) })
+    }
+
+    fn background(self: Arc<Self>, stop: watch::Receiver<bool>) -> Vec<JoinHandle<()>> {
+        let cluster = Arc::clone(&self.cluster);
+        vec![tokio::spawn(flush_high_water(
+            move || cluster.high_water().flush(),
+            stop,
+        ))]
     }
 }
 

@@ -155,6 +155,7 @@ async fn coordination(config: &Config) -> Result<Arc<dyn Coordination>, ServeErr
             prefix: config.zk_prefix.clone(),
             request_timeout: Duration::from_millis(config.zk_request_timeout_ms),
             session_timeout: Duration::from_millis(config.zk_session_timeout_ms),
+            data_dir: config.data_dir.clone(),
         };
         let cluster = lockd_store_zk::Cluster::connect(&options)
             .await
@@ -162,6 +163,7 @@ async fn coordination(config: &Config) -> Result<Arc<dyn Coordination>, ServeErr
         info!(
             endpoints = ?config.zk_endpoints,
             prefix = %config.zk_prefix,
+            high_water = cluster.high_water().value(),
             "connected to ZooKeeper"
         );
         return Ok(Arc::new(ZooKeeper::new(

@@ -25,7 +25,12 @@
 pub mod clockcheck;
 mod conn;
 pub mod election;
-pub mod highwater;
+/// The token high-water file of the etcd mode (see [`lockd_store_kv::highwater`]).
+pub mod highwater {
+    pub use lockd_store_kv::highwater::{FLUSH_EVERY, HighWater, MARGIN};
+    /// Its name in the data directory.
+    pub const FILE: &str = "etcd-token-high-water";
+}
 pub mod keys;
 mod state;
 mod store;
@@ -112,7 +117,7 @@ impl Cluster {
     /// high-water file.
     pub async fn connect(options: &EtcdOptions) -> Result<Cluster, EtcdError> {
         let etcd = Etcd::connect(&options.endpoints, options.tls.as_ref()).await?;
-        let highwater = HighWater::open(&options.data_dir).map_err(|e| {
+        let highwater = HighWater::open(&options.data_dir, highwater::FILE).map_err(|e| {
             EtcdError::Config(format!(
                 "token high-water in {}: {e}",
                 options.data_dir.display()

@@ -8,10 +8,13 @@
 //!   only writer, so the mirror is exact while its term lasts), and the cutting of a batch
 //!   into [`Change`]s of [`Key`]s, piece by piece within a service's transaction limits.
 //! - [`Stored`]: the state read back (a new leader's load, a follower's warm copy).
+//! - [`highwater`]: the token high-water each instance writes down, the guard against a
+//!   service that lost data.
 //!
 //! A store maps each [`Key`] to its own key or path, and each [`Change`] to its own
 //! operation; it decides nothing about the state.
 
+pub mod highwater;
 mod mirror;
 pub mod records;
 mod stored;

@@ -204,9 +204,18 @@ impl Cluster {
         Ok(Some((seq, record)))
     }
 
-    /// The current leader, if there is one.
+    /// The current leader, if there is one; the stored high-water is noted on the way (a
+    /// follower's part of the high-water guard).
     pub async fn observe(&self) -> Result<Option<LeaderRecord>, ZkError> {
         let client = self.reader().await?;
+        let doing = "reading the token high-water";
+        if let Ok(Ok((data, _))) = self
+            .answer(doing, client.get_data(self.paths.high_water()))
+            .await
+            && let Ok(value) = lockd_store_kv::high_water_value(self.paths.high_water(), &data)
+        {
+            self.highwater.saw(value);
+        }
         Ok(self.lowest(&client).await?.and_then(|(_, r)| r))
     }
 

@@ -22,8 +22,10 @@ pub mod paths;
 mod state;
 mod store;
 
+use std::path::PathBuf;
 use std::time::Duration;
 
+use lockd_store_kv::highwater::HighWater;
 use zookeeper_client as zk;
 
 pub use crate::election::{Campaign, Term};
@@ -87,7 +89,13 @@ pub struct ZkOptions {
     /// without one (ZooKeeper may grant another, within its `minSessionTimeout` and
     /// `maxSessionTimeout`; the granted one is used).
     pub session_timeout: Duration,
+    /// Where the token high-water file lives ([`HIGH_WATER_FILE`]).
+    pub data_dir: PathBuf,
 }
+
+/// The token high-water file of the ZooKeeper mode, in the data directory (see
+/// [`lockd_store_kv::highwater`]).
+pub const HIGH_WATER_FILE: &str = "zookeeper-token-high-water";
 
 /// The connection to one lockd cluster's nodes in ZooKeeper: a session for reading, shared,
 /// and what each candidate needs to open a session of its own.
@@ -98,6 +106,7 @@ pub struct Cluster {
     paths: Paths,
     request_timeout: Duration,
     session_timeout: Duration,
+    highwater: HighWater,
 }
 
 impl Cluster {
@@ -109,6 +118,12 @@ impl Cluster {
             ));
         }
         let paths = Paths::new(&options.prefix)?;
+        let highwater = HighWater::open(&options.data_dir, HIGH_WATER_FILE).map_err(|e| {
+            ZkError::Config(format!(
+                "token high-water in {}: {e}",
+                options.data_dir.display()
+            ))
+        })?;
         let connect = options.endpoints.join(",");
         let cluster = Cluster {
             client: std::sync::Mutex::new(
@@ -118,6 +133,7 @@ impl Cluster {
             paths,
             request_timeout: options.request_timeout,
             session_timeout: options.session_timeout,
+            highwater,
         };
         cluster.set_up().await?;
         Ok(cluster)
@@ -136,6 +152,11 @@ impl Cluster {
         let fresh = session(&self.connect, self.session_timeout, self.request_timeout).await?;
         *self.client.lock().unwrap_or_else(|p| p.into_inner()) = fresh.clone();
         Ok(fresh)
+    }
+
+    /// The highest token this instance has seen.
+    pub fn high_water(&self) -> &HighWater {
+        &self.highwater
     }
 
     pub fn paths(&self) -> &Paths {

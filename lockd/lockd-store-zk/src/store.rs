@@ -6,8 +6,10 @@ use std::sync::Arc;
 use fencing::FencingToken;
 use lockd_core::{Op, Snapshot};
 use lockd_store::{Store, StoreError, check_batch};
+use lockd_store_kv::highwater::MARGIN;
 use lockd_store_kv::{Change, Key, Mirror};
 use tokio::runtime::Handle;
+use tracing::error;
 use zookeeper_client as zk;
 
 use crate::Cluster;
@@ -57,12 +59,33 @@ impl ZkStore {
         }
     }
 
-    /// Reads the whole state through the term's session.
+    /// Reads the whole state through the term's session, and applies the high-water rule
+    /// ([`lockd_store_kv::highwater`]): if this instance has seen tokens above what
+    /// ZooKeeper holds (it lost data, or was restored from a backup), tokens continue above
+    /// them, and ZooKeeper is told at once.
     pub async fn load_async(&mut self) -> Result<Snapshot, StoreError> {
         let read = self.cluster.read_state(self.term.client()).await?;
-        let (snapshot, _) = read.stored.snapshot();
-        self.mirror = Mirror::of(&snapshot);
+        let (mut snapshot, stored) = read.stored.snapshot();
         self.batch_version = Some(read.batch_version);
+        let local = self.cluster.high_water().value();
+        let mut last = stored;
+        if local > stored {
+            // Within the token range: at its top the core answers tokens_exhausted.
+            last = local.saturating_add(MARGIN).min(FencingToken::MAX.get());
+            error!(
+                stored,
+                local,
+                continue_at = last,
+                "ZooKeeper's token high-water is behind tokens this lockd has seen (ZooKeeper lost data, or was restored from a backup); tokens continue above this instance's high-water plus a margin"
+            );
+        }
+        snapshot.last_token = FencingToken::new(last);
+        self.mirror = Mirror::of(&snapshot);
+        if last > stored {
+            self.apply(vec![(Key::HighWater, Change::Put(last.to_string()))])
+                .await?;
+        }
+        self.cluster.high_water().saw(last);
         Ok(snapshot)
     }
 
@@ -184,6 +207,9 @@ impl ZkStore {
             self.apply(piece.changes.into_iter().collect()).await?;
             for op in &ops[start..end] {
                 self.mirror.apply(op);
+            }
+            if let Some(last) = self.mirror.high_water() {
+                cluster.high_water().saw(last.get());
             }
             start = end;
         }

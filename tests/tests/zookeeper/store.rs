@@ -10,6 +10,7 @@ use fencing::{FencingToken, LeaseId, ResourceName};
 use lockd_core::{LeaseRecord, Op};
 use lockd_store::conformance::{Harness, sample_grant};
 use lockd_store::{Store, StoreError};
+use lockd_store_kv::highwater::MARGIN;
 use lockd_store_zk::{Campaign, Cluster, Member, Term, ZkOptions, ZkStore};
 use zookeeper_client as zk;
 
@@ -18,27 +19,37 @@ struct OnZk {
     zk: ZkEnsemble,
     rt: tokio::runtime::Runtime,
     cluster: Arc<Cluster>,
+    dir: tempfile::TempDir,
     term: Option<Arc<Term>>,
 }
 
-fn options(zk: &ZkEnsemble) -> ZkOptions {
+fn options(zk: &ZkEnsemble, dir: &std::path::Path) -> ZkOptions {
     ZkOptions {
         endpoints: zk.endpoints(),
         prefix: "/lockd".to_string(),
         request_timeout: Duration::from_secs(5),
         session_timeout: Duration::from_secs(2),
+        data_dir: dir.to_path_buf(),
     }
 }
 
 impl OnZk {
     fn new() -> OnZk {
-        let zk = ZkEnsemble::start(1);
+        OnZk::on(ZkEnsemble::start(1), tempfile::tempdir().unwrap())
+    }
+
+    /// Over `zk`, this instance's data directory `dir`.
+    fn on(zk: ZkEnsemble, dir: tempfile::TempDir) -> OnZk {
         let rt = tokio::runtime::Runtime::new().unwrap();
-        let cluster = Arc::new(rt.block_on(Cluster::connect(&options(&zk))).unwrap());
+        let cluster = Arc::new(
+            rt.block_on(Cluster::connect(&options(&zk, dir.path())))
+                .unwrap(),
+        );
         OnZk {
             zk,
             rt,
             cluster,
+            dir,
             term: None,
         }
     }
@@ -287,4 +298,31 @@ fn a_node_lockd_did_not_write_is_refused_on_load() {
     let err = h.open().load().expect_err("a foreign node must be refused");
     assert!(matches!(err, StoreError::Corrupt(_)), "{err}");
     assert!(err.to_string().contains("not%2fencoded"), "{err}");
+}
+
+#[test]
+fn tokens_continue_above_this_instances_high_water_when_zookeeper_lost_data() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let mut h = OnZk::new();
+        let mut s = h.open();
+        s.load().unwrap();
+        s.commit(&[Op::Grant(record("a", 40))], true).unwrap();
+        h.cluster.high_water().flush().unwrap();
+        std::fs::copy(
+            h.dir.path().join(lockd_store_zk::HIGH_WATER_FILE),
+            dir.path().join(lockd_store_zk::HIGH_WATER_FILE),
+        )
+        .unwrap();
+    }
+    // An empty ensemble, and an instance whose data directory saw token 40.
+    let mut h = OnZk::on(ZkEnsemble::start(1), dir);
+    let snap = h.open().load().unwrap();
+    assert_eq!(snap.last_token, FencingToken::new(40 + MARGIN));
+    assert!(snap.leases.is_empty());
+    // Written to ZooKeeper at once, so that the next leader continues from there too, even
+    // one without the file.
+    let c = h.client();
+    let (data, _) = h.rt.block_on(c.get_data("/lockd/high-water")).unwrap();
+    assert_eq!(String::from_utf8(data).unwrap(), (40 + MARGIN).to_string());
 }

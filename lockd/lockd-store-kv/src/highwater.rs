@@ -1,27 +1,26 @@
 //! The token high-water as this lockd instance last saw it, kept in its data directory: the
-//! guard against an etcd cluster that was emptied or restored from an old backup.
+//! guard against a coordination service (etcd, ZooKeeper) that was emptied or restored from
+//! an old backup.
 //!
-//! Tokens continue from the high-water stored in etcd (`{p}/high-water`). If etcd loses data,
-//! that value goes back, and a new leader would hand out tokens that were handed out before
-//! (breaking invariant 2 at every fenced store). So every instance also writes down the
-//! highest token it has seen: the leader the tokens it commits, followers the stored
-//! high-water they read while following. The file is synced every [`FLUSH_EVERY`] (and on a
-//! clean shutdown), so it may lag by that much. A new leader that finds etcd below its file
-//! continues at the file's value plus [`MARGIN`], which covers what the lag and the other
-//! instances saw and the file could not.
+//! Tokens continue from the high-water stored in the service. If it loses data, that value
+//! goes back, and a new leader would hand out tokens that were handed out before (breaking
+//! invariant 2 at every fenced store). So every instance also writes down the highest token
+//! it has seen: the leader the tokens it commits, followers the stored high-water they read
+//! while following. The file is synced every [`FLUSH_EVERY`] (and on a clean shutdown), so it
+//! may lag by that much. A new leader that finds the service below its file continues at the
+//! file's value plus [`MARGIN`], which covers what the lag and the other instances saw and
+//! the file could not.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::Duration;
 
-/// How far past this instance's high-water tokens jump when etcd is found behind it.
+/// How far past this instance's high-water tokens jump when the service is found behind it.
 pub const MARGIN: u64 = 1 << 32;
 
 /// How often the high-water is written down.
 pub const FLUSH_EVERY: Duration = Duration::from_millis(100);
-
-pub const FILE: &str = "etcd-token-high-water";
 
 pub struct HighWater {
     path: PathBuf,
@@ -34,10 +33,10 @@ struct State {
 }
 
 impl HighWater {
-    /// Reads the file in `dir` (creating the directory if needed; no file = 0).
-    pub fn open(dir: &Path) -> std::io::Result<HighWater> {
+    /// Reads the file `file` in `dir` (creating the directory if needed; no file = 0).
+    pub fn open(dir: &Path, file: &str) -> std::io::Result<HighWater> {
         std::fs::create_dir_all(dir)?;
-        let path = dir.join(FILE);
+        let path = dir.join(file);
         let value = match std::fs::read_to_string(&path) {
             Ok(text) => text
                 .trim()
@@ -75,7 +74,7 @@ impl HighWater {
         self.state().seen
     }
 
-    /// Notes a token seen (granted, or read from etcd); a value outside the token range is
+    /// Notes a token seen (granted, or read from the service); a value outside the token range is
     /// not one and is ignored.
     pub fn saw(&self, token: u64) {
         if token > fencing::FencingToken::MAX.get() {
@@ -111,25 +110,27 @@ impl HighWater {
 mod tests {
     use super::*;
 
+    const FILE: &str = "token-high-water";
+
     #[test]
     fn the_high_water_only_rises_and_survives_a_restart() {
         let dir = tempfile::tempdir().unwrap();
-        let hw = HighWater::open(dir.path()).unwrap();
+        let hw = HighWater::open(dir.path(), FILE).unwrap();
         assert_eq!(hw.value(), 0);
         hw.saw(40);
         hw.saw(12);
         assert_eq!(hw.value(), 40);
         // Not written down yet: a crash now loses it (the margin covers that).
-        assert_eq!(HighWater::open(dir.path()).unwrap().value(), 0);
+        assert_eq!(HighWater::open(dir.path(), FILE).unwrap().value(), 0);
         hw.flush().unwrap();
-        assert_eq!(HighWater::open(dir.path()).unwrap().value(), 40);
+        assert_eq!(HighWater::open(dir.path(), FILE).unwrap().value(), 40);
     }
 
     #[test]
     fn a_damaged_file_is_refused_with_its_path() {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join(FILE), "forty\n").unwrap();
-        let Err(e) = HighWater::open(dir.path()) else {
+        let Err(e) = HighWater::open(dir.path(), FILE) else {
             panic!("a damaged file was accepted");
         };
         assert!(e.to_string().contains(FILE), "{e}");
