@@ -22,6 +22,7 @@ pub mod certs;
 pub mod chromium;
 pub mod client;
 pub mod etcd;
+pub mod ha;
 pub mod keys;
 pub mod pg;
 pub mod raw;
@@ -327,7 +328,10 @@ impl Spawned {
 
 impl Drop for Spawned {
     fn drop(&mut self) {
-        self.signal(libc::SIGKILL);
+        // Killed and reaped before the next process may start: a lockd dropped and started
+        // again on the same data directory must not find the old one still holding its
+        // lock (CI at 81ad2c0 saw "in use by another lockd process" after a drop).
+        let _ = self.stop_quietly(libc::SIGKILL, PATIENCE);
         // A failing test shows what its lockd processes said (the last lines of each); so does
         // every test with E2E_SHOW_LOGS set.
         let asked = std::env::var_os("E2E_SHOW_LOGS").is_some();

@@ -3,8 +3,9 @@
 use std::time::Duration;
 
 use e2e::etcd::EtcdCluster;
+use e2e::ha::{acquire_raw, assert_unavailable};
 use lockd_proto::v1::lock_service_client::LockServiceClient;
-use lockd_proto::v1::{AcquireRequest, RenewRequest, acquire_response::Outcome};
+use lockd_proto::v1::{RenewRequest, acquire_response::Outcome};
 use tonic::Code;
 
 use crate::{Load, lockd_on};
@@ -54,24 +55,8 @@ fn without_a_majority_there_is_no_grant_and_no_renewal_and_service_resumes_after
     let mut rpc = rt
         .block_on(LockServiceClient::connect(lockd.endpoint.clone()))
         .unwrap();
-    let acquire = |rpc: &mut LockServiceClient<_>, resource: &str| {
-        let mut req = tonic::Request::new(AcquireRequest {
-            resource: resource.to_string(),
-            request_id: String::new(),
-            ttl_ms: 60_000,
-            wait_timeout_ms: 0,
-            holder: "test".to_string(),
-            owner: Default::default(),
-            permits: 0,
-            mode: 0,
-            downgrade_lease_id: String::new(),
-        });
-        // Far beyond lockd's own bounds (etcd_request_timeout_ms, 3 s, for a commit and for
-        // finding a leader): the answer must be lockd's UNAVAILABLE, not this deadline.
-        req.set_timeout(Duration::from_secs(30));
-        rt.block_on(rpc.acquire(req))
-    };
-    let held = match acquire(&mut rpc, "kept").unwrap().into_inner().outcome {
+    let acquire = |rpc: &mut LockServiceClient<_>, resource: &str| acquire_raw(&rt, rpc, resource);
+    let held = match acquire(&mut rpc, "kept").unwrap().outcome {
         Some(Outcome::Granted(l)) => l,
         other => panic!("a free resource is granted: {other:?}"),
     };
@@ -104,7 +89,7 @@ fn without_a_majority_there_is_no_grant_and_no_renewal_and_service_resumes_after
         match acquire(&mut rpc, "other") {
             Ok(r) => {
                 assert!(
-                    matches!(r.into_inner().outcome, Some(Outcome::Granted(_))),
+                    matches!(r.outcome, Some(Outcome::Granted(_))),
                     "a free resource is granted once etcd has a quorum again"
                 );
                 break;
@@ -125,17 +110,6 @@ fn without_a_majority_there_is_no_grant_and_no_renewal_and_service_resumes_after
         }))
         .expect("the lease held before the outage is renewed after it");
     assert!(renewed.into_inner().ttl_ms >= 60_000);
-}
-
-/// UNAVAILABLE because the leader lost its term (its batch failed, or its lease could not be
-/// kept) or because no leader can be elected: a client retries, and no answer is a grant.
-fn assert_unavailable(err: &tonic::Status) {
-    assert_eq!(err.code(), Code::Unavailable, "{err:?}");
-    let code = err
-        .metadata()
-        .get("lockd-error")
-        .and_then(|v| v.to_str().ok());
-    assert!(matches!(code, Some("not_leader" | "no_leader")), "{err:?}");
 }
 
 /// A release answered OK is in etcd: the leader answers it once committed. Its term lasts

@@ -4,39 +4,13 @@ use std::time::{Duration, Instant};
 
 use e2e::Lockd;
 use e2e::etcd::{EtcdCluster, LEADING};
-use lockd_client::{AcquireOptions, Acquired, Client};
+use e2e::ha::{granted, opts};
+use lockd_client::{Acquired, Client};
 use lockd_proto::v1::lock_service_client::LockServiceClient;
 use lockd_proto::v1::{AcquireRequest, DescribeRequest, RenewRequest, acquire_response::Outcome};
 use tonic::Code;
 
 use crate::{Load, lockd_on};
-
-fn opts(ttl_s: u64, wait_s: u64, request_id: Option<&str>) -> AcquireOptions {
-    AcquireOptions {
-        ttl: Some(Duration::from_secs(ttl_s)),
-        wait: Duration::from_secs(wait_s),
-        holder: "test".to_string(),
-        request_id: request_id.map(str::to_string),
-        owner: Default::default(),
-        permits: 0,
-        mode: lockd_client::Mode::Exclusive,
-    }
-}
-
-/// An acquire through `client` that must be granted (`what` says why, if not); the lease,
-/// detached from its guard (these tests renew by hand).
-fn granted(
-    rt: &tokio::runtime::Runtime,
-    client: &Client,
-    resource: &str,
-    opts: AcquireOptions,
-    what: &str,
-) -> lockd_client::Lease {
-    match rt.block_on(client.acquire(resource, opts)).unwrap() {
-        Acquired::Granted(g) => rt.block_on(g.detach()),
-        Acquired::NotGranted(why) => panic!("{what}, not {why}"),
-    }
-}
 
 struct Three {
     cluster: EtcdCluster,

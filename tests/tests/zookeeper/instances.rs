@@ -5,39 +5,13 @@ use std::time::Duration;
 
 use e2e::Lockd;
 use e2e::etcd::LEADING;
+use e2e::ha::{acquire_raw, assert_unavailable, granted, opts};
 use e2e::zookeeper::ZkEnsemble;
-use lockd_client::{AcquireOptions, Acquired, Client};
+use lockd_client::Client;
+use lockd_proto::v1::RenewRequest;
 use lockd_proto::v1::acquire_response::Outcome;
 use lockd_proto::v1::lock_service_client::LockServiceClient;
-use lockd_proto::v1::{AcquireRequest, RenewRequest};
 use tonic::Code;
-
-fn opts(ttl_s: u64, request_id: Option<&str>) -> AcquireOptions {
-    AcquireOptions {
-        ttl: Some(Duration::from_secs(ttl_s)),
-        wait: Duration::from_secs(10),
-        holder: "test".to_string(),
-        request_id: request_id.map(str::to_string),
-        owner: Default::default(),
-        permits: 0,
-        mode: lockd_client::Mode::Exclusive,
-    }
-}
-
-/// An acquire through `client` that must be granted (`what` says why, if not); the lease,
-/// detached from its guard (these tests renew by hand).
-fn granted(
-    rt: &tokio::runtime::Runtime,
-    client: &Client,
-    resource: &str,
-    opts: AcquireOptions,
-    what: &str,
-) -> lockd_client::Lease {
-    match rt.block_on(client.acquire(resource, opts)).unwrap() {
-        Acquired::Granted(g) => rt.block_on(g.detach()),
-        Acquired::NotGranted(why) => panic!("{what}, not {why}"),
-    }
-}
 
 /// Two lockd instances over `zk`, and which one leads (the first starts first, so leads).
 fn two(zk: &ZkEnsemble, dirs: &[tempfile::TempDir; 2]) -> (Vec<Lockd>, usize) {
@@ -63,14 +37,14 @@ fn a_retry_through_the_other_instance_gets_the_original_grant_and_a_clean_stop_h
         &rt,
         &clients[follower],
         "job",
-        opts(60, Some("retry-me")),
+        opts(60, 0, Some("retry-me")),
         "a free resource is granted through the follower",
     );
     let again = granted(
         &rt,
         &clients[leader],
         "job",
-        opts(60, Some("retry-me")),
+        opts(60, 0, Some("retry-me")),
         "a retry through the leader is answered with the original grant",
     );
     assert_eq!(
@@ -90,7 +64,7 @@ fn a_retry_through_the_other_instance_gets_the_original_grant_and_a_clean_stop_h
         &rt,
         &clients[follower],
         "job",
-        opts(60, Some("retry-me")),
+        opts(60, 0, Some("retry-me")),
         "a retry after the hand-over is answered with the original grant",
     );
     assert_eq!(retried.token, first.token);
@@ -98,7 +72,7 @@ fn a_retry_through_the_other_instance_gets_the_original_grant_and_a_clean_stop_h
         &rt,
         &clients[follower],
         "other",
-        opts(60, None),
+        opts(60, 0, None),
         "a free resource is granted by the new leader",
     );
     assert!(next.token > first.token, "tokens rise across the hand-over");
@@ -117,7 +91,7 @@ fn kill_9_of_the_lockd_leader_keeps_its_locks_and_tokens_rise() {
         &rt,
         &client,
         "kept",
-        opts(60, None),
+        opts(60, 0, None),
         "a free resource is granted",
     );
     lockds[leader].kill9();
@@ -127,7 +101,7 @@ fn kill_9_of_the_lockd_leader_keeps_its_locks_and_tokens_rise() {
         &rt,
         &client,
         "probe",
-        opts(30, None),
+        opts(30, 0, None),
         "a free resource is granted after the failover",
     );
     assert!(probe.token > kept.token, "tokens rise across the failover");
@@ -148,24 +122,8 @@ fn without_a_quorum_there_is_no_grant_and_no_renewal_and_service_resumes_after()
     let mut rpc = rt
         .block_on(LockServiceClient::connect(lockd.endpoint.clone()))
         .unwrap();
-    let acquire = |rpc: &mut LockServiceClient<_>, resource: &str| {
-        let mut req = tonic::Request::new(AcquireRequest {
-            resource: resource.to_string(),
-            request_id: String::new(),
-            ttl_ms: 60_000,
-            wait_timeout_ms: 0,
-            holder: "test".to_string(),
-            owner: Default::default(),
-            permits: 0,
-            mode: 0,
-            downgrade_lease_id: String::new(),
-        });
-        // Far beyond lockd's own bounds (zk_request_timeout_ms, 3 s): the answer must be
-        // lockd's UNAVAILABLE, not this deadline.
-        req.set_timeout(Duration::from_secs(30));
-        rt.block_on(rpc.acquire(req))
-    };
-    let held = match acquire(&mut rpc, "kept").unwrap().into_inner().outcome {
+    let acquire = |rpc: &mut LockServiceClient<_>, resource: &str| acquire_raw(&rt, rpc, resource);
+    let held = match acquire(&mut rpc, "kept").unwrap().outcome {
         Some(Outcome::Granted(l)) => l,
         other => panic!("a free resource is granted: {other:?}"),
     };
@@ -196,7 +154,7 @@ fn without_a_quorum_there_is_no_grant_and_no_renewal_and_service_resumes_after()
         match acquire(&mut rpc, "resumed") {
             Ok(r) => {
                 assert!(
-                    matches!(r.into_inner().outcome, Some(Outcome::Granted(_))),
+                    matches!(r.outcome, Some(Outcome::Granted(_))),
                     "a free resource is granted once ZooKeeper has a quorum again"
                 );
                 break;
@@ -215,15 +173,4 @@ fn without_a_quorum_there_is_no_grant_and_no_renewal_and_service_resumes_after()
         lease_id: held.lease_id,
     }))
     .expect("the lease held before the outage is renewed after it");
-}
-
-/// UNAVAILABLE because the leader lost its term or because no leader can be elected: a
-/// client retries, and no answer is a grant.
-fn assert_unavailable(err: &tonic::Status) {
-    assert_eq!(err.code(), Code::Unavailable, "{err:?}");
-    let code = err
-        .metadata()
-        .get("lockd-error")
-        .and_then(|v| v.to_str().ok());
-    assert!(matches!(code, Some("not_leader" | "no_leader")), "{err:?}");
 }
