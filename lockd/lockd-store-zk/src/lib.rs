@@ -195,9 +195,26 @@ impl Cluster {
     }
 
     /// Creates the skeleton, the high-water (0) and the batch node, each unless it exists.
+    /// A prefix inside another lockd cluster's nodes is refused: its nodes would be taken for
+    /// records of that cluster, whose next leader would then refuse to load.
     async fn set_up(&self) -> Result<(), ZkError> {
         let options = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
         let client = self.reader().await?;
+        for above in self.paths.ancestors() {
+            let doing = "reading the nodes above zk_prefix";
+            let batch = self
+                .within(doing, client.check_stat(&format!("{above}/batch")))
+                .await?;
+            let election = self
+                .within(doing, client.check_stat(&format!("{above}/election")))
+                .await?;
+            if batch.is_some() && election.is_some() {
+                return Err(ZkError::Config(format!(
+                    "zk_prefix {} is inside the nodes of the lockd cluster at {above}: give each cluster a path of its own, outside every other's",
+                    self.paths.prefix()
+                )));
+            }
+        }
         let last = format!("{}/ff", self.paths.requests());
         if self
             .within("reading the nodes", client.check_stat(&last))

@@ -37,15 +37,19 @@ pub struct Paths {
 
 impl Paths {
     /// The paths under `prefix`: an absolute ZooKeeper path (`/lockd`, `/teams/a/lockd`).
-    pub fn new(prefix: &str) -> Result<Paths, ZkError> {
-        let prefix = prefix.trim_end_matches('/');
+    pub fn new(given: &str) -> Result<Paths, ZkError> {
         let bad = |why: &str| {
             ZkError::Config(format!(
-                "zk_prefix {prefix:?} {why}; use an absolute path such as /lockd"
+                "zk_prefix {given:?} {why}; use an absolute path such as /lockd"
             ))
         };
-        if !prefix.starts_with('/') {
+        if !given.starts_with('/') {
             return Err(bad("does not start with /"));
+        }
+        // A trailing slash is dropped ("/lockd/" is "/lockd"); the root is no prefix.
+        let prefix = given.trim_end_matches('/');
+        if prefix.is_empty() {
+            return Err(bad("is the root, which holds ZooKeeper's own nodes"));
         }
         if prefix
             .split('/')
@@ -72,6 +76,14 @@ impl Paths {
 
     pub fn prefix(&self) -> &str {
         &self.prefix
+    }
+
+    /// The paths above the prefix (`/a`, `/a/b` for `/a/b/c`), nearest last.
+    pub fn ancestors(&self) -> Vec<String> {
+        let parts: Vec<&str> = self.prefix.split('/').skip(1).collect();
+        (1..parts.len())
+            .map(|n| format!("/{}", parts[..n].join("/")))
+            .collect()
     }
 
     /// The parent of the candidates' nodes.
@@ -273,9 +285,18 @@ mod tests {
             "/zookeeper",
             "/zookeeper/x",
             "/a/..",
+            "/",
+            "//",
         ] {
-            assert!(Paths::new(bad).is_err(), "{bad} must be refused");
+            let Err(e) = Paths::new(bad) else {
+                panic!("{bad} must be refused");
+            };
+            // Named as it was given.
+            assert!(e.to_string().contains(&format!("{bad:?}")), "{e}");
         }
+        assert_eq!(Paths::new("/a/").unwrap().prefix(), "/a");
+        assert_eq!(Paths::new("/a/b/c").unwrap().ancestors(), ["/a", "/a/b"]);
+        assert!(Paths::new("/a").unwrap().ancestors().is_empty());
         let p = Paths::new("/teams/a").unwrap();
         assert_eq!(&p.skeleton()[..2], ["/teams", "/teams/a"]);
         assert_eq!(p.skeleton().len(), 2 + 3 + 2 * BUCKETS);

@@ -326,3 +326,30 @@ fn tokens_continue_above_this_instances_high_water_when_zookeeper_lost_data() {
     let (data, _) = h.rt.block_on(c.get_data("/lockd/high-water")).unwrap();
     assert_eq!(String::from_utf8(data).unwrap(), (40 + MARGIN).to_string());
 }
+
+/// A prefix inside another cluster's nodes would put records where that cluster reads its
+/// own (an outside tester's finding: the other cluster's next leader refused to load).
+#[test]
+fn a_prefix_inside_another_clusters_nodes_is_refused() {
+    let h = OnZk::new();
+    let dir = tempfile::tempdir().unwrap();
+    for inside in ["/lockd/locks/00", "/lockd/requests", "/lockd/election/x"] {
+        let options = ZkOptions {
+            prefix: inside.to_string(),
+            ..options(&h.zk, dir.path())
+        };
+        let Err(e) = h.rt.block_on(Cluster::connect(&options)) else {
+            panic!("{inside} inside the cluster at /lockd must be refused");
+        };
+        assert!(e.to_string().contains("cluster at /lockd"), "{e}");
+    }
+    // Beside it is fine.
+    for beside in ["/lockd2", "/teams/lockd"] {
+        let options = ZkOptions {
+            prefix: beside.to_string(),
+            ..options(&h.zk, dir.path())
+        };
+        h.rt.block_on(Cluster::connect(&options))
+            .unwrap_or_else(|e| panic!("{beside}: {e}"));
+    }
+}
