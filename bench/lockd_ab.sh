@@ -34,8 +34,8 @@ one() { # NAME BINARY CLIENTS: prints a table row
   target/release/lockbench --json closed --target lockd --endpoint "http://127.0.0.1:$PORT" \
     --clients "$clients" --duration "${RUN}s" 2>/dev/null >"$OUT/run.json"
   after=$(awk '{print $14 + $15}' "/proc/$pid/stat")
+  # Reaped, so its port is closed for the next run.
   kill -9 "$pid"; wait "$pid" 2>/dev/null || true
-  while (exec 3<>"/dev/tcp/127.0.0.1/$PORT") 2>/dev/null; do sleep 0.05; done
   python3 - "$OUT/run.json" "$((after - before))" "$name" "$clients" <<'PY'
 import json, sys
 d = json.load(open(sys.argv[1]))

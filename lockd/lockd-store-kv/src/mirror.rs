@@ -207,7 +207,7 @@ impl Mirror {
                 // The record as the batch left it so far: put earlier in this piece, or as
                 // the mirror has it (check_batch made sure it is the stored lease).
                 let key = Key::Lock(resource.clone());
-                let earlier = match before.get(&key).or_else(|| changes.get(&key)) {
+                let earlier = match before.get(&key) {
                     Some(Change::Put(v)) => serde_json::from_str(v).ok(),
                     _ => None,
                 };

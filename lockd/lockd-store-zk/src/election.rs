@@ -43,6 +43,8 @@ pub struct Term {
     timeout: Duration,
     /// Boot-time nanoseconds until which the session surely lives.
     deadline_ns: AtomicU64,
+    /// Woken when the deadline moves or the term ends (for [`Term::wait_in_force`]).
+    changed: tokio::sync::Notify,
     over: AtomicBool,
     ended: Mutex<Option<String>>,
 }
@@ -60,6 +62,7 @@ impl Term {
             client,
             node,
             deadline_ns: AtomicU64::new(0),
+            changed: tokio::sync::Notify::new(),
             over: AtomicBool::new(false),
             ended: Mutex::new(None),
         };
@@ -87,6 +90,7 @@ impl Term {
         let until = sent_at + self.timeout - self.timeout / 10;
         self.deadline_ns
             .fetch_max(until.as_nanos() as u64, Ordering::AcqRel);
+        self.changed.notify_waiters();
     }
 
     /// Whether this instance surely still leads.
@@ -100,13 +104,16 @@ impl Term {
     pub async fn wait_in_force(&self, within: Duration) -> bool {
         let until = Instant::now() + within;
         loop {
+            // Registered before the checks, so that a change between them wakes it.
+            let changed = self.changed.notified();
             if self.in_force() {
                 return true;
             }
-            if self.over.load(Ordering::Acquire) || Instant::now() >= until {
+            if self.over.load(Ordering::Acquire)
+                || tokio::time::timeout_at(until, changed).await.is_err()
+            {
                 return false;
             }
-            tokio::time::sleep(Duration::from_millis(5)).await;
         }
     }
 
@@ -117,6 +124,7 @@ impl Term {
             *ended = Some(why.to_string());
         }
         self.over.store(true, Ordering::Release);
+        self.changed.notify_waiters();
     }
 
     /// Why the term was ended, if it was.

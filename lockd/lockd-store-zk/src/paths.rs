@@ -162,6 +162,22 @@ impl Paths {
     }
 }
 
+impl Paths {
+    /// The length of [`Paths::name`]'s path for `key`, without building it (a batch is cut
+    /// by its bytes before it is sent).
+    pub fn name_len(&self, key: &Key) -> usize {
+        let in_bucket = |parent: &str, name: &str| {
+            let encoded: usize = name.bytes().map(|b| if kept(b) { 1 } else { 3 }).sum();
+            parent.len() + "/00/".len() + encoded
+        };
+        match key {
+            Key::HighWater => self.high_water.len(),
+            Key::Lock(resource) => in_bucket(&self.locks, resource.as_str()),
+            Key::Request(id) => in_bucket(&self.requests, id),
+        }
+    }
+}
+
 fn in_bucket(parent: &str, name: &str) -> String {
     format!("{parent}/{:02x}/{}", bucket_of(name), encode(name))
 }
@@ -261,6 +277,7 @@ mod tests {
         let rest = path.strip_prefix("/lockd/locks/").unwrap();
         let (bucket, node) = rest.split_once('/').unwrap();
         assert_eq!(p.parse(p.locks(), bucket, node).unwrap(), key);
+        assert_eq!(p.name_len(&key), path.len());
         let other = format!("{:02x}", (bucket_of("cron/nightly") + 1) % BUCKETS);
         assert!(matches!(
             p.parse(p.locks(), &other, node),
@@ -274,6 +291,8 @@ mod tests {
             .split_once('/')
             .unwrap();
         assert_eq!(p.parse(p.requests(), bucket, node).unwrap(), q);
+        assert_eq!(p.name_len(&q), path.len());
+        assert_eq!(p.name_len(&Key::HighWater), p.name(&Key::HighWater).len());
     }
 
     #[test]

@@ -201,7 +201,7 @@ impl ZkStore {
             let piece = self
                 .mirror
                 .piece(ops, start, MAX_MULTI_OPS - 2, MAX_MULTI_BYTES, |k| {
-                    paths.name(k).len() + OP_OVERHEAD
+                    paths.name_len(k) + OP_OVERHEAD
                 });
             let end = piece.end;
             self.apply(piece.changes.into_iter().collect()).await?;
