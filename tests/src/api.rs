@@ -101,6 +101,31 @@ impl Backend for OverZooKeeper {
     }
 }
 
+/// lockd over Redis with Sentinel: a master, one replica (each batch waits for it) and one
+/// Sentinel.
+pub struct OverRedis(pub crate::redis::RedisSet);
+
+impl OverRedis {
+    pub fn new() -> OverRedis {
+        OverRedis(crate::redis::RedisSet::start(1, 1))
+    }
+}
+
+impl Default for OverRedis {
+    fn default() -> OverRedis {
+        OverRedis::new()
+    }
+}
+
+impl Backend for OverRedis {
+    fn start(&self, dir: &Path, extra: &[&str]) -> Lockd {
+        let lockd = self.0.lockd(dir, extra);
+        // After a restart the predecessor's leader key must run out first.
+        lockd.wait_event(crate::etcd::LEADING, |_| true);
+        lockd
+    }
+}
+
 /// Instantiates every check of the suite as a `#[test]`, each with a fresh backend from
 /// `$make`.
 #[macro_export]

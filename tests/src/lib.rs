@@ -26,6 +26,7 @@ pub mod ha;
 pub mod keys;
 pub mod pg;
 pub mod raw;
+pub mod redis;
 pub mod stacks;
 pub mod tap;
 pub mod upstream;

@@ -82,6 +82,9 @@ pub enum Backend {
     /// A ZooKeeper ensemble: several lockd instances, one of which leads; ZooKeeper stores
     /// its state.
     Zookeeper,
+    /// Redis with Sentinel: several lockd instances, one of which leads; the master Sentinel
+    /// names stores its state.
+    Redis,
 }
 
 /// Every setting, optional: what one source (flags+environment, or the file) says.
@@ -136,7 +139,7 @@ pub struct Settings {
     #[arg(long, env = "LOCKD_CONNECTIONS_MAX", value_name = "N")]
     pub connections_max: Option<usize>,
 
-    /// Where the locks live: `embedded` (redb in data_dir), `etcd` or `zookeeper` [default: embedded].
+    /// Where the locks live: `embedded` (redb in data_dir), `etcd`, `zookeeper` or `redis` [default: embedded].
     #[arg(long, env = "LOCKD_BACKEND", value_name = "BACKEND")]
     pub backend: Option<Backend>,
 
@@ -202,7 +205,36 @@ pub struct Settings {
     #[arg(long, env = "LOCKD_ZK_SESSION_TIMEOUT_MS", value_name = "MS")]
     pub zk_session_timeout_ms: Option<u64>,
 
-    /// URL the other instances forward calls to while this one leads (backend etcd or zookeeper) [default: http:// plus the listen address].
+    /// Sentinels, comma-separated host:port (backend redis) [default: 127.0.0.1:26379].
+    #[arg(
+        long,
+        env = "LOCKD_REDIS_ENDPOINTS",
+        value_name = "HOSTS",
+        value_delimiter = ','
+    )]
+    pub redis_endpoints: Option<Vec<String>>,
+
+    /// The name the Sentinels monitor the master under (backend redis) [default: lockd].
+    #[arg(long, env = "LOCKD_REDIS_MASTER", value_name = "NAME")]
+    pub redis_master: Option<String>,
+
+    /// Prefix of this lockd cluster's keys; clusters sharing a Redis use different ones (backend redis) [default: lockd].
+    #[arg(long, env = "LOCKD_REDIS_PREFIX", value_name = "PREFIX")]
+    pub redis_prefix: Option<String>,
+
+    /// Longest the Redis work of one call may take before it is answered UNAVAILABLE, in ms (backend redis) [default: 3000].
+    #[arg(long, env = "LOCKD_REDIS_REQUEST_TIMEOUT_MS", value_name = "MS")]
+    pub redis_request_timeout_ms: Option<u64>,
+
+    /// How long the leader key lives past its last renewal, in ms: how long the cluster may stay without a leader when the leader dies (backend redis) [default: 6000].
+    #[arg(long, env = "LOCKD_REDIS_LEADER_TTL_MS", value_name = "MS")]
+    pub redis_leader_ttl_ms: Option<u64>,
+
+    /// Replicas that must have each batch before its answer (Redis WAIT); 0 answers once the master has synced it (backend redis) [default: 1].
+    #[arg(long, env = "LOCKD_REDIS_WAIT_REPLICAS", value_name = "N")]
+    pub redis_wait_replicas: Option<u32>,
+
+    /// URL the other instances forward calls to while this one leads (backend etcd, zookeeper or redis) [default: http:// plus the listen address].
     #[arg(long, env = "LOCKD_ADVERTISE", value_name = "URL")]
     pub advertise: Option<String>,
 
@@ -218,7 +250,7 @@ pub struct Settings {
     #[arg(long, env = "LOCKD_TLS_CLIENT_CA", value_name = "FILE")]
     pub tls_client_ca: Option<PathBuf>,
 
-    /// CA (PEM) of the other instances' certificates, for forwarding to the leader over TLS (backend etcd or zookeeper) [default: tls_client_ca].
+    /// CA (PEM) of the other instances' certificates, for forwarding to the leader over TLS (backend etcd, zookeeper or redis) [default: tls_client_ca].
     #[arg(long, env = "LOCKD_TLS_PEER_CA", value_name = "FILE")]
     pub tls_peer_ca: Option<PathBuf>,
 
@@ -309,6 +341,12 @@ pub struct Config {
     pub zk_prefix: String,
     pub zk_request_timeout_ms: u64,
     pub zk_session_timeout_ms: u64,
+    pub redis_endpoints: Vec<String>,
+    pub redis_master: String,
+    pub redis_prefix: String,
+    pub redis_request_timeout_ms: u64,
+    pub redis_leader_ttl_ms: u64,
+    pub redis_wait_replicas: u32,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub etcd_ca: Option<PathBuf>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -359,6 +397,12 @@ impl Default for Config {
             zk_prefix: "/lockd".to_string(),
             zk_request_timeout_ms: 3_000,
             zk_session_timeout_ms: 6_000,
+            redis_endpoints: vec!["127.0.0.1:26379".to_string()],
+            redis_master: "lockd".to_string(),
+            redis_prefix: "lockd".to_string(),
+            redis_request_timeout_ms: 3_000,
+            redis_leader_ttl_ms: 6_000,
+            redis_wait_replicas: 1,
             etcd_ca: None,
             etcd_cert: None,
             etcd_key: None,
@@ -428,7 +472,13 @@ impl Config {
             zk_endpoints,
             zk_prefix,
             zk_request_timeout_ms,
-            zk_session_timeout_ms
+            zk_session_timeout_ms,
+            redis_endpoints,
+            redis_master,
+            redis_prefix,
+            redis_request_timeout_ms,
+            redis_leader_ttl_ms,
+            redis_wait_replicas
         );
         if let Some(a) = s.admin_listen {
             self.admin_listen = Some(a);
@@ -584,6 +634,9 @@ impl Config {
         if self.backend == Backend::Zookeeper {
             self.validate_zookeeper()?;
         }
+        if self.backend == Backend::Redis {
+            self.validate_redis()?;
+        }
         if self.backend != Backend::Embedded {
             match &self.advertise {
                 Some(a)
@@ -633,7 +686,7 @@ impl Config {
         if self.backend != Backend::Embedded && self.tls_cert.is_some() {
             if self.tls_peer_ca.is_none() && self.tls_client_ca.is_none() {
                 bail!(
-                    "with TLS, backends etcd and zookeeper need tls_peer_ca (the CA of the other instances' certificates), or tls_client_ca, so that followers can forward to the leader"
+                    "with TLS, backends etcd, zookeeper and redis need tls_peer_ca (the CA of the other instances' certificates), or tls_client_ca, so that followers can forward to the leader"
                 );
             }
             if let Some(a) = &self.advertise
@@ -677,6 +730,55 @@ impl Config {
         }
         if !(1_000..=120_000).contains(&self.zk_session_timeout_ms) {
             bail!("zk_session_timeout_ms must be 1000 ..= 120000");
+        }
+        Ok(())
+    }
+
+    /// The Redis settings, checked (backend redis).
+    fn validate_redis(&self) -> Result<(), ConfigError> {
+        macro_rules! bail {
+            ($($arg:tt)*) => { return Err(ConfigError::Invalid(format!($($arg)*))) };
+        }
+        if self.redis_endpoints.is_empty() {
+            bail!("redis_endpoints must name at least one Sentinel");
+        }
+        for e in &self.redis_endpoints {
+            let port = e
+                .rsplit_once(':')
+                .map(|(host, port)| (host, port.parse::<u16>()));
+            match port {
+                Some((host, Ok(p)))
+                    if !host.is_empty() && p > 0 && !host.contains(['/', '@', ',']) => {}
+                _ => bail!(
+                    "Sentinel endpoint {e:?} must be host:port, e.g. 127.0.0.1:26379 (no scheme: lockd asks the Sentinels for the master)"
+                ),
+            }
+            if !self.insecure && !loopback_url(&format!("http://{e}")) {
+                bail!(
+                    "Sentinel endpoint {e:?} is not on loopback, and lockd speaks to Sentinel and Redis in plaintext: run lockd next to them, or set insecure = true"
+                );
+            }
+        }
+        let name_fine = |c: char| c.is_ascii_alphanumeric() || "-_.".contains(c);
+        if self.redis_master.is_empty()
+            || self.redis_master.len() > 64
+            || !self.redis_master.chars().all(name_fine)
+        {
+            bail!(
+                "redis_master {:?} must be 1 to 64 of: letters, digits, - _ . (the name in Sentinel's `sentinel monitor`)",
+                self.redis_master
+            );
+        }
+        lockd_store_redis::Keys::new(&self.redis_prefix)
+            .map_err(|e| ConfigError::Invalid(e.to_string()))?;
+        if !(100..=60_000).contains(&self.redis_request_timeout_ms) {
+            bail!("redis_request_timeout_ms must be 100 ..= 60000");
+        }
+        if !(1_000..=120_000).contains(&self.redis_leader_ttl_ms) {
+            bail!("redis_leader_ttl_ms must be 1000 ..= 120000");
+        }
+        if self.redis_wait_replicas > 16 {
+            bail!("redis_wait_replicas must be 0 ..= 16");
         }
         Ok(())
     }
@@ -850,6 +952,46 @@ mod tests {
             (
                 "backend = \"zookeeper\"\nlisten = \"0.0.0.0:7420\"\ninsecure = true",
                 "set advertise",
+            ),
+            (
+                "backend = \"redis\"\nredis_endpoints = []",
+                "at least one Sentinel",
+            ),
+            (
+                "backend = \"redis\"\nredis_endpoints = [\"redis://127.0.0.1:26379\"]",
+                "must be host:port",
+            ),
+            (
+                "backend = \"redis\"\nredis_endpoints = [\"10.0.0.1:26379\"]",
+                "not on loopback",
+            ),
+            (
+                "backend = \"redis\"\nredis_master = \"\"",
+                "redis_master \"\" must be",
+            ),
+            (
+                "backend = \"redis\"\nredis_master = \"my master\"",
+                "redis_master \"my master\" must be",
+            ),
+            (
+                "backend = \"redis\"\nredis_prefix = \"lockd{x}\"",
+                "redis_prefix \"lockd{x}\" must be",
+            ),
+            (
+                "backend = \"redis\"\nredis_leader_ttl_ms = 10",
+                "redis_leader_ttl_ms must be",
+            ),
+            (
+                "backend = \"redis\"\nredis_request_timeout_ms = 0",
+                "redis_request_timeout_ms must be",
+            ),
+            (
+                "backend = \"redis\"\nredis_wait_replicas = 17",
+                "redis_wait_replicas must be",
+            ),
+            (
+                "backend = \"redis\"\nredis_wait_replicas = -1",
+                "invalid value",
             ),
             (
                 "backend = \"etcd\"\netcd_endpoints = []",

@@ -1,8 +1,9 @@
 //! What the high-availability mode ([`crate::ha`]) needs of the coordination service under
-//! it, and its two implementations: etcd ([`Etcd`]) and ZooKeeper ([`ZooKeeper`]).
+//! it, and its implementations: etcd ([`Etcd`]), ZooKeeper ([`ZooKeeper`]) and Redis with
+//! Sentinel ([`Redis`]).
 //!
 //! The HA mode itself (who leads, where calls go, how a term starts and ends) is the same
-//! over both: a [`Coordination`] runs elections and names the leader; a won election is a
+//! over each: a [`Coordination`] runs elections and names the leader; a won election is a
 //! [`Leading`] term, which keeps itself in force, loads the stored state into the term's
 //! [`Store`], and resigns. The guarantees of each service are in docs/config.md ("Backends").
 
@@ -433,6 +434,117 @@ impl Leading for ZkTerm {
             let mut store = zk::ZkStore::new(Arc::clone(&self.cluster), Arc::clone(&self.term));
             let snapshot = store.load_async().await.map_err(|e| e.to_string())?;
             Ok((Box::new(store) as Box<dyn Store>, snapshot, "ZooKeeper"))
+        })
+    }
+
+    fn resign(&self) -> Fut<'_, ()> {
+        Box::pin(self.cluster.resign(&self.term))
+    }
+}
+
+// ---- Redis -----------------------------------------------------------------------------------
+
+/// lockd over Redis with Sentinel (`lockd_store_redis`), with the same token high-water file
+/// as the others (`redis-token-high-water`). A new leader reads the whole state (there is no
+/// warm copy). The leader key is the leadership: once it is gone, nobody leads.
+pub struct Redis {
+    cluster: Arc<lockd_store_redis::Cluster>,
+}
+
+impl Redis {
+    pub fn new(cluster: Arc<lockd_store_redis::Cluster>) -> Redis {
+        Redis { cluster }
+    }
+}
+
+impl Coordination for Redis {
+    fn service(&self) -> &'static str {
+        "Redis"
+    }
+
+    fn request_timeout(&self) -> Duration {
+        self.cluster.request_timeout()
+    }
+
+    fn leader_ttl(&self) -> Duration {
+        self.cluster.leader_ttl()
+    }
+
+    fn observe(&self) -> Fut<'_, Result<Option<Leader>, String>> {
+        Box::pin(async move {
+            let observed = self.cluster.observe().await.map_err(|e| e.to_string())?;
+            Ok(observed.map(|record| Leader { record, handle: 0 }))
+        })
+    }
+
+    fn campaign<'a>(&'a self, me: &'a Member) -> Fut<'a, Result<Campaigned, String>> {
+        Box::pin(async move {
+            match self.cluster.campaign(me).await.map_err(|e| e.to_string())? {
+                lockd_store_redis::Campaign::Won(term) => {
+                    Ok(Campaigned::Won(Box::new(RedisTerm {
+                        cluster: Arc::clone(&self.cluster),
+                        term: Arc::new(term),
+                    })))
+                }
+                lockd_store_redis::Campaign::Lost(record) => Ok(Campaigned::Lost(
+                    record.map(|record| Leader { record, handle: 0 }),
+                )),
+            }
+        })
+    }
+
+    fn leadership_alive<'a>(&'a self, _leader: &'a Leader) -> Fut<'a, Result<bool, String>> {
+        Box::pin(async { Ok(false) })
+    }
+
+    fn background(self: Arc<Self>, stop: watch::Receiver<bool>) -> Vec<JoinHandle<()>> {
+        let cluster = Arc::clone(&self.cluster);
+        vec![tokio::spawn(flush_high_water(
+            move || cluster.high_water().flush(),
+            stop,
+        ))]
+    }
+}
+
+/// A term over Redis.
+struct RedisTerm {
+    cluster: Arc<lockd_store_redis::Cluster>,
+    term: Arc<lockd_store_redis::Term>,
+}
+
+impl Authority for lockd_store_redis::Term {
+    fn in_force(&self) -> bool {
+        lockd_store_redis::Term::in_force(self)
+    }
+}
+
+impl Leading for RedisTerm {
+    fn authority(&self) -> Arc<dyn Authority> {
+        Arc::clone(&self.term) as Arc<dyn Authority>
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "master {} (configuration epoch {}), term epoch {}, leader TTL {:?}",
+            self.term.master().address,
+            self.term.master().epoch,
+            self.term.epoch(),
+            self.term.ttl()
+        )
+    }
+
+    fn keep(&self) -> Fut<'_, String> {
+        Box::pin(self.cluster.keep_leading(&self.term))
+    }
+
+    fn load(&self) -> Fut<'_, Result<Loaded, String>> {
+        Box::pin(async move {
+            let mut store = lockd_store_redis::RedisStore::new(
+                Arc::clone(&self.cluster),
+                Arc::clone(&self.term),
+            );
+            let snapshot = store.load_async().await.map_err(|e| e.to_string())?;
+            Ok((Box::new(store) as Box<dyn Store>, snapshot, "Redis"))
         })
     }
 

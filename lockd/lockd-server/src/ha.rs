@@ -1,4 +1,4 @@
-//! lockd over a coordination service (etcd or ZooKeeper, [`crate::coord`]): which instance
+//! lockd over a coordination service (etcd, ZooKeeper or Redis with Sentinel, [`crate::coord`]): which instance
 //! leads, and where every other instance sends its calls.
 //!
 //! Each instance runs [`Ha::run`]: it campaigns for leadership; the winner loads the stored
@@ -13,7 +13,7 @@
 //! reached the term's own revision, instead of reading everything (which takes seconds with a
 //! million remembered request ids); it reads everything when the copy is not there in time.
 //!
-//! A term ends when it cannot be kept in force in time (etcd's lease, ZooKeeper's session),
+//! A term ends when it cannot be kept in force in time (etcd's lease, ZooKeeper's session, Redis's leader key),
 //! when the service refuses or fails a batch (the writer stops), or on shutdown. The driver
 //! is then deposed: queued waits and new calls are answered UNAVAILABLE `not_leader`, the
 //! leadership is given up (so another instance need not wait for it to run out), and the

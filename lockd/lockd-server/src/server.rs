@@ -49,6 +49,8 @@ pub enum ServeError {
     Etcd(#[source] lockd_store_etcd::EtcdError),
     #[error("ZooKeeper: {0}")]
     ZooKeeper(#[source] lockd_store_zk::ZkError),
+    #[error("Redis: {0}")]
+    Redis(#[source] lockd_store_redis::RedisError),
     #[error("cannot listen on {addr}: {source}")]
     Listen {
         addr: std::net::SocketAddr,
@@ -171,6 +173,28 @@ async fn coordination(config: &Config) -> Result<Arc<dyn Coordination>, ServeErr
             options.session_timeout,
         )));
     }
+    if config.backend == Backend::Redis {
+        let options = lockd_store_redis::RedisOptions {
+            sentinels: config.redis_endpoints.clone(),
+            master: config.redis_master.clone(),
+            prefix: config.redis_prefix.clone(),
+            request_timeout: Duration::from_millis(config.redis_request_timeout_ms),
+            leader_ttl: Duration::from_millis(config.redis_leader_ttl_ms),
+            wait_replicas: config.redis_wait_replicas,
+            data_dir: config.data_dir.clone(),
+        };
+        let cluster = lockd_store_redis::Cluster::connect(&options)
+            .await
+            .map_err(ServeError::Redis)?;
+        info!(
+            sentinels = ?config.redis_endpoints,
+            master = %config.redis_master,
+            prefix = %config.redis_prefix,
+            high_water = cluster.high_water().value(),
+            "connected to Redis's Sentinels"
+        );
+        return Ok(Arc::new(crate::coord::Redis::new(Arc::new(cluster))));
+    }
     let options = EtcdOptions {
         endpoints: config.etcd_endpoints.clone(),
         prefix: config.etcd_prefix.clone(),
@@ -194,7 +218,7 @@ async fn coordination(config: &Config) -> Result<Arc<dyn Coordination>, ServeErr
     )))
 }
 
-/// lockd over etcd or ZooKeeper: campaign, then lead or follow (see [`crate::ha`]).
+/// lockd over etcd, ZooKeeper or Redis: campaign, then lead or follow (see [`crate::ha`]).
 async fn run_cluster(
     config: Config,
     shutdown: impl Future<Output = ()> + Send + 'static,

@@ -10,6 +10,7 @@
 //! - [`Stored`]: the state read back (a new leader's load, a follower's warm copy).
 //! - [`highwater`]: the token high-water each instance writes down, the guard against a
 //!   service that lost data.
+//! - [`tenure`]: until when a leader may answer, by its own boot-time clock.
 //!
 //! A store maps each [`Key`] to its own key or path, and each [`Change`] to its own
 //! operation; it decides nothing about the state.
@@ -18,6 +19,7 @@ pub mod highwater;
 mod mirror;
 pub mod records;
 mod stored;
+pub mod tenure;
 
 pub use mirror::{Change, Key, Mirror, Piece};
 pub use stored::{Stored, high_water_value};

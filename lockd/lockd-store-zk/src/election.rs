@@ -17,13 +17,11 @@
 //! its term may be over. Each round of [`Cluster::keep_leading`] reads the leader's own node,
 //! so a node deleted by hand ends the term within one round.
 
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use lockd_store_kv::records::LeaderRecord;
+use lockd_store_kv::tenure::Tenure;
 use lockd_store_kv::{Member, boot_time};
-use tokio::time::Instant;
 use tracing::{info, warn};
 use zookeeper_client as zk;
 
@@ -40,13 +38,7 @@ pub enum Campaign {
 pub struct Term {
     client: zk::Client,
     node: String,
-    timeout: Duration,
-    /// Boot-time nanoseconds until which the session surely lives.
-    deadline_ns: AtomicU64,
-    /// Woken when the deadline moves or the term ends (for [`Term::wait_in_force`]).
-    changed: tokio::sync::Notify,
-    over: AtomicBool,
-    ended: Mutex<Option<String>>,
+    tenure: Tenure,
 }
 
 impl std::fmt::Debug for Term {
@@ -57,17 +49,11 @@ impl std::fmt::Debug for Term {
 
 impl Term {
     fn new(client: zk::Client, node: String, sent_at: Duration) -> Term {
-        let term = Term {
-            timeout: client.session_timeout(),
+        Term {
+            tenure: Tenure::new(client.session_timeout(), sent_at),
             client,
             node,
-            deadline_ns: AtomicU64::new(0),
-            changed: tokio::sync::Notify::new(),
-            over: AtomicBool::new(false),
-            ended: Mutex::new(None),
-        };
-        term.extend(sent_at);
-        term
+        }
     }
 
     /// The leader's election node (its path).
@@ -82,54 +68,28 @@ impl Term {
 
     /// The session timeout ZooKeeper granted.
     pub fn session_timeout(&self) -> Duration {
-        self.timeout
-    }
-
-    /// A call sent at `sent_at` was answered: the session lives until `sent_at + timeout`.
-    fn extend(&self, sent_at: Duration) {
-        let until = sent_at + self.timeout - self.timeout / 10;
-        self.deadline_ns
-            .fetch_max(until.as_nanos() as u64, Ordering::AcqRel);
-        self.changed.notify_waiters();
+        self.tenure.timeout()
     }
 
     /// Whether this instance surely still leads.
     pub fn in_force(&self) -> bool {
-        !self.over.load(Ordering::Acquire)
-            && (boot_time().as_nanos() as u64) < self.deadline_ns.load(Ordering::Acquire)
+        self.tenure.in_force()
     }
 
     /// Waits up to `within` for the term to be in force (a keep-alive round may be under
     /// way); false if it is not by then, or is over.
     pub async fn wait_in_force(&self, within: Duration) -> bool {
-        let until = Instant::now() + within;
-        loop {
-            // Registered before the checks, so that a change between them wakes it.
-            let changed = self.changed.notified();
-            if self.in_force() {
-                return true;
-            }
-            if self.over.load(Ordering::Acquire)
-                || tokio::time::timeout_at(until, changed).await.is_err()
-            {
-                return false;
-            }
-        }
+        self.tenure.wait_in_force(within).await
     }
 
     /// Ends the term (it will not be in force again), saying why.
     pub fn end(&self, why: &str) {
-        let mut ended = self.ended.lock().unwrap_or_else(|p| p.into_inner());
-        if ended.is_none() {
-            *ended = Some(why.to_string());
-        }
-        self.over.store(true, Ordering::Release);
-        self.changed.notify_waiters();
+        self.tenure.end(why);
     }
 
     /// Why the term was ended, if it was.
     pub fn ended(&self) -> Option<String> {
-        self.ended.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        self.tenure.ended()
     }
 }
 
@@ -231,7 +191,7 @@ impl Cluster {
     /// the term by each answer. Returns why the term ended: its node is gone, its session
     /// expired, or no answer came before the term ran out.
     pub async fn keep_leading(&self, term: &Term) -> String {
-        let every = term.timeout / 6;
+        let every = term.session_timeout() / 6;
         loop {
             if let Some(why) = term.ended() {
                 return why;
@@ -244,7 +204,7 @@ impl Cluster {
                 )
                 .await
             {
-                Ok(Ok(Some(_))) => term.extend(sent),
+                Ok(Ok(Some(_))) => term.tenure.extend(sent),
                 Ok(Ok(None)) => {
                     term.end("the leader's election node was deleted");
                     continue;
