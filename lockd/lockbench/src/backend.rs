@@ -42,6 +42,9 @@ pub enum Target {
     LockdSdk,
     Etcd,
     Redis,
+    /// Redis, `SET NX PX` and a fencing token from a counter (`INCR`) in one script: the raw
+    /// recipe a user of Redis would write for a fenced lock.
+    RedisFenced,
     /// A ZooKeeper ensemble (`host:port,...`), Curator's lock recipe.
     Zookeeper,
 }
@@ -92,7 +95,9 @@ pub enum Backend {
     Lockd(Vec<LockServiceClient<Channel>>),
     Sdk(Vec<lockd_client::Client>),
     Etcd(Vec<etcd_client::Client>),
-    Redis(Vec<redis::aio::MultiplexedConnection>),
+    /// Redis connections; `true`: each grant also takes a token from a counter (the fenced
+    /// recipe).
+    Redis(Vec<redis::aio::MultiplexedConnection>, bool),
     Zk(Vec<zookeeper_client::Client>),
 }
 
@@ -122,6 +127,8 @@ fn authed<T>(message: T) -> tonic::Request<T> {
 
 /// All or none: every key set (NX, with the TTL) when none exists.
 const REDIS_SET_ALL: &str = "for i = 1, #KEYS do if redis.call('exists', KEYS[i]) == 1 then return 0 end end for i = 1, #KEYS do redis.call('set', KEYS[i], ARGV[1], 'PX', ARGV[2]) end return 1";
+/// `SET NX PX`, and a fencing token from a counter if it was set (0 if it was not).
+const REDIS_FENCED: &str = "if redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return redis.call('incr', KEYS[2]) end return 0";
 const REDIS_RELEASE: &str = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) else return 0 end";
 /// The Redis semaphore with leases (the recipe of Redisson's `RPermitExpirableSemaphore`, in
 /// its simplest form): a sorted set of the permits held, each scored by its expiry on Redis's
@@ -201,7 +208,7 @@ impl Backend {
                 }
                 Backend::Etcd(v)
             }
-            Target::Redis => {
+            Target::Redis | Target::RedisFenced => {
                 let client = redis::Client::open(endpoint).context("redis endpoint")?;
                 let mut v = Vec::new();
                 for _ in 0..n {
@@ -212,7 +219,7 @@ impl Backend {
                             .context("connecting to redis")?,
                     );
                 }
-                Backend::Redis(v)
+                Backend::Redis(v, target == Target::RedisFenced)
             }
             Target::Zookeeper => {
                 let mut v = Vec::new();
@@ -253,7 +260,22 @@ impl Backend {
                     etcd_take(Self::pick(v), &[format!("/locks/{resource}")], ttl_ms).await?;
                 Ok(lease.map(|lease| Held::Etcd { lease }))
             }
-            Backend::Redis(v) => {
+            Backend::Redis(v, true) => {
+                let mut c = Self::pick(v);
+                let value = format!("{:032x}", rand::random::<u128>());
+                let token: i64 = redis::Script::new(REDIS_FENCED)
+                    .key(resource)
+                    .key("lockbench:token")
+                    .arg(&value)
+                    .arg(ttl_ms)
+                    .invoke_async(&mut c)
+                    .await?;
+                Ok((token > 0).then(|| Held::Redis {
+                    key: resource.to_string(),
+                    value,
+                }))
+            }
+            Backend::Redis(v, false) => {
                 let mut c = Self::pick(v);
                 let value = format!("{:032x}", rand::random::<u128>());
                 let set: Option<String> = redis::cmd("SET")
@@ -317,7 +339,7 @@ impl Backend {
                 let lease = etcd_take(Self::pick(v), &keys, ttl_ms).await?;
                 Ok(lease.map(|lease| vec![Held::Etcd { lease }]))
             }
-            Backend::Redis(v) => {
+            Backend::Redis(v, _) => {
                 let mut c = Self::pick(v);
                 let value = format!("{:032x}", rand::random::<u128>());
                 let all = redis::Script::new(REDIS_SET_ALL);
@@ -386,7 +408,7 @@ impl Backend {
             Backend::Zk(_) => {
                 bail!("only the lock recipe is here for ZooKeeper: use --target lockd or redis")
             }
-            Backend::Redis(v) => {
+            Backend::Redis(v, _) => {
                 let member = format!("{:032x}", rand::random::<u128>());
                 let script = redis::Script::new(REDIS_PERMIT);
                 let mut take = script.prepare_invoke();
@@ -427,7 +449,7 @@ impl Backend {
             Backend::Zk(_) => {
                 bail!("only the lock recipe is here for ZooKeeper: use --target lockd or redis")
             }
-            Backend::Redis(v) => {
+            Backend::Redis(v, _) => {
                 let holder = format!("{:032x}", rand::random::<u128>());
                 let script = redis::Script::new(if reads { REDIS_READ } else { REDIS_WRITE });
                 let mut take = script.prepare_invoke();
@@ -457,7 +479,7 @@ impl Backend {
                 stream.message().await?;
                 Ok(())
             }
-            (Backend::Redis(v), Held::Redis { key, value }) => {
+            (Backend::Redis(v, _), Held::Redis { key, value }) => {
                 let mut c = Self::pick(v);
                 let renewed: i64 = redis::Script::new(REDIS_RENEW)
                     .key(key)
@@ -496,7 +518,7 @@ impl Backend {
             (Backend::Etcd(v), Held::Etcd { lease }) => {
                 Self::pick(v).lease_revoke(lease).await?;
             }
-            (Backend::Redis(v), Held::RedisRw { key, holder }) => {
+            (Backend::Redis(v, _), Held::RedisRw { key, holder }) => {
                 let mut c = Self::pick(v);
                 let _: i64 = redis::Script::new(REDIS_RW_RELEASE)
                     .key(key)
@@ -504,7 +526,7 @@ impl Backend {
                     .invoke_async(&mut c)
                     .await?;
             }
-            (Backend::Redis(v), Held::RedisPermit { key, member }) => {
+            (Backend::Redis(v, _), Held::RedisPermit { key, member }) => {
                 let mut c = Self::pick(v);
                 let _: i64 = redis::cmd("ZREM")
                     .arg(key)
@@ -512,7 +534,7 @@ impl Backend {
                     .query_async(&mut c)
                     .await?;
             }
-            (Backend::Redis(v), Held::Redis { key, value }) => {
+            (Backend::Redis(v, _), Held::Redis { key, value }) => {
                 let mut c = Self::pick(v);
                 let _: i64 = redis::Script::new(REDIS_RELEASE)
                     .key(key)

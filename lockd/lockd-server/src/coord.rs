@@ -30,7 +30,7 @@ pub type Fut<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 pub type Loaded = (Box<dyn Store>, Snapshot, &'static str);
 
 /// A leader as the service names it: its record, and the handle of its leadership (etcd:
-/// its lease; ZooKeeper: 0, the node goes with the session).
+/// its lease; ZooKeeper: its node's sequence number; Redis: 0, the key is the leadership).
 #[derive(Clone, Debug)]
 pub struct Leader {
     pub record: LeaderRecord,
@@ -64,6 +64,11 @@ pub trait Coordination: Send + Sync + 'static {
     fn warm_up(&self) {}
     /// Stops what [`Coordination::warm_up`] started.
     fn cool_down(&self) {}
+    /// Resolves when `leader`'s leadership may have ended, if the service can tell (a
+    /// watch); never, if it cannot (followers also look every 200 ms).
+    fn leader_changed<'a>(&'a self, _leader: &'a Leader) -> Fut<'a, ()> {
+        Box::pin(std::future::pending())
+    }
     /// Tasks that run for as long as the instance does (until `stop`).
     fn background(self: Arc<Self>, _stop: watch::Receiver<bool>) -> Vec<JoinHandle<()>> {
         Vec::new()
@@ -369,8 +374,16 @@ impl Coordination for ZooKeeper {
     fn observe(&self) -> Fut<'_, Result<Option<Leader>, String>> {
         Box::pin(async move {
             let observed = self.cluster.observe().await.map_err(|e| e.to_string())?;
-            Ok(observed.map(|record| Leader { record, handle: 0 }))
+            Ok(observed.map(|(record, seq)| Leader {
+                record,
+                handle: seq as i64,
+            }))
         })
+    }
+
+    /// A watch of the leader's node: a follower notices its end at once.
+    fn leader_changed<'a>(&'a self, leader: &'a Leader) -> Fut<'a, ()> {
+        Box::pin(self.cluster.leader_gone(leader.handle as u64))
     }
 
     fn campaign<'a>(&'a self, me: &'a Member) -> Fut<'a, Result<Campaigned, String>> {
@@ -380,9 +393,12 @@ impl Coordination for ZooKeeper {
                     cluster: Arc::clone(&self.cluster),
                     term: Arc::new(term),
                 }))),
-                zk::Campaign::Lost(record) => Ok(Campaigned::Lost(
-                    record.map(|record| Leader { record, handle: 0 }),
-                )),
+                zk::Campaign::Lost(leader) => {
+                    Ok(Campaigned::Lost(leader.map(|(record, seq)| Leader {
+                        record,
+                        handle: seq as i64,
+                    })))
+                }
             }
         })
     }

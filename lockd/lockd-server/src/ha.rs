@@ -522,9 +522,17 @@ impl Ha {
                     return;
                 }
             }
+            // A service that can watch the leader wakes the follower at its end.
+            let gone = async {
+                match &leader {
+                    Some(l) => self.coord.leader_changed(l).await,
+                    None => std::future::pending().await,
+                }
+            };
             tokio::select! {
                 () = self.pause(FOLLOW_EVERY) => {}
                 () = self.look_again.notified() => {}
+                () = gone => {}
             }
             if self.stopping() {
                 return;

@@ -30,8 +30,9 @@ use crate::{Cluster, ZkError, failed, session};
 /// What a campaign ended with.
 pub enum Campaign {
     Won(Term),
-    /// Another candidate leads (its record, if it could be read).
-    Lost(Option<LeaderRecord>),
+    /// Another candidate leads: its record (if it could be read) and its node's sequence
+    /// number (for [`Cluster::leader_gone`]).
+    Lost(Option<(LeaderRecord, u64)>),
 }
 
 /// One leader's time in office: its session, and its node.
@@ -137,7 +138,9 @@ impl Cluster {
                 let _ = self
                     .answer("giving up the candidate's node", client.delete(&node, None))
                     .await;
-                Ok(Campaign::Lost(other.and_then(|(_, record)| record)))
+                Ok(Campaign::Lost(
+                    other.and_then(|(seq, record)| Some((record?, seq))),
+                ))
             }
         }
     }
@@ -172,9 +175,9 @@ impl Cluster {
         Ok(Some((seq, record)))
     }
 
-    /// The current leader, if there is one; the stored high-water is noted on the way (a
-    /// follower's part of the high-water guard).
-    pub async fn observe(&self) -> Result<Option<LeaderRecord>, ZkError> {
+    /// The current leader (its record and its node's sequence number), if there is one; the
+    /// stored high-water is noted on the way (a follower's part of the high-water guard).
+    pub async fn observe(&self) -> Result<Option<(LeaderRecord, u64)>, ZkError> {
         let client = self.reader().await?;
         let doing = "reading the token high-water";
         if let Ok(Ok((data, _))) = self
@@ -184,7 +187,33 @@ impl Cluster {
         {
             self.highwater.saw(value);
         }
-        Ok(self.lowest(&client).await?.and_then(|(_, r)| r))
+        Ok(self
+            .lowest(&client)
+            .await?
+            .and_then(|(seq, r)| Some((r?, seq))))
+    }
+
+    /// Returns when the leader's node (sequence number `seq`) is deleted or changed, or the
+    /// session that watches it ends; at once if it is gone already. Never, if it cannot be
+    /// watched (ZooKeeper unreachable): the follower's next poll finds out.
+    pub async fn leader_gone(&self, seq: u64) {
+        let Ok(client) = self.reader().await else {
+            return std::future::pending().await;
+        };
+        let path = format!("{}/member-{seq:010}", self.paths.election());
+        match self
+            .answer(
+                "watching the leader's node",
+                client.check_and_watch_stat(&path),
+            )
+            .await
+        {
+            Ok(Ok((Some(_), watcher))) => {
+                watcher.changed().await;
+            }
+            Ok(Ok((None, _))) => {}
+            _ => std::future::pending().await,
+        }
     }
 
     /// Keeps `term` in force: reads its node every sixth of the session timeout, extending

@@ -28,6 +28,10 @@ const RULES: &[(&str, Option<&[&str]>)] = &[
         "lockd-store-zk",
         Some(&["fencing", "lockd-core", "lockd-store", "lockd-store-kv"]),
     ),
+    (
+        "lockd-store-redis",
+        Some(&["fencing", "lockd-core", "lockd-store", "lockd-store-kv"]),
+    ),
     ("lockd-proto", Some(&[])),
     (
         "lockd-server",
@@ -37,6 +41,7 @@ const RULES: &[(&str, Option<&[&str]>)] = &[
             "lockd-store",
             "lockd-store-etcd",
             "lockd-store-zk",
+            "lockd-store-redis",
             "lockd-proto",
             "cli-docs",
             "tlsconf",

@@ -353,3 +353,27 @@ fn a_prefix_inside_another_clusters_nodes_is_refused() {
             .unwrap_or_else(|e| panic!("{beside}: {e}"));
     }
 }
+
+/// Followers watch the leader's node (the "the others watch their predecessor"): the
+/// watch resolves when the node goes, so a follower campaigns at once instead of at its next
+/// poll.
+#[test]
+fn a_watch_of_the_leaders_node_resolves_when_it_goes() {
+    let mut h = OnZk::new();
+    let _s = h.open();
+    let (record, seq) =
+        h.rt.block_on(h.cluster.observe())
+            .unwrap()
+            .expect("a leader");
+    assert_eq!(record.address, "http://test");
+    let cluster = Arc::clone(&h.cluster);
+    let gone = h.rt.spawn(async move { cluster.leader_gone(seq).await });
+    assert!(!gone.is_finished(), "woken while the leader's node lives");
+    h.end_term();
+    h.rt.block_on(async { tokio::time::timeout(e2e::PATIENCE, gone).await })
+        .expect("the watch must resolve when the leader's node is deleted")
+        .unwrap();
+    // A node that is gone already: at once.
+    h.rt.block_on(async { tokio::time::timeout(e2e::PATIENCE, h.cluster.leader_gone(seq)).await })
+        .expect("a watch of a deleted node resolves at once");
+}
