@@ -27,6 +27,7 @@ pub mod keys;
 pub mod pg;
 pub mod raw;
 pub mod redis;
+pub mod replicated;
 pub mod stacks;
 pub mod tap;
 pub mod upstream;

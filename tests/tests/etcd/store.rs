@@ -6,8 +6,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use e2e::etcd::EtcdCluster;
+use e2e::replicated::{Replicated, record};
 use fencing::{FencingToken, LeaseId, ResourceName};
-use lockd_core::{LeaseRecord, Op};
+use lockd_core::Op;
 use lockd_store::conformance::{Harness, sample_grant};
 use lockd_store::{Store, StoreError};
 use lockd_store_etcd::highwater::MARGIN;
@@ -113,36 +114,24 @@ impl Harness for OnEtcd {
 
 lockd_store::conformance_tests!(OnEtcd::new());
 
-fn record(resource: &str, token: u64) -> LeaseRecord {
-    LeaseRecord {
-        resource: ResourceName::new(resource).unwrap(),
-        lease_id: LeaseId::from_bytes([token as u8; 16]),
-        token: FencingToken::new(token).unwrap(),
-        holder: format!("h{token}"),
-        ttl_ms: 5_000,
-        request_id: Some(format!("q{token}")),
-        reentrant: None,
-        permits: None,
-        rw: None,
+impl Replicated for OnEtcd {
+    fn end_term(&mut self) {
+        OnEtcd::end_term(self);
+    }
+
+    fn another_store(&mut self) -> Self::S {
+        let term = self.term.clone().expect("a term");
+        self.store(&term)
+    }
+
+    fn end_by_clock(&mut self, why: &str) {
+        let term = self.term.clone().expect("a term");
+        term.end(why);
+        assert!(!term.in_force());
     }
 }
 
-#[test]
-fn a_deposed_leaders_batch_is_refused_and_changes_nothing() {
-    let mut h = OnEtcd::new();
-    let mut old = h.open();
-    old.commit(&[Op::Grant(record("a", 1))], true).unwrap();
-    // The old leader's lease runs out (it was paused, say); another instance leads.
-    h.end_term();
-    let mut new = h.open();
-    let err = old
-        .commit(&[Op::Grant(record("b", 2))], true)
-        .expect_err("a deposed leader's batch must be refused");
-    assert!(matches!(err, StoreError::Deposed(_)), "{err}");
-    let snap = new.load().unwrap();
-    assert_eq!(snap.leases, vec![record("a", 1)]);
-    assert_eq!(snap.last_token, FencingToken::new(1));
-}
+e2e::replicated_store_tests!(OnEtcd::new());
 
 #[test]
 fn a_term_ended_by_its_own_clock_commits_nothing_though_etcd_still_has_its_key() {
@@ -209,36 +198,6 @@ fn a_leader_key_put_again_under_another_lease_refuses_the_batch() {
         .commit(&[Op::Grant(record("b", 2))], true)
         .expect_err("a batch under a leader key of another lease must be refused");
     assert!(matches!(err, StoreError::Deposed(_)), "{err}");
-}
-
-/// A call that timed out on one member is sent again to another, and the first attempt may
-/// still land later, after the term's next batch: it must change nothing. A store that has not
-/// seen the term's last batch stands for that late attempt.
-#[test]
-fn a_late_attempt_of_an_earlier_batch_changes_nothing() {
-    let mut h = OnEtcd::new();
-    let mut store = h.open();
-    let term = h.term.clone().unwrap();
-    store.commit(&[Op::Grant(record("a", 1))], true).unwrap();
-    // Built before that grant committed: a release of the lease the batch above granted
-    // (as a delayed attempt of an earlier release would delete a later grant's key).
-    let mut late = h.store(&term);
-    late.load().unwrap();
-    let remove = Op::Remove {
-        resource: ResourceName::new("a").unwrap(),
-        lease_id: record("a", 1).lease_id,
-    };
-    store.commit(&[Op::Grant(record("b", 2))], true).unwrap();
-    let err = late
-        .commit(&[remove], false)
-        .expect_err("a batch built before the term's last commit must not land");
-    assert!(matches!(err, StoreError::Deposed(_)), "{err}");
-    // Both grants stand, and the first store goes on committing.
-    store.commit(&[Op::Grant(record("c", 3))], true).unwrap();
-    let snap = h.open().load().unwrap();
-    let mut leases = snap.leases;
-    leases.sort_by(|x, y| x.resource.cmp(&y.resource));
-    assert_eq!(leases, vec![record("a", 1), record("b", 2), record("c", 3)]);
 }
 
 #[test]

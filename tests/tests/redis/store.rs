@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use e2e::redis::{MASTER, RedisSet};
+use e2e::replicated::{Replicated, record};
 use fencing::{FencingToken, LeaseId, ResourceName};
 use lockd_core::{LeaseRecord, Op};
 use lockd_store::conformance::{Harness, sample_grant};
@@ -133,36 +134,24 @@ impl Harness for OnRedis {
 
 lockd_store::conformance_tests!(OnRedis::new());
 
-fn record(resource: &str, token: u64) -> LeaseRecord {
-    LeaseRecord {
-        resource: ResourceName::new(resource).unwrap(),
-        lease_id: LeaseId::from_bytes([token as u8; 16]),
-        token: FencingToken::new(token).unwrap(),
-        holder: format!("h{token}"),
-        ttl_ms: 5_000,
-        request_id: Some(format!("q{token}")),
-        reentrant: None,
-        permits: None,
-        rw: None,
+impl Replicated for OnRedis {
+    fn end_term(&mut self) {
+        OnRedis::end_term(self);
+    }
+
+    fn another_store(&mut self) -> Self::S {
+        let term = self.term.clone().expect("a term");
+        self.store(&term)
+    }
+
+    fn end_by_clock(&mut self, why: &str) {
+        let term = self.term.clone().expect("a term");
+        term.end(why);
+        assert!(!term.in_force());
     }
 }
 
-#[test]
-fn a_deposed_leaders_batch_is_refused_and_changes_nothing() {
-    let mut h = OnRedis::new();
-    let mut old = h.open();
-    old.commit(&[Op::Grant(record("a", 1))], true).unwrap();
-    // The old leader's key is gone; another instance leads.
-    h.end_term();
-    let mut new = h.open();
-    let err = old
-        .commit(&[Op::Grant(record("b", 2))], true)
-        .expect_err("a deposed leader's batch must be refused");
-    assert!(matches!(err, StoreError::Deposed(_)), "{err}");
-    let snap = new.load().unwrap();
-    assert_eq!(snap.leases, vec![record("a", 1)]);
-    assert_eq!(snap.last_token, FencingToken::new(1));
-}
+e2e::replicated_store_tests!(OnRedis::new());
 
 #[test]
 fn a_leader_whose_key_was_taken_commits_nothing() {
@@ -179,47 +168,6 @@ fn a_leader_whose_key_was_taken_commits_nothing() {
     h.term = None;
     let snap = h.open().load().unwrap();
     assert_eq!(snap.leases, vec![record("a", 1)]);
-}
-
-#[test]
-fn a_term_ended_by_its_own_clock_commits_nothing_though_its_key_lives() {
-    let mut h = OnRedis::new();
-    let mut store = h.open();
-    store.commit(&[Op::Grant(record("a", 1))], true).unwrap();
-    let term = h.term.clone().unwrap();
-    term.end("a pause past the leader TTL (test)");
-    assert!(!term.in_force());
-    let err = store
-        .commit(&[Op::Grant(record("b", 2))], true)
-        .expect_err("a batch after the term ended must be refused");
-    assert!(matches!(err, StoreError::Deposed(_)), "{err}");
-    assert!(err.to_string().contains("(test)"), "{err}");
-}
-
-/// A store that has not seen the term's last batch stands for a late attempt of an earlier
-/// batch: it must change nothing.
-#[test]
-fn a_batch_built_before_the_terms_last_commit_changes_nothing() {
-    let mut h = OnRedis::new();
-    let mut store = h.open();
-    let term = h.term.clone().unwrap();
-    store.commit(&[Op::Grant(record("a", 1))], true).unwrap();
-    let mut late = h.store(&term);
-    late.load().unwrap();
-    let remove = Op::Remove {
-        resource: ResourceName::new("a").unwrap(),
-        lease_id: record("a", 1).lease_id,
-    };
-    store.commit(&[Op::Grant(record("b", 2))], true).unwrap();
-    let err = late
-        .commit(&[remove], false)
-        .expect_err("a batch built before the term's last commit must not land");
-    assert!(matches!(err, StoreError::Deposed(_)), "{err}");
-    store.commit(&[Op::Grant(record("c", 3))], true).unwrap();
-    let snap = h.open().load().unwrap();
-    let mut leases = snap.leases;
-    leases.sort_by(|x, y| x.resource.cmp(&y.resource));
-    assert_eq!(leases, vec![record("a", 1), record("b", 2), record("c", 3)]);
 }
 
 #[test]

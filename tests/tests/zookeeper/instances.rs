@@ -3,113 +3,26 @@
 
 use std::time::Duration;
 
-use e2e::Lockd;
 use e2e::etcd::LEADING;
-use e2e::ha::{acquire_raw, assert_unavailable, granted, opts};
+use e2e::ha::{self, acquire_raw, assert_unavailable};
 use e2e::zookeeper::ZkEnsemble;
-use lockd_client::Client;
 use lockd_proto::v1::RenewRequest;
 use lockd_proto::v1::acquire_response::Outcome;
 use lockd_proto::v1::lock_service_client::LockServiceClient;
 use tonic::Code;
 
-/// Two lockd instances over `zk`, and which one leads (the first starts first, so leads).
-fn two(zk: &ZkEnsemble, dirs: &[tempfile::TempDir; 2]) -> (Vec<Lockd>, usize) {
-    let first = zk.lockd(dirs[0].path(), &[]);
-    first.wait_event(LEADING, |_| true);
-    let second = zk.lockd(dirs[1].path(), &[]);
-    (vec![first, second], 0)
-}
-
 #[test]
 fn a_retry_through_the_other_instance_gets_the_original_grant_and_a_clean_stop_hands_over() {
     let zk = ZkEnsemble::start(1);
-    let dirs = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
-    let (mut lockds, leader) = two(&zk, &dirs);
-    let follower = 1 - leader;
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    let _in = rt.enter();
-    let clients: Vec<Client> = lockds
-        .iter()
-        .map(|l| Client::connect(&l.endpoint).unwrap())
-        .collect();
-    let first = granted(
-        &rt,
-        &clients[follower],
-        "job",
-        opts(60, 0, Some("retry-me")),
-        "a free resource is granted through the follower",
+    ha::a_retry_through_the_other_instance_gets_the_original_grant_and_a_clean_stop_hands_over(
+        &|dir| zk.lockd(dir, &[]),
     );
-    let again = granted(
-        &rt,
-        &clients[leader],
-        "job",
-        opts(60, 0, Some("retry-me")),
-        "a retry through the leader is answered with the original grant",
-    );
-    assert_eq!(
-        (again.token, &again.lease_id),
-        (first.token, &first.lease_id)
-    );
-    assert!(again.duplicate);
-
-    // SIGTERM of the leader: it gives its node up, the other takes over at once, and the
-    // lock is still held, by the same lease.
-    lockds[leader].process.signal(libc::SIGTERM);
-    assert!(lockds[leader].process.wait().success());
-    lockds[follower].wait_event(LEADING, |e| e["leases"].as_u64() >= Some(1));
-    rt.block_on(clients[follower].renew("job", &first.lease_id))
-        .expect("the lease survives the hand-over");
-    let retried = granted(
-        &rt,
-        &clients[follower],
-        "job",
-        opts(60, 0, Some("retry-me")),
-        "a retry after the hand-over is answered with the original grant",
-    );
-    assert_eq!(retried.token, first.token);
-    let next = granted(
-        &rt,
-        &clients[follower],
-        "other",
-        opts(60, 0, None),
-        "a free resource is granted by the new leader",
-    );
-    assert!(next.token > first.token, "tokens rise across the hand-over");
 }
 
 #[test]
 fn kill_9_of_the_lockd_leader_keeps_its_locks_and_tokens_rise() {
     let zk = ZkEnsemble::start(3);
-    let dirs = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
-    let (mut lockds, leader) = two(&zk, &dirs);
-    let follower = 1 - leader;
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    let _in = rt.enter();
-    let client = Client::connect(&lockds[follower].endpoint).unwrap();
-    let kept = granted(
-        &rt,
-        &client,
-        "kept",
-        opts(60, 0, None),
-        "a free resource is granted",
-    );
-    lockds[leader].kill9();
-    // The killed leader's session expires (2 s), then the follower leads; the SDK retries
-    // through the failover.
-    let probe = granted(
-        &rt,
-        &client,
-        "probe",
-        opts(30, 0, None),
-        "a free resource is granted after the failover",
-    );
-    assert!(probe.token > kept.token, "tokens rise across the failover");
-    lockds[follower].wait_event(LEADING, |e| e["leases"].as_u64() >= Some(1));
-    let d = rt.block_on(client.describe("kept")).unwrap();
-    assert_eq!(d.token, Some(kept.token));
-    rt.block_on(client.renew("kept", &kept.lease_id))
-        .expect("a lease granted before the kill is renewed after it");
+    ha::kill_9_of_the_lockd_leader_keeps_its_locks_and_tokens_rise(&|dir| zk.lockd(dir, &[]));
 }
 
 #[test]
