@@ -600,7 +600,11 @@ pub fn connect_from(from: &str, addr: std::net::SocketAddr) -> std::net::TcpStre
 ///
 /// The port is taken below the kernel's ephemeral range (32768 and up): a port from that range
 /// can be handed to some other test's outgoing connection between this check and the server's
-/// bind. Ports are drawn at random from 20000-32767 and checked free.
+/// bind. Ports are drawn at random from 20000-32767 and checked free, and each is *claimed*
+/// for [`PORT_CLAIM`] (a file of its own in a directory every test process shares, created
+/// only if absent): two tests that run at once never draw the same port, even though neither
+/// holds it until its server binds it. (Before the claims, an etcd member and another test's
+/// server once drew the same port: "address already in use".)
 pub fn free_loopback_addr() -> String {
     use std::sync::atomic::{AtomicU64, Ordering};
     static DRAWS: AtomicU64 = AtomicU64::new(0);
@@ -615,11 +619,39 @@ pub fn free_loopback_addr() -> String {
         let x = (seed ^ n.wrapping_mul(0x9e37_79b9_7f4a_7c15)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
         let port = 20_000 + (x >> 33) % 12_768;
         let addr = format!("127.0.0.1:{port}");
-        if std::net::TcpListener::bind(&addr).is_ok() {
+        if claim_port(port) && std::net::TcpListener::bind(&addr).is_ok() {
             return addr;
         }
     }
     panic!("no free loopback port found in 20000-32767")
+}
+
+/// How long a port drawn by [`free_loopback_addr`] stays claimed: longer than a test runs.
+pub const PORT_CLAIM: Duration = Duration::from_secs(30 * 60);
+
+/// Claims `port` for this process unless another claimed it less than [`PORT_CLAIM`] ago.
+fn claim_port(port: u64) -> bool {
+    let dir = std::env::temp_dir().join("lockd-e2e-ports");
+    if std::fs::create_dir_all(&dir).is_err() {
+        return true; // no claims possible: the bind check alone
+    }
+    let file = dir.join(port.to_string());
+    let create = || {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&file)
+            .is_ok()
+    };
+    if create() {
+        return true;
+    }
+    let stale = std::fs::metadata(&file)
+        .and_then(|m| m.modified())
+        .is_ok_and(|t| t.elapsed().is_ok_and(|age| age > PORT_CLAIM));
+    // A stale claim is taken over (two processes doing so at the same instant could both
+    // take it; the bind check still stands).
+    stale && std::fs::remove_file(&file).is_ok() && create()
 }
 
 /// Nanoseconds on the machine's monotonic clock: one clock for every process on the machine,
@@ -717,4 +749,19 @@ pub fn sample(text: &str, series: &str) -> Option<f64> {
             .parse()
             .ok()
     })
+}
+
+#[cfg(test)]
+mod port_claims {
+    #[test]
+    fn a_drawn_port_is_not_drawn_again_while_claimed() {
+        let addr = super::free_loopback_addr();
+        let port: u64 = addr.rsplit(':').next().unwrap().parse().unwrap();
+        assert!(
+            !super::claim_port(port),
+            "{addr} was claimed by the draw: no other test may draw it"
+        );
+        let again: Vec<String> = (0..20).map(|_| super::free_loopback_addr()).collect();
+        assert!(!again.contains(&addr), "{addr} was drawn twice");
+    }
 }
