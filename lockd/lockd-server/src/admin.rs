@@ -34,7 +34,7 @@ pub fn readiness(routes: &Routes) -> Result<(), &'static str> {
         Routes::Single(_) => Err("lockd is shutting down"),
         Routes::Cluster(ha) if ha.ready() => Ok(()),
         Routes::Cluster(_) => Err(
-            "no leader is known (an election is under way, or etcd or ZooKeeper is out of reach)",
+            "no leader is known (an election is under way, or the coordination service is out of reach)",
         ),
     }
 }
