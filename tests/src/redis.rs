@@ -268,6 +268,13 @@ impl RedisSet {
         }
     }
 
+    /// SIGSTOP (`true`) or SIGCONT (`false`) to Sentinel `i`.
+    pub fn pause_sentinel(&mut self, i: usize, stop: bool) {
+        if let Some(p) = self.sentinels[i].process.as_mut() {
+            p.signal(if stop { libc::SIGSTOP } else { libc::SIGCONT });
+        }
+    }
+
     /// Waits until every Sentinel that runs has switched to a master other than server `i`
     /// (a failover); returns the new master's index.
     pub fn wait_failover_from(&self, i: usize) -> usize {

@@ -89,6 +89,18 @@ impl Tenure {
         self.changed.notify_waiters();
     }
 
+    /// Returns once the term has been ended.
+    pub async fn wait_ended(&self) {
+        loop {
+            // Registered before the check, so that an end between them wakes it.
+            let changed = self.changed.notified();
+            if self.over.load(Ordering::Acquire) {
+                return;
+            }
+            changed.await;
+        }
+    }
+
     /// Why the term was ended, if it was.
     pub fn ended(&self) -> Option<String> {
         self.ended.lock().unwrap_or_else(|p| p.into_inner()).clone()

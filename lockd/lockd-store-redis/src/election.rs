@@ -108,6 +108,11 @@ impl Term {
     pub fn ended(&self) -> Option<String> {
         self.tenure.ended()
     }
+
+    /// Returns once the term has been ended.
+    pub async fn wait_ended(&self) {
+        self.tenure.wait_ended().await;
+    }
 }
 
 fn unix_ms() -> u64 {
@@ -133,6 +138,14 @@ impl Cluster {
     /// Runs for leadership as `me` on the master Sentinel names.
     pub async fn campaign(&self, me: &Member) -> Result<Campaign, RedisError> {
         let master = self.master().await?;
+        if master.epoch > crate::MAX_EPOCH {
+            return Err(RedisError::Corrupt(format!(
+                "the Sentinels report configuration epoch {} for {}, above the highest lockd can fold into its tokens ({})",
+                master.epoch,
+                master.address,
+                crate::MAX_EPOCH
+            )));
+        }
         let mut conn = self.open(&master.address).await?;
         self.check_master(&mut conn, &master).await?;
         let value = serde_json::to_string(&LeaderValue {
@@ -156,11 +169,19 @@ impl Cluster {
                     .arg(&value)
                     .arg(master.epoch)
                     .arg(ttl.as_millis() as u64)
+                    .arg(crate::MAX_EPOCH)
                     .invoke_async(&mut conn),
             )
             .await?;
         if won != 1 {
-            return Ok(Campaign::Lost(record_of(&answer)));
+            return match record_of(&answer) {
+                Some(record) => Ok(Campaign::Lost(Some(record))),
+                None => Err(RedisError::Corrupt(format!(
+                    "{key} holds {:?}, which lockd did not write: no lockd of this cluster can lead until it is gone (it expires with its TTL, if it has one; else delete it: DEL {key})",
+                    answer.chars().take(64).collect::<String>(),
+                    key = self.keys.leader
+                ))),
+            };
         }
         let epoch = answer.parse::<u64>().map_err(|e| {
             RedisError::Corrupt(format!("the term's epoch {answer:?} is not a number: {e}"))
@@ -176,7 +197,7 @@ impl Cluster {
     }
 
     /// Refuses a master that is not one, or that may lose an acknowledged write when it
-    /// restarts (append-only file off, or not synced on every write).
+    /// restarts ([`Cluster::check_durability`]).
     async fn check_master(
         &self,
         conn: &mut MultiplexedConnection,
@@ -191,6 +212,17 @@ impl Cluster {
                 "{doing}: Sentinel names it the master, but it is not one (yet)"
             )));
         }
+        self.check_durability(conn, master).await
+    }
+
+    /// A [`RedisError::Config`] if the master's append-only file is off or not synced on
+    /// every write (checked at every term's start and every round of its keep-alive).
+    async fn check_durability(
+        &self,
+        conn: &mut MultiplexedConnection,
+        master: &Master,
+    ) -> Result<(), RedisError> {
+        let doing = format!("checking the master at {}", master.address);
         let config: Vec<String> = self
             .within(
                 &doing,
@@ -200,10 +232,11 @@ impl Cluster {
                     .query_async(conn),
             )
             .await
-            .map_err(|e| {
-                RedisError::Config(format!(
+            .map_err(|e| match e {
+                RedisError::Refused(e) => RedisError::Config(format!(
                     "{e}: lockd reads appendonly and appendfsync to make sure the master loses no acknowledged write when it restarts; allow CONFIG GET to lockd's user"
-                ))
+                )),
+                e => e,
             })?;
         let setting = |name: &str| {
             config
@@ -251,15 +284,22 @@ impl Cluster {
     }
 
     /// Keeps `term` in force: renews its key every sixth of the TTL, extending the term by
-    /// each answer, and checks that the Sentinels still name its master. Returns why the term
-    /// ended.
+    /// each answer; and, beside the renewals (so that slow Sentinels never hold a renewal
+    /// back), checks that the Sentinels still name its master and that the master still
+    /// syncs every write. Returns why the term ended.
     pub async fn keep_leading(&self, term: &Term) -> String {
+        tokio::join!(
+            self.renew_while_leading(term),
+            self.watch_while_leading(term)
+        );
+        term.ended().unwrap_or_default()
+    }
+
+    /// The renewals of `term`'s key, until the term ends.
+    async fn renew_while_leading(&self, term: &Term) {
         let every = term.ttl() / 6;
         let mut conn = term.conn();
-        loop {
-            if let Some(why) = term.ended() {
-                return why;
-            }
+        while term.ended().is_none() {
             let sent = boot_time();
             let renewed: Result<i64, RedisError> = self
                 .within(
@@ -275,28 +315,59 @@ impl Cluster {
                 Ok(1) => term.tenure.extend(sent),
                 Ok(_) => {
                     term.end("the leader key no longer holds this term's value");
-                    continue;
+                    return;
                 }
                 Err(e) if e.to_string().contains("READONLY") => {
                     term.end("the master became a replica");
-                    continue;
+                    return;
                 }
                 Err(e) => warn!(error = %e, "cannot renew the leader key"),
             }
-            match self.master().await {
-                Ok(m) if m != term.master => {
-                    term.end(&format!(
-                        "the Sentinels name another master ({} at configuration epoch {}, the term's {} at {})",
-                        m.address, m.epoch, term.master.address, term.master.epoch
-                    ));
-                    continue;
-                }
-                Ok(_) => {}
-                Err(e) => warn!(error = %e, "cannot ask the Sentinels for the master"),
-            }
             if !term.in_force() {
                 term.end("Redis did not answer a renewal before the leader key could have expired");
-                continue;
+                return;
+            }
+            tokio::time::sleep(every).await;
+        }
+    }
+
+    /// Every sixth of the TTL until `term` ends: the Sentinels' master, and the master's
+    /// durability settings.
+    async fn watch_while_leading(&self, term: &Term) {
+        let every = term.ttl() / 6;
+        let mut conn = term.conn();
+        while term.ended().is_none() {
+            let check = async {
+                match self.master().await {
+                    Ok(m) if m != term.master => {
+                        return Some(format!(
+                            "the Sentinels name another master ({} at configuration epoch {}, the term's {} at {})",
+                            m.address, m.epoch, term.master.address, term.master.epoch
+                        ));
+                    }
+                    Ok(_) => {}
+                    Err(e) => warn!(error = %e, "cannot ask the Sentinels for the master"),
+                }
+                match self.check_durability(&mut conn, &term.master).await {
+                    Err(RedisError::Config(why)) => Some(why),
+                    Err(e) => {
+                        warn!(error = %e, "cannot read the master's durability settings");
+                        None
+                    }
+                    Ok(()) => None,
+                }
+            };
+            // The checks take up to a request timeout each; the term may end meanwhile.
+            let ended = async {
+                term.tenure.wait_ended().await;
+                None
+            };
+            if let Some(why) = tokio::select! {
+                why = check => why,
+                none = ended => none,
+            } {
+                term.end(&why);
+                return;
             }
             tokio::time::sleep(every).await;
         }

@@ -127,6 +127,10 @@ pub const HIGH_WATER_FILE: &str = "redis-token-high-water";
 /// 2^40 (about 10^12) tokens fit between two failovers.
 pub const EPOCH_SHIFT: u32 = 40;
 
+/// The highest epoch whose floor is within the token range (2^23 - 1): a stored or reported
+/// epoch above it is refused, never adopted (it would exhaust the tokens at once).
+pub const MAX_EPOCH: u64 = fencing::FencingToken::MAX.get() >> EPOCH_SHIFT;
+
 /// The lowest token a term of `epoch` may follow (capped at the top of the token range,
 /// where the core answers tokens_exhausted).
 pub fn epoch_floor(epoch: u64) -> u64 {

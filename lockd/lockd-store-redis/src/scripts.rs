@@ -3,13 +3,17 @@
 
 /// Takes the leader key if nobody holds it, and raises the stored epoch to the term's.
 /// KEYS: leader, epoch. ARGV: the leader value, Sentinel's configuration epoch, the TTL in
-/// ms. Returns `{1, term epoch}` (the higher of Sentinel's and the stored one), or
+/// ms, the highest epoch there can be ([`crate::MAX_EPOCH`]; a stored epoch that is not a
+/// whole number up to it is an error, naming the key). Returns `{1, term epoch}` (the higher of Sentinel's and the stored one), or
 /// `{0, the holder's value}`.
 pub const CAMPAIGN: &str = r"
 local stored = redis.call('GET', KEYS[2])
 if stored then
-  stored = tonumber(stored)
-  if not stored then return redis.error_reply('lockd: ' .. KEYS[2] .. ' is not a number') end
+  local n = tonumber(stored)
+  if not n or n < 0 or n > tonumber(ARGV[4]) or n ~= math.floor(n) then
+    return redis.error_reply('ERR lockd: ' .. KEYS[2] .. ' holds ' .. string.format('%q', string.sub(stored, 1, 40)) .. ', not an epoch (a whole number from 0 to ' .. ARGV[4] .. '); lockd writes it, never edit it: set it back, or delete it if the tokens it guarded are gone')
+  end
+  stored = n
 else
   stored = 0
 end
@@ -55,17 +59,17 @@ if (redis.call('GET', KEYS[2]) or '') ~= ARGV[2] then return -1 end
 for k = 3, 4 do
   local t = redis.call('TYPE', KEYS[k]).ok
   if t ~= 'hash' and t ~= 'none' then
-    return redis.error_reply('lockd: ' .. KEYS[k] .. ' is a ' .. t .. ', not a hash')
+    return redis.error_reply('ERR lockd: ' .. KEYS[k] .. ' is a ' .. t .. ', not a hash')
   end
 end
 local t = redis.call('TYPE', KEYS[5]).ok
 if t ~= 'string' and t ~= 'none' then
-  return redis.error_reply('lockd: ' .. KEYS[5] .. ' is a ' .. t .. ', not a string')
+  return redis.error_reply('ERR lockd: ' .. KEYS[5] .. ' is a ' .. t .. ', not a string')
 end
 for i = 4, #ARGV, 3 do
   local op = ARGV[i]
   if not (op == 'L' or op == 'l' or op == 'R' or op == 'r' or op == 'H') or ARGV[i + 2] == nil then
-    return redis.error_reply('lockd: a malformed change at argument ' .. i)
+    return redis.error_reply('ERR lockd: a malformed change at argument ' .. i)
   end
 end
 for i = 4, #ARGV, 3 do

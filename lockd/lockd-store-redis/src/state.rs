@@ -35,11 +35,10 @@ impl Cluster {
         &self,
         conn: &mut MultiplexedConnection,
     ) -> Result<Read, RedisError> {
-        let doing = "reading the state";
         let mut stored = Stored::default();
         let hw: Option<Vec<u8>> = self
             .within(
-                doing,
+                &format!("reading {}", self.keys.high_water),
                 redis::cmd("GET")
                     .arg(&self.keys.high_water)
                     .query_async(conn),
@@ -55,7 +54,7 @@ impl Cluster {
             loop {
                 let (next, fields): (u64, Vec<(String, Vec<u8>)>) = self
                     .within(
-                        doing,
+                        &format!("reading {hash}"),
                         redis::cmd("HSCAN")
                             .arg(hash)
                             .arg(cursor)

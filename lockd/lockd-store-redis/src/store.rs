@@ -71,6 +71,12 @@ impl RedisStore {
     pub async fn load_async(&mut self) -> Result<Snapshot, StoreError> {
         let mut conn = self.term.conn();
         let read = self.cluster.read_state(&mut conn).await?;
+        // What an earlier term wrote may be on the master only (its batch's WAIT failed, and
+        // nobody was told of it). It is answered from now on (a retried request id gets its
+        // grant): so not before the replicas have it. This connection's last write (the
+        // term's campaign) came after all of it, so one WAIT covers it all.
+        self.wait_for_replicas(&mut conn, "the state this term loaded")
+            .await?;
         let (mut snapshot, stored) = read.stored.snapshot();
         self.batch = Some(read.batch);
         let floor = epoch_floor(self.term.epoch());
@@ -170,32 +176,45 @@ impl RedisStore {
         }
         self.batches += 1;
         self.batch = Some(id);
+        self.wait_for_replicas(&mut conn, "a batch").await
+    }
+
+    /// `WAIT` for `redis_wait_replicas` replicas to have every write made through `conn` so
+    /// far (and so every write the master took before them): an error if fewer have them in
+    /// time (`what` names the writes in it).
+    async fn wait_for_replicas(
+        &self,
+        conn: &mut redis::aio::MultiplexedConnection,
+        what: &str,
+    ) -> Result<(), StoreError> {
         let wanted = self.cluster.options.wait_replicas;
-        if wanted > 0 {
-            // Redis answers a WAIT at its timeout with the count reached (late by up to its
-            // event loop's 100 ms tick): a fifth, and at least 150 ms, less than the request
-            // timeout, so that the count comes before the call's deadline.
-            let wait = timeout
-                .saturating_sub((timeout / 5).max(Duration::from_millis(150)))
-                .max(Duration::from_millis(1));
-            let reached: i64 = self
-                .cluster
-                .within(
-                    "waiting for the replicas",
-                    redis::cmd("WAIT")
-                        .arg(wanted)
-                        .arg(wait.as_millis().max(1) as u64)
-                        .query_async(&mut conn),
-                )
-                .await?;
-            if reached < i64::from(wanted) {
-                // Committed on the master, not on enough replicas: a failover now could lose
-                // it. Not answered as a success; the term ends, and the next leader reads
-                // what is there.
-                return Err(StoreError::Unavailable(format!(
-                    "a batch reached {reached} of the {wanted} replicas asked for (redis_wait_replicas) within {wait:?}"
-                )));
-            }
+        if wanted == 0 {
+            return Ok(());
+        }
+        let timeout = self.cluster.request_timeout();
+        // Redis answers a WAIT at its timeout with the count reached (late by up to its event
+        // loop's 100 ms tick): a fifth, and at least 150 ms, less than the request timeout, so
+        // that the count comes before the call's deadline.
+        let wait = timeout
+            .saturating_sub((timeout / 5).max(Duration::from_millis(150)))
+            .max(Duration::from_millis(1));
+        let reached: i64 = self
+            .cluster
+            .within(
+                "waiting for the replicas",
+                redis::cmd("WAIT")
+                    .arg(wanted)
+                    .arg(wait.as_millis() as u64)
+                    .query_async(conn),
+            )
+            .await?;
+        if reached < i64::from(wanted) {
+            // On the master, not on enough replicas: a failover now could lose it. Not
+            // answered as a success; the term ends, and the next leader reads what is there
+            // (and waits for the replicas to have it before it answers anything).
+            return Err(StoreError::Unavailable(format!(
+                "{what} reached {reached} of the {wanted} replicas asked for (redis_wait_replicas) within {wait:?}"
+            )));
         }
         Ok(())
     }

@@ -65,6 +65,19 @@ fn without_a_replica_there_is_no_grant_and_without_the_master_no_renewal_and_ser
     redis.kill9(1);
     let err = acquire(&mut rpc, "other").expect_err("no grant without a replica");
     assert_unavailable(&err);
+    // Nor through the SDK, which retries with its request id: the next term must not answer
+    // the retry with the grant that is on the master only (an outside tester's finding).
+    let sdk = {
+        let _in = rt.enter();
+        Client::connect(&lockd.endpoint).unwrap()
+    };
+    match rt.block_on(sdk.acquire("retried", opts(60, 0, Some("retried-id")))) {
+        Err(e) => assert!(
+            e.to_string().contains("navailable") || e.to_string().contains("leader"),
+            "{e}"
+        ),
+        Ok(_) => panic!("a grant no replica has was answered to a retry"),
+    }
     // The master stopped too (and no replica to promote): the term runs out.
     redis.pause(0, true);
     let err = renew(&mut rpc).expect_err("no renewal without the master");

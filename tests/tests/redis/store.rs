@@ -421,3 +421,117 @@ fn a_second_candidate_loses_to_the_leader_and_names_it() {
         Campaign::Won(_) => panic!("two leaders at once"),
     }
 }
+
+/// An outside tester's finding: a batch whose WAIT failed is on the master; the next term
+/// loaded it and answered a retried request id with it at once, though no replica had it (a
+/// failover then lost it, and the resource was granted twice). A term now answers nothing it
+/// loaded before the replicas have it.
+#[test]
+fn a_term_answers_nothing_it_loaded_before_the_replicas_have_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut h = OnRedis::on(RedisSet::start(1, 1), dir, |o| RedisOptions {
+        request_timeout: Duration::from_secs(2),
+        ..o
+    });
+    let mut s = h.open();
+    s.load().unwrap();
+    h.redis.pause(1, true);
+    let err = s
+        .commit(&[Op::Grant(record("a", 1))], true)
+        .expect_err("no replica: the batch is not answered");
+    assert!(matches!(err, StoreError::Unavailable(_)), "{err}");
+    // The grant is on the master; the next term must not take it as answered yet.
+    let err = h
+        .open()
+        .load()
+        .expect_err("a term must not load what no replica has");
+    assert!(matches!(err, StoreError::Unavailable(_)), "{err}");
+    assert!(
+        err.to_string().contains("the state this term loaded"),
+        "{err}"
+    );
+    // Once the replica has it, it is there to answer.
+    h.redis.pause(1, false);
+    let snap = h.open().load().unwrap();
+    assert_eq!(snap.leases, vec![record("a", 1)]);
+    let on_replica: i64 = h.cmd(1, &["HEXISTS", "lockd:locks", "a"]);
+    assert_eq!(on_replica, 1);
+}
+
+/// An outside tester's findings: an epoch set by hand far above any real one was adopted
+/// (every token at once exhausted, for good: the instances' high-water files took it too); a
+/// leader key lockd did not write stopped every campaign with a message that named nothing.
+#[test]
+fn an_epoch_or_leader_key_lockd_did_not_write_is_refused_and_named() {
+    let mut h = OnRedis::new();
+    let campaign = |h: &OnRedis| {
+        h.rt.block_on(h.cluster.campaign(&Member::new("http://test".to_string())))
+    };
+    for bad in ["999999999", "-5", "1.5", "abc"] {
+        let _: () = h.cmd(0, &["SET", "lockd:epoch", bad]);
+        let Err(e) = campaign(&h) else {
+            panic!("an epoch of {bad:?} must be refused");
+        };
+        assert!(
+            e.to_string().contains("lockd:epoch") && e.to_string().contains("not an epoch"),
+            "{bad}: {e}"
+        );
+        assert_eq!(h.cluster.high_water().value(), 0, "nothing adopted");
+    }
+    let _: () = h.cmd(0, &["DEL", "lockd:epoch"]);
+    let _: () = h.cmd(0, &["SET", "lockd:leader", "x"]);
+    let Err(e) = campaign(&h) else {
+        panic!("a leader key lockd did not write must be named");
+    };
+    assert!(
+        e.to_string().contains("lockd:leader") && e.to_string().contains("DEL lockd:leader"),
+        "{e}"
+    );
+    let _: () = h.cmd(0, &["DEL", "lockd:leader"]);
+    let mut s = h.open();
+    assert_eq!(s.load().unwrap().last_token, None);
+}
+
+/// An outside tester's finding: `CONFIG SET appendfsync everysec` on the master went unnoticed
+/// until the next term. The keep-alive now checks it every round.
+#[test]
+fn a_master_that_stops_syncing_every_write_ends_the_term() {
+    let mut h = OnRedis::new();
+    let _s = h.open();
+    let term = h.term.clone().unwrap();
+    let _: () = h.cmd(0, &["CONFIG", "SET", "appendfsync", "everysec"]);
+    h.rt.block_on(async { tokio::time::timeout(e2e::PATIENCE, term.wait_ended()).await })
+        .expect("the term must end once the master no longer syncs every write");
+    let why = term.ended().unwrap();
+    assert!(why.contains("appendfsync \"everysec\""), "{why}");
+    assert!(!term.in_force());
+}
+
+/// An outside tester's finding: with every Sentinel stopped, the keep-alive waited on them
+/// before each renewal, and the term ran out though the master was fine. The renewals no
+/// longer wait for the Sentinels.
+#[test]
+fn stopped_sentinels_hold_no_renewal_back() {
+    let mut h = OnRedis::new();
+    let _s = h.open();
+    let term = h.term.clone().unwrap();
+    h.redis.pause_sentinel(0, true);
+    // Three renewals seen (the key's TTL going up again), and the key never gone meanwhile.
+    let mut renewals = 0;
+    let mut last = i64::MAX;
+    let deadline = std::time::Instant::now() + e2e::PATIENCE;
+    while renewals < 3 {
+        let ttl: i64 = h.cmd(0, &["PTTL", "lockd:leader"]);
+        assert!(
+            ttl > 0,
+            "the leader key ran out while the Sentinels were stopped"
+        );
+        if ttl > last {
+            renewals += 1;
+        }
+        last = ttl;
+        assert!(std::time::Instant::now() < deadline, "no renewal seen");
+    }
+    assert!(term.in_force(), "{:?}", term.ended());
+    h.redis.pause_sentinel(0, false);
+}
