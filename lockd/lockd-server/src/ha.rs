@@ -28,7 +28,7 @@ use lockd_store_etcd::Member;
 use tokio::sync::watch;
 use tonic::Status;
 use tonic::transport::{Channel, Endpoint};
-use tracing::{error, info, warn};
+use tracing::{debug, error, info, warn};
 
 use crate::clock::Clock;
 use crate::coord::{Campaigned, Coordination, Leader, Leading};
@@ -45,6 +45,9 @@ const LOAD_RETRY_AFTER: Duration = Duration::from_secs(2);
 
 /// The pause before campaigning again after the coordination service failed.
 const CAMPAIGN_RETRY_AFTER: Duration = Duration::from_millis(200);
+
+/// How often the same campaign error is logged again at `warn` while it lasts.
+const REPEAT_LOG_EVERY: Duration = Duration::from_secs(30);
 
 /// Metadata on a forwarded call: an instance that does not lead does not forward it again.
 pub const FORWARDED_METADATA: &str = "lockd-forwarded-by";
@@ -280,6 +283,8 @@ impl Ha {
         let background = Arc::clone(&self.coord).background(self.stop.subscribe());
         // Since when this instance has known of no leader (for the time it logs on taking over).
         let mut leader_gone = Instant::now();
+        // The last campaign error logged, and when.
+        let mut last_failure: Option<(String, Instant)> = None;
         while !self.stopping() {
             self.coord.warm_up();
             if !self.may_lead.load(std::sync::atomic::Ordering::Acquire) {
@@ -306,7 +311,16 @@ impl Ha {
                     leader_gone = Instant::now();
                 }
                 Err(e) => {
-                    warn!(error = %e, "cannot campaign for leadership; retrying");
+                    // The same error again (a key edited by hand, a master that does not sync
+                    // every write) is logged once per REPEAT_LOG_EVERY, not at every retry.
+                    let now = Instant::now();
+                    let repeat = matches!(&last_failure, Some((same, at)) if *same == e && now.duration_since(*at) < REPEAT_LOG_EVERY);
+                    if repeat {
+                        debug!(error = %e, "cannot campaign for leadership; retrying");
+                    } else {
+                        warn!(error = %e, "cannot campaign for leadership; retrying");
+                        last_failure = Some((e, now));
+                    }
                     self.set(Role::Candidate);
                     self.pause(CAMPAIGN_RETRY_AFTER).await;
                 }

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use etcd_client::{Compare, CompareOp, Txn, TxnOp, TxnOpResponse};
 use fencing::FencingToken;
 use lockd_core::{Op, Snapshot};
-use lockd_store::{Store, StoreError, check_batch};
+use lockd_store::{StoreError, check_batch};
 use lockd_store_kv::{Change, Key, Mirror};
 use tokio::runtime::Handle;
 use tracing::error;
@@ -204,22 +204,4 @@ impl EtcdStore {
     }
 }
 
-impl Store for EtcdStore {
-    fn load(&mut self) -> Result<Snapshot, StoreError> {
-        let runtime = self.runtime.clone();
-        runtime.block_on(self.load_async())
-    }
-
-    /// Every commit is durable (replicated to a majority) when it returns, `sync` or not.
-    fn commit_runs_a_runtime(&self) -> bool {
-        true
-    }
-
-    fn commit(&mut self, ops: &[Op], _sync: bool) -> Result<(), StoreError> {
-        if ops.is_empty() {
-            return Ok(());
-        }
-        let runtime = self.runtime.clone();
-        runtime.block_on(self.commit_async(ops))
-    }
-}
+lockd_store_kv::blocking_store!(EtcdStore);

@@ -58,3 +58,38 @@ impl Member {
         }
     }
 }
+
+#[doc(hidden)]
+pub use {lockd_core as __core, lockd_store as __store};
+
+/// The [`Store`](lockd_store::Store) impl of a store over a key-value service, whose calls
+/// are async: `$store` has a `runtime` (a `tokio::runtime::Handle`), `load_async` and
+/// `commit_async`; every commit is durable (on the service's replicas) when it returns,
+/// `sync` or not, so the writer runs commits off its runtime.
+#[macro_export]
+macro_rules! blocking_store {
+    ($store:ty) => {
+        impl $crate::__store::Store for $store {
+            fn load(&mut self) -> Result<$crate::__core::Snapshot, $crate::__store::StoreError> {
+                let runtime = self.runtime.clone();
+                runtime.block_on(self.load_async())
+            }
+
+            fn commit_runs_a_runtime(&self) -> bool {
+                true
+            }
+
+            fn commit(
+                &mut self,
+                ops: &[$crate::__core::Op],
+                _sync: bool,
+            ) -> Result<(), $crate::__store::StoreError> {
+                if ops.is_empty() {
+                    return Ok(());
+                }
+                let runtime = self.runtime.clone();
+                runtime.block_on(self.commit_async(ops))
+            }
+        }
+    };
+}

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use fencing::FencingToken;
 use lockd_core::{Op, Snapshot};
-use lockd_store::{Store, StoreError, check_batch};
+use lockd_store::{StoreError, check_batch};
 use lockd_store_kv::highwater::MARGIN;
 use lockd_store_kv::{Change, Key, Mirror};
 use tokio::runtime::Handle;
@@ -264,23 +264,4 @@ impl RedisStore {
     }
 }
 
-impl Store for RedisStore {
-    fn load(&mut self) -> Result<Snapshot, StoreError> {
-        let runtime = self.runtime.clone();
-        runtime.block_on(self.load_async())
-    }
-
-    /// Every commit is on the master's disk and on `redis_wait_replicas` replicas when it
-    /// returns, `sync` or not.
-    fn commit_runs_a_runtime(&self) -> bool {
-        true
-    }
-
-    fn commit(&mut self, ops: &[Op], _sync: bool) -> Result<(), StoreError> {
-        if ops.is_empty() {
-            return Ok(());
-        }
-        let runtime = self.runtime.clone();
-        runtime.block_on(self.commit_async(ops))
-    }
-}
+lockd_store_kv::blocking_store!(RedisStore);

@@ -149,3 +149,41 @@ fn kill_9_of_the_redis_master_fails_over_and_tokens_jump_above_the_new_epoch() {
     rt.block_on(client.renew("kept", &kept.lease_id))
         .expect("a lease granted before the failover is renewed after it");
 }
+
+/// An outside tester's finding: while a campaign fails for a lasting reason (here a leader key
+/// lockd did not write), every instance logged the same warning five times a second. It is
+/// logged once (then again every 30 s), and each retry at debug level.
+#[test]
+fn a_lasting_campaign_error_is_warned_once_not_at_every_retry() {
+    let redis = RedisSet::start(1, 1);
+    let master = ::redis::Client::open(format!("redis://{}/", redis.servers[0].addr)).unwrap();
+    let mut conn = master.get_connection().unwrap();
+    let _: () = ::redis::cmd("SET")
+        .arg("lockd:leader")
+        .arg("x")
+        .query(&mut conn)
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let endpoints = redis.endpoints().join(",");
+    let lockd = e2e::Lockd::start_with_env(
+        dir.path(),
+        "127.0.0.1:0",
+        &["--backend", "redis", "--redis-endpoints", &endpoints],
+        &[],
+    );
+    let failed = "cannot campaign for leadership; retrying";
+    let retry = lockd.wait_events(failed, 4, |e| e["level"] == "DEBUG");
+    assert!(
+        retry["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("DEL lockd:leader")),
+        "{retry}"
+    );
+    let log = lockd.process.stderr.text();
+    let warned = log
+        .lines()
+        .filter_map(e2e::event)
+        .filter(|e| e["message"] == failed && e["level"] == "WARN")
+        .count();
+    assert_eq!(warned, 1, "{log}");
+}
