@@ -61,13 +61,13 @@ wait_port 16390; wait_port 16391
 redis-sentinel "$OUT/sentinel/sentinel.conf" >"$OUT/sentinel.log" 2>&1 &
 pids+=("$!")
 wait_port 12181; wait_port 12379; wait_port 26390
-target/release/lockd --data-dir "$OUT/lockd-zk" --listen 127.0.0.1:17421 --log warn \
+target/release/lockd --data-dir "$OUT/lockd-zk" --listen 127.0.0.1:17421 --log warn,lockd_server::ha=info \
   --backend zookeeper --zk-endpoints 127.0.0.1:12181 </dev/null >/dev/null 2>"$OUT/lockd-zk.log" &
 pids+=("$!")
-target/release/lockd --data-dir "$OUT/lockd-etcd" --listen 127.0.0.1:17422 --log warn \
+target/release/lockd --data-dir "$OUT/lockd-etcd" --listen 127.0.0.1:17422 --log warn,lockd_server::ha=info \
   --backend etcd --etcd-endpoints http://127.0.0.1:12379 </dev/null >/dev/null 2>"$OUT/lockd-etcd.log" &
 pids+=("$!")
-target/release/lockd --data-dir "$OUT/lockd-redis" --listen 127.0.0.1:17423 --log warn \
+target/release/lockd --data-dir "$OUT/lockd-redis" --listen 127.0.0.1:17423 --log warn,lockd_server::ha=info \
   --backend redis --redis-endpoints 127.0.0.1:26390 </dev/null >/dev/null 2>"$OUT/lockd-redis.log" &
 pids+=("$!")
 wait_port 17421; wait_port 17422; wait_port 17423
@@ -80,11 +80,18 @@ REDIS_RECIPE=(--target redis-fenced --endpoint redis://127.0.0.1:16390)
 # One JSON line per run, with the label of what ran.
 run() { local label=$1; shift; sync; "$LB" --json "$@" | sed "s/^{/{\"label\":\"$label\",/" | tee -a "$RESULTS" >/dev/null; }
 
-# Each lockd waits for its first leader; a first call that finds none is retried.
-for t in LOCKD_ZK LOCKD_ETCD LOCKD_REDIS; do
-  declare -n args=$t
-  for _ in $(seq 1 50); do "$LB" closed "${args[@]}" --clients 1 --duration 1s >/dev/null 2>&1 && break; sleep 0.2; done
-done
+# Returns once the lockd that logs to LOG leads (each is the only instance over its backend):
+# its log line, read as it is written.
+wait_leading() { # LOG
+  local follow found=1
+  exec 4< <(exec tail -n +1 -F "$1" 2>/dev/null)
+  follow=$!
+  timeout 60 grep -q -m1 "leading: " <&4 && found=0
+  exec 4<&-
+  kill "$follow" 2>/dev/null || true
+  [ "$found" = 0 ] || { echo "bench/backends.sh: the lockd logging to $1 did not lead within 60 s" >&2; exit 1; }
+}
+for l in zk etcd redis; do wait_leading "$OUT/lockd-$l.log"; done
 
 for clients in 64 1; do
   for t in LOCKD_ZK ZK_RECIPE LOCKD_REDIS REDIS_RECIPE LOCKD_ETCD; do

@@ -9,11 +9,9 @@ use lockd_core::{Op, Snapshot};
 use lockd_store::{StoreError, check_batch};
 use lockd_store_kv::{Change, Key, Mirror};
 use tokio::runtime::Handle;
-use tracing::error;
 
 use crate::Cluster;
 use crate::election::Term;
-use crate::highwater::MARGIN;
 use crate::state::Stored;
 
 /// Most bytes of keys and values in one transaction: well under etcd's default
@@ -65,17 +63,8 @@ impl EtcdStore {
     /// of reading it, and applies the high-water rule.
     pub async fn load_from(&mut self, stored: &Stored) -> Result<Snapshot, StoreError> {
         let (mut snapshot, stored_hw) = stored.snapshot();
-        let local = self.cluster.high_water().value();
-        let mut last = stored_hw;
-        if local > stored_hw {
-            // Within the token range: at its top the core answers tokens_exhausted.
-            last = local.saturating_add(MARGIN).min(FencingToken::MAX.get());
-            error!(
-                stored = stored_hw,
-                local,
-                continue_at = last,
-                "etcd's token high-water is behind tokens this lockd has seen (etcd lost data, or was restored from a backup); tokens continue above this instance's high-water plus a margin"
-            );
+        let last = self.cluster.high_water().continue_at(stored_hw, 0, "etcd");
+        if last > stored_hw {
             // Written down at once, so that other instances continue from here too.
             self.put_high_water(last).await?;
         }

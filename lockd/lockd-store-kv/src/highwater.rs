@@ -84,6 +84,29 @@ impl HighWater {
         s.seen = s.seen.max(token);
     }
 
+    /// The high-water rule of a new leader's load: tokens continue above `stored` (the
+    /// service's high-water) and `floor` (the Redis mode's epoch floor; 0 elsewhere), and, if
+    /// this instance has seen tokens above both (the service lost data, or was restored from
+    /// a backup), above this instance's high-water plus [`MARGIN`] (logged, naming
+    /// `service`). Within the token range: at its top the core answers tokens_exhausted.
+    pub fn continue_at(&self, stored: u64, floor: u64, service: &str) -> u64 {
+        let at_least = stored.max(floor);
+        let local = self.value();
+        if local <= at_least {
+            return at_least;
+        }
+        let last = local
+            .saturating_add(MARGIN)
+            .min(fencing::FencingToken::MAX.get());
+        tracing::error!(
+            stored,
+            local,
+            continue_at = last,
+            "{service}'s token high-water is behind tokens this lockd has seen ({service} lost data, or was restored from a backup); tokens continue above this instance's high-water plus a margin"
+        );
+        last
+    }
+
     /// Writes the high-water down (atomically, synced) if it rose since the last time.
     pub fn flush(&self) -> std::io::Result<()> {
         let write = {
@@ -111,6 +134,31 @@ mod tests {
     use super::*;
 
     const FILE: &str = "token-high-water";
+
+    #[test]
+    fn a_leader_continues_above_the_service_the_floor_and_what_this_instance_saw() {
+        let dir = tempfile::tempdir().unwrap();
+        let hw = HighWater::open(dir.path(), FILE).unwrap();
+        assert_eq!(hw.continue_at(7, 0, "test"), 7);
+        assert_eq!(hw.continue_at(7, 1 << 40, "test"), 1 << 40);
+        hw.saw(40);
+        assert_eq!(
+            hw.continue_at(7, 0, "test"),
+            40 + MARGIN,
+            "the service lost data"
+        );
+        assert_eq!(hw.continue_at(40, 0, "test"), 40, "the service has it all");
+        assert_eq!(
+            hw.continue_at(7, 1 << 40, "test"),
+            1 << 40,
+            "the floor is above"
+        );
+        hw.saw(fencing::FencingToken::MAX.get() - 1);
+        assert_eq!(
+            hw.continue_at(0, 0, "test"),
+            fencing::FencingToken::MAX.get()
+        );
+    }
 
     #[test]
     fn the_high_water_only_rises_and_survives_a_restart() {

@@ -238,13 +238,8 @@ impl Cluster {
                 )),
                 e => e,
             })?;
-        let setting = |name: &str| {
-            config
-                .chunks(2)
-                .find(|kv| kv.first().map(String::as_str) == Some(name))
-                .and_then(|kv| kv.get(1).cloned())
-                .unwrap_or_default()
-        };
+        let settings = crate::pairs(&config);
+        let setting = |name: &str| settings.get(name).copied().unwrap_or_default();
         let (aof, fsync) = (setting("appendonly"), setting("appendfsync"));
         if aof != "yes" || fsync != "always" {
             return Err(RedisError::Config(format!(

@@ -99,6 +99,14 @@ fn failed(doing: &str, e: redis::RedisError) -> RedisError {
     }
 }
 
+/// A reply of alternating names and values (`SENTINEL MASTER`, `CONFIG GET`), by name.
+fn pairs(reply: &[String]) -> HashMap<&str, &str> {
+    reply
+        .chunks(2)
+        .filter_map(|kv| Some((kv.first()?.as_str(), kv.get(1)?.as_str())))
+        .collect()
+}
+
 /// How lockd reaches its Redis.
 #[derive(Clone, Debug)]
 pub struct RedisOptions {
@@ -344,10 +352,7 @@ impl Cluster {
                 return Err(e);
             }
         };
-        let fields: HashMap<&str, &str> = reply
-            .chunks(2)
-            .filter_map(|kv| Some((kv.first()?.as_str(), kv.get(1)?.as_str())))
-            .collect();
+        let fields = pairs(&reply);
         let field = |name: &str| {
             fields.get(name).copied().ok_or_else(|| {
                 RedisError::Unavailable(format!("{doing}: the answer has no {name:?}: {reply:?}"))

@@ -7,10 +7,8 @@ use std::time::Duration;
 use fencing::FencingToken;
 use lockd_core::{Op, Snapshot};
 use lockd_store::{StoreError, check_batch};
-use lockd_store_kv::highwater::MARGIN;
 use lockd_store_kv::{Change, Key, Mirror};
 use tokio::runtime::Handle;
-use tracing::error;
 
 use crate::election::Term;
 use crate::scripts::COMMIT;
@@ -79,19 +77,10 @@ impl RedisStore {
             .await?;
         let (mut snapshot, stored) = read.stored.snapshot();
         self.batch = Some(read.batch);
-        let floor = epoch_floor(self.term.epoch());
-        let mut last = stored.max(floor);
-        let local = self.cluster.high_water().value();
-        if local > last {
-            // Within the token range: at its top the core answers tokens_exhausted.
-            last = local.saturating_add(MARGIN).min(FencingToken::MAX.get());
-            error!(
-                stored,
-                local,
-                continue_at = last,
-                "Redis's token high-water is behind tokens this lockd has seen (the master lost data, or was restored from a backup); tokens continue above this instance's high-water plus a margin"
-            );
-        }
+        let last =
+            self.cluster
+                .high_water()
+                .continue_at(stored, epoch_floor(self.term.epoch()), "Redis");
         snapshot.last_token = FencingToken::new(last);
         self.mirror = Mirror::of(&snapshot);
         if last > stored {

@@ -6,10 +6,8 @@ use std::sync::Arc;
 use fencing::FencingToken;
 use lockd_core::{Op, Snapshot};
 use lockd_store::{StoreError, check_batch};
-use lockd_store_kv::highwater::MARGIN;
 use lockd_store_kv::{Change, Key, Mirror};
 use tokio::runtime::Handle;
-use tracing::error;
 use zookeeper_client as zk;
 
 use crate::Cluster;
@@ -67,18 +65,10 @@ impl ZkStore {
         let read = self.cluster.read_state(self.term.client()).await?;
         let (mut snapshot, stored) = read.stored.snapshot();
         self.batch_version = Some(read.batch_version);
-        let local = self.cluster.high_water().value();
-        let mut last = stored;
-        if local > stored {
-            // Within the token range: at its top the core answers tokens_exhausted.
-            last = local.saturating_add(MARGIN).min(FencingToken::MAX.get());
-            error!(
-                stored,
-                local,
-                continue_at = last,
-                "ZooKeeper's token high-water is behind tokens this lockd has seen (ZooKeeper lost data, or was restored from a backup); tokens continue above this instance's high-water plus a margin"
-            );
-        }
+        let last = self
+            .cluster
+            .high_water()
+            .continue_at(stored, 0, "ZooKeeper");
         snapshot.last_token = FencingToken::new(last);
         self.mirror = Mirror::of(&snapshot);
         if last > stored {
