@@ -313,8 +313,11 @@ where
     Fut: std::future::Future<Output = ()>,
 {
     std::thread::Builder::new().name(name).spawn(move || {
+        // Sockets and timers only: signals are the main runtime's, and a runtime with the
+        // signal driver also looks for orphaned child processes every time it parks.
         let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
+            .enable_io()
+            .enable_time()
             .build()?;
         rt.block_on(async move {
             serve(shard.listen()?).await;

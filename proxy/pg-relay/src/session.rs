@@ -934,7 +934,10 @@ fn relay_server_messages(
         let Some((_, message)) = next else {
             return Ok(());
         };
-        if let Ok(Backend::BackendKeyData { pid, key }) = Backend::decode(&message) {
+        // Only a BackendKeyData is decoded here (the machine decodes the rest once).
+        if message.first() == Some(&b'K')
+            && let Ok(Backend::BackendKeyData { pid, key }) = Backend::decode(&message)
+        {
             // The client gets a key of ours; its CancelRequest is forwarded with the real one.
             let (ours, our_key) = relay.register_cancel(pid, key, cancel.gate.clone());
             if let Some(old) = cancel.pid.replace(ours) {

@@ -335,8 +335,11 @@ impl Scanner<'_> {
 /// The words of one statement that its kind is read from, and what it mentions.
 #[derive(Default)]
 struct Words<'a> {
-    /// The first few words, in order; `first_is_word` says whether the statement began with one.
-    leading: Vec<&'a [u8]>,
+    /// The first few words, in order (`words` of them, the rest empty), held inline: every
+    /// Query is split, and a vector per statement was an allocation per statement on the
+    /// relay's hottest path. `first_is_word` says whether the statement began with one.
+    leading: [&'a [u8]; LEADING_WORDS],
+    words: usize,
     first_is_word: bool,
     any_token: bool,
     index: bool,
@@ -366,8 +369,9 @@ impl<'a> Words<'a> {
         if first {
             self.first_is_word = true;
         }
-        if self.first_is_word && self.leading.len() < LEADING_WORDS {
-            self.leading.push(w);
+        if self.first_is_word && self.words < LEADING_WORDS {
+            self.leading[self.words] = w;
+            self.words += 1;
         }
         self.index |= eq(w, "index");
         self.concurrently |= eq(w, "concurrently");
@@ -548,7 +552,8 @@ pub fn split(text: &[u8], lexing: Lexing) -> Vec<Statement> {
                 }
             } else if eq(w, "atomic")
                 && eq(previous_word, "begin")
-                && words.leading.first().is_some_and(|f| eq(f, "create"))
+                && words.words > 0
+                && eq(words.leading[0], "create")
             {
                 depth = 1;
             }
