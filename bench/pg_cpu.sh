@@ -86,21 +86,37 @@ for r in $(seq 1 "$ROUNDS"); do
     run "fence-proxy #$r" $PROXY $c "" -S
   done
 done
-# The check a session without a token gets at each commit point, by itself: each transaction
-# is one prepared statement, the check (the text fence-proxy prepares, `fence-proxy pg
-# print-checks`) or `SELECT 1`, so the difference is the check's own cost. PostgreSQL's CPU is
-# its backend's, read from the postmaster's children's times once the backend has exited.
-target/release/fence-proxy pg print-checks \
-  | awk -F'\t' '$1 == "__fence_proxy_any" { print $2 }' \
-  | sed 's/\$1/:w/g; s/\$2/:b::int::bool/g; s/\$3/:b::int::bool/g' >"$OUT/any.text"
-printf '%s\n' '\set w 1000' '\set b 1' "$(cat "$OUT/any.text");" >"$OUT/any.sql"
+header "without the commit hook: token-update, a token through fence-proxy and direct (where nothing judges it), none through PgBouncer"
+for r in $(seq 1 "$ROUNDS"); do
+  for c in 1 16; do
+    run "direct (token) #$r" $PG $c "$TOKEN" -f "$OUT/update.sql"
+    run "pgbouncer (no token) #$r" $BOUNCER $c "" -f "$OUT/update.sql"
+    run "fence-proxy (token) #$r" $PROXY $c "$TOKEN" -f "$OUT/update.sql"
+  done
+done
+# The checks by themselves: each transaction is the check as fence-proxy prepares it (`fence-proxy
+# pg print-checks`; "at a commit point" and "the transaction ends here" true), or `SELECT 1`, so
+# the difference is the check's own cost: `any`, what a session without a token gets at each
+# commit point; `fast`, the lock and the read of the mark in one pipeline, what a session whose
+# token is current gets. PostgreSQL's CPU is its backend's, read from the postmaster's
+# children's times once the backend has exited.
+target/release/fence-proxy pg print-checks >"$OUT/checks.tsv"
+check_text() { # NAME: its text with pgbench's variables for the parameters
+  local subst='s/\$1/:w/g; s/\$2/:b::int::bool/g; s/\$3/:b::int::bool/g'
+  [ "$1" = __fence_proxy_lock ] && subst='s/\$1/:b::int::bool/g'
+  awk -F'\t' -v n="$1" '$1 == n { print $2 }' "$OUT/checks.tsv" | sed "$subst"
+}
+printf '%s\n' '\set w 1000' '\set b 1' "$(check_text __fence_proxy_any);" >"$OUT/any.sql"
+printf '%s\n' '\set w 1000' '\set b 1' '\startpipeline' "$(check_text __fence_proxy_lock);" \
+  "$(check_text __fence_proxy_fast);" '\endpipeline' >"$OUT/fast.sql"
 printf '%s\n' '\set w 1000' '\set b 1' 'SELECT :w::int, :b::int::bool;' >"$OUT/one.sql"
 postmaster_children() { awk '{ print $16 + $17 }' "/proc/$(head -1 "$OUT/data/postmaster.pid")/stat"; }
 printf '\nthe check by itself (1 client, -M prepared, 20000 transactions)\nstatement\tPostgreSQL us/txn\n'
 for r in $(seq 1 "$ROUNDS"); do
-  for s in one any; do
+  for s in one any fast; do
     before=$(postmaster_children)
-    "$PGBIN/pgbench" -h 127.0.0.1 -p $PG -U postgres -n -M prepared -t 20000 -f "$OUT/$s.sql" postgres >/dev/null 2>&1
+    PGOPTIONS=$([ $s = fast ] && echo "$TOKEN") "$PGBIN/pgbench" -h 127.0.0.1 -p $PG -U postgres -n -M prepared \
+      -t 20000 -f "$OUT/$s.sql" postgres >"$OUT/$s.out" 2>&1 || { cat "$OUT/$s.out" >&2; exit 1; }
     # The backend is reaped once pgbench has closed: wait for its times to arrive.
     for _ in $(seq 1 50); do [ "$(postmaster_children)" != "$before" ] && break; sleep 0.02; done
     awk -v d=$(( $(postmaster_children) - before )) -v hz="$HZ" -v s="$s #$r" \
