@@ -111,18 +111,24 @@ printf '%s\n' '\set w 1000' '\set b 1' '\startpipeline' "$(check_text __fence_pr
   "$(check_text __fence_proxy_fast);" '\endpipeline' >"$OUT/fast.sql"
 printf '%s\n' '\set w 1000' '\set b 1' 'SELECT :w::int, :b::int::bool;' >"$OUT/one.sql"
 postmaster_children() { awk '{ print $16 + $17 }' "/proc/$(head -1 "$OUT/data/postmaster.pid")/stat"; }
+# One backend's CPU per transaction: LABEL PGOPTIONS pgbench-args (1 client, 20000
+# transactions); a row of "label, µs".
+backend_cpu() {
+  local label=$1 opts=$2 before; shift 2
+  before=$(postmaster_children)
+  PGOPTIONS=$opts "$PGBIN/pgbench" -h 127.0.0.1 -p $PG -U postgres -n -t 20000 "$@" postgres \
+    >"$OUT/backend.out" 2>&1 || { cat "$OUT/backend.out" >&2; exit 1; }
+  # The backend is reaped once pgbench has closed: wait for its times to arrive.
+  for _ in $(seq 1 50); do [ "$(postmaster_children)" != "$before" ] && break; sleep 0.02; done
+  awk -v d=$(( $(postmaster_children) - before )) -v hz="$HZ" -v s="$label" \
+    'BEGIN { printf "%s\t%.0f\n", s, d * 1e6 / hz / 20000 }' | tee -a "$TOP/rows.tsv"
+}
 printf '\nthe check by itself (1 client, -M prepared, 20000 transactions)\nstatement\tPostgreSQL us/txn\n'
 for r in $(seq 1 "$ROUNDS"); do
-  for s in one any fast; do
-    before=$(postmaster_children)
-    PGOPTIONS=$([ $s = fast ] && echo "$TOKEN") "$PGBIN/pgbench" -h 127.0.0.1 -p $PG -U postgres -n -M prepared \
-      -t 20000 -f "$OUT/$s.sql" postgres >"$OUT/$s.out" 2>&1 || { cat "$OUT/$s.out" >&2; exit 1; }
-    # The backend is reaped once pgbench has closed: wait for its times to arrive.
-    for _ in $(seq 1 50); do [ "$(postmaster_children)" != "$before" ] && break; sleep 0.02; done
-    awk -v d=$(( $(postmaster_children) - before )) -v hz="$HZ" -v s="$s #$r" \
-      'BEGIN { printf "%s\t%.0f\n", s, d * 1e6 / hz / 20000 }'
-  done
-done | tee -a "$OUT/rows.tsv"
+  backend_cpu "one #$r" "" -M prepared -f "$OUT/one.sql"
+  backend_cpu "any #$r" "" -M prepared -f "$OUT/any.sql"
+  backend_cpu "fast #$r" "$TOKEN" -M prepared -f "$OUT/fast.sql"
+done
 
 OUT=$TOP/hook; mkdir -p "$OUT"; chown postgres "$OUT"
 cp proxy/pg-hook/fence_hook.so "$OUT/"; chown postgres "$OUT/fence_hook.so"
@@ -136,6 +142,13 @@ for r in $(seq 1 "$ROUNDS"); do
     run "pgbouncer (no token) #$r" $BOUNCER $c "" -f "$OUT/update.sql"
     run "fence-proxy (token) #$r" $PROXY $c "$TOKEN" -f "$OUT/update.sql"
   done
+done
+# What the hook's checks cost a transaction with a token (the first write and the commit),
+# from the backend's own CPU.
+printf '\nwith the commit hook: token-update direct, one backend (1 client, 20000 transactions)\npath\tPostgreSQL us/txn\n'
+for r in $(seq 1 "$ROUNDS"); do
+  backend_cpu "direct (token) #$r" "$TOKEN" -f "$OUT/update.sql"
+  backend_cpu "direct (no token) #$r" "" -f "$OUT/update.sql"
 done
 header "with the commit hook: select-only, no token"
 for r in $(seq 1 "$ROUNDS"); do
