@@ -108,3 +108,12 @@ client_tls_cert_file = $OUT/cert.pem
 client_tls_key_file = $OUT/key.pem
 INI
 }
+# What the PostgreSQL benchmarks need (SCRIPT names the caller in errors): pgbouncer,
+# PostgreSQL 15 in $PGBIN and PGXS; then fence-proxy (release) and the commit hook are built.
+pg_bench_prepare() { # SCRIPT
+  command -v pgbouncer >/dev/null || { echo "$1: pgbouncer is missing (apt-get install pgbouncer)" >&2; exit 1; }
+  [ -x "$PGBIN/postgres" ] || { echo "$1: no PostgreSQL in $PGBIN (apt-get install postgresql-15)" >&2; exit 1; }
+  [ -f "$(pg_config --pgxs 2>/dev/null)" ] || { echo "$1: no PGXS to build the hook (apt-get install postgresql-server-dev-15)" >&2; exit 1; }
+  cargo build --release -q -p fence-proxy
+  make -s -C proxy/pg-hook >/dev/null
+}

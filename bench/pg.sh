@@ -22,12 +22,8 @@ ROUNDS=${ROUNDS:-4}
 PGBIN=${PG_BIN:-/usr/lib/postgresql/15/bin}
 OUT=${OUT:-$(mktemp -d /tmp/pgbench.XXXXXX)}
 mkdir -p "$OUT"; chown postgres "$OUT"
-command -v pgbouncer >/dev/null || { echo "bench/pg.sh: pgbouncer is missing (apt-get install pgbouncer)" >&2; exit 1; }
-[ -x "$PGBIN/postgres" ] || { echo "bench/pg.sh: no PostgreSQL in $PGBIN (apt-get install postgresql-15)" >&2; exit 1; }
-[ -f "$(pg_config --pgxs 2>/dev/null)" ] || { echo "bench/pg.sh: no PGXS to build the hook (apt-get install postgresql-server-dev-15)" >&2; exit 1; }
-cargo build --release -q -p fence-proxy
-make -s -C proxy/pg-hook >/dev/null
 . bench/common.sh
+pg_bench_prepare bench/pg.sh
 
 BASELINE=${BASELINE:-}
 RESULTS="$OUT/results.txt"; : >"$RESULTS"

@@ -17,12 +17,8 @@ ROUNDS=${ROUNDS:-2}
 PGBIN=${PG_BIN:-/usr/lib/postgresql/15/bin}
 OUT=${OUT:-$(mktemp -d /tmp/pgcpu.XXXXXX)}
 mkdir -p "$OUT"; chown postgres "$OUT"
-command -v pgbouncer >/dev/null || { echo "bench/pg_cpu.sh: pgbouncer is missing (apt-get install pgbouncer)" >&2; exit 1; }
-[ -x "$PGBIN/postgres" ] || { echo "bench/pg_cpu.sh: no PostgreSQL in $PGBIN (apt-get install postgresql-15)" >&2; exit 1; }
-[ -f "$(pg_config --pgxs 2>/dev/null)" ] || { echo "bench/pg_cpu.sh: no PGXS to build the hook (apt-get install postgresql-server-dev-15)" >&2; exit 1; }
-cargo build --release -q -p fence-proxy
-make -s -C proxy/pg-hook >/dev/null
 . bench/common.sh
+pg_bench_prepare bench/pg_cpu.sh
 free_ports bench/pg_cpu.sh 15460 15461 15462 15463 15464 15465
 TOP=$OUT
 HZ=$(getconf CLK_TCK)
@@ -76,6 +72,19 @@ header() {
   printf '\n%s\npath\tclients\ttps\tmachine us/txn\trelay us/txn (user + system)\tpgbench us/txn\trest (PostgreSQL) us/txn\n' "$1"
 }
 
+# The token-update rounds at 1 and 16 clients; with the hook (any argument), direct without a
+# token too (without it, direct with a token is judged by nothing: the same work).
+token_update_rounds() {
+  for r in $(seq 1 "$ROUNDS"); do
+    for c in 1 16; do
+      run "direct (token) #$r" $PG $c "$TOKEN" -f "$OUT/update.sql"
+      [ -n "${1:-}" ] && run "direct (no token) #$r" $PG $c "" -f "$OUT/update.sql"
+      run "pgbouncer (no token) #$r" $BOUNCER $c "" -f "$OUT/update.sql"
+      run "fence-proxy (token) #$r" $PROXY $c "$TOKEN" -f "$OUT/update.sql"
+    done
+  done
+}
+
 PG=15460; BOUNCER=15461; PROXY=15462
 start_servers
 header "without the commit hook: select-only, no token"
@@ -87,13 +96,7 @@ for r in $(seq 1 "$ROUNDS"); do
   done
 done
 header "without the commit hook: token-update, a token through fence-proxy and direct (where nothing judges it), none through PgBouncer"
-for r in $(seq 1 "$ROUNDS"); do
-  for c in 1 16; do
-    run "direct (token) #$r" $PG $c "$TOKEN" -f "$OUT/update.sql"
-    run "pgbouncer (no token) #$r" $BOUNCER $c "" -f "$OUT/update.sql"
-    run "fence-proxy (token) #$r" $PROXY $c "$TOKEN" -f "$OUT/update.sql"
-  done
-done
+token_update_rounds
 # The checks by themselves: each transaction is the check as fence-proxy prepares it (`fence-proxy
 # pg print-checks`; "at a commit point" and "the transaction ends here" true), or `SELECT 1`, so
 # the difference is the check's own cost: `any`, what a session without a token gets at each
@@ -120,6 +123,7 @@ backend_cpu() {
     >"$OUT/backend.out" 2>&1 || { cat "$OUT/backend.out" >&2; exit 1; }
   # The backend is reaped once pgbench has closed: wait for its times to arrive.
   for _ in $(seq 1 50); do [ "$(postmaster_children)" != "$before" ] && break; sleep 0.02; done
+  [ "$(postmaster_children)" != "$before" ] || { echo "bench/pg_cpu.sh: $label: the backend's CPU time never arrived" >&2; exit 1; }
   awk -v d=$(( $(postmaster_children) - before )) -v hz="$HZ" -v s="$label" \
     'BEGIN { printf "%s\t%.0f\n", s, d * 1e6 / hz / 20000 }' | tee -a "$TOP/rows.tsv"
 }
@@ -135,14 +139,7 @@ cp proxy/pg-hook/fence_hook.so "$OUT/"; chown postgres "$OUT/fence_hook.so"
 PG=15463; BOUNCER=15464; PROXY=15465
 start_servers -c shared_preload_libraries="$OUT/fence_hook.so"
 header "with the commit hook: token-update, a token through fence-proxy and direct, none through PgBouncer"
-for r in $(seq 1 "$ROUNDS"); do
-  for c in 1 16; do
-    run "direct (token) #$r" $PG $c "$TOKEN" -f "$OUT/update.sql"
-    run "direct (no token) #$r" $PG $c "" -f "$OUT/update.sql"
-    run "pgbouncer (no token) #$r" $BOUNCER $c "" -f "$OUT/update.sql"
-    run "fence-proxy (token) #$r" $PROXY $c "$TOKEN" -f "$OUT/update.sql"
-  done
-done
+token_update_rounds "with the hook"
 # What the hook's checks cost a transaction with a token (the first write and the commit),
 # from the backend's own CPU.
 printf '\nwith the commit hook: token-update direct, one backend (1 client, 20000 transactions)\npath\tPostgreSQL us/txn\n'

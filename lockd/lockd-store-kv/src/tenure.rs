@@ -101,6 +101,15 @@ impl Tenure {
         }
     }
 
+    /// Waits `for_` between two keep-alive rounds, or less if the term ends meanwhile: a
+    /// term's loops then stop as soon as it is over, not a round later.
+    pub async fn pause(&self, for_: Duration) {
+        tokio::select! {
+            () = tokio::time::sleep(for_) => {}
+            () = self.wait_ended() => {}
+        }
+    }
+
     /// Why the term was ended, if it was.
     pub fn ended(&self) -> Option<String> {
         self.ended.lock().unwrap_or_else(|p| p.into_inner()).clone()
@@ -152,5 +161,21 @@ mod tests {
         tokio::task::yield_now().await;
         ended.end("test");
         assert!(!waiter.await.unwrap());
+    }
+
+    #[tokio::test]
+    async fn a_pause_between_rounds_ends_with_the_term() {
+        let t = std::sync::Arc::new(Tenure::new(Duration::from_secs(3600), boot_time()));
+        let paused = tokio::spawn({
+            let t = std::sync::Arc::clone(&t);
+            async move { t.pause(Duration::from_secs(3600)).await }
+        });
+        tokio::task::yield_now().await;
+        assert!(!paused.is_finished(), "a pause lasts while the term does");
+        t.end("test");
+        tokio::time::timeout(Duration::from_secs(60), paused)
+            .await
+            .expect("the pause outlived the term")
+            .unwrap();
     }
 }

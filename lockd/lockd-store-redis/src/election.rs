@@ -322,7 +322,7 @@ impl Cluster {
                 term.end("Redis did not answer a renewal before the leader key could have expired");
                 return;
             }
-            tokio::time::sleep(every).await;
+            term.tenure.pause(every).await;
         }
     }
 
@@ -364,7 +364,7 @@ impl Cluster {
                 term.end(&why);
                 return;
             }
-            tokio::time::sleep(every).await;
+            term.tenure.pause(every).await;
         }
     }
 

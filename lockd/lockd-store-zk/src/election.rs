@@ -249,7 +249,7 @@ impl Cluster {
                 term.end("ZooKeeper did not answer before the session could have expired");
                 continue;
             }
-            tokio::time::sleep(every).await;
+            term.tenure.pause(every).await;
         }
     }
 

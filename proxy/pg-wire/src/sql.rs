@@ -552,7 +552,6 @@ pub fn split(text: &[u8], lexing: Lexing) -> Vec<Statement> {
                 }
             } else if eq(w, "atomic")
                 && eq(previous_word, "begin")
-                && words.words > 0
                 && eq(words.leading[0], "create")
             {
                 depth = 1;
