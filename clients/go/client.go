@@ -530,7 +530,8 @@ func (c *Client) acquire(ctx context.Context, resource string, o AcquireOptions)
 				}
 				// The grant of an earlier attempt whose answer was lost: nobody renewed it and
 				// when it was made is unknown, so renew it now to learn a safe deadline. If it
-				// has ended, it was never used: ask anew.
+				// has ended under an id this call made, it was never used: ask anew; under the
+				// caller's own id it may have been, and is never granted twice.
 				if g.GetHeld() {
 					renewSent := time.Now()
 					if _, err := c.Renew(ctx, lease.Resource, lease.LeaseID); err == nil {
@@ -540,6 +541,9 @@ func (c *Client) acquire(ctx context.Context, resource string, o AcquireOptions)
 						c.releaseAbandoned(ctx, resource, g)
 						return nil, cancelled("acquire", resource, ctx)
 					}
+				}
+				if o.RequestID != "" {
+					return nil, grantEnded("acquire", resource, requestID)
 				}
 				requestID = NewRequestID()
 				continue
@@ -761,6 +765,9 @@ func (c *Client) AcquireAll(ctx context.Context, resources []string, o SetOption
 					if ctx.Err() != nil {
 						c.releaseAbandonedSet(ctx, resources, set.GetLeases())
 						return nil, cancelled("acquire all", "", ctx)
+					}
+					if o.RequestID != "" {
+						return nil, grantEnded("acquire all", "", requestID)
 					}
 					requestID = NewRequestID()
 					continue

@@ -226,6 +226,14 @@ func (e *FenceError) Unwrap() []error {
 	return []error{k}
 }
 
+// grantEnded is the error for an acquire under the caller's own request id whose grant has
+// ended since: acquiring again under it would grant one request twice (docs/api.md,
+// request_id).
+func grantEnded(op, resource, requestID string) error {
+	return invalid(op, resource, "request id %q was granted before and that grant has ended (released or expired): "+
+		"acquiring under it again would grant the same request twice; use a new request id to acquire again", requestID)
+}
+
 func invalid(op, resource, format string, args ...any) error {
 	return &Error{Kind: ErrInvalidArgument, Op: op, Resource: resource, Message: fmt.Sprintf(format, args...)}
 }

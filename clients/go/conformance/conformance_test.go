@@ -515,6 +515,9 @@ func (r *run) step(step map[string]any) error {
 			ttl = 30 * time.Second
 		}
 		o := lockd.SetOptions{TTL: ttl, Wait: millis(step, "wait_ms")}
+		if v := str(step, "request_id"); v != "" {
+			o.RequestID = r.s(v)
+		}
 		var set *lockd.LockSet
 		var err error
 		if op == "acquire_all" {

@@ -187,6 +187,8 @@ class Run:
         elif op == "acquire_all" or op == "acquire_ordered":
             client = self.clients[step["client"]]
             kwargs = {"ttl": step.get("ttl_ms", 30000) / 1000, "wait": step.get("wait_ms", 0) / 1000}
+            if "request_id" in step:
+                kwargs["request_id"] = self.s(step["request_id"])
             try:
                 result = getattr(client, op)(self.s(step["resources"]), **kwargs)
             except lockd_client.LockdError as e:

@@ -46,6 +46,24 @@ def test_lock_hand_off_and_idempotent_release(testbed):
     run(go())
 
 
+def test_a_request_id_whose_grant_ended_is_not_granted_again(testbed):
+    async def go():
+        r = name("ended")
+        rid = f"once-{secrets.token_hex(4)}"
+        async with lockd_client.aio.Client(testbed.servers["lockd"]["endpoint"]) as c:
+            a = await c.acquire(r, ttl=30, request_id=rid)
+            again = await c.acquire(r, ttl=30, request_id=rid)
+            assert again.token == a.token
+            assert await a.release() is True
+            with pytest.raises(lockd_client.InvalidArgument, match="grant has ended"):
+                await c.acquire(r, ttl=30, request_id=rid)
+            assert not (await c.describe(r)).held
+            b = await c.acquire(r, ttl=30)
+            assert b.token > a.token
+            assert await b.release() is True
+    run(go())
+
+
 def test_a_cancelled_wait_leaves_no_waiter(testbed):
     async def go():
         r = name("cancel")

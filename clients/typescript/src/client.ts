@@ -383,8 +383,9 @@ export class Client {
             const lease = leaseOf(resource, resp.granted, owner);
             if (!lease.duplicate) return new Lock(this, lease, sent, o.onLost);
             // The grant of an earlier attempt whose answer was lost: nobody renewed it and when it
-            // was made is unknown, so renew it now to learn a safe deadline. If it has ended, it
-            // was never used: ask anew.
+            // was made is unknown, so renew it now to learn a safe deadline. If it has ended under
+            // an id this call made, it was never used: ask anew; under the caller's own id it may
+            // have been, and is never granted twice.
             if (resp.granted.held) {
               const renewSent = now();
               try {
@@ -394,8 +395,9 @@ export class Client {
                 if (!(e instanceof LockdError)) throw e;
               }
             }
-            requestId = newRequestId();
             mayBeGranted = false;
+            if (o.requestId) throw grantEnded(requestId);
+            requestId = newRequestId();
             continue;
           } else if (resp.outcome === "not_granted") {
             mayBeGranted = false;
@@ -538,8 +540,9 @@ export class Client {
                 for (const l of leases) await this.renew(l.resource, l.leaseId);
               } catch (e) {
                 if (!(e instanceof LeaseNotCurrent)) throw e;
-                requestId = newRequestId();
                 mayBeGranted = false;
+                if (options.requestId) throw grantEnded(requestId);
+                requestId = newRequestId();
                 continue;
               }
             }
@@ -870,4 +873,15 @@ export class LockSet implements Iterable<Lock> {
   async [Symbol.asyncDispose](): Promise<void> {
     await this.release();
   }
+}
+
+/**
+ * The error for an acquire under the caller's own request id whose grant has ended since:
+ * acquiring again under it would grant one request twice (docs/api.md, `request_id`).
+ */
+function grantEnded(requestId: string): InvalidArgument {
+  return new InvalidArgument(
+    `request id ${JSON.stringify(requestId)} was granted before and that grant has ended (released or expired): ` +
+      "acquiring under it again would grant the same request twice; use a new request id to acquire again",
+  );
 }

@@ -283,11 +283,12 @@ export class Run {
       case "acquire_ordered": {
         const client = this.clients.get(step.client)!;
         const opts = { ttlMs: step.ttl_ms ?? 30_000, waitMs: step.wait_ms ?? 0 };
+        const requestId = step.request_id === undefined ? {} : { requestId: this.s(step.request_id) };
         let result: Result;
         try {
           result =
             step.op === "acquire_all"
-              ? await client.acquireAll(this.s(step.resources), opts)
+              ? await client.acquireAll(this.s(step.resources), { ...opts, ...requestId })
               : await client.acquireOrdered(this.s(step.resources), opts);
         } catch (e) {
           if (!(e instanceof LockdError)) throw e;

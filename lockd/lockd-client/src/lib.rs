@@ -26,7 +26,10 @@
 //! - **Retries that are safe.** An Acquire carries a request id; transport failures are retried
 //!   with the *same* id, so a grant whose reply was lost is returned, never doubled. Contention
 //!   and full queues are retried with backoff (50 ms doubling to 1 s, jittered) until the wait
-//!   runs out.
+//!   runs out. A request id of the caller's own ([`AcquireOptions::request_id`]) is granted
+//!   once: when its grant has ended since (released or expired), the acquire (or
+//!   `acquire_all`) fails with [`ClientError::InvalidArgument`] saying so, instead of taking the
+//!   lock anew under an id of the SDK's.
 //! - **Renewal.** The [`LockGuard`] renews every TTL/3 (jittered by ±10 %).
 //! - **A lost signal.** [`LockGuard::lost`] resolves when lockd says the lease is no longer
 //!   current, or when the lease's *local deadline* passes without a successful renewal. The
@@ -209,7 +212,9 @@ pub struct AcquireOptions {
     pub wait: Duration,
     /// Who is asking, shown by Describe. Defaults to `host:pid`.
     pub holder: String,
-    /// Makes the acquire idempotent across retries; a random id when `None`.
+    /// Makes the acquire idempotent across retries; a random id when `None`. An id of the
+    /// caller's own is granted once: when its grant has ended since, the acquire fails with
+    /// [`ClientError::InvalidArgument`] (use a new id to acquire again).
     pub request_id: Option<String>,
     /// Makes the lock reentrant for this owner: an acquire naming the owner of the current
     /// lease gets that lease (same lease id and token) with one more hold, and each release
@@ -604,7 +609,8 @@ impl Client {
                         }
                         // The grant of an earlier attempt whose reply was lost: nobody has
                         // renewed it, and when it was made is unknown, so renew it now to learn
-                        // a safe deadline. If it has ended, it was never used: ask anew.
+                        // a safe deadline. If it has ended under an id this call made, it was
+                        // never used: ask anew; under the caller's own id, never granted twice.
                         if held {
                             let renew_sent = Instant::now();
                             if let Ok(r) = self.renew(&lease.resource, &lease.lease_id).await {
@@ -615,6 +621,9 @@ impl Client {
                                     renew_sent,
                                 )));
                             }
+                        }
+                        if opts.request_id.is_some() {
+                            return Err(sets::grant_ended(&request_id));
                         }
                         request_id = new_request_id();
                         continue;

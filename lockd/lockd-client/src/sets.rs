@@ -84,9 +84,14 @@ impl Client {
                             }
                             // An earlier attempt's grant whose reply was lost: renew every
                             // lease to learn a safe deadline, or give back what is left of
-                            // it and ask anew.
+                            // it and ask anew. Under the caller's own id the grant may have been
+                            // an earlier run's, used and partly ended: never granted twice, and
+                            // what is left of it is left to its TTL.
                             if all_held && let Some(guards) = self.renewed(&leases).await {
                                 return Ok(guards);
+                            }
+                            if opts.request_id.is_some() {
+                                return Err(grant_ended(&request_id));
                             }
                             self.give_back(&leases).await;
                             request_id = new_request_id();
@@ -224,4 +229,15 @@ fn check_names(resources: &[&str]) -> Result<(), ClientError> {
         ResourceName::new(r).map_err(|e| ClientError::InvalidArgument(format!("{r:?}: {e}")))?;
     }
     Ok(())
+}
+
+/// The error for an acquire under the caller's own request id whose grant has ended since:
+/// acquiring again under that id would be a second grant of one request (docs/api.md,
+/// `request_id`), so it is refused; a new request id asks anew.
+pub(crate) fn grant_ended(request_id: &str) -> ClientError {
+    ClientError::InvalidArgument(format!(
+        "request id {request_id:?} was granted before and that grant has ended (released or \
+         expired): acquiring under it again would grant the same request twice; use a new \
+         request id to acquire again"
+    ))
 }

@@ -216,6 +216,44 @@ fn a_retried_request_id_returns_the_original_grant() {
 }
 
 #[test]
+fn a_request_id_whose_grant_ended_is_not_granted_again() {
+    // A cron slot named by its request id: once its run released the lock, a second run of the
+    // same slot (a retry, a duplicate timer) is told so; it does not take the lock anew.
+    let dir = tempfile::tempdir().unwrap();
+    let lockd = Lockd::start(dir.path(), &[]);
+    let first = acquire_json(
+        &lockd,
+        &["nightly", "--request-id", "slot-0600", "--ttl", "60s"],
+    );
+    release(&lockd, "nightly", &first);
+    let mut again = lockd.lockctl();
+    again.args([
+        "acquire",
+        "nightly",
+        "--request-id",
+        "slot-0600",
+        "--ttl",
+        "60s",
+    ]);
+    let (status, stdout, stderr) = output(again);
+    assert_eq!(status.code(), Some(1), "{stdout}{stderr}");
+    assert!(
+        stderr.contains("\"slot-0600\" was granted before and that grant has ended"),
+        "{stderr}"
+    );
+    assert_eq!(describe(&lockd, "nightly")["held"], false);
+    // A new slot acquires, with a newer token.
+    let next = acquire_json(
+        &lockd,
+        &["nightly", "--request-id", "slot-0700", "--ttl", "60s"],
+    );
+    assert!(
+        next["token"].as_u64() > first["token"].as_u64(),
+        "{next} after {first}"
+    );
+}
+
+#[test]
 fn a_killed_waiter_leaves_the_queue() {
     let dir = tempfile::tempdir().unwrap();
     let lockd = Lockd::start(dir.path(), &[]);

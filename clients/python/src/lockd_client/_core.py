@@ -255,6 +255,15 @@ def settings(endpoints: Union[str, Sequence[str], None], ca: Optional[str], cert
                     holder=holder or default_holder(), options=options)
 
 
+def grant_ended(request_id: str) -> InvalidArgument:
+    """The error for an acquire under the caller's own request id whose grant has ended since:
+    acquiring again under it would grant one request twice (docs/api.md, `request_id`)."""
+    return InvalidArgument(
+        f"request id {request_id!r} was granted before and that grant has ended (released or "
+        "expired): acquiring under it again would grant the same request twice; use a new "
+        "request id to acquire again")
+
+
 def acquire_request(resource: str, request_id: str, ttl: Optional[float], wait: float,
                     holder: str, owner: Optional[str], permits: int, mode: Mode,
                     downgrade: str = "") -> "pb.AcquireRequest":

@@ -102,6 +102,7 @@ class Client:
 
     async def _acquire(self, resource, ttl, wait, request_id, owner, permits, mode, holder, on_lost,
                        downgrade) -> "Lock":
+        own_id = bool(request_id)
         request_id = request_id or _core.new_request_id()
         deadline = time.monotonic() + wait
         backoff = Backoff()
@@ -133,6 +134,8 @@ class Client:
                             return Lock(self, lease, renew_sent, on_lost)
                         except LockdError:
                             pass
+                    if own_id:
+                        raise _core.grant_ended(request_id)
                     request_id = _core.new_request_id()
                     continue
                 if outcome == "not_granted":

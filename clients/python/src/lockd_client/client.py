@@ -192,6 +192,7 @@ class Client:
 
     def _acquire(self, resource, ttl, wait, request_id, owner, permits, mode, holder, cancel,
                  on_lost, downgrade) -> "Lock":
+        own_id = bool(request_id)
         request_id = request_id or _core.new_request_id()
         deadline = time.monotonic() + wait
         backoff = Backoff()
@@ -235,7 +236,8 @@ class Client:
                         return Lock(self, lease, sent, on_lost)
                     # The grant of an earlier attempt whose answer was lost: nobody renewed it
                     # and when it was made is unknown, so renew it now to learn a safe deadline.
-                    # If it has ended, it was never used: ask anew.
+                    # If it has ended under an id this call made, it was never used: ask anew;
+                    # under the caller's own id it may have been, and is never granted twice.
                     if resp.granted.held:
                         renew_sent = time.monotonic()
                         try:
@@ -243,6 +245,8 @@ class Client:
                             return Lock(self, lease, renew_sent, on_lost)
                         except LockdError:
                             pass
+                    if own_id:
+                        raise _core.grant_ended(request_id)
                     request_id = _core.new_request_id()
                     continue
                 if outcome == "not_granted":
@@ -324,6 +328,7 @@ class Client:
         lockd: with a wait, asked again with backoff until it ends. Raises `Busy` /
         `WaitTimedOut` naming the first held member."""
         _core.sorted_unique(resources)
+        own_id = bool(request_id)
         request_id = request_id or _core.new_request_id()
         deadline = time.monotonic() + wait
         backoff = Backoff()
@@ -347,6 +352,8 @@ class Client:
                             for l in leases:
                                 self.renew(l.resource, l.lease_id)
                         except LeaseNotCurrent:
+                            if own_id:
+                                raise _core.grant_ended(request_id) from None
                             request_id = _core.new_request_id()
                             continue
                     return LockSet([Lock(self, l, sent, None) for l in leases])

@@ -298,6 +298,16 @@ public final class LockdClient implements AutoCloseable {
         return new BusyException(resource + ": busy" + held, resource, ng.getHolder(), token, ng.getWaiters());
     }
 
+    /**
+     * The error for an acquire under the caller's own request id whose grant has ended since:
+     * acquiring again under it would grant one request twice (docs/api.md, {@code request_id}).
+     */
+    private static InvalidArgumentException grantEnded(String requestId) {
+        return new InvalidArgumentException("request id \"" + requestId + "\" was granted before and that grant has "
+                + "ended (released or expired): acquiring under it again would grant the same request twice; use a "
+                + "new request id to acquire again");
+    }
+
     private static long ms(Duration d) {
         return d == null ? 0 : Math.max(d.toMillis(), 0);
     }
@@ -427,7 +437,8 @@ public final class LockdClient implements AutoCloseable {
                     }
                     // The grant of an earlier attempt whose answer was lost: nobody renewed it and
                     // when it was made is unknown, so renew it now to learn a safe deadline. If it
-                    // has ended, it was never used: ask anew.
+                    // has ended under an id this call made, it was never used: ask anew; under the
+                    // caller's own id it may have been, and is never granted twice.
                     if (lease.getHeld()) {
                         String leaseResource = lease.getResource().isEmpty() ? resource : lease.getResource();
                         long renewSent = System.nanoTime();
@@ -439,6 +450,9 @@ public final class LockdClient implements AutoCloseable {
                         } catch (LockdException e) {
                             // ended meanwhile: ask anew
                         }
+                    }
+                    if (o.requestId() != null && !o.requestId().isEmpty()) {
+                        throw grantEnded(requestId);
                     }
                     requestId = newRequestId();
                     continue;
@@ -579,6 +593,9 @@ public final class LockdClient implements AutoCloseable {
                             renew(l.getResource().isEmpty() ? given.get(i) : l.getResource(), l.getLeaseId());
                         }
                     } catch (LeaseNotCurrentException e) {
+                        if (o.requestId() != null && !o.requestId().isEmpty()) {
+                            throw grantEnded(requestId);
+                        }
                         requestId = newRequestId();
                         continue;
                     }

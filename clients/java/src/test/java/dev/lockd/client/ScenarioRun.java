@@ -318,10 +318,13 @@ final class ScenarioRun {
             }
             case "acquire_all", "acquire_ordered" -> {
                 LockdClient c = clients.get(step.get("client").asText());
-                AcquireOptions o = AcquireOptions.builder()
+                AcquireOptions.Builder b = AcquireOptions.builder()
                         .ttl(Duration.ofMillis(step.path("ttl_ms").asLong(30000)))
-                        .wait(Duration.ofMillis(step.path("wait_ms").asLong(0)))
-                        .build();
+                        .wait(Duration.ofMillis(step.path("wait_ms").asLong(0)));
+                if (step.has("request_id")) {
+                    b.requestId(s(step.get("request_id").asText()));
+                }
+                AcquireOptions o = b.build();
                 List<String> resources = list(step.get("resources"));
                 LockSet set = null;
                 Throwable error = null;
