@@ -19,6 +19,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/base64"
+	"errors"
 	"fmt"
 	"net"
 	"net/url"
@@ -534,12 +535,21 @@ func (c *Client) acquire(ctx context.Context, resource string, o AcquireOptions)
 				// caller's own id it may have been, and is never granted twice.
 				if g.GetHeld() {
 					renewSent := time.Now()
-					if _, err := c.Renew(ctx, lease.Resource, lease.LeaseID); err == nil {
+					_, err := c.Renew(ctx, lease.Resource, lease.LeaseID)
+					if err == nil {
 						return c.newLock(lease, renewSent), nil
 					}
 					if ctx.Err() != nil {
 						c.releaseAbandoned(ctx, resource, g)
 						return nil, cancelled("acquire", resource, ctx)
+					}
+					if !errors.Is(err, ErrLeaseNotCurrent) {
+						// Not seen to end (the renewal did not get through): asked again
+						// under the same id, as a transport failure of the acquire is.
+						if !errors.Is(err, ErrUnavailable) || !time.Now().Before(deadline.Add(TransportRetryFor)) {
+							return nil, err
+						}
+						break
 					}
 				}
 				if o.RequestID != "" {
@@ -765,6 +775,16 @@ func (c *Client) AcquireAll(ctx context.Context, resources []string, o SetOption
 					if ctx.Err() != nil {
 						c.releaseAbandonedSet(ctx, resources, set.GetLeases())
 						return nil, cancelled("acquire all", "", ctx)
+					}
+					if !errors.Is(renewErr, ErrLeaseNotCurrent) {
+						// Not seen to end: asked again under the same id.
+						if !errors.Is(renewErr, ErrUnavailable) || !time.Now().Before(deadline.Add(TransportRetryFor)) {
+							return nil, renewErr
+						}
+						if !sleepCtx(ctx, bo.next()) {
+							return nil, cancelled("acquire all", "", ctx)
+						}
+						continue
 					}
 					if o.RequestID != "" {
 						return nil, grantEnded("acquire all", "", requestID)

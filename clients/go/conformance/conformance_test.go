@@ -481,7 +481,11 @@ func (r *run) step(step map[string]any) error {
 		_, err := bed.command("resume " + str(step, "server"))
 		return err
 	case "drop_next_answer":
-		_, err := bed.command("drop-next-answer")
+		cmd := "drop-next-answer"
+		if n, ok := num(step, "after"); ok {
+			cmd = fmt.Sprintf("%s %d", cmd, int(n))
+		}
+		_, err := bed.command(cmd)
 		return err
 	case "await_lost":
 		l := r.leases[str(step, "lease")].first()

@@ -172,7 +172,7 @@ class Run:
         elif op == "resume":
             self.bed.command(f"resume {step['server']}")
         elif op == "drop_next_answer":
-            self.bed.command("drop-next-answer")
+            self.bed.command(f"drop-next-answer {step.get('after', 0)}")
         elif op == "await_lost":
             lock = self.leases[step["lease"]]
             assert lock.lost.wait(60), f"{step['lease']}: no loss signalled"

@@ -64,6 +64,23 @@ def test_a_request_id_whose_grant_ended_is_not_granted_again(testbed):
     run(go())
 
 
+def test_a_retry_whose_check_of_the_held_grant_is_cut_gets_that_grant(testbed):
+    # The retry finds the grant held and renews it; that renewal's answer is lost (the lossy
+    # forwarder passes the Acquire's answer and cuts the next): asked again, the same grant.
+    async def go():
+        r = name("held")
+        rid = f"held-{secrets.token_hex(4)}"
+        async with lockd_client.aio.Client(testbed.servers["lockd"]["endpoint"]) as a, \
+                lockd_client.aio.Client(testbed.servers["lossy"]["endpoint"]) as lossy:
+            first = await a.acquire(r, ttl=30, request_id=rid)
+            testbed.command("drop-next-answer 1")
+            again = await lossy.acquire(r, ttl=30, request_id=rid)
+            assert again.token == first.token
+            assert await first.release() is True
+            assert await again.release() is False
+    run(go())
+
+
 def test_a_cancelled_wait_leaves_no_waiter(testbed):
     async def go():
         r = name("cancel")

@@ -21,14 +21,15 @@
 //!
 //! Commands, one per line on stdin, each answered by one line on stdout (`ok`, or `error: …`):
 //! `pause NAME` and `resume NAME` (SIGSTOP and SIGCONT to a lockd: `lockd`, `pausable`,
-//! `secure`), `drop-next-answer` (arms `lossy`), `sql STATEMENT` (psql, directly to
+//! `secure`), `drop-next-answer [N]` (arms `lossy`: it passes N answers, 0 by default, and cuts
+//! the connection at the next), `sql STATEMENT` (psql, directly to
 //! PostgreSQL: `ok ` and the unaligned output on one line).
 
 use std::io::{BufRead, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::Path;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicI64, Ordering};
 
 use e2e::certs::Ca;
 use e2e::keys::{SECRET_B, write_key_file};
@@ -86,7 +87,8 @@ fn main() {
         ],
     );
 
-    let armed = Arc::new(AtomicBool::new(false));
+    // Disarmed below 0; armed, the number of answers to pass before the cut.
+    let armed = Arc::new(AtomicI64::new(-1));
     let lossy = lossy_forwarder(
         lockd.endpoint.trim_start_matches("http://"),
         Arc::clone(&armed),
@@ -166,10 +168,21 @@ fn main() {
                     None => Err(format!("no lockd named {arg:?}")),
                 }
             }
-            "drop-next-answer" => {
-                armed.store(true, Ordering::SeqCst);
-                Ok(String::new())
-            }
+            "drop-next-answer" => match arg.trim() {
+                "" => {
+                    armed.store(0, Ordering::SeqCst);
+                    Ok(String::new())
+                }
+                n => match n.parse::<u32>() {
+                    Ok(n) => {
+                        armed.store(i64::from(n), Ordering::SeqCst);
+                        Ok(String::new())
+                    }
+                    Err(_) => Err(format!(
+                        "drop-next-answer takes a count of answers to pass, not {n:?}"
+                    )),
+                },
+            },
             "sql" => match &_servers {
                 Some((pg, _, _)) => Ok(pg.psql(arg).replace('\n', " ")),
                 None => Err("started with --no-pg".to_string()),
@@ -192,9 +205,10 @@ fn main() {
 }
 
 /// A TCP forwarder to `target` on a free loopback port (returned). Plaintext HTTP/2 (h2c):
-/// lockd's side is read frame by frame; while `armed`, the first frame that begins an answer
-/// (HEADERS on a stream) is not passed on, and the client's connection is cut instead.
-fn lossy_forwarder(target: &str, armed: Arc<AtomicBool>) -> String {
+/// lockd's side is read frame by frame; while `armed` (0 or more), each frame that begins an
+/// answer (the first HEADERS on a stream) counts it down, and the one that finds it at 0 is not
+/// passed on: the client's connection is cut instead.
+fn lossy_forwarder(target: &str, armed: Arc<AtomicI64>) -> String {
     let listener = TcpListener::bind("127.0.0.1:0").expect("binding the forwarder");
     let addr = listener.local_addr().expect("its address").to_string();
     let target = target.to_string();
@@ -222,8 +236,10 @@ fn copy_until_closed(mut from: TcpStream, mut to: TcpStream) {
 }
 
 /// lockd's frames to the client, one at a time, until an armed cut.
-fn answers(mut server: TcpStream, mut client: TcpStream, armed: &AtomicBool) {
+fn answers(mut server: TcpStream, mut client: TcpStream, armed: &AtomicI64) {
     const HEADERS: u8 = 0x1;
+    // Streams whose answer has begun: their trailers (HEADERS again) are not a new answer.
+    let mut begun = std::collections::HashSet::new();
     loop {
         let mut head = [0u8; 9];
         if server.read_exact(&mut head).is_err() {
@@ -235,8 +251,13 @@ fn answers(mut server: TcpStream, mut client: TcpStream, armed: &AtomicBool) {
         if server.read_exact(&mut payload).is_err() {
             break;
         }
-        if head[3] == HEADERS && stream != 0 && armed.swap(false, Ordering::SeqCst) {
-            break;
+        if head[3] == HEADERS && stream != 0 && begun.insert(stream) {
+            let left = armed.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
+                (n >= 0).then(|| n - 1)
+            });
+            if left == Ok(0) {
+                break;
+            }
         }
         if client
             .write_all(&head)

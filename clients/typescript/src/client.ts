@@ -392,7 +392,13 @@ export class Client {
                 await this.renew(lease.resource, lease.leaseId);
                 return new Lock(this, lease, renewSent, o.onLost);
               } catch (e) {
-                if (!(e instanceof LockdError)) throw e;
+                if (!(e instanceof LeaseNotCurrent)) {
+                  // Not seen to end (the renewal did not get through): asked again under the
+                  // same id, as a transport failure of the acquire is.
+                  if (!(e instanceof Unavailable) || now() >= deadline + TRANSPORT_RETRY_FOR_MS) throw e;
+                  await pause(backoff.next(), signal, what);
+                  continue;
+                }
               }
             }
             mayBeGranted = false;
@@ -539,7 +545,12 @@ export class Client {
               try {
                 for (const l of leases) await this.renew(l.resource, l.leaseId);
               } catch (e) {
-                if (!(e instanceof LeaseNotCurrent)) throw e;
+                if (!(e instanceof LeaseNotCurrent)) {
+                  // Not seen to end: asked again under the same id.
+                  if (!(e instanceof Unavailable) || now() >= deadline + TRANSPORT_RETRY_FOR_MS) throw e;
+                  await pause(backoff.next(), signal, what);
+                  continue;
+                }
                 mayBeGranted = false;
                 if (options.requestId) throw grantEnded(requestId);
                 requestId = newRequestId();

@@ -258,7 +258,7 @@ export class Run {
         await this.bed.command(`resume ${step.server}`);
         return;
       case "drop_next_answer":
-        await this.bed.command("drop-next-answer");
+        await this.bed.command(`drop-next-answer ${step.after ?? 0}`);
         return;
       case "await_lost": {
         const lock = this.lock(step.lease);

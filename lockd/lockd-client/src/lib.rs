@@ -26,10 +26,8 @@
 //! - **Retries that are safe.** An Acquire carries a request id; transport failures are retried
 //!   with the *same* id, so a grant whose reply was lost is returned, never doubled. Contention
 //!   and full queues are retried with backoff (50 ms doubling to 1 s, jittered) until the wait
-//!   runs out. A request id of the caller's own ([`AcquireOptions::request_id`]) is granted
-//!   once: when its grant has ended since (released or expired), the acquire (or
-//!   `acquire_all`) fails with [`ClientError::InvalidArgument`] saying so, instead of taking the
-//!   lock anew under an id of the SDK's.
+//!   runs out. A request id of the caller's own is granted once: see
+//!   [`AcquireOptions::request_id`].
 //! - **Renewal.** The [`LockGuard`] renews every TTL/3 (jittered by ±10 %).
 //! - **A lost signal.** [`LockGuard::lost`] resolves when lockd says the lease is no longer
 //!   current, or when the lease's *local deadline* passes without a successful renewal. The
@@ -213,8 +211,9 @@ pub struct AcquireOptions {
     /// Who is asking, shown by Describe. Defaults to `host:pid`.
     pub holder: String,
     /// Makes the acquire idempotent across retries; a random id when `None`. An id of the
-    /// caller's own is granted once: when its grant has ended since, the acquire fails with
-    /// [`ClientError::InvalidArgument`] (use a new id to acquire again).
+    /// caller's own is granted once: when its grant has ended since (released or expired) and
+    /// lockd still remembers the id (`limits.request_retention_ms`), the acquire (and
+    /// `acquire_all`) fails with [`ClientError::InvalidArgument`]; a new id acquires again.
     pub request_id: Option<String>,
     /// Makes the lock reentrant for this owner: an acquire naming the owner of the current
     /// lease gets that lease (same lease id and token) with one more hold, and each release
@@ -609,22 +608,26 @@ impl Client {
                         }
                         // The grant of an earlier attempt whose reply was lost: nobody has
                         // renewed it, and when it was made is unknown, so renew it now to learn
-                        // a safe deadline. If it has ended under an id this call made, it was
-                        // never used: ask anew; under the caller's own id, never granted twice.
+                        // a safe deadline. If it has ended, see `sets::unless_own`.
                         if held {
                             let renew_sent = Instant::now();
-                            if let Ok(r) = self.renew(&lease.resource, &lease.lease_id).await {
-                                lease.expires_at_ms = r.expires_at_ms;
-                                return Ok(Acquired::Granted(LockGuard::start(
-                                    self.clone(),
-                                    lease,
-                                    renew_sent,
-                                )));
+                            match self.renew(&lease.resource, &lease.lease_id).await {
+                                Ok(r) => {
+                                    lease.expires_at_ms = r.expires_at_ms;
+                                    return Ok(Acquired::Granted(LockGuard::start(
+                                        self.clone(),
+                                        lease,
+                                        renew_sent,
+                                    )));
+                                }
+                                Err(ClientError::LeaseNotCurrent(_)) => {}
+                                Err(e) => {
+                                    sets::ask_again_after(e, deadline, &mut backoff).await?;
+                                    continue;
+                                }
                             }
                         }
-                        if opts.request_id.is_some() {
-                            return Err(sets::grant_ended(&request_id));
-                        }
+                        sets::unless_own(&opts, &request_id)?;
                         request_id = new_request_id();
                         continue;
                     }

@@ -87,12 +87,18 @@ impl Client {
                             // it and ask anew. Under the caller's own id the grant may have been
                             // an earlier run's, used and partly ended: never granted twice, and
                             // what is left of it is left to its TTL.
-                            if all_held && let Some(guards) = self.renewed(&leases).await {
-                                return Ok(guards);
+                            if all_held {
+                                match self.renewed(&leases).await {
+                                    Ok(Some(guards)) => return Ok(guards),
+                                    Ok(None) => {}
+                                    Err(e) => {
+                                        ask_again_after(e, deadline.into_std(), &mut backoff)
+                                            .await?;
+                                        continue;
+                                    }
+                                }
                             }
-                            if opts.request_id.is_some() {
-                                return Err(grant_ended(&request_id));
-                            }
+                            unless_own(&opts, &request_id)?;
                             self.give_back(&leases).await;
                             request_id = new_request_id();
                             continue;
@@ -198,17 +204,17 @@ impl Client {
     }
 
     /// Guards for a retried set's leases, if every one still renews.
-    async fn renewed(&self, leases: &[Lease]) -> Option<AcquiredAll> {
+    async fn renewed(&self, leases: &[Lease]) -> Result<Option<AcquiredAll>, ClientError> {
         let refs: Vec<(&str, &str)> = leases
             .iter()
             .map(|l| (l.resource.as_str(), l.lease_id.as_str()))
             .collect();
         let sent = std::time::Instant::now();
-        let renewals = self.renew_many(&refs).await.ok()?;
-        renewals
+        let renewals = self.renew_many(&refs).await?;
+        Ok(renewals
             .iter()
             .all(|r| matches!(r, Renewal::Renewed(_)))
-            .then(|| self.guards(leases.to_vec(), sent))
+            .then(|| self.guards(leases.to_vec(), sent)))
     }
 
     /// Releases what is left of a set that will not be used.
@@ -240,4 +246,37 @@ pub(crate) fn grant_ended(request_id: &str) -> ClientError {
          expired): acquiring under it again would grant the same request twice; use a new \
          request id to acquire again"
     ))
+}
+
+/// After the renewal of a grant answered as a duplicate did not get through (`e`): the grant
+/// was not seen to end, so the acquire asks again under the same id, after a pause, while
+/// transport failures are retried (`TRANSPORT_RETRY_FOR` past `deadline`); otherwise `e` is
+/// the acquire's error.
+pub(crate) async fn ask_again_after(
+    e: ClientError,
+    deadline: std::time::Instant,
+    backoff: &mut Backoff,
+) -> Result<(), ClientError> {
+    match e {
+        ClientError::Unavailable(_)
+            if std::time::Instant::now() < deadline + crate::TRANSPORT_RETRY_FOR =>
+        {
+            tracing::debug!(
+                "renewing a retried grant failed ({e}); asking again with the same request id"
+            );
+            tokio::time::sleep(backoff.next_delay()).await;
+            Ok(())
+        }
+        e => Err(e),
+    }
+}
+
+/// A grant answered as a duplicate has ended: under an id the SDK made, the acquire asks anew
+/// (that grant was an earlier attempt's, never used); under the caller's own id it may have
+/// been used, and the acquire fails ([`grant_ended`]): one request is granted once.
+pub(crate) fn unless_own(opts: &AcquireOptions, request_id: &str) -> Result<(), ClientError> {
+    match opts.request_id {
+        Some(_) => Err(grant_ended(request_id)),
+        None => Ok(()),
+    }
 }

@@ -350,7 +350,10 @@ impl Run<'_> {
                 self.bed
                     .command(&format!("{op} {}", self.s(&step["server"])));
             }
-            "drop_next_answer" => self.bed.command("drop-next-answer"),
+            "drop_next_answer" => self.bed.command(&format!(
+                "drop-next-answer {}",
+                step["after"].as_u64().unwrap_or(0)
+            )),
             "await_lost" => {
                 let l = &self.leases[step["lease"].as_str().unwrap()];
                 let lost = l.guards[0].lost();

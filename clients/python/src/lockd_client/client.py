@@ -243,8 +243,15 @@ class Client:
                         try:
                             self.renew(lease.resource, lease.lease_id)
                             return Lock(self, lease, renew_sent, on_lost)
-                        except LockdError:
+                        except LeaseNotCurrent:
                             pass
+                        except Unavailable:
+                            # Not seen to end (the renewal did not get through): asked again
+                            # under the same id, as a transport failure of the acquire is.
+                            if time.monotonic() >= deadline + TRANSPORT_RETRY_FOR:
+                                raise
+                            time.sleep(backoff.next_delay())
+                            continue
                     if own_id:
                         raise _core.grant_ended(request_id)
                     request_id = _core.new_request_id()
@@ -355,6 +362,11 @@ class Client:
                             if own_id:
                                 raise _core.grant_ended(request_id) from None
                             request_id = _core.new_request_id()
+                            continue
+                        except Unavailable:
+                            if time.monotonic() >= deadline + TRANSPORT_RETRY_FOR:
+                                raise
+                            time.sleep(backoff.next_delay())
                             continue
                     return LockSet([Lock(self, l, sent, None) for l in leases])
                 if time.monotonic() >= deadline:

@@ -445,10 +445,16 @@ public final class LockdClient implements AutoCloseable {
                         try {
                             renew(leaseResource, lease.getLeaseId());
                             return new Lock(this, resource, lease, o.owner(), renewSent);
-                        } catch (CancelledException e) {
-                            throw e;
-                        } catch (LockdException e) {
-                            // ended meanwhile: ask anew
+                        } catch (LeaseNotCurrentException e) {
+                            // ended meanwhile
+                        } catch (UnavailableException e) {
+                            // Not seen to end (the renewal did not get through): asked again
+                            // under the same id, as a transport failure of the acquire is.
+                            if (System.nanoTime() - (deadline + TRANSPORT_RETRY_FOR) >= 0) {
+                                throw e;
+                            }
+                            sleep(backoff.nextDelayNanos(), what);
+                            continue;
                         }
                     }
                     if (o.requestId() != null && !o.requestId().isEmpty()) {
@@ -597,6 +603,13 @@ public final class LockdClient implements AutoCloseable {
                             throw grantEnded(requestId);
                         }
                         requestId = newRequestId();
+                        continue;
+                    } catch (UnavailableException e) {
+                        // Not seen to end: asked again under the same id.
+                        if (System.nanoTime() - (deadline + TRANSPORT_RETRY_FOR) >= 0) {
+                            throw e;
+                        }
+                        sleep(backoff.nextDelayNanos(), what);
                         continue;
                     }
                 }

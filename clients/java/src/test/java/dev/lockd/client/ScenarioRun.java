@@ -293,7 +293,7 @@ final class ScenarioRun {
                 bed.command("pause " + step.get("server").asText());
             }
             case "resume" -> bed.command("resume " + step.get("server").asText());
-            case "drop_next_answer" -> bed.command("drop-next-answer");
+            case "drop_next_answer" -> bed.command("drop-next-answer " + step.path("after").asInt(0));
             case "await_lost" -> {
                 Lock lock = lock(step.get("lease").asText());
                 LostReason reason;
