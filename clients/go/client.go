@@ -549,6 +549,8 @@ func (c *Client) acquire(ctx context.Context, resource string, o AcquireOptions)
 						if !errors.Is(err, ErrUnavailable) || !time.Now().Before(deadline.Add(TransportRetryFor)) {
 							return nil, err
 						}
+						// Cancelled in the pause below, the grant is asked for and released.
+						unanswered = true
 						break
 					}
 				}
@@ -782,6 +784,7 @@ func (c *Client) AcquireAll(ctx context.Context, resources []string, o SetOption
 							return nil, renewErr
 						}
 						if !sleepCtx(ctx, bo.next()) {
+							c.releaseAbandonedSet(ctx, resources, set.GetLeases())
 							return nil, cancelled("acquire all", "", ctx)
 						}
 						continue

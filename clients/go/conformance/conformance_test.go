@@ -17,6 +17,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -487,6 +488,26 @@ func (r *run) step(step map[string]any) error {
 		}
 		_, err := bed.command(cmd)
 		return err
+	case "cut_renewals":
+		on, _ := step["on"].(bool)
+		_, err := bed.command(map[bool]string{true: "cut-renewals on", false: "cut-renewals off"}[on])
+		return err
+	case "wait_cuts":
+		want, _ := num(step, "at_least")
+		deadline := time.Now().Add(60 * time.Second)
+		for {
+			got, err := bed.command("cuts")
+			if err != nil {
+				return err
+			}
+			if n, _ := strconv.Atoi(got); n >= int(want) {
+				break
+			}
+			if time.Now().After(deadline) {
+				return fmt.Errorf("never %v cuts (%s)", want, got)
+			}
+			time.Sleep(20 * time.Millisecond) // polling the test bed, bounded
+		}
 	case "await_lost":
 		l := r.leases[str(step, "lease")].first()
 		select {

@@ -142,6 +142,13 @@ class Run:
             while client.describe(resource).waiters != step["waiters"]:
                 assert time.monotonic() < deadline, f"{resource}: never {step['waiters']} waiters"
                 time.sleep(0.02)
+        elif op == "cut_renewals":
+            self.bed.command("cut-renewals on" if step["on"] else "cut-renewals off")
+        elif op == "wait_cuts":
+            deadline = time.monotonic() + 60
+            while int(self.bed.command("cuts")) < step["at_least"]:
+                assert time.monotonic() < deadline, f"never {step['at_least']} cuts"
+                time.sleep(0.02)
         elif op == "wait_free":
             client, resource = self.clients[step["client"]], self.s(step["resource"])
             deadline = time.monotonic() + 10

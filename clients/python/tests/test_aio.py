@@ -81,6 +81,36 @@ def test_a_retry_whose_check_of_the_held_grant_is_cut_gets_that_grant(testbed):
     run(go())
 
 
+def test_a_retry_given_up_while_its_check_of_the_held_grant_fails_releases_that_grant(testbed):
+    # Every renewal's answer is lost, so the retry keeps asking under the same id; cancelled
+    # then, it releases the grant in the background instead of leaving it held.
+    async def go():
+        r = name("given-up")
+        rid = f"given-up-{secrets.token_hex(4)}"
+        async with lockd_client.aio.Client(testbed.servers["lockd"]["endpoint"]) as a:
+            lossy = lockd_client.aio.Client(testbed.servers["lossy"]["endpoint"])
+            first = await a.acquire(r, ttl=30, request_id=rid)
+            testbed.command("cut-renewals on")
+            try:
+                task = asyncio.create_task(lossy.acquire(r, ttl=30, request_id=rid))
+                deadline = time.monotonic() + 60
+                while int(testbed.command("cuts")) < 1:
+                    assert time.monotonic() < deadline, "no renewal was cut"
+                    await asyncio.sleep(0.02)
+                task.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await task
+                await lossy.close()
+                deadline = time.monotonic() + 10
+                while (await a.describe(r)).held:
+                    assert time.monotonic() < deadline, f"{r} stayed held"
+                    await asyncio.sleep(0.02)
+            finally:
+                testbed.command("cut-renewals off")
+            assert await first.release() is False
+    run(go())
+
+
 def test_a_cancelled_wait_leaves_no_waiter(testbed):
     async def go():
         r = name("cancel")

@@ -22,14 +22,15 @@
 //! Commands, one per line on stdin, each answered by one line on stdout (`ok`, or `error: …`):
 //! `pause NAME` and `resume NAME` (SIGSTOP and SIGCONT to a lockd: `lockd`, `pausable`,
 //! `secure`), `drop-next-answer [N]` (arms `lossy`: it passes N answers, 0 by default, and cuts
-//! the connection at the next), `sql STATEMENT` (psql, directly to
+//! the connection at the next), `cut-renewals on|off` (`lossy` cuts the connection instead of
+//! passing any answer to a Renew), `cuts` (`ok N`: connections `lossy` has cut since the last `cut-renewals`), `sql STATEMENT` (psql, directly to
 //! PostgreSQL: `ok ` and the unaligned output on one line).
 
 use std::io::{BufRead, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::Path;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 
 use e2e::certs::Ca;
 use e2e::keys::{SECRET_B, write_key_file};
@@ -87,11 +88,10 @@ fn main() {
         ],
     );
 
-    // Disarmed below 0; armed, the number of answers to pass before the cut.
-    let armed = Arc::new(AtomicI64::new(-1));
+    let cuts = Arc::new(Cuts::default());
     let lossy = lossy_forwarder(
         lockd.endpoint.trim_start_matches("http://"),
-        Arc::clone(&armed),
+        Arc::clone(&cuts),
     );
     let dead = e2e::free_loopback_addr();
 
@@ -170,12 +170,12 @@ fn main() {
             }
             "drop-next-answer" => match arg.trim() {
                 "" => {
-                    armed.store(0, Ordering::SeqCst);
+                    cuts.armed.store(0, Ordering::SeqCst);
                     Ok(String::new())
                 }
                 n => match n.parse::<u32>() {
                     Ok(n) => {
-                        armed.store(i64::from(n), Ordering::SeqCst);
+                        cuts.armed.store(i64::from(n), Ordering::SeqCst);
                         Ok(String::new())
                     }
                     Err(_) => Err(format!(
@@ -183,6 +183,16 @@ fn main() {
                     )),
                 },
             },
+            "cut-renewals" => match arg.trim() {
+                "on" | "off" => {
+                    // `cuts` counts from here.
+                    cuts.made.store(0, Ordering::SeqCst);
+                    cuts.renewals.store(arg.trim() == "on", Ordering::SeqCst);
+                    Ok(String::new())
+                }
+                other => Err(format!("cut-renewals takes on or off, not {other:?}")),
+            },
+            "cuts" => Ok(cuts.made.load(Ordering::SeqCst).to_string()),
             "sql" => match &_servers {
                 Some((pg, _, _)) => Ok(pg.psql(arg).replace('\n', " ")),
                 None => Err("started with --no-pg".to_string()),
@@ -204,11 +214,32 @@ fn main() {
     }
 }
 
+/// What `lossy` cuts, and how often it has.
+struct Cuts {
+    /// `drop-next-answer N`: disarmed below 0; armed, the answers to pass before the cut.
+    armed: AtomicI64,
+    /// `cut-renewals on`: every answer to a Renew is cut (no other call's).
+    renewals: AtomicBool,
+    /// Connections cut so far (`cuts`).
+    made: AtomicU64,
+}
+
+impl Default for Cuts {
+    fn default() -> Cuts {
+        Cuts {
+            armed: AtomicI64::new(-1),
+            renewals: AtomicBool::new(false),
+            made: AtomicU64::new(0),
+        }
+    }
+}
+
 /// A TCP forwarder to `target` on a free loopback port (returned). Plaintext HTTP/2 (h2c):
-/// lockd's side is read frame by frame; while `armed` (0 or more), each frame that begins an
-/// answer (the first HEADERS on a stream) counts it down, and the one that finds it at 0 is not
-/// passed on: the client's connection is cut instead.
-fn lossy_forwarder(target: &str, armed: Arc<AtomicI64>) -> String {
+/// lockd's side is read frame by frame. While `cuts.armed` (0 or more), each frame that begins
+/// an answer (the first HEADERS on a stream) counts it down, and the one that finds it at 0 is
+/// not passed on: the client's connection is cut instead. While `cuts.renewals`, an answer is
+/// held back until its message shows what it answers, and a Renew's is cut.
+fn lossy_forwarder(target: &str, cuts: Arc<Cuts>) -> String {
     let listener = TcpListener::bind("127.0.0.1:0").expect("binding the forwarder");
     let addr = listener.local_addr().expect("its address").to_string();
     let target = target.to_string();
@@ -223,8 +254,8 @@ fn lossy_forwarder(target: &str, armed: Arc<AtomicI64>) -> String {
                 _ => continue,
             };
             std::thread::spawn(move || copy_until_closed(c2, s2));
-            let armed = Arc::clone(&armed);
-            std::thread::spawn(move || answers(server, client, &armed));
+            let cuts = Arc::clone(&cuts);
+            std::thread::spawn(move || answers(server, client, &cuts));
         }
     });
     addr
@@ -235,37 +266,73 @@ fn copy_until_closed(mut from: TcpStream, mut to: TcpStream) {
     let _ = to.shutdown(std::net::Shutdown::Both);
 }
 
-/// lockd's frames to the client, one at a time, until an armed cut.
-fn answers(mut server: TcpStream, mut client: TcpStream, armed: &AtomicI64) {
+/// lockd's frames to the client, one at a time, until a cut.
+fn answers(mut server: TcpStream, mut client: TcpStream, cuts: &Cuts) {
+    const DATA: u8 = 0x0;
     const HEADERS: u8 = 0x1;
+    const END_STREAM: u8 = 0x1;
     // Streams whose answer has begun: their trailers (HEADERS again) are not a new answer.
     let mut begun = std::collections::HashSet::new();
-    loop {
+    // An answer held back until its first message (the stream, and the frames since, in
+    // order: header compression depends on it).
+    let mut held: Option<(u32, Vec<u8>)> = None;
+    let cut = loop {
         let mut head = [0u8; 9];
         if server.read_exact(&mut head).is_err() {
-            break;
+            break false;
         }
         let len = u32::from_be_bytes([0, head[0], head[1], head[2]]) as usize;
         let stream = u32::from_be_bytes([head[5], head[6], head[7], head[8]]) & 0x7fff_ffff;
         let mut payload = vec![0u8; len];
         if server.read_exact(&mut payload).is_err() {
-            break;
+            break false;
         }
         if head[3] == HEADERS && stream != 0 && begun.insert(stream) {
-            let left = armed.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
-                (n >= 0).then(|| n - 1)
-            });
+            let left = cuts
+                .armed
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
+                    (n >= 0).then(|| n - 1)
+                });
             if left == Ok(0) {
-                break;
+                break true;
             }
+            if held.is_none() && head[4] & END_STREAM == 0 && cuts.renewals.load(Ordering::SeqCst) {
+                held = Some((stream, Vec::new()));
+            }
+        }
+        if let Some((held_stream, frames)) = &mut held {
+            frames.extend_from_slice(&head);
+            frames.extend_from_slice(&payload);
+            if head[3] != DATA || stream != *held_stream {
+                continue;
+            }
+            // RenewResponse: field 1 (expires_at_ms) a varint of several bytes, after gRPC's
+            // five-byte prefix. Release and Describe answers begin 0x08 0x01 at most.
+            let message = payload.get(5..).unwrap_or_default();
+            if message.len() >= 2
+                && message[0] == 0x08
+                && message[1] & 0x80 != 0
+                && cuts.renewals.load(Ordering::SeqCst)
+            {
+                break true;
+            }
+            let frames = std::mem::take(frames);
+            held = None;
+            if client.write_all(&frames).is_err() {
+                break false;
+            }
+            continue;
         }
         if client
             .write_all(&head)
             .and_then(|()| client.write_all(&payload))
             .is_err()
         {
-            break;
+            break false;
         }
+    };
+    if cut {
+        cuts.made.fetch_add(1, Ordering::SeqCst);
     }
     let _ = client.shutdown(std::net::Shutdown::Both);
     let _ = server.shutdown(std::net::Shutdown::Both);

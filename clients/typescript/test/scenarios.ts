@@ -199,6 +199,17 @@ export class Run {
       case "cancel":
         this.pending.get(step.of)!.abort.abort();
         return;
+      case "cut_renewals":
+        await this.bed.command(step.on ? "cut-renewals on" : "cut-renewals off");
+        return;
+      case "wait_cuts": {
+        const deadline = now() + 60_000;
+        while (Number(await this.bed.command("cuts")) < step.at_least) {
+          assert.ok(now() < deadline, `never ${step.at_least} cuts`);
+          await sleep(20); // polling the test bed, bounded
+        }
+        return;
+      }
       case "wait_free": {
         const client = this.clients.get(step.client)!;
         const resource = this.s(step.resource);

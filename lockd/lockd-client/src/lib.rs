@@ -42,6 +42,7 @@
 mod backoff;
 mod endpoints;
 mod guard;
+mod retried;
 mod sets;
 
 use std::fmt;
@@ -55,6 +56,7 @@ use tonic::{Code, Status};
 
 pub use backoff::{BACKOFF_MAX, BACKOFF_MIN, Backoff};
 pub use guard::{LockGuard, LostReason, safety_margin};
+use retried::Retried;
 pub use sets::AcquiredAll;
 
 /// Default endpoint of lockd.
@@ -589,8 +591,11 @@ impl Client {
             // the guard then asks again and releases what it gets (endpoints::Abandoned).
             let abandoned = (!call_wait.is_zero())
                 .then(|| endpoints::Abandoned::new(self.clone(), req.clone()));
-            let call =
-                tokio::time::timeout(call_wait + CALL_GRACE, rpc.acquire(self.request(req))).await;
+            let call = tokio::time::timeout(
+                call_wait + CALL_GRACE,
+                rpc.acquire(self.request(req.clone())),
+            )
+            .await;
             if let Some(guard) = abandoned {
                 guard.disarm();
             }
@@ -606,28 +611,23 @@ impl Client {
                                 sent,
                             )));
                         }
-                        // The grant of an earlier attempt whose reply was lost: nobody has
-                        // renewed it, and when it was made is unknown, so renew it now to learn
-                        // a safe deadline. If it has ended, see `sets::unless_own`.
-                        if held {
-                            let renew_sent = Instant::now();
-                            match self.renew(&lease.resource, &lease.lease_id).await {
-                                Ok(r) => {
-                                    lease.expires_at_ms = r.expires_at_ms;
-                                    return Ok(Acquired::Granted(LockGuard::start(
-                                        self.clone(),
-                                        lease,
-                                        renew_sent,
-                                    )));
-                                }
-                                Err(ClientError::LeaseNotCurrent(_)) => {}
-                                Err(e) => {
-                                    sets::ask_again_after(e, deadline, &mut backoff).await?;
-                                    continue;
-                                }
+                        // A grant made before under this id: renewed, ended, or to ask again
+                        // (the `retried` module).
+                        match self
+                            .recheck(&mut lease, held, &req, deadline, &mut backoff)
+                            .await?
+                        {
+                            Retried::Renewed(at) => {
+                                return Ok(Acquired::Granted(LockGuard::start(
+                                    self.clone(),
+                                    lease,
+                                    at,
+                                )));
                             }
+                            Retried::AskAgain => continue,
+                            Retried::Ended => {}
                         }
-                        sets::unless_own(&opts, &request_id)?;
+                        retried::unless_own(&opts, &request_id)?;
                         request_id = new_request_id();
                         continue;
                     }

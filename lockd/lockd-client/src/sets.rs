@@ -15,6 +15,7 @@ use fencing::ResourceName;
 use lockd_proto::v1 as pb;
 use tokio::time::Instant;
 
+use crate::retried::{self, GiveBack, ask_again_after};
 use crate::{
     AcquireOptions, Acquired, Backoff, CALL_GRACE, Client, ClientError, Lease, LockGuard,
     NotGranted, Renewal, answered_each, lease_of, new_request_id, not_granted,
@@ -88,17 +89,22 @@ impl Client {
                             // an earlier run's, used and partly ended: never granted twice, and
                             // what is left of it is left to its TTL.
                             if all_held {
-                                match self.renewed(&leases).await {
-                                    Ok(Some(guards)) => return Ok(guards),
-                                    Ok(None) => {}
-                                    Err(e) => {
-                                        ask_again_after(e, deadline.into_std(), &mut backoff)
-                                            .await?;
-                                        continue;
-                                    }
+                                // Given up meanwhile, the set is released (`retried::GiveBack`).
+                                let give_back = GiveBack::new(self, &leases);
+                                let outcome = match self.renewed(&leases).await {
+                                    Ok(found) => Ok((found, false)),
+                                    Err(e) => ask_again_after(e, deadline.into_std(), &mut backoff)
+                                        .await
+                                        .map(|()| (None, true)),
+                                };
+                                give_back.disarm();
+                                match outcome? {
+                                    (Some(guards), _) => return Ok(guards),
+                                    (None, true) => continue,
+                                    (None, false) => {}
                                 }
                             }
-                            unless_own(&opts, &request_id)?;
+                            retried::unless_own(&opts, &request_id)?;
                             self.give_back(&leases).await;
                             request_id = new_request_id();
                             continue;
@@ -218,7 +224,7 @@ impl Client {
     }
 
     /// Releases what is left of a set that will not be used.
-    async fn give_back(&self, leases: &[Lease]) {
+    pub(crate) async fn give_back(&self, leases: &[Lease]) {
         let refs: Vec<(&str, &str)> = leases
             .iter()
             .map(|l| (l.resource.as_str(), l.lease_id.as_str()))
@@ -235,48 +241,4 @@ fn check_names(resources: &[&str]) -> Result<(), ClientError> {
         ResourceName::new(r).map_err(|e| ClientError::InvalidArgument(format!("{r:?}: {e}")))?;
     }
     Ok(())
-}
-
-/// The error for an acquire under the caller's own request id whose grant has ended since:
-/// acquiring again under that id would be a second grant of one request (docs/api.md,
-/// `request_id`), so it is refused; a new request id asks anew.
-pub(crate) fn grant_ended(request_id: &str) -> ClientError {
-    ClientError::InvalidArgument(format!(
-        "request id {request_id:?} was granted before and that grant has ended (released or \
-         expired): acquiring under it again would grant the same request twice; use a new \
-         request id to acquire again"
-    ))
-}
-
-/// After the renewal of a grant answered as a duplicate did not get through (`e`): the grant
-/// was not seen to end, so the acquire asks again under the same id, after a pause, while
-/// transport failures are retried (`TRANSPORT_RETRY_FOR` past `deadline`); otherwise `e` is
-/// the acquire's error.
-pub(crate) async fn ask_again_after(
-    e: ClientError,
-    deadline: std::time::Instant,
-    backoff: &mut Backoff,
-) -> Result<(), ClientError> {
-    match e {
-        ClientError::Unavailable(_)
-            if std::time::Instant::now() < deadline + crate::TRANSPORT_RETRY_FOR =>
-        {
-            tracing::debug!(
-                "renewing a retried grant failed ({e}); asking again with the same request id"
-            );
-            tokio::time::sleep(backoff.next_delay()).await;
-            Ok(())
-        }
-        e => Err(e),
-    }
-}
-
-/// A grant answered as a duplicate has ended: under an id the SDK made, the acquire asks anew
-/// (that grant was an earlier attempt's, never used); under the caller's own id it may have
-/// been used, and the acquire fails ([`grant_ended`]): one request is granted once.
-pub(crate) fn unless_own(opts: &AcquireOptions, request_id: &str) -> Result<(), ClientError> {
-    match opts.request_id {
-        Some(_) => Err(grant_ended(request_id)),
-        None => Ok(()),
-    }
 }

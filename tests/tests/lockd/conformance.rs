@@ -46,6 +46,11 @@ impl Bed {
     }
 
     fn command(&mut self, line: &str) {
+        self.ask(line);
+    }
+
+    /// A command, and the text of its answer after `ok`.
+    fn ask(&mut self, line: &str) -> String {
         let stdin = self.stdin.as_mut().expect("open");
         writeln!(stdin, "{line}")
             .and_then(|()| stdin.flush())
@@ -55,6 +60,7 @@ impl Bed {
             .read_line(&mut answer)
             .expect("the test bed's answer");
         assert!(answer.starts_with("ok"), "test bed {line:?}: {answer}");
+        answer["ok".len()..].trim().to_string()
     }
 
     fn endpoint(&self, server: &str) -> String {
@@ -279,6 +285,19 @@ impl Run<'_> {
             }
             // Dropping the acquire's future cancels its call: lockd forgets the waiter.
             "cancel" => self.pending[step["of"].as_str().unwrap()].abort(),
+            "cut_renewals" => self.bed.command(if step["on"].as_bool().unwrap() {
+                "cut-renewals on"
+            } else {
+                "cut-renewals off"
+            }),
+            "wait_cuts" => {
+                let want = step["at_least"].as_u64().unwrap();
+                let deadline = Instant::now() + e2e::PATIENCE;
+                while self.bed.ask("cuts").parse::<u64>().unwrap() < want {
+                    assert!(Instant::now() < deadline, "never {want} cuts");
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            }
             "wait_free" => {
                 let (c, resource) = (client(), self.s(&step["resource"]));
                 let deadline = Instant::now() + Duration::from_secs(10);

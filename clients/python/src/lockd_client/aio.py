@@ -107,6 +107,7 @@ class Client:
         deadline = time.monotonic() + wait
         backoff = Backoff()
         while True:
+            unanswered = False  # the request may have been granted, its answer lost
             call_wait = min(max(deadline - time.monotonic(), 0.0), CALL_WAIT_MAX)
             req = _core.acquire_request(resource, request_id, ttl, call_wait, holder or self._s.holder,
                                         owner, permits, mode, downgrade)
@@ -121,6 +122,7 @@ class Client:
                 budget = deadline if exhausted else deadline + TRANSPORT_RETRY_FOR
                 if not (is_transient(e) or exhausted) or time.monotonic() >= budget:
                     raise from_rpc(e) from None
+                unanswered = True
             else:
                 outcome = resp.WhichOneof("outcome")
                 if outcome == "granted":
@@ -132,6 +134,9 @@ class Client:
                         try:
                             await self.renew(lease.resource, lease.lease_id)
                             return Lock(self, lease, renew_sent, on_lost)
+                        except asyncio.CancelledError:
+                            self._forget_abandoned(req)
+                            raise
                         except LeaseNotCurrent:
                             pass
                         except Unavailable:
@@ -139,7 +144,7 @@ class Client:
                             # under the same id, as a transport failure of the acquire is.
                             if time.monotonic() >= deadline + TRANSPORT_RETRY_FOR:
                                 raise
-                            await asyncio.sleep(backoff.next_delay())
+                            await self._pause(backoff, req)
                             continue
                     if own_id:
                         raise _core.grant_ended(request_id)
@@ -150,7 +155,17 @@ class Client:
                         raise _core.not_granted(resource, resp.not_granted, wait > 0)
                 else:
                     raise Unavailable("lockd sent an empty AcquireResponse")
+            await self._pause(backoff, req if unanswered else None)
+
+    async def _pause(self, backoff: Backoff, granted: Optional["pb.AcquireRequest"]) -> None:
+        """The pause before an acquire asks again. Cancelled during it, what request `granted`
+        may have been granted is released in the background."""
+        try:
             await asyncio.sleep(backoff.next_delay())
+        except asyncio.CancelledError:
+            if granted is not None:
+                self._forget_abandoned(granted)
+            raise
 
     def _forget_abandoned(self, req: "pb.AcquireRequest") -> None:
         """As `lockd_client.Client`'s: after a cancelled wait, in a task of its own, ask once

@@ -197,6 +197,7 @@ class Client:
         deadline = time.monotonic() + wait
         backoff = Backoff()
         while True:
+            unanswered = False  # the request may have been granted, its answer lost
             remaining = max(deadline - time.monotonic(), 0.0)
             call_wait = min(remaining, CALL_WAIT_MAX)
             req = _core.acquire_request(resource, request_id, ttl, call_wait, holder or self._s.holder,
@@ -228,6 +229,7 @@ class Client:
                 if not (is_transient(e) or exhausted) or time.monotonic() >= budget:
                     raise from_rpc(e) from None
                 log.debug("acquire of %s failed (%s); retrying with the same request id", resource, e.code())
+                unanswered = True
             else:
                 outcome = resp.WhichOneof("outcome")
                 if outcome == "granted":
@@ -250,7 +252,7 @@ class Client:
                             # under the same id, as a transport failure of the acquire is.
                             if time.monotonic() >= deadline + TRANSPORT_RETRY_FOR:
                                 raise
-                            time.sleep(backoff.next_delay())
+                            self._pause(backoff, cancel, req, resource, granted=True)
                             continue
                     if own_id:
                         raise _core.grant_ended(request_id)
@@ -261,12 +263,19 @@ class Client:
                         raise _core.not_granted(resource, resp.not_granted, wait > 0)
                 else:
                     raise Unavailable("lockd sent an empty AcquireResponse")
-            pause = backoff.next_delay()
-            if cancel is not None:
-                if cancel.wait(pause):
-                    raise Cancelled(f"the acquire of {resource} was cancelled")
-            else:
-                time.sleep(pause)
+            self._pause(backoff, cancel, req, resource, granted=unanswered)
+
+    def _pause(self, backoff: Backoff, cancel: Optional[threading.Event], req: "pb.AcquireRequest",
+               resource: str, granted: bool) -> None:
+        """The pause before an acquire asks again. A cancel during it ends the acquire, and what
+        its request may have been granted (`granted`) is released in the background."""
+        pause = backoff.next_delay()
+        if cancel is None:
+            time.sleep(pause)
+        elif cancel.wait(pause):
+            if granted:
+                self._forget_abandoned(req)
+            raise Cancelled(f"the acquire of {resource} was cancelled")
 
     def _forget_abandoned(self, req: "pb.AcquireRequest") -> None:
         """An acquire given up while it waited may have been granted as it was cancelled, its
