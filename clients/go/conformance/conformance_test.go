@@ -17,7 +17,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -494,20 +493,8 @@ func (r *run) step(step map[string]any) error {
 		return err
 	case "wait_cuts":
 		want, _ := num(step, "at_least")
-		deadline := time.Now().Add(60 * time.Second)
-		for {
-			got, err := bed.command("cuts")
-			if err != nil {
-				return err
-			}
-			if n, _ := strconv.Atoi(got); n >= int(want) {
-				break
-			}
-			if time.Now().After(deadline) {
-				return fmt.Errorf("never %v cuts (%s)", want, got)
-			}
-			time.Sleep(20 * time.Millisecond) // polling the test bed, bounded
-		}
+		_, err := bed.command(fmt.Sprintf("wait-cuts %d", int(want)))
+		return err
 	case "await_lost":
 		l := r.leases[str(step, "lease")].first()
 		select {

@@ -23,14 +23,15 @@
 //! `pause NAME` and `resume NAME` (SIGSTOP and SIGCONT to a lockd: `lockd`, `pausable`,
 //! `secure`), `drop-next-answer [N]` (arms `lossy`: it passes N answers, 0 by default, and cuts
 //! the connection at the next), `cut-renewals on|off` (`lossy` cuts the connection instead of
-//! passing any answer to a Renew), `cuts` (`ok N`: connections `lossy` has cut since the last `cut-renewals`), `sql STATEMENT` (psql, directly to
-//! PostgreSQL: `ok ` and the unaligned output on one line).
+//! passing any answer to a Renew), `wait-cuts N` (answers `ok` once `lossy` has cut N
+//! connections since the last `cut-renewals`; an error after 60 s), `sql STATEMENT` (psql,
+//! directly to PostgreSQL: `ok ` and the unaligned output on one line).
 
 use std::io::{BufRead, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::Path;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
 
 use e2e::certs::Ca;
 use e2e::keys::{SECRET_B, write_key_file};
@@ -185,14 +186,28 @@ fn main() {
             },
             "cut-renewals" => match arg.trim() {
                 "on" | "off" => {
-                    // `cuts` counts from here.
-                    cuts.made.store(0, Ordering::SeqCst);
+                    // `wait-cuts` counts from here.
+                    *cuts.made.lock().unwrap() = 0;
                     cuts.renewals.store(arg.trim() == "on", Ordering::SeqCst);
                     Ok(String::new())
                 }
                 other => Err(format!("cut-renewals takes on or off, not {other:?}")),
             },
-            "cuts" => Ok(cuts.made.load(Ordering::SeqCst).to_string()),
+            "wait-cuts" => match arg.trim().parse::<u64>() {
+                Ok(want) => {
+                    let made = cuts.made.lock().unwrap();
+                    let (made, _) = cuts
+                        .cut
+                        .wait_timeout_while(made, std::time::Duration::from_secs(60), |n| *n < want)
+                        .unwrap();
+                    if *made >= want {
+                        Ok(String::new())
+                    } else {
+                        Err(format!("{made} cuts in 60 s, not {want}"))
+                    }
+                }
+                Err(_) => Err(format!("wait-cuts takes a count, not {arg:?}")),
+            },
             "sql" => match &_servers {
                 Some((pg, _, _)) => Ok(pg.psql(arg).replace('\n', " ")),
                 None => Err("started with --no-pg".to_string()),
@@ -220,8 +235,9 @@ struct Cuts {
     armed: AtomicI64,
     /// `cut-renewals on`: every answer to a Renew is cut (no other call's).
     renewals: AtomicBool,
-    /// Connections cut so far (`cuts`).
-    made: AtomicU64,
+    /// Connections cut since the last `cut-renewals`, and its change (`wait-cuts`).
+    made: Mutex<u64>,
+    cut: Condvar,
 }
 
 impl Default for Cuts {
@@ -229,7 +245,8 @@ impl Default for Cuts {
         Cuts {
             armed: AtomicI64::new(-1),
             renewals: AtomicBool::new(false),
-            made: AtomicU64::new(0),
+            made: Mutex::new(0),
+            cut: Condvar::new(),
         }
     }
 }
@@ -332,7 +349,8 @@ fn answers(mut server: TcpStream, mut client: TcpStream, cuts: &Cuts) {
         }
     };
     if cut {
-        cuts.made.fetch_add(1, Ordering::SeqCst);
+        *cuts.made.lock().unwrap() += 1;
+        cuts.cut.notify_all();
     }
     let _ = client.shutdown(std::net::Shutdown::Both);
     let _ = server.shutdown(std::net::Shutdown::Both);

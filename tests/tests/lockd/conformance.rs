@@ -46,11 +46,6 @@ impl Bed {
     }
 
     fn command(&mut self, line: &str) {
-        self.ask(line);
-    }
-
-    /// A command, and the text of its answer after `ok`.
-    fn ask(&mut self, line: &str) -> String {
         let stdin = self.stdin.as_mut().expect("open");
         writeln!(stdin, "{line}")
             .and_then(|()| stdin.flush())
@@ -60,7 +55,6 @@ impl Bed {
             .read_line(&mut answer)
             .expect("the test bed's answer");
         assert!(answer.starts_with("ok"), "test bed {line:?}: {answer}");
-        answer["ok".len()..].trim().to_string()
     }
 
     fn endpoint(&self, server: &str) -> String {
@@ -290,14 +284,9 @@ impl Run<'_> {
             } else {
                 "cut-renewals off"
             }),
-            "wait_cuts" => {
-                let want = step["at_least"].as_u64().unwrap();
-                let deadline = Instant::now() + e2e::PATIENCE;
-                while self.bed.ask("cuts").parse::<u64>().unwrap() < want {
-                    assert!(Instant::now() < deadline, "never {want} cuts");
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                }
-            }
+            "wait_cuts" => self
+                .bed
+                .command(&format!("wait-cuts {}", step["at_least"].as_u64().unwrap())),
             "wait_free" => {
                 let (c, resource) = (client(), self.s(&step["resource"]));
                 let deadline = Instant::now() + Duration::from_secs(10);
