@@ -540,7 +540,13 @@ func (c *Client) acquire(ctx context.Context, resource string, o AcquireOptions)
 						return c.newLock(lease, renewSent), nil
 					}
 					if ctx.Err() != nil {
-						c.releaseAbandoned(ctx, resource, g)
+						// Asked again under the same id and released: a release sent at once
+						// could go out on the renewal's broken connection and be lost.
+						if req.GetDowngradeLeaseId() == "" {
+							c.cleanUpAcquire(ctx, req)
+						} else {
+							c.releaseAbandoned(ctx, resource, g)
+						}
 						return nil, cancelled("acquire", resource, ctx)
 					}
 					if !errors.Is(err, ErrLeaseNotCurrent) {
@@ -775,7 +781,8 @@ func (c *Client) AcquireAll(ctx context.Context, resources []string, o SetOption
 				}
 				if renewErr != nil {
 					if ctx.Err() != nil {
-						c.releaseAbandonedSet(ctx, resources, set.GetLeases())
+						// Asked again under the same id and released (see Acquire's).
+						c.cleanUpAcquireAll(ctx, req)
 						return nil, cancelled("acquire all", "", ctx)
 					}
 					if !errors.Is(renewErr, ErrLeaseNotCurrent) {
@@ -784,7 +791,7 @@ func (c *Client) AcquireAll(ctx context.Context, resources []string, o SetOption
 							return nil, renewErr
 						}
 						if !sleepCtx(ctx, bo.next()) {
-							c.releaseAbandonedSet(ctx, resources, set.GetLeases())
+							c.cleanUpAcquireAll(ctx, req)
 							return nil, cancelled("acquire all", "", ctx)
 						}
 						continue
