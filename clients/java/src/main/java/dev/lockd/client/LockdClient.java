@@ -242,7 +242,7 @@ public final class LockdClient implements AutoCloseable {
         T run();
     }
 
-    private static <T> CompletableFuture<T> async(Task<T> task, java.util.function.Consumer<T> undo) {
+    static <T> CompletableFuture<T> async(Task<T> task, java.util.function.Consumer<T> undo) {
         final class Cancellable extends CompletableFuture<T> {
             volatile Future<?> running;
 
@@ -261,11 +261,10 @@ public final class LockdClient implements AutoCloseable {
             try {
                 T result = task.run();
                 if (!cf.complete(result)) {
-                    try {
-                        undo.accept(result);
-                    } catch (LockdException ignored) {
-                        // the lease ends at its TTL
-                    }
+                    // Cancelled after the grant: give it back from a task of its own, as the
+                    // cancel may interrupt this thread, and an interrupted thread's call fails
+                    // at once (the lease would stay held until its TTL).
+                    undoLater(result, undo);
                 }
             } catch (Throwable t) {
                 cf.completeExceptionally(t);
@@ -275,6 +274,21 @@ public final class LockdClient implements AutoCloseable {
             cf.running.cancel(true);
         }
         return cf;
+    }
+
+    /** Runs {@code undo} on a thread of its own; a failure leaves the lease to its TTL. */
+    static <T> void undoLater(T result, java.util.function.Consumer<T> undo) {
+        try {
+            ASYNC.execute(() -> {
+                try {
+                    undo.accept(result);
+                } catch (LockdException ignored) {
+                    // the lease ends at its TTL
+                }
+            });
+        } catch (java.util.concurrent.RejectedExecutionException ignored) {
+            // cannot happen with a cached pool; the lease would end at its TTL
+        }
     }
 
     private static void sleep(long nanos, String what) {
