@@ -157,7 +157,7 @@ class Client:
                     raise Unavailable("lockd sent an empty AcquireResponse")
             await self._pause(backoff, req if unanswered else None)
 
-    async def _pause(self, backoff: Backoff, granted: Optional["pb.AcquireRequest"]) -> None:
+    async def _pause(self, backoff: Backoff, granted) -> None:
         """The pause before an acquire asks again. Cancelled during it, what request `granted`
         may have been granted is released in the background."""
         try:
@@ -167,27 +167,114 @@ class Client:
                 self._forget_abandoned(granted)
             raise
 
-    def _forget_abandoned(self, req: "pb.AcquireRequest") -> None:
+    def _forget_abandoned(self, req) -> None:
         """As `lockd_client.Client`'s: after a cancelled wait, in a task of its own, ask once
-        more under the same request id without waiting, and release whatever that grants."""
-        again = pb.AcquireRequest()
-        again.CopyFrom(req)
-        again.wait_timeout_ms = 0
+        more under the same request id without waiting, and release whatever that grants. For
+        a set (`req` an AcquireAllRequest, try-only at lockd), the same request again, each
+        member released."""
+        if isinstance(req, pb.AcquireAllRequest):
+            async def clean_up() -> None:
+                try:
+                    resp = await self._call("AcquireAll", req, CALL_GRACE)
+                    if resp.WhichOneof("outcome") == "granted":
+                        for r, lease in zip(req.resources, resp.granted.leases):
+                            await self.release(lease.resource or r, lease.lease_id)
+                except LockdError as e:
+                    log.warning("after a cancelled acquire of the set %s: %s (leases granted as it "
+                                "was cancelled end at their TTL)", list(req.resources), e)
+        else:
+            again = pb.AcquireRequest()
+            again.CopyFrom(req)
+            again.wait_timeout_ms = 0
 
-        async def clean_up() -> None:
-            try:
-                d = await self.describe(again.resource)
-                if not (d.held or d.permits_held or d.readers):
-                    return  # nothing was granted (see the threaded client's)
-                resp = await self._call("Acquire", again, CALL_GRACE)
-                if resp.WhichOneof("outcome") == "granted":
-                    await self.release(resp.granted.resource or again.resource, resp.granted.lease_id)
-            except LockdError as e:
-                log.warning("after a cancelled acquire of %s: %s (a lease granted as it was cancelled "
-                            "ends at its TTL)", again.resource, e)
+            async def clean_up() -> None:
+                try:
+                    d = await self.describe(again.resource)
+                    if not (d.held or d.permits_held or d.readers):
+                        return  # nothing was granted (see the threaded client's)
+                    resp = await self._call("Acquire", again, CALL_GRACE)
+                    if resp.WhichOneof("outcome") == "granted":
+                        await self.release(resp.granted.resource or again.resource, resp.granted.lease_id)
+                except LockdError as e:
+                    log.warning("after a cancelled acquire of %s: %s (a lease granted as it was "
+                                "cancelled ends at its TTL)", again.resource, e)
         task = asyncio.get_running_loop().create_task(clean_up())
         self._cleanups.add(task)
         task.add_done_callback(self._cleanups.discard)
+
+    async def acquire_all(self, resources: Sequence[str], *, ttl: Optional[float] = None, wait: float = 0.0,
+                          request_id: Optional[str] = None, holder: Optional[str] = None) -> "LockSet":
+        """As `lockd_client.Client.acquire_all`: every resource at once, or none; cancel the
+        awaiting task to give up (a set that may have been granted by then is released in the
+        background, and `close()` waits for that)."""
+        _core.sorted_unique(resources)
+        own_id = bool(request_id)
+        request_id = request_id or _core.new_request_id()
+        deadline = time.monotonic() + wait
+        backoff = Backoff()
+        while True:
+            unanswered = False  # the request may have been granted, its answer lost
+            req = pb.AcquireAllRequest(resources=list(resources), request_id=request_id,
+                                       ttl_ms=_core.ms(ttl), holder=holder or self._s.holder)
+            sent = time.monotonic()
+            try:
+                resp = await self._call_once("AcquireAll", req, CALL_GRACE)
+            except asyncio.CancelledError:
+                self._forget_abandoned(req)
+                raise
+            except grpc.RpcError as e:
+                if not is_transient(e) or time.monotonic() >= deadline + TRANSPORT_RETRY_FOR:
+                    raise from_rpc(e) from None
+                unanswered = True
+            else:
+                if resp.WhichOneof("outcome") == "granted":
+                    leases = [_core.lease_of(r, m, None) for r, m in zip(resources, resp.granted.leases)]
+                    if len(leases) != len(resources):
+                        raise Unavailable(f"lockd answered {len(leases)} leases for {len(resources)}")
+                    if any(l.duplicate for l in leases):
+                        # An earlier attempt's grant, its answer lost: renewed now to learn a
+                        # safe deadline (see `acquire`); ended under the caller's own id, an error.
+                        sent = time.monotonic()
+                        try:
+                            for l in leases:
+                                await self.renew(l.resource, l.lease_id)
+                        except asyncio.CancelledError:
+                            self._forget_abandoned(req)
+                            raise
+                        except LeaseNotCurrent:
+                            if own_id:
+                                raise _core.grant_ended(request_id) from None
+                            request_id = _core.new_request_id()
+                            continue
+                        except Unavailable:
+                            if time.monotonic() >= deadline + TRANSPORT_RETRY_FOR:
+                                raise
+                            await self._pause(backoff, req)
+                            continue
+                    return LockSet([Lock(self, l, sent, None) for l in leases])
+                if time.monotonic() >= deadline:
+                    raise _core.not_granted(resp.busy_resource or resources[0], resp.not_granted, wait > 0)
+            await self._pause(backoff, req if unanswered else None)
+
+    async def acquire_ordered(self, resources: Sequence[str], *, ttl: Optional[float] = None,
+                              wait: float = 0.0, holder: Optional[str] = None) -> "LockSet":
+        """As `lockd_client.Client.acquire_ordered`: each lock in sorted order, within one
+        `wait`; on any failure (a cancel too) releases those taken, last first."""
+        ordered = _core.sorted_unique(resources)
+        deadline = time.monotonic() + wait
+        taken: List[Lock] = []
+        try:
+            for r in ordered:
+                taken.append(await self.acquire(r, ttl=ttl, wait=max(deadline - time.monotonic(), 0.0),
+                                                holder=holder))
+        except BaseException:
+            for lock in reversed(taken):
+                try:
+                    await lock.release()
+                except LockdError:
+                    pass
+            raise
+        return LockSet(taken)
 
     def lock(self, resource: str, **kwargs) -> "_Acquiring":
         """`async with client.lock(resource, ...) as lock:` acquires, and releases at the end."""
@@ -330,7 +417,49 @@ class Lock:
             raise LeaseNotCurrent(f"the lease of {self.resource} with token {self.token} has ended")
         return inner
 
+    async def downgrade(self) -> "Lock":
+        """Trades this write lease of a read-write lock for a read lease in one step at lockd."""
+        await self._stop_renewing()
+        try:
+            return await self._client._acquire(self.lease.resource, self.lease.ttl, 0.0, None, None, 0,
+                                               Mode.READ, None, None, self.lease.lease_id)
+        except LockdError:
+            try:
+                await self._client.release(self.lease.resource, self.lease.lease_id)
+            except LockdError:
+                pass
+            raise
+
     async def __aenter__(self) -> "Lock":
+        return self
+
+    async def __aexit__(self, exc_type, exc, tb) -> None:
+        try:
+            await self.release()
+        except LockdError:
+            if exc_type is None:
+                raise
+
+
+class LockSet:
+    """Several held locks (asyncio: `acquire_all`, `acquire_ordered`); `async with` releases
+    them all."""
+
+    def __init__(self, locks: List[Lock]):
+        self.locks = locks
+
+    def __iter__(self):
+        return iter(self.locks)
+
+    def __len__(self) -> int:
+        return len(self.locks)
+
+    async def release(self) -> bool:
+        """Releases every lock, last first; True when each was current."""
+        results = [await lock.release() for lock in reversed(self.locks)]
+        return all(results)
+
+    async def __aenter__(self) -> "LockSet":
         return self
 
     async def __aexit__(self, exc_type, exc, tb) -> None:

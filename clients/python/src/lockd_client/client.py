@@ -211,14 +211,8 @@ class Client:
                 else:
                     future = stub.Acquire.future(req, timeout=call_wait + CALL_GRACE,
                                                  metadata=self._s.metadata)
-                    done = threading.Event()
-                    future.add_done_callback(lambda _f: done.set())
-                    while not done.wait(0.05):
-                        if cancel.is_set():
-                            future.cancel()
-                            self._forget_abandoned(req)
-                            raise Cancelled(f"the acquire of {resource} was cancelled")
-                    resp = future.result()
+                    resp = _answer_unless_cancelled(future, cancel, lambda: self._forget_abandoned(req),
+                                                    f"the acquire of {resource}")
             except grpc.FutureCancelledError:
                 raise Cancelled(f"the acquire of {resource} was cancelled") from None
             except grpc.RpcError as e:
@@ -252,7 +246,7 @@ class Client:
                             # under the same id, as a transport failure of the acquire is.
                             if time.monotonic() >= deadline + TRANSPORT_RETRY_FOR:
                                 raise
-                            self._pause(backoff, cancel, req, resource, granted=True)
+                            self._pause(backoff, cancel, req, f"the acquire of {resource}", granted=True)
                             continue
                     if own_id:
                         raise _core.grant_ended(request_id)
@@ -263,25 +257,29 @@ class Client:
                         raise _core.not_granted(resource, resp.not_granted, wait > 0)
                 else:
                     raise Unavailable("lockd sent an empty AcquireResponse")
-            self._pause(backoff, cancel, req, resource, granted=unanswered)
+            self._pause(backoff, cancel, req, f"the acquire of {resource}", granted=unanswered)
 
-    def _pause(self, backoff: Backoff, cancel: Optional[threading.Event], req: "pb.AcquireRequest",
-               resource: str, granted: bool) -> None:
-        """The pause before an acquire asks again. A cancel during it ends the acquire, and what
-        its request may have been granted (`granted`) is released in the background."""
+    def _pause(self, backoff: Backoff, cancel: Optional[threading.Event], req, what: str,
+               granted: bool) -> None:
+        """The pause before an acquire (of a lock, or of a set: `req` an AcquireAllRequest) asks
+        again. A cancel during it ends the acquire, and what its request may have been granted
+        (`granted`) is released in the background."""
         pause = backoff.next_delay()
         if cancel is None:
             time.sleep(pause)
         elif cancel.wait(pause):
             if granted:
                 self._forget_abandoned(req)
-            raise Cancelled(f"the acquire of {resource} was cancelled")
+            raise Cancelled(f"{what} was cancelled")
 
-    def _forget_abandoned(self, req: "pb.AcquireRequest") -> None:
+    def _forget_abandoned(self, req) -> None:
         """An acquire given up while it waited may have been granted as it was cancelled, its
         answer dropped: nobody would renew or release that lease until its TTL ran out. In
         the background, ask once more under the same request id without waiting, and release
-        whatever that grants (the original grant, or a new one)."""
+        whatever that grants (the original grant, or a new one). For a set (`req` an
+        AcquireAllRequest, try-only at lockd) the same request again, each member released."""
+        if isinstance(req, pb.AcquireAllRequest):
+            return self._forget_abandoned_set(req)
         again = pb.AcquireRequest()
         again.CopyFrom(req)
         again.wait_timeout_ms = 0
@@ -300,6 +298,18 @@ class Client:
                 log.warning("after a cancelled acquire of %s: %s (a lease granted as it was cancelled "
                             "ends at its TTL)", again.resource, e)
         threading.Thread(target=clean_up, name="lockd-cancelled-acquire", daemon=True).start()
+
+    def _forget_abandoned_set(self, req: "pb.AcquireAllRequest") -> None:
+        def clean_up() -> None:
+            try:
+                resp = self._call("AcquireAll", req, CALL_GRACE)
+                if resp.WhichOneof("outcome") == "granted":
+                    for r, lease in zip(req.resources, resp.granted.leases):
+                        self.release(lease.resource or r, lease.lease_id)
+            except LockdError as e:
+                log.warning("after a cancelled acquire of the set %s: %s (leases granted as it was "
+                            "cancelled end at their TTL)", list(req.resources), e)
+        threading.Thread(target=clean_up, name="lockd-cancelled-acquire-all", daemon=True).start()
 
     def lock(self, resource: str, **kwargs) -> "Lock":
         """`acquire`, for `with client.lock(...) as lock:` (released when the block ends)."""
@@ -339,24 +349,41 @@ class Client:
         return _core.description_of(resource, self._call("Describe", pb.DescribeRequest(resource=resource)))
 
     def acquire_all(self, resources: Sequence[str], *, ttl: Optional[float] = None, wait: float = 0.0,
-                    request_id: Optional[str] = None, holder: Optional[str] = None) -> "LockSet":
+                    request_id: Optional[str] = None, holder: Optional[str] = None,
+                    cancel: Optional[threading.Event] = None) -> "LockSet":
         """Takes every resource at once, or none (one commit at lockd; at most 32). Try-only at
         lockd: with a wait, asked again with backoff until it ends. Raises `Busy` /
-        `WaitTimedOut` naming the first held member."""
+        `WaitTimedOut` naming the first held member, and `Cancelled` when `cancel` is set (a
+        set that may have been granted by then is released in the background)."""
         _core.sorted_unique(resources)
         own_id = bool(request_id)
         request_id = request_id or _core.new_request_id()
         deadline = time.monotonic() + wait
         backoff = Backoff()
+        what = f"the acquire of the set {list(resources)}"
         while True:
+            unanswered = False  # the request may have been granted, its answer lost
             req = pb.AcquireAllRequest(resources=list(resources), request_id=request_id,
                                        ttl_ms=_core.ms(ttl), holder=holder or self._s.holder)
             sent = time.monotonic()
             try:
-                resp = self._call_once("AcquireAll", req, CALL_GRACE)
+                if cancel is None:
+                    resp = self._call_once("AcquireAll", req, CALL_GRACE)
+                else:
+                    i, stub = self._eps.stub()
+                    future = stub.AcquireAll.future(req, timeout=CALL_GRACE, metadata=self._s.metadata)
+                    try:
+                        resp = _answer_unless_cancelled(future, cancel, lambda: self._forget_abandoned(req), what)
+                    except grpc.RpcError as e:
+                        if is_transient(e):
+                            self._eps.failed(i)
+                        raise
+            except grpc.FutureCancelledError:
+                raise Cancelled(f"{what} was cancelled") from None
             except grpc.RpcError as e:
                 if not is_transient(e) or time.monotonic() >= deadline + TRANSPORT_RETRY_FOR:
                     raise from_rpc(e) from None
+                unanswered = True
             else:
                 if resp.WhichOneof("outcome") == "granted":
                     leases = [_core.lease_of(r, m, None) for r, m in zip(resources, resp.granted.leases)]
@@ -375,12 +402,12 @@ class Client:
                         except Unavailable:
                             if time.monotonic() >= deadline + TRANSPORT_RETRY_FOR:
                                 raise
-                            time.sleep(backoff.next_delay())
+                            self._pause(backoff, cancel, req, what, granted=True)
                             continue
                     return LockSet([Lock(self, l, sent, None) for l in leases])
                 if time.monotonic() >= deadline:
                     raise _core.not_granted(resp.busy_resource or resources[0], resp.not_granted, wait > 0)
-            time.sleep(backoff.next_delay())
+            self._pause(backoff, cancel, req, what, granted=unanswered)
 
     def acquire_ordered(self, resources: Sequence[str], *, ttl: Optional[float] = None, wait: float = 0.0,
                         holder: Optional[str] = None, cancel: Optional[threading.Event] = None) -> "LockSet":
@@ -401,6 +428,19 @@ class Client:
                     pass
             raise
         return LockSet(taken)
+
+
+def _answer_unless_cancelled(future, cancel: threading.Event, abandon: Callable[[], None], what: str):
+    """The answer of a call in flight, unless `cancel` is set first: then the call is cancelled,
+    `abandon()` cleans up what it may have been granted, and `Cancelled` is raised."""
+    done = threading.Event()
+    future.add_done_callback(lambda _f: done.set())
+    while not done.wait(0.05):
+        if cancel.is_set():
+            future.cancel()
+            abandon()
+            raise Cancelled(f"{what} was cancelled")
+    return future.result()
 
 
 class _ReleasedByWith:

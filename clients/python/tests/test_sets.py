@@ -1,0 +1,158 @@
+"""Sets of locks in both clients: the asyncio client's `acquire_all`, `acquire_ordered` and
+`downgrade`, and a set's acquire given up (a `cancel` for the threaded client, a cancelled task
+for asyncio), which leaves nothing held, even while its check of an earlier grant fails."""
+
+import asyncio
+import secrets
+import threading
+import time
+
+import pytest
+
+import lockd_client
+import lockd_client.aio
+
+
+def names(what, n=2):
+    run = secrets.token_hex(4)
+    return [f"sets/{run}/{what}-{i}" for i in range(n)]
+
+
+def free_soon(client, resources):
+    """Each of `resources` is free within 10 s (long before the 30 s TTL of a lease left behind)."""
+    for r in resources:
+        deadline = time.monotonic() + 10
+        while client.describe(r).held:
+            assert time.monotonic() < deadline, f"{r} stayed held: a given-up set's grant was left behind"
+            time.sleep(0.02)
+
+
+def test_a_set_wait_is_cancelled_and_leaves_nothing(testbed):
+    c = lockd_client.Client(testbed.servers["lockd"]["endpoint"])
+    rs = names("cancel")
+    blocker = c.acquire(rs[1], ttl=30)
+    cancel = threading.Event()
+    got = []
+
+    def wait():
+        try:
+            got.append(c.acquire_all(rs, ttl=30, wait=120, cancel=cancel))
+        except lockd_client.LockdError as e:
+            got.append(e)
+    t = threading.Thread(target=wait, daemon=True)
+    t.start()
+    cancel.set()
+    t.join(30)
+    assert not t.is_alive(), "a cancelled acquire_all kept waiting"
+    assert isinstance(got[0], lockd_client.Cancelled), got
+    assert "the set" in str(got[0])
+    assert blocker.release() is True
+    free_soon(c, rs)
+
+
+def test_a_set_given_up_while_its_check_of_the_held_grant_fails_is_released(testbed):
+    # The set was granted under this request id; asked again through the lossy forwarder,
+    # whose renewals' answers are all cut, the SDK keeps checking; cancelled then, it releases
+    # the set in the background instead of leaving it held until its TTL.
+    direct = lockd_client.Client(testbed.servers["lockd"]["endpoint"])
+    lossy = lockd_client.Client(testbed.servers["lossy"]["endpoint"])
+    rs = names("given-up")
+    rid = f"set-given-up-{secrets.token_hex(4)}"
+    first = direct.acquire_all(rs, ttl=30, request_id=rid)
+    cancel = threading.Event()
+    got = []
+    testbed.command("cut-renewals on")
+    try:
+        def again():
+            try:
+                got.append(lossy.acquire_all(rs, ttl=30, request_id=rid, cancel=cancel))
+            except lockd_client.LockdError as e:
+                got.append(e)
+        t = threading.Thread(target=again, daemon=True)
+        t.start()
+        testbed.command("wait-cuts 1")
+        cancel.set()
+        t.join(30)
+        assert isinstance(got[0], lockd_client.Cancelled), got
+        free_soon(direct, rs)
+    finally:
+        testbed.command("cut-renewals off")
+    assert first.release() is False
+
+
+def test_asyncio_sets_ordered_sets_and_a_downgrade(testbed):
+    async def go():
+        rs = names("aio", 3)
+        async with lockd_client.aio.Client(testbed.servers["lockd"]["endpoint"]) as c:
+            async with await c.acquire_all(rs, ttl=30) as s:
+                assert [l.resource for l in s] == rs and len(s) == 3
+                assert len({l.token for l in s}) >= 1 and all(l.token > 0 for l in s)
+                with pytest.raises(lockd_client.Busy) as busy:
+                    await c.acquire_all(list(reversed(rs)))
+                assert busy.value.resource in rs
+                with pytest.raises(lockd_client.Busy):
+                    await c.acquire_ordered(rs)
+            for r in rs:
+                assert not (await c.describe(r)).held
+            ordered = await c.acquire_ordered(list(reversed(rs)), ttl=30)
+            assert [l.resource for l in ordered] == sorted(rs)
+            assert await ordered.release() is True
+            assert await ordered.release() is False
+            rw = names("rw", 1)[0]
+            writer = await c.acquire(rw, ttl=30, mode=lockd_client.Mode.WRITE)
+            reader = await writer.downgrade()
+            assert reader.resource.startswith(f"{rw}@read-") and reader.token > writer.token
+            assert (await c.describe(rw)).readers == 1
+            assert await writer.release() is False  # traded, not held twice
+            with pytest.raises(lockd_client.Busy):
+                await c.acquire(rw, mode=lockd_client.Mode.WRITE)
+            second = await c.acquire(rw, ttl=30, mode=lockd_client.Mode.READ)
+            assert await second.release() and await reader.release()
+            # A request id of the caller's own is granted once, for a set too.
+            rid = f"aio-set-{secrets.token_hex(4)}"
+            once = await c.acquire_all(rs, ttl=30, request_id=rid)
+            again = await c.acquire_all(rs, ttl=30, request_id=rid)
+            assert [l.token for l in again] == [l.token for l in once]
+            assert await once.release() is True
+            with pytest.raises(lockd_client.InvalidArgument, match="grant has ended"):
+                await c.acquire_all(rs, ttl=30, request_id=rid)
+    asyncio.run(go())
+
+
+def test_an_asyncio_set_wait_is_cancelled_and_leaves_nothing(testbed):
+    rs = names("aio-cancel")
+
+    async def go():
+        async with lockd_client.aio.Client(testbed.servers["lockd"]["endpoint"]) as c:
+            blocker = await c.acquire(rs[0], ttl=30)
+            task = asyncio.create_task(c.acquire_all(rs, ttl=30, wait=120))
+            await asyncio.sleep(0)  # the task starts and asks
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            assert await blocker.release() is True
+    asyncio.run(go())  # close() waits for the clean-ups
+    free_soon(lockd_client.Client(testbed.servers["lockd"]["endpoint"]), rs)
+
+
+def test_an_asyncio_set_given_up_while_its_check_of_the_held_grant_fails_is_released(testbed):
+    rs = names("aio-given-up")
+    rid = f"aio-set-given-up-{secrets.token_hex(4)}"
+
+    async def go():
+        async with lockd_client.aio.Client(testbed.servers["lockd"]["endpoint"]) as a:
+            first = await a.acquire_all(rs, ttl=30, request_id=rid)
+            lossy = lockd_client.aio.Client(testbed.servers["lossy"]["endpoint"])
+            testbed.command("cut-renewals on")
+            try:
+                task = asyncio.create_task(lossy.acquire_all(rs, ttl=30, request_id=rid))
+                await asyncio.to_thread(testbed.command, "wait-cuts 1")
+                task.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await task
+                await lossy.close()  # waits for the clean-up
+            finally:
+                testbed.command("cut-renewals off")
+            await asyncio.to_thread(free_soon, lockd_client.Client(testbed.servers["lockd"]["endpoint"]), rs)
+            assert await first.release() is False
+    asyncio.run(go())
