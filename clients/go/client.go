@@ -553,7 +553,7 @@ func (c *Client) acquire(ctx context.Context, resource string, o AcquireOptions)
 						// Not seen to end (the renewal did not get through): asked again
 						// under the same id, as a transport failure of the acquire is.
 						if !errors.Is(err, ErrUnavailable) || !time.Now().Before(deadline.Add(TransportRetryFor)) {
-							return nil, err
+							return nil, checkFailed("acquire", resource, err)
 						}
 						// Cancelled in the pause below, the grant is asked for and released.
 						unanswered = true
@@ -788,7 +788,7 @@ func (c *Client) AcquireAll(ctx context.Context, resources []string, o SetOption
 					if !errors.Is(renewErr, ErrLeaseNotCurrent) {
 						// Not seen to end: asked again under the same id.
 						if !errors.Is(renewErr, ErrUnavailable) || !time.Now().Before(deadline.Add(TransportRetryFor)) {
-							return nil, renewErr
+							return nil, checkFailed("acquire all", "", renewErr)
 						}
 						if !sleepCtx(ctx, bo.next()) {
 							c.cleanUpAcquireAll(ctx, req)

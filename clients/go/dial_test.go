@@ -160,6 +160,28 @@ func TestErrorKinds(t *testing.T) {
 	}
 }
 
+// An acquire that gives up checking an earlier attempt's grant says it was the acquire, and
+// keeps the renewal's kind.
+func TestAFailedCheckOfAnEarlierGrantIsTheAcquiresError(t *testing.T) {
+	renewal := fromRPC("renew", "r", status.Error(codes.Unavailable, "connection reset"), "")
+	got := checkFailed("acquire", "r", renewal)
+	var e *Error
+	if !errors.As(got, &e) || e.Op != "acquire" || e.Resource != "r" {
+		t.Fatalf("%v: not the acquire's *Error", got)
+	}
+	if !errors.Is(got, ErrUnavailable) || !strings.Contains(got.Error(), "earlier attempt") ||
+		!strings.Contains(got.Error(), "connection reset") {
+		t.Errorf("%v: the renewal's kind, cause or the reason is missing", got)
+	}
+	if !strings.HasPrefix(got.Error(), "lockd: acquire r: ") {
+		t.Errorf("%v: does not read as the acquire's error", got)
+	}
+	set := checkFailed("acquire all", "", renewal)
+	if !strings.HasPrefix(set.Error(), "lockd: acquire all: ") || !strings.Contains(set.Error(), "renewal of r") {
+		t.Errorf("%v: the set's error does not say which member's check failed", set)
+	}
+}
+
 func TestLocalDeadlineMargin(t *testing.T) {
 	if SafetyMargin(30*time.Second) != 3*time.Second || SafetyMargin(50*time.Millisecond) != 10*time.Millisecond {
 		t.Fatal("safety margin")

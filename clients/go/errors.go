@@ -1,6 +1,7 @@
 package lockd
 
 import (
+	"errors"
 	"fmt"
 	"strings"
 
@@ -291,4 +292,19 @@ func fromRPC(op, resource string, err error, lockdCode string) error {
 		e.Kind = ErrRejected
 	}
 	return e
+}
+
+// checkFailed is the error of an acquire whose check of an earlier attempt's grant (a renewal)
+// failed: the acquire's, with the renewal's kind and cause, so that errors.Is still tells
+// ErrUnavailable from the rest.
+func checkFailed(op, resource string, err error) error {
+	var e *Error
+	if !errors.As(err, &e) {
+		return err
+	}
+	out := *e
+	out.Op, out.Resource = op, resource
+	out.Message = "checking the grant of an earlier attempt under the same request id (a renewal of " +
+		e.Resource + "): " + e.Message
+	return &out
 }
