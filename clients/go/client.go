@@ -602,11 +602,11 @@ func (c *Client) cleanUpAcquire(ctx context.Context, req *pb.AcquireRequest) {
 	go func() {
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanUpTimeout)
 		defer cancel()
-		// Nothing held under the name: nothing was granted, and asking again could only take
-		// the lock anew (for a moment, and with a new token).
-		if d, err := c.Describe(cctx, again.GetResource()); err == nil && !d.Held && d.PermitsHeld == 0 && d.Readers == 0 {
-			return
-		}
+		// Asked again whatever the resource looks like: the given-up call may still be on its
+		// way to lockd, and a resource free now would be granted to it next. This call either
+		// finds that grant, or comes first: granted (and released here), the late call then
+		// finds that grant ended; busy, the late call joins the queue and its cancellation,
+		// sent after it, takes it out.
 		resp, err := callWhile(c, cctx, "acquire", again.GetResource(), callGrace, pb.LockServiceClient.Acquire, again, transient)
 		if err == nil && resp.GetGranted() != nil {
 			g := resp.GetGranted()

@@ -491,6 +491,9 @@ func (r *run) step(step map[string]any) error {
 		on, _ := step["on"].(bool)
 		_, err := bed.command(map[bool]string{true: "cut-renewals on", false: "cut-renewals off"}[on])
 		return err
+	case "hold_next_call", "wait_held", "wait_held_answered":
+		_, err := bed.command(strings.ReplaceAll(op, "_", "-"))
+		return err
 	case "wait_cuts":
 		want, _ := num(step, "at_least")
 		_, err := bed.command(fmt.Sprintf("wait-cuts %d", int(want)))

@@ -108,6 +108,29 @@ def test_a_retry_given_up_while_its_check_of_the_held_grant_fails_releases_that_
     run(go())
 
 
+def test_an_acquire_handled_after_it_was_given_up_leaves_nothing_held(testbed):
+    # The test bed holds the acquire back until the clean-up's first call is answered, and
+    # drops its cancellation: lockd grants it after the task was cancelled. The clean-up must
+    # not stop at a resource it finds free.
+    async def go():
+        r = name("handled-late")
+        async with lockd_client.aio.Client(testbed.servers["lockd"]["endpoint"]) as a:
+            lossy = lockd_client.aio.Client(testbed.servers["lossy"]["endpoint"])
+            testbed.command("hold-next-call")
+            task = asyncio.create_task(lossy.acquire(r, ttl=30, wait=60))
+            await asyncio.to_thread(testbed.command, "wait-held")
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            await asyncio.to_thread(testbed.command, "wait-held-answered")
+            await lossy.close()  # waits for the clean-up
+            deadline = time.monotonic() + 10
+            while (await a.describe(r)).held:
+                assert time.monotonic() < deadline, f"{r} stayed held by a grant nobody holds"
+                await asyncio.sleep(0.02)
+    run(go())
+
+
 def test_a_cancelled_wait_leaves_no_waiter(testbed):
     async def go():
         r = name("cancel")

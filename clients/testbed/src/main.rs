@@ -24,8 +24,13 @@
 //! `secure`), `drop-next-answer [N]` (arms `lossy`: it passes N answers, 0 by default, and cuts
 //! the connection at the next), `cut-renewals on|off` (`lossy` cuts the connection instead of
 //! passing any answer to a Renew), `wait-cuts N` (answers `ok` once `lossy` has cut N
-//! connections since the last `cut-renewals`; an error after 60 s), `sql STATEMENT` (psql,
-//! directly to PostgreSQL: `ok ` and the unaligned output on one line).
+//! connections since the last `cut-renewals`; an error after 60 s), `hold-next-call` (`lossy`
+//! holds back the request of the next call a client begins, and passes it on, without the
+//! call's cancellation, once lockd has answered a later call on that connection: lockd
+//! handles a call after the client gave it up and its clean-up had begun), `wait-held` and
+//! `wait-held-answered` (answer once a call is held, and once lockd began its answer to the
+//! held call; errors after 60 s), `sql STATEMENT` (psql, directly to PostgreSQL: `ok ` and the
+//! unaligned output on one line).
 
 use std::io::{BufRead, Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -208,6 +213,18 @@ fn main() {
                 }
                 Err(_) => Err(format!("wait-cuts takes a count, not {arg:?}")),
             },
+            "hold-next-call" => {
+                *cuts.hold.lock().unwrap() = Hold {
+                    armed: true,
+                    ..Hold::default()
+                };
+                Ok(String::new())
+            }
+            "wait-held" => cuts.wait_hold(|h| h.stream.is_some(), "no call held"),
+            "wait-held-answered" => cuts.wait_hold(
+                |h| h.answered,
+                "lockd has not answered the held call (was a later call on its connection answered?)",
+            ),
             "sql" => match &_servers {
                 Some((pg, _, _)) => Ok(pg.psql(arg).replace('\n', " ")),
                 None => Err("started with --no-pg".to_string()),
@@ -238,6 +255,50 @@ struct Cuts {
     /// Connections cut since the last `cut-renewals`, and its change (`wait-cuts`).
     made: Mutex<u64>,
     cut: Condvar,
+    /// `hold-next-call`, and its changes.
+    hold: Mutex<Hold>,
+    held: Condvar,
+}
+
+/// A call whose request `lossy` holds back (`hold-next-call`).
+#[derive(Default)]
+struct Hold {
+    /// The next call a client begins is held.
+    armed: bool,
+    /// The held call: its connection's number and its stream.
+    stream: Option<(u64, u32)>,
+    /// lockd began its answer to the held call.
+    answered: bool,
+}
+
+impl Cuts {
+    /// Answers once `done` holds of the hold (bounded: an error after 60 s).
+    fn wait_hold(&self, done: impl Fn(&Hold) -> bool, otherwise: &str) -> Result<String, String> {
+        let hold = self.hold.lock().unwrap();
+        let (hold, _) = self
+            .held
+            .wait_timeout_while(hold, std::time::Duration::from_secs(60), |h| !done(h))
+            .unwrap();
+        if done(&hold) {
+            Ok(String::new())
+        } else {
+            Err(format!("{otherwise} in 60 s"))
+        }
+    }
+
+    fn hold_changed(&self, change: impl FnOnce(&mut Hold)) {
+        change(&mut self.hold.lock().unwrap());
+        self.held.notify_all();
+    }
+}
+
+/// One connection through `lossy`: what the two directions share.
+struct Conn {
+    number: u64,
+    /// lockd's side, written frame by frame by either direction.
+    to_server: Mutex<TcpStream>,
+    /// The held call's stream and its frames not passed on yet; `None` once passed on.
+    held: Mutex<Option<(u32, Vec<u8>)>>,
 }
 
 impl Default for Cuts {
@@ -247,6 +308,8 @@ impl Default for Cuts {
             renewals: AtomicBool::new(false),
             made: Mutex::new(0),
             cut: Condvar::new(),
+            hold: Mutex::new(Hold::default()),
+            held: Condvar::new(),
         }
     }
 }
@@ -261,7 +324,7 @@ fn lossy_forwarder(target: &str, cuts: Arc<Cuts>) -> String {
     let addr = listener.local_addr().expect("its address").to_string();
     let target = target.to_string();
     std::thread::spawn(move || {
-        for client in listener.incoming() {
+        for (number, client) in (0u64..).zip(listener.incoming()) {
             let Ok(client) = client else { continue };
             let Ok(server) = TcpStream::connect(&target) else {
                 continue;
@@ -270,23 +333,94 @@ fn lossy_forwarder(target: &str, cuts: Arc<Cuts>) -> String {
                 (Ok(c), Ok(s)) => (c, s),
                 _ => continue,
             };
-            std::thread::spawn(move || copy_until_closed(c2, s2));
+            let conn = Arc::new(Conn {
+                number,
+                to_server: Mutex::new(s2),
+                held: Mutex::new(None),
+            });
+            let (cuts2, conn2) = (Arc::clone(&cuts), Arc::clone(&conn));
+            std::thread::spawn(move || requests(c2, &conn2, &cuts2));
             let cuts = Arc::clone(&cuts);
-            std::thread::spawn(move || answers(server, client, &cuts));
+            std::thread::spawn(move || answers(server, client, &conn, &cuts));
         }
     });
     addr
 }
 
-fn copy_until_closed(mut from: TcpStream, mut to: TcpStream) {
-    let _ = std::io::copy(&mut from, &mut to);
-    let _ = to.shutdown(std::net::Shutdown::Both);
+/// One HTTP/2 frame: its 9-byte head and its payload, or `None` at the end of the stream.
+fn frame(from: &mut TcpStream) -> Option<([u8; 9], Vec<u8>)> {
+    let mut head = [0u8; 9];
+    from.read_exact(&mut head).ok()?;
+    let len = u32::from_be_bytes([0, head[0], head[1], head[2]]) as usize;
+    let mut payload = vec![0u8; len];
+    from.read_exact(&mut payload).ok()?;
+    Some((head, payload))
 }
 
-/// lockd's frames to the client, one at a time, until a cut.
-fn answers(mut server: TcpStream, mut client: TcpStream, cuts: &Cuts) {
-    const DATA: u8 = 0x0;
-    const HEADERS: u8 = 0x1;
+fn stream_of(head: &[u8; 9]) -> u32 {
+    u32::from_be_bytes([head[5], head[6], head[7], head[8]]) & 0x7fff_ffff
+}
+
+const DATA: u8 = 0x0;
+const HEADERS: u8 = 0x1;
+const RST_STREAM: u8 = 0x3;
+
+/// The client's frames to lockd, one at a time, until either side closes. The call a client
+/// begins while `hold-next-call` is armed is held: its HEADERS pass (header compression
+/// depends on their order), its DATA frames wait in `conn.held`, and its cancellation
+/// (RST_STREAM) is dropped, so that lockd handles the call to its end once it is passed on.
+fn requests(mut client: TcpStream, conn: &Conn, cuts: &Cuts) {
+    let mut preface = [0u8; 24];
+    let mut held_stream = None;
+    let mut last_stream = 0;
+    let passed = client.read_exact(&mut preface).is_ok()
+        && conn.to_server.lock().unwrap().write_all(&preface).is_ok();
+    while passed && let Some((head, payload)) = frame(&mut client) {
+        let stream = stream_of(&head);
+        if head[3] == HEADERS && stream > last_stream {
+            last_stream = stream;
+            let mut hold = cuts.hold.lock().unwrap();
+            if std::mem::take(&mut hold.armed) {
+                hold.stream = Some((conn.number, stream));
+                held_stream = Some(stream);
+                *conn.held.lock().unwrap() = Some((stream, Vec::new()));
+                cuts.held.notify_all();
+            }
+        }
+        if held_stream == Some(stream) && head[3] == RST_STREAM {
+            continue;
+        }
+        // The held frames and these go to lockd in order: `answers` passes the held ones on
+        // under the same lock.
+        let mut held = conn.held.lock().unwrap();
+        if let Some((s, frames)) = held.as_mut()
+            && *s == stream
+            && head[3] == DATA
+        {
+            frames.extend_from_slice(&head);
+            frames.extend_from_slice(&payload);
+            continue;
+        }
+        let mut server = conn.to_server.lock().unwrap();
+        if server
+            .write_all(&head)
+            .and_then(|()| server.write_all(&payload))
+            .is_err()
+        {
+            break;
+        }
+    }
+    let _ = conn
+        .to_server
+        .lock()
+        .unwrap()
+        .shutdown(std::net::Shutdown::Both);
+}
+
+/// lockd's frames to the client, one at a time, until a cut. The first answer to another call
+/// on a connection whose call is held passes the held call on; lockd's answer to the held call
+/// marks the hold answered.
+fn answers(mut server: TcpStream, mut client: TcpStream, conn: &Conn, cuts: &Cuts) {
     const END_STREAM: u8 = 0x1;
     // Streams whose answer has begun: their trailers (HEADERS again) are not a new answer.
     let mut begun = std::collections::HashSet::new();
@@ -294,15 +428,26 @@ fn answers(mut server: TcpStream, mut client: TcpStream, cuts: &Cuts) {
     // order: header compression depends on it).
     let mut held: Option<(u32, Vec<u8>)> = None;
     let cut = loop {
-        let mut head = [0u8; 9];
-        if server.read_exact(&mut head).is_err() {
+        let Some((head, payload)) = frame(&mut server) else {
             break false;
-        }
-        let len = u32::from_be_bytes([0, head[0], head[1], head[2]]) as usize;
-        let stream = u32::from_be_bytes([head[5], head[6], head[7], head[8]]) & 0x7fff_ffff;
-        let mut payload = vec![0u8; len];
-        if server.read_exact(&mut payload).is_err() {
-            break false;
+        };
+        let stream = stream_of(&head);
+        if head[3] == HEADERS && stream != 0 && !begun.contains(&stream) {
+            let mut held = conn.held.lock().unwrap();
+            match held.as_ref().map(|(s, _)| *s) {
+                Some(s) if s != stream => {
+                    let (_, frames) = held.take().expect("matched");
+                    if conn.to_server.lock().unwrap().write_all(&frames).is_err() {
+                        break false;
+                    }
+                }
+                _ => {}
+            }
+            drop(held);
+            let this = Some((conn.number, stream));
+            if cuts.hold.lock().unwrap().stream == this {
+                cuts.hold_changed(|h| h.answered = true);
+            }
         }
         if head[3] == HEADERS && stream != 0 && begun.insert(stream) {
             let left = cuts

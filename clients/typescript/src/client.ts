@@ -417,7 +417,7 @@ export class Client {
     } catch (e) {
       if (e instanceof Cancelled && signal?.aborted && mayBeGranted && request !== null) {
         this.abandon("Acquire", { ...request, wait_timeout_ms: 0 }, (r: PbAcquireResponse) =>
-          r.outcome === "granted" && r.granted ? [[r.granted.resource || resource, r.granted.lease_id]] : [], resource);
+          r.outcome === "granted" && r.granted ? [[r.granted.resource || resource, r.granted.lease_id]] : []);
       }
       throw e;
     }
@@ -429,15 +429,14 @@ export class Client {
    * it is given. lockd may have granted the cancelled call just as it was cancelled, and nobody
    * would renew or release that lease: the resource would stay held for the TTL.
    */
-  private abandon<R>(method: string, request: object, leasesOf: (r: R) => [string, string][], checkFirst?: string): void {
+  private abandon<R>(method: string, request: object, leasesOf: (r: R) => [string, string][]): void {
     const cleanUp = async () => {
       const deadline = now() + ABANDON_FOR_MS;
-      if (checkFirst !== undefined) {
-        // Nothing held under the name: nothing was granted, and asking again could only take
-        // the lock anew (for a moment, and with a new token).
-        const d = await this.describe(checkFirst);
-        if (!d.held && !d.permitsHeld && !d.readers) return;
-      }
+      // Asked again whatever the resource looks like: the given-up call may still be on its way
+      // to lockd, and a resource free now would be granted to it next. This call either finds
+      // that grant, or comes first: granted (and released here), the late call then finds that
+      // grant ended; busy, the late call joins the queue and its cancellation, sent after it,
+      // takes it out.
       const backoff = new Backoff();
       for (;;) {
         let resp: R;

@@ -202,6 +202,11 @@ export class Run {
       case "cut_renewals":
         await this.bed.command(step.on ? "cut-renewals on" : "cut-renewals off");
         return;
+      case "hold_next_call":
+      case "wait_held":
+      case "wait_held_answered":
+        await this.bed.command(step.op.replaceAll("_", "-"));
+        return;
       case "wait_cuts":
         await this.bed.command(`wait-cuts ${step.at_least}`);
         return;

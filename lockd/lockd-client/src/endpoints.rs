@@ -9,7 +9,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use lockd_proto::v1::lock_service_client::LockServiceClient;
 use tonic::Status;
@@ -176,22 +176,28 @@ impl Drop for Abandoned {
         };
         req.wait_timeout_ms = 0;
         rt.spawn(async move {
-            // Nothing held under the name: nothing was granted, and asking again could only
-            // take the lock anew (for a moment, and with a new token).
-            if let Ok(d) = client.describe(&req.resource).await
-                && !d.held
-                && d.permits_held.unwrap_or(0) == 0
-                && d.readers.unwrap_or(0) == 0
-            {
-                return;
-            }
-            let (_, mut rpc) = client.endpoints.rpc();
-            let asked =
-                tokio::time::timeout(crate::CALL_GRACE, rpc.acquire(client.request(req.clone())));
-            if let Ok(Ok(resp)) = asked.await
-                && let Some(lockd_proto::v1::acquire_response::Outcome::Granted(l)) =
-                    resp.into_inner().outcome
-            {
+            // Asked again whatever the resource looks like: the given-up call may still be on
+            // its way to lockd, and a resource free now would be granted to it next. This call
+            // either finds that grant, or comes first: granted (and released here), the late
+            // call then finds that grant ended; busy, the late call joins the queue and its
+            // cancellation, sent after it, takes it out.
+            // Transport failures are retried for a while: the given-up call's connection may
+            // have just broken, and the first call on its channel fail.
+            let until = Instant::now() + CLEAN_UP_FOR;
+            let mut backoff = crate::Backoff::new();
+            let granted = loop {
+                let (i, mut rpc) = client.endpoints.rpc();
+                let asked = rpc.acquire(client.request(req.clone()));
+                match tokio::time::timeout(crate::CALL_GRACE, asked).await {
+                    Ok(Ok(resp)) => break resp.into_inner().outcome,
+                    Ok(Err(status)) if crate::transient(&status) && Instant::now() < until => {
+                        client.endpoints.failed(i, &status);
+                    }
+                    _ => return, // the lease, if any, ends at its TTL
+                }
+                tokio::time::sleep(backoff.next_delay()).await;
+            };
+            if let Some(lockd_proto::v1::acquire_response::Outcome::Granted(l)) = granted {
                 let resource = if l.resource.is_empty() {
                     req.resource
                 } else {
@@ -204,6 +210,9 @@ impl Drop for Abandoned {
         });
     }
 }
+
+/// How long the clean-up of a given-up acquire retries transport failures.
+const CLEAN_UP_FOR: Duration = Duration::from_secs(10);
 
 /// Whether a failed call was never sent: the connection to the endpoint could not be made.
 pub(crate) fn never_sent(status: &Status) -> bool {

@@ -284,6 +284,9 @@ impl Run<'_> {
             } else {
                 "cut-renewals off"
             }),
+            "hold_next_call" => self.bed.command("hold-next-call"),
+            "wait_held" => self.bed.command("wait-held"),
+            "wait_held_answered" => self.bed.command("wait-held-answered"),
             "wait_cuts" => self
                 .bed
                 .command(&format!("wait-cuts {}", step["at_least"].as_u64().unwrap())),

@@ -25,6 +25,9 @@ DEFAULT_ENDPOINT = "http://127.0.0.1:7420"
 TRANSPORT_RETRY_FOR = 10.0
 #: Time allowed for a call beyond the wait it asks lockd for (network, fsync, queueing).
 CALL_GRACE = 5.0
+# How long the clean-up of a given-up acquire retries transport failures: the given-up call's
+# connection may have just broken, and the first call on its channel fail.
+CLEAN_UP_FOR = 10.0
 #: Longest wait asked for in one call (lockd's default `limits.wait_max_ms`); a longer wait is
 #: made of several calls.
 CALL_WAIT_MAX = 300.0

@@ -19,7 +19,8 @@ import grpc
 import grpc.aio
 
 from . import _core
-from ._core import CALL_GRACE, CALL_WAIT_MAX, TRANSPORT_RETRY_FOR, Backoff, Description, Lease, Mode
+from ._core import (CALL_GRACE, CALL_WAIT_MAX, CLEAN_UP_FOR, TRANSPORT_RETRY_FOR, Backoff, Description, Lease,
+                    Mode)
 from ._proto import lock_pb2 as pb
 from ._proto import lock_pb2_grpc as pb_grpc
 from .client import LostReason
@@ -90,6 +91,18 @@ class Client:
                 if not (is_transient(e) if repeatable else never_sent(e)):
                     break
         raise from_rpc(last) from None
+
+    async def _call_for_a_while(self, name: str, request):
+        """`_call`, its transport failures retried with backoff for `CLEAN_UP_FOR` (a clean-up's)."""
+        until = time.monotonic() + CLEAN_UP_FOR
+        backoff = Backoff()
+        while True:
+            try:
+                return await self._call(name, request, CALL_GRACE)
+            except Unavailable:
+                if time.monotonic() >= until:
+                    raise
+            await asyncio.sleep(backoff.next_delay())
 
     async def acquire(self, resource: str, *, ttl: Optional[float] = None, wait: float = 0.0,
                       request_id: Optional[str] = None, owner: Optional[str] = None, permits: int = 0,
@@ -175,7 +188,7 @@ class Client:
         if isinstance(req, pb.AcquireAllRequest):
             async def clean_up() -> None:
                 try:
-                    resp = await self._call("AcquireAll", req, CALL_GRACE)
+                    resp = await self._call_for_a_while("AcquireAll", req)
                     if resp.WhichOneof("outcome") == "granted":
                         for r, lease in zip(req.resources, resp.granted.leases):
                             await self.release(lease.resource or r, lease.lease_id)
@@ -189,10 +202,8 @@ class Client:
 
             async def clean_up() -> None:
                 try:
-                    d = await self.describe(again.resource)
-                    if not (d.held or d.permits_held or d.readers):
-                        return  # nothing was granted (see the threaded client's)
-                    resp = await self._call("Acquire", again, CALL_GRACE)
+                    # Whatever the resource looks like (see the threaded client's).
+                    resp = await self._call_for_a_while("Acquire", again)
                     if resp.WhichOneof("outcome") == "granted":
                         await self.release(resp.granted.resource or again.resource, resp.granted.lease_id)
                 except LockdError as e:

@@ -20,7 +20,8 @@ from typing import Callable, List, Optional, Sequence, Union
 import grpc
 
 from . import _core
-from ._core import (CALL_GRACE, CALL_WAIT_MAX, TRANSPORT_RETRY_FOR, Backoff, Description, Lease, Mode)
+from ._core import (CALL_GRACE, CALL_WAIT_MAX, CLEAN_UP_FOR, TRANSPORT_RETRY_FOR, Backoff, Description, Lease,
+                    Mode)
 from ._proto import lock_pb2 as pb
 from ._proto import lock_pb2_grpc as pb_grpc
 from .errors import (Busy, Cancelled, InvalidArgument, LeaseNotCurrent, LockdError, LockLost,
@@ -175,6 +176,18 @@ class Client:
         assert last is not None
         raise from_rpc(last) from None
 
+    def _call_for_a_while(self, name: str, request):
+        """`_call`, its transport failures retried with backoff for `CLEAN_UP_FOR` (a clean-up's)."""
+        until = time.monotonic() + CLEAN_UP_FOR
+        backoff = Backoff()
+        while True:
+            try:
+                return self._call(name, request, CALL_GRACE)
+            except Unavailable:
+                if time.monotonic() >= until:
+                    raise
+            time.sleep(backoff.next_delay())
+
     def acquire(self, resource: str, *, ttl: Optional[float] = None, wait: float = 0.0,
                 request_id: Optional[str] = None, owner: Optional[str] = None, permits: int = 0,
                 mode: Mode = Mode.EXCLUSIVE, holder: Optional[str] = None,
@@ -286,12 +299,12 @@ class Client:
 
         def clean_up() -> None:
             try:
-                # Nothing held under the name: nothing was granted, and asking again could only
-                # take the lock anew (for a moment, and with a new token).
-                d = self.describe(again.resource)
-                if not (d.held or d.permits_held or d.readers):
-                    return
-                resp = self._call("Acquire", again, CALL_GRACE)
+                # Asked again whatever the resource looks like: the given-up call may still be
+                # on its way to lockd, and a resource free now would be granted to it next. This
+                # call either finds that grant, or comes first: granted (and released here), the
+                # late call then finds that grant ended; busy, the late call joins the queue and
+                # its cancellation, sent after it, takes it out.
+                resp = self._call_for_a_while("Acquire", again)
                 if resp.WhichOneof("outcome") == "granted":
                     self.release(resp.granted.resource or again.resource, resp.granted.lease_id)
             except LockdError as e:
@@ -302,7 +315,7 @@ class Client:
     def _forget_abandoned_set(self, req: "pb.AcquireAllRequest") -> None:
         def clean_up() -> None:
             try:
-                resp = self._call("AcquireAll", req, CALL_GRACE)
+                resp = self._call_for_a_while("AcquireAll", req)
                 if resp.WhichOneof("outcome") == "granted":
                     for r, lease in zip(req.resources, resp.granted.leases):
                         self.release(lease.resource or r, lease.lease_id)

@@ -366,16 +366,11 @@ public final class LockdClient implements AutoCloseable {
             ASYNC.execute(() -> {
                 long deadline = System.nanoTime() + CLEANUP_FOR;
                 Backoff backoff = new Backoff();
-                // Nothing held under the name: nothing was granted, and asking again could only
-                // take the lock anew (for a moment, and with a new token).
-                try {
-                    Description d = describe(resource);
-                    if (!d.held() && d.permitsHeld() <= 0 && d.readers() <= 0) {
-                        return;
-                    }
-                } catch (RuntimeException e) {
-                    // ask anyway
-                }
+                // Asked again whatever the resource looks like: the given-up call may still be on
+                // its way to lockd, and a resource free now would be granted to it next. This call
+                // either finds that grant, or comes first: granted (and released here), the late
+                // call then finds that grant ended; busy, the late call joins the queue and its
+                // cancellation, sent after it, takes it out.
                 while (true) {
                     long left = deadline - System.nanoTime();
                     if (left <= 0) {
