@@ -17,7 +17,7 @@ from typing import List, Optional, Sequence, Tuple, Union
 import grpc
 
 from ._proto import lock_pb2 as pb
-from .errors import EndpointError, InvalidArgument
+from .errors import EndpointError, InvalidArgument, Unavailable
 
 #: Default endpoint of lockd.
 DEFAULT_ENDPOINT = "http://127.0.0.1:7420"
@@ -112,6 +112,14 @@ class Lease:
 
     def __repr__(self) -> str:  # the lease id is a capability: never in logs
         return f"Lease(resource={self.resource!r}, token={self.token}, holds={self.holds})"
+
+
+def set_leases(resources: Sequence[str], granted) -> List[Lease]:
+    """The leases of a granted set, one per resource in the order asked."""
+    leases = [lease_of(r, m, None) for r, m in zip(resources, granted.leases)]
+    if len(granted.leases) != len(resources):
+        raise Unavailable(f"lockd answered {len(granted.leases)} leases for {len(resources)}")
+    return leases
 
 
 def lease_of(resource: str, msg: "pb.Lease", owner: Optional[str]) -> Lease:

@@ -239,9 +239,7 @@ class Client:
                 unanswered = True
             else:
                 if resp.WhichOneof("outcome") == "granted":
-                    leases = [_core.lease_of(r, m, None) for r, m in zip(resources, resp.granted.leases)]
-                    if len(leases) != len(resources):
-                        raise Unavailable(f"lockd answered {len(leases)} leases for {len(resources)}")
+                    leases = _core.set_leases(resources, resp.granted)
                     if any(l.duplicate for l in leases):
                         # An earlier attempt's grant, its answer lost: renewed now to learn a
                         # safe deadline (see `acquire`); ended under the caller's own id, an error.
@@ -318,7 +316,21 @@ class _Acquiring:
         await self._lock.__aexit__(exc_type, exc, tb)
 
 
-class Lock:
+class _ReleasedByAsyncWith:
+    """`async with` releases; an error of the release is raised unless the block is raising one."""
+
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, exc_type, exc, tb) -> None:
+        try:
+            await self.release()
+        except LockdError:
+            if exc_type is None:
+                raise
+
+
+class Lock(_ReleasedByAsyncWith):
     """A held lock (asyncio): as `lockd_client.Lock`, with `lost` an asyncio.Event, the
     renewal a task, and `await lock.release()`."""
 
@@ -441,18 +453,9 @@ class Lock:
                 pass
             raise
 
-    async def __aenter__(self) -> "Lock":
-        return self
-
-    async def __aexit__(self, exc_type, exc, tb) -> None:
-        try:
-            await self.release()
-        except LockdError:
-            if exc_type is None:
-                raise
 
 
-class LockSet:
+class LockSet(_ReleasedByAsyncWith):
     """Several held locks (asyncio: `acquire_all`, `acquire_ordered`); `async with` releases
     them all."""
 
@@ -469,13 +472,3 @@ class LockSet:
         """Releases every lock, last first; True when each was current."""
         results = [await lock.release() for lock in reversed(self.locks)]
         return all(results)
-
-    async def __aenter__(self) -> "LockSet":
-        return self
-
-    async def __aexit__(self, exc_type, exc, tb) -> None:
-        try:
-            await self.release()
-        except LockdError:
-            if exc_type is None:
-                raise

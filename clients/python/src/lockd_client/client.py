@@ -399,9 +399,7 @@ class Client:
                 unanswered = True
             else:
                 if resp.WhichOneof("outcome") == "granted":
-                    leases = [_core.lease_of(r, m, None) for r, m in zip(resources, resp.granted.leases)]
-                    if len(leases) != len(resources):
-                        raise Unavailable(f"lockd answered {len(leases)} leases for {len(resources)}")
+                    leases = _core.set_leases(resources, resp.granted)
                     if any(l.duplicate for l in leases):
                         sent = time.monotonic()
                         try:
