@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use lockd_proto::v1 as pb;
 use lockd_proto::v1::lock_service_client::LockServiceClient;
 use tonic::Status;
 use tonic::transport::{Channel, Endpoint};
@@ -144,70 +145,143 @@ impl Endpoints {
     }
 }
 
-/// An acquire that waits at lockd, and what to do if its caller drops it before the answer:
-/// lockd may have granted it just as it was dropped, a lease that nobody would renew or release
-/// until its TTL ran out. Dropped armed, it asks once more in the background, under the same
-/// request id and without waiting, and releases whatever that grants (the original grant, or
-/// a new one made because the original was never granted and the lock is now free).
+/// An acquire in flight (its call, or the pause after a call whose answer was lost), and what
+/// to do if its caller drops it before an answer: lockd may have granted it just as it was
+/// dropped, a lease that nobody would renew or release until its TTL ran out. Dropped armed,
+/// it asks once more in the background, under the same request id and without waiting, and
+/// releases whatever that grants (the original grant, or a new one made because the original
+/// was never granted and the lock is now free). A set's is the same AcquireAll again, each
+/// member released.
 pub(crate) struct Abandoned {
-    armed: Option<(crate::Client, lockd_proto::v1::AcquireRequest)>,
+    armed: Option<(crate::Client, Asked)>,
+}
+
+enum Asked {
+    One(pb::AcquireRequest),
+    All(pb::AcquireAllRequest),
 }
 
 impl Abandoned {
-    pub(crate) fn new(client: crate::Client, req: lockd_proto::v1::AcquireRequest) -> Abandoned {
+    pub(crate) fn new(client: crate::Client, req: pb::AcquireRequest) -> Abandoned {
         Abandoned {
-            armed: Some((client, req)),
+            armed: Some((client, Asked::One(req))),
         }
     }
 
-    /// The call finished (answered or failed): nothing to clean up.
+    pub(crate) fn set(client: crate::Client, req: pb::AcquireAllRequest) -> Abandoned {
+        Abandoned {
+            armed: Some((client, Asked::All(req))),
+        }
+    }
+
+    /// The call was answered: nothing to clean up.
     pub(crate) fn disarm(mut self) {
         self.armed = None;
+    }
+
+    /// The pause ended: the next call asks under the same id, with a guard of its own.
+    pub(crate) fn next_call(guard: Option<Abandoned>) {
+        if let Some(guard) = guard {
+            guard.disarm();
+        }
+    }
+
+    /// Disarmed when `call` was answered; otherwise still armed, through the pause before the
+    /// next call (dropped armed if the acquire gives up then).
+    pub(crate) fn unless_answered<T, E>(self, call: &Result<Result<T, Status>, E>) -> Option<Self> {
+        match call {
+            Ok(Ok(_)) => {
+                self.disarm();
+                None
+            }
+            _ => Some(self),
+        }
     }
 }
 
 impl Drop for Abandoned {
     fn drop(&mut self) {
-        let Some((client, mut req)) = self.armed.take() else {
+        let Some((client, asked)) = self.armed.take() else {
             return;
         };
         let Ok(rt) = tokio::runtime::Handle::try_current() else {
             return; // no runtime left: the lease, if any, ends at its TTL
         };
-        req.wait_timeout_ms = 0;
+        // Asked again whatever the resource looks like: the given-up call may still be on its
+        // way to lockd, and a resource free now would be granted to it next. This call either
+        // finds that grant, or comes first: granted (and released here), the late call then
+        // finds that grant ended; busy, the late call joins the queue and its cancellation,
+        // sent after it, takes it out.
         rt.spawn(async move {
-            // Asked again whatever the resource looks like: the given-up call may still be on
-            // its way to lockd, and a resource free now would be granted to it next. This call
-            // either finds that grant, or comes first: granted (and released here), the late
-            // call then finds that grant ended; busy, the late call joins the queue and its
-            // cancellation, sent after it, takes it out.
-            // Transport failures are retried for a while: the given-up call's connection may
-            // have just broken, and the first call on its channel fail.
-            let until = Instant::now() + CLEAN_UP_FOR;
-            let mut backoff = crate::Backoff::new();
-            let granted = loop {
-                let (i, mut rpc) = client.endpoints.rpc();
-                let asked = rpc.acquire(client.request(req.clone()));
-                match tokio::time::timeout(crate::CALL_GRACE, asked).await {
-                    Ok(Ok(resp)) => break resp.into_inner().outcome,
-                    Ok(Err(status)) if crate::transient(&status) && Instant::now() < until => {
-                        client.endpoints.failed(i, &status);
+            let granted: Vec<(String, String)> = match asked {
+                Asked::One(mut req) => {
+                    req.wait_timeout_ms = 0;
+                    let answer = again(&client, |mut rpc| {
+                        let req = client.request(req.clone());
+                        async move { rpc.acquire(req).await }
+                    });
+                    match answer.await.and_then(|r| r.outcome) {
+                        Some(pb::acquire_response::Outcome::Granted(l)) => {
+                            vec![(or_asked(l.resource, &req.resource), l.lease_id)]
+                        }
+                        _ => Vec::new(),
                     }
-                    _ => return, // the lease, if any, ends at its TTL
                 }
-                tokio::time::sleep(backoff.next_delay()).await;
+                Asked::All(req) => {
+                    let answer = again(&client, |mut rpc| {
+                        let req = client.request(req.clone());
+                        async move { rpc.acquire_all(req).await }
+                    });
+                    match answer.await.and_then(|r| r.outcome) {
+                        Some(pb::acquire_all_response::Outcome::Granted(set)) => req
+                            .resources
+                            .iter()
+                            .zip(set.leases)
+                            .map(|(r, l)| (or_asked(l.resource, r), l.lease_id))
+                            .collect(),
+                        _ => Vec::new(),
+                    }
+                }
             };
-            if let Some(lockd_proto::v1::acquire_response::Outcome::Granted(l)) = granted {
-                let resource = if l.resource.is_empty() {
-                    req.resource
-                } else {
-                    l.resource
-                };
-                let _ =
-                    tokio::time::timeout(crate::CALL_GRACE, client.release(&resource, &l.lease_id))
-                        .await;
+            if !granted.is_empty() {
+                let refs: Vec<(&str, &str)> = granted
+                    .iter()
+                    .map(|(r, id)| (r.as_str(), id.as_str()))
+                    .collect();
+                let _ = tokio::time::timeout(crate::CALL_GRACE, client.release_many(&refs)).await;
             }
         });
+    }
+}
+
+/// The clean-up's one call, its transport failures retried for [`CLEAN_UP_FOR`]: the given-up
+/// call's connection may have just broken, and the first call on its channel fail. `None`
+/// when it got no answer.
+async fn again<T, F, Fut>(client: &crate::Client, call: F) -> Option<T>
+where
+    F: Fn(LockServiceClient<Channel>) -> Fut,
+    Fut: std::future::Future<Output = Result<tonic::Response<T>, Status>>,
+{
+    let until = Instant::now() + CLEAN_UP_FOR;
+    let mut backoff = crate::Backoff::new();
+    loop {
+        let (i, rpc) = client.endpoints.rpc();
+        match tokio::time::timeout(crate::CALL_GRACE, call(rpc)).await {
+            Ok(Ok(resp)) => return Some(resp.into_inner()),
+            Ok(Err(status)) if crate::transient(&status) && Instant::now() < until => {
+                client.endpoints.failed(i, &status);
+            }
+            _ => return None, // the lease, if any, ends at its TTL
+        }
+        tokio::time::sleep(backoff.next_delay()).await;
+    }
+}
+
+fn or_asked(granted: String, asked: &str) -> String {
+    if granted.is_empty() {
+        asked.to_string()
+    } else {
+        granted
     }
 }
 

@@ -586,19 +586,19 @@ impl Client {
             // lease ends no earlier than `sent + ttl` on lockd's clock.
             let sent = Instant::now();
             let (endpoint, mut rpc) = self.endpoints.rpc();
-            // Dropped while the call waits (the caller gave up: a select!, a timeout, an
-            // aborted task), lockd may grant just then and the answer be lost with the future:
-            // the guard then asks again and releases what it gets (endpoints::Abandoned).
-            let abandoned = (!call_wait.is_zero())
+            // Given up (dropped: a select!, a timeout, an aborted task) during the call, or
+            // after it went unanswered, what lockd may have granted is asked for again and
+            // released (endpoints::Abandoned); not for a downgrade, which would convert a lease
+            // the caller still holds.
+            let abandoned = downgrade
+                .is_empty()
                 .then(|| endpoints::Abandoned::new(self.clone(), req.clone()));
             let call = tokio::time::timeout(
                 call_wait + CALL_GRACE,
                 rpc.acquire(self.request(req.clone())),
             )
             .await;
-            if let Some(guard) = abandoned {
-                guard.disarm();
-            }
+            let abandoned = abandoned.and_then(|guard| guard.unless_answered(&call));
             let status = match call {
                 Ok(Ok(resp)) => match resp.into_inner().outcome {
                     Some(pb::acquire_response::Outcome::Granted(l)) => {
@@ -648,8 +648,8 @@ impl Client {
                 self.endpoints.failed(endpoint, &status);
                 self.retry_or_fail(status, deadline)?;
             }
-            let pause = backoff.next_delay();
-            tokio::time::sleep(pause).await;
+            tokio::time::sleep(backoff.next_delay()).await;
+            endpoints::Abandoned::next_call(abandoned);
         }
     }
 

@@ -18,7 +18,7 @@ use tokio::time::Instant;
 use crate::retried::{self, GiveBack, ask_again_after};
 use crate::{
     AcquireOptions, Acquired, Backoff, CALL_GRACE, Client, ClientError, Lease, LockGuard,
-    NotGranted, Renewal, answered_each, lease_of, new_request_id, not_granted,
+    NotGranted, Renewal, answered_each, endpoints, lease_of, new_request_id, not_granted,
 };
 
 /// The result of taking a set of locks.
@@ -66,7 +66,11 @@ impl Client {
             // A fresh grant in the reply was made after this moment.
             let sent = std::time::Instant::now();
             let (endpoint, mut rpc) = self.endpoints.rpc();
+            // Dropped while the call is out or after it failed, the set may have been granted,
+            // the answer lost: the guard asks again and releases it (endpoints::Abandoned).
+            let abandoned = endpoints::Abandoned::set(self.clone(), req.clone());
             let call = tokio::time::timeout(CALL_GRACE, rpc.acquire_all(self.request(req))).await;
+            let abandoned = abandoned.unless_answered(&call);
             let status = match call {
                 Ok(Ok(resp)) => {
                     let resp = resp.into_inner();
@@ -140,6 +144,7 @@ impl Client {
                 until = until.min(deadline);
             }
             tokio::time::sleep_until(until).await;
+            endpoints::Abandoned::next_call(abandoned);
         }
     }
 

@@ -25,7 +25,12 @@ struct Bed {
 
 impl Bed {
     fn start() -> Bed {
+        Bed::start_with(&[])
+    }
+
+    fn start_with(args: &[&str]) -> Bed {
         let mut child = Command::new(e2e::bin("testbed"))
+            .args(args)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()
@@ -525,4 +530,55 @@ fn every_scenario_of_the_suite_passes_with_the_rust_sdk() {
             }
         });
     }
+}
+
+/// A set's acquire given up while its request has not reached lockd: the test bed holds the
+/// AcquireAll back, drops its cancellation, and passes it on once lockd has answered a later
+/// call on the connection. lockd then grants the given-up set; the SDK's clean-up must ask
+/// again under the same request id (the later call) and release what that finds. Without a
+/// clean-up for sets, nothing is asked again and `wait-held-answered` fails.
+#[test]
+fn a_set_handled_after_it_was_given_up_leaves_nothing_held() {
+    let mut bed = Bed::start_with(&["--no-pg"]);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let _in_rt = rt.enter();
+    let direct = Client::connect_tls(&bed.endpoint("lockd"), &Default::default()).unwrap();
+    let lossy = Client::connect_tls(&bed.endpoint("lossy"), &Default::default()).unwrap();
+    let names: Vec<String> = ["x", "y"]
+        .iter()
+        .map(|n| format!("set-late/{}/{n}", std::process::id()))
+        .collect();
+    bed.command("hold-next-call");
+    let given_up = {
+        let names = names.clone();
+        rt.spawn(async move {
+            let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+            let opts = AcquireOptions {
+                ttl: Some(Duration::from_secs(30)),
+                wait: Duration::from_secs(60),
+                ..AcquireOptions::default()
+            };
+            lossy.acquire_all(&refs, opts).await
+        })
+    };
+    bed.command("wait-held");
+    given_up.abort();
+    let ended = rt.block_on(given_up);
+    assert!(
+        ended.is_err_and(|e| e.is_cancelled()),
+        "the set's acquire ended before it was given up"
+    );
+    bed.command("wait-held-answered");
+    rt.block_on(async {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        for r in &names {
+            while direct.describe(r).await.unwrap().held {
+                assert!(
+                    Instant::now() < deadline,
+                    "{r} stayed held by the given-up set's grant"
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    });
 }
