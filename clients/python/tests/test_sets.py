@@ -156,3 +156,44 @@ def test_an_asyncio_set_given_up_while_its_check_of_the_held_grant_fails_is_rele
             await asyncio.to_thread(free_soon, lockd_client.Client(testbed.servers["lockd"]["endpoint"]), rs)
             assert await first.release() is False
     asyncio.run(go())
+
+
+def test_sets_handled_after_they_were_given_up_leave_nothing_held(testbed):
+    # The test bed holds the AcquireAll back, drops its cancellation, and passes it on once
+    # lockd has answered a later call on the connection (the clean-up's): lockd then grants the
+    # given-up set, which the clean-up must find and release. Threaded, then asyncio.
+    direct = lockd_client.Client(testbed.servers["lockd"]["endpoint"])
+    rs = names("late")
+    lossy = lockd_client.Client(testbed.servers["lossy"]["endpoint"])
+    cancel = threading.Event()
+    got = []
+    testbed.command("hold-next-call")
+
+    def given_up():
+        try:
+            got.append(lossy.acquire_all(rs, ttl=30, wait=60, cancel=cancel))
+        except lockd_client.LockdError as e:
+            got.append(e)
+    t = threading.Thread(target=given_up, daemon=True)
+    t.start()
+    testbed.command("wait-held")
+    cancel.set()
+    t.join(30)
+    assert isinstance(got[0], lockd_client.Cancelled), got
+    testbed.command("wait-held-answered")
+    free_soon(direct, rs)
+
+    rs = names("aio-late")
+
+    async def go():
+        c = lockd_client.aio.Client(testbed.servers["lossy"]["endpoint"])
+        testbed.command("hold-next-call")
+        task = asyncio.create_task(c.acquire_all(rs, ttl=30, wait=60))
+        await asyncio.to_thread(testbed.command, "wait-held")
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await asyncio.to_thread(testbed.command, "wait-held-answered")
+        await c.close()
+    asyncio.run(go())
+    free_soon(direct, rs)

@@ -223,7 +223,8 @@ fn main() {
             "wait-held" => cuts.wait_hold(|h| h.stream.is_some(), "no call held"),
             "wait-held-answered" => cuts.wait_hold(
                 |h| h.answered,
-                "lockd has not answered the held call (was a later call on its connection answered?)",
+                "lockd has not answered the held call after passing it on (was a later call on \
+                 its connection answered?)",
             ),
             "sql" => match &_servers {
                 Some((pg, _, _)) => Ok(pg.psql(arg).replace('\n', " ")),
@@ -267,7 +268,7 @@ struct Hold {
     armed: bool,
     /// The held call: its connection's number and its stream.
     stream: Option<(u64, u32)>,
-    /// lockd began its answer to the held call.
+    /// lockd began its answer to the held call, after the call was passed on.
     answered: bool,
 }
 
@@ -443,9 +444,12 @@ fn answers(mut server: TcpStream, mut client: TcpStream, conn: &Conn, cuts: &Cut
                 }
                 _ => {}
             }
+            // lockd's answer to the held call once it has the request (an answer before, to
+            // headers alone, is the call's deadline passing: it was never handled).
+            let delivered = held.is_none();
             drop(held);
             let this = Some((conn.number, stream));
-            if cuts.hold.lock().unwrap().stream == this {
+            if delivered && cuts.hold.lock().unwrap().stream == this {
                 cuts.hold_changed(|h| h.answered = true);
             }
         }
