@@ -607,12 +607,26 @@ func (c *Client) cleanUpAcquire(ctx context.Context, req *pb.AcquireRequest) {
 		// finds that grant, or comes first: granted (and released here), the late call then
 		// finds that grant ended; busy, the late call joins the queue and its cancellation,
 		// sent after it, takes it out.
-		resp, err := callWhile(c, cctx, "acquire", again.GetResource(), callGrace, pb.LockServiceClient.Acquire, again, transient)
+		resp, err := cleanUpCall(c, cctx, pb.LockServiceClient.Acquire, again)
 		if err == nil && resp.GetGranted() != nil {
 			g := resp.GetGranted()
 			_, _ = c.Release(cctx, leaseResource(again.GetResource(), g), g.GetLeaseId())
 		}
 	}()
+}
+
+// cleanUpCall is a clean-up's one request, its transport failures retried with backoff until
+// ctx ends (cleanUpTimeout): the given-up call's connection may have just broken, or the
+// answer to this very request been lost (asked again under the same id, it is a duplicate).
+func cleanUpCall[Req, Resp any](c *Client, ctx context.Context,
+	method func(pb.LockServiceClient, context.Context, Req, ...grpc.CallOption) (Resp, error), req Req) (Resp, error) {
+	var bo backoffState
+	for {
+		resp, err := callWhile(c, ctx, "clean up", "", callGrace, method, req, transient)
+		if err == nil || !errors.Is(err, ErrUnavailable) || !sleepCtx(ctx, bo.next()) {
+			return resp, err
+		}
+	}
 }
 
 // releaseAbandoned releases, in the background, a grant whose acquire was abandoned.
@@ -830,7 +844,7 @@ func (c *Client) cleanUpAcquireAll(ctx context.Context, req *pb.AcquireAllReques
 	go func() {
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanUpTimeout)
 		defer cancel()
-		resp, err := callWhile(c, cctx, "acquire all", "", callGrace, pb.LockServiceClient.AcquireAll, req, transient)
+		resp, err := cleanUpCall(c, cctx, pb.LockServiceClient.AcquireAll, req)
 		if err == nil && resp.GetGranted() != nil {
 			releaseSet(c, cctx, req.GetResources(), resp.GetGranted().GetLeases())
 		}

@@ -491,7 +491,11 @@ func (r *run) step(step map[string]any) error {
 		on, _ := step["on"].(bool)
 		_, err := bed.command(map[bool]string{true: "cut-renewals on", false: "cut-renewals off"}[on])
 		return err
-	case "hold_next_call", "wait_held", "wait_held_answered":
+	case "hold_next_call":
+		after, _ := num(step, "after")
+		_, err := bed.command(fmt.Sprintf("hold-next-call %d", int(after)))
+		return err
+	case "wait_held", "wait_held_answered":
 		_, err := bed.command(strings.ReplaceAll(op, "_", "-"))
 		return err
 	case "wait_cuts":

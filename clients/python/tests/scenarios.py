@@ -144,7 +144,9 @@ class Run:
                 time.sleep(0.02)
         elif op == "cut_renewals":
             self.bed.command("cut-renewals on" if step["on"] else "cut-renewals off")
-        elif op in ("hold_next_call", "wait_held", "wait_held_answered"):
+        elif op == "hold_next_call":
+            self.bed.command(f"hold-next-call {step.get('after', 0)}")
+        elif op in ("wait_held", "wait_held_answered"):
             self.bed.command(op.replace("_", "-"))
         elif op == "wait_cuts":
             self.bed.command(f"wait-cuts {step['at_least']}")

@@ -108,6 +108,14 @@ def test_asyncio_sets_ordered_sets_and_a_downgrade(testbed):
                 await c.acquire(rw, mode=lockd_client.Mode.WRITE)
             second = await c.acquire(rw, ttl=30, mode=lockd_client.Mode.READ)
             assert await second.release() and await reader.release()
+            # A downgrade that fails (of an exclusive lock) ends the Lock, and says so.
+            exclusive = await c.acquire(rw + "-x", ttl=30)
+            with pytest.raises(lockd_client.LockdError):
+                await exclusive.downgrade()
+            assert exclusive.lost.is_set()
+            with pytest.raises(lockd_client.LockLost):
+                exclusive.check()
+            assert not (await c.describe(rw + "-x")).held
             # A request id of the caller's own is granted once, for a set too.
             rid = f"aio-set-{secrets.token_hex(4)}"
             once = await c.acquire_all(rs, ttl=30, request_id=rid)
@@ -197,3 +205,77 @@ def test_sets_handled_after_they_were_given_up_leave_nothing_held(testbed):
         await c.close()
     asyncio.run(go())
     free_soon(direct, rs)
+
+
+def test_a_set_clean_up_releases_every_member_though_one_release_fails(testbed):
+    # The clean-up of a given-up set asks again under its request id and releases member by
+    # member: a release that fails (its answer lost every time) keeps none of the others held.
+    from lockd_client._proto import lock_pb2 as pb
+    c = lockd_client.Client(testbed.servers["lockd"]["endpoint"])
+    rs = names("clean-up", 3)
+    rid = f"clean-up-{secrets.token_hex(4)}"
+    for lock in c.acquire_all(rs, ttl=30, request_id=rid):
+        lock.detach()  # renewed by nobody, as a grant whose answer was lost
+    real = c._call_for_a_while
+
+    def first_release_fails(name, request):
+        if name == "Release" and request.resource == rs[0]:
+            raise lockd_client.Unavailable("the release's answer was lost")
+        return real(name, request)
+    c._call_for_a_while = first_release_fails
+    c._clean_up_set(pb.AcquireAllRequest(resources=rs, request_id=rid, ttl_ms=30000))
+    assert c.describe(rs[0]).held
+    assert [c.describe(r).held for r in rs[1:]] == [False, False]
+    c._call_for_a_while = real
+    c._clean_up_set(pb.AcquireAllRequest(resources=rs, request_id=rid, ttl_ms=30000))
+    assert not c.describe(rs[0]).held
+
+
+@pytest.mark.parametrize("bad", [
+    {"resources": (r for r in ["a", "b"])}, {"resources": None}, {"ttl": -5}, {"ttl": "1"},
+    {"ttl": True}, {"wait": "1"}, {"request_id": 1}, {"holder": 1},
+])
+def test_bad_set_input_is_refused_before_any_call(bad):
+    # No server: a call would fail with Unavailable, not InvalidArgument.
+    c = lockd_client.Client("http://127.0.0.1:9")
+    args = {"resources": ["a", "b"], **bad}
+    resources = args.pop("resources")
+    with pytest.raises(lockd_client.InvalidArgument):
+        c.acquire_all(resources, **args)
+    if "request_id" not in args:  # acquire_ordered takes none
+        with pytest.raises(lockd_client.InvalidArgument):
+            c.acquire_ordered(resources, **args)
+
+    async def aio():
+        with pytest.raises(lockd_client.InvalidArgument):
+            await lockd_client.aio.Client("http://127.0.0.1:9").acquire_all(resources, **args)
+    asyncio.run(aio())
+
+
+def test_a_cancel_set_before_the_acquire_sends_nothing(testbed):
+    c = lockd_client.Client(testbed.servers["lockd"]["endpoint"])
+    rs = names("pre-cancelled")
+    cancel = threading.Event()
+    cancel.set()
+    with pytest.raises(lockd_client.Cancelled):
+        c.acquire_all(rs, ttl=30, cancel=cancel)
+    with pytest.raises(lockd_client.Cancelled):
+        c.acquire(rs[0], ttl=30, cancel=cancel)
+    with pytest.raises(lockd_client.InvalidArgument):
+        c.acquire(rs[0], ttl=30, cancel=True)
+    assert [c.describe(r).held for r in rs] == [False, False]
+    # A TTL below a millisecond is a millisecond, not lockd's default.
+    from lockd_client import _core
+    assert _core.ttl_ms(0.0001) == 1 and _core.ttl_ms(None) == 0
+
+
+def test_a_failed_downgrade_ends_the_lock_and_says_so(testbed):
+    c = lockd_client.Client(testbed.servers["lockd"]["endpoint"])
+    r = names("downgrade", 1)[0]
+    exclusive = c.acquire(r, ttl=30)
+    with pytest.raises(lockd_client.LockdError):
+        exclusive.downgrade()
+    assert exclusive.lost.is_set() and exclusive.lost_reason is lockd_client.LostReason.NOT_CURRENT
+    with pytest.raises(lockd_client.LockLost):
+        exclusive.check()
+    assert not c.describe(r).held

@@ -24,13 +24,13 @@
 //! `secure`), `drop-next-answer [N]` (arms `lossy`: it passes N answers, 0 by default, and cuts
 //! the connection at the next), `cut-renewals on|off` (`lossy` cuts the connection instead of
 //! passing any answer to a Renew), `wait-cuts N` (answers `ok` once `lossy` has cut N
-//! connections since the last `cut-renewals`; an error after 60 s), `hold-next-call` (`lossy`
-//! holds back the request of the next call a client begins, and passes it on, without the
-//! call's cancellation, once lockd has answered a later call on that connection: lockd
-//! handles a call after the client gave it up and its clean-up had begun), `wait-held` and
-//! `wait-held-answered` (answer once a call is held, and once lockd began its answer to the
-//! held call; errors after 60 s), `sql STATEMENT` (psql, directly to PostgreSQL: `ok ` and the
-//! unaligned output on one line).
+//! connections since the last `cut-renewals`; an error after 60 s), `hold-next-call [N]`
+//! (`lossy` lets N calls begin, 0 by default, then holds back the request of the next call a
+//! client begins, and passes it on, without the call's cancellation, once lockd has answered
+//! a later call on that connection: lockd handles a call after the client gave it up and its
+//! clean-up had begun), `wait-held` and `wait-held-answered` (answer once a call is held, and
+//! once lockd began its answer to the held call after it was passed on; errors after 60 s),
+//! `sql STATEMENT` (psql, directly to PostgreSQL: `ok ` and the unaligned output on one line).
 
 use std::io::{BufRead, Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -213,13 +213,20 @@ fn main() {
                 }
                 Err(_) => Err(format!("wait-cuts takes a count, not {arg:?}")),
             },
-            "hold-next-call" => {
+            "hold-next-call" => match arg.trim() {
+                "" => Ok(0),
+                n => n.parse::<u32>().map_err(|_| {
+                    format!("hold-next-call takes a count of calls to pass first, not {n:?}")
+                }),
+            }
+            .map(|skip| {
                 *cuts.hold.lock().unwrap() = Hold {
                     armed: true,
+                    skip,
                     ..Hold::default()
                 };
-                Ok(String::new())
-            }
+                String::new()
+            }),
             "wait-held" => cuts.wait_hold(|h| h.stream.is_some(), "no call held"),
             "wait-held-answered" => cuts.wait_hold(
                 |h| h.answered,
@@ -264,8 +271,9 @@ struct Cuts {
 /// A call whose request `lossy` holds back (`hold-next-call`).
 #[derive(Default)]
 struct Hold {
-    /// The next call a client begins is held.
+    /// The next call a client begins is held (after `skip` more have begun).
     armed: bool,
+    skip: u32,
     /// The held call: its connection's number and its stream.
     stream: Option<(u64, u32)>,
     /// lockd began its answer to the held call, after the call was passed on.
@@ -381,7 +389,9 @@ fn requests(mut client: TcpStream, conn: &Conn, cuts: &Cuts) {
         if head[3] == HEADERS && stream > last_stream {
             last_stream = stream;
             let mut hold = cuts.hold.lock().unwrap();
-            if std::mem::take(&mut hold.armed) {
+            if hold.armed && hold.skip > 0 {
+                hold.skip -= 1;
+            } else if std::mem::take(&mut hold.armed) {
                 hold.stream = Some((conn.number, stream));
                 held_stream = Some(stream);
                 *conn.held.lock().unwrap() = Some((stream, Vec::new()));

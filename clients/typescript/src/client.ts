@@ -389,7 +389,7 @@ export class Client {
             if (resp.granted.held) {
               const renewSent = now();
               try {
-                await this.renew(lease.resource, lease.leaseId);
+                await this.renew(lease.resource, lease.leaseId, 10_000, signal);
                 return new Lock(this, lease, renewSent, o.onLost);
               } catch (e) {
                 if (!(e instanceof LeaseNotCurrent)) {
@@ -542,7 +542,7 @@ export class Client {
             if (leases.some((l) => l.duplicate)) {
               sent = now();
               try {
-                for (const l of leases) await this.renew(l.resource, l.leaseId);
+                for (const l of leases) await this.renew(l.resource, l.leaseId, 10_000, signal);
               } catch (e) {
                 if (!(e instanceof LeaseNotCurrent)) {
                   // Not seen to end: asked again under the same id.

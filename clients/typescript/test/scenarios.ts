@@ -203,6 +203,8 @@ export class Run {
         await this.bed.command(step.on ? "cut-renewals on" : "cut-renewals off");
         return;
       case "hold_next_call":
+        await this.bed.command(`hold-next-call ${step.after ?? 0}`);
+        return;
       case "wait_held":
       case "wait_held_answered":
         await this.bed.command(step.op.replaceAll("_", "-"));

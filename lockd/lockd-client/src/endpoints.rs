@@ -266,13 +266,15 @@ where
     let mut backoff = crate::Backoff::new();
     loop {
         let (i, rpc) = client.endpoints.rpc();
-        match tokio::time::timeout(crate::CALL_GRACE, call(rpc)).await {
+        let status = match tokio::time::timeout(crate::CALL_GRACE, call(rpc)).await {
             Ok(Ok(resp)) => return Some(resp.into_inner()),
-            Ok(Err(status)) if crate::transient(&status) && Instant::now() < until => {
-                client.endpoints.failed(i, &status);
-            }
-            _ => return None, // the lease, if any, ends at its TTL
+            Ok(Err(status)) => status,
+            Err(_) => Status::deadline_exceeded("lockd did not answer in time"),
+        };
+        if !crate::transient(&status) || Instant::now() >= until {
+            return None; // the lease, if any, ends at its TTL
         }
+        client.endpoints.failed(i, &status);
         tokio::time::sleep(backoff.next_delay()).await;
     }
 }

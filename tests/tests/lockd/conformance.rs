@@ -289,7 +289,10 @@ impl Run<'_> {
             } else {
                 "cut-renewals off"
             }),
-            "hold_next_call" => self.bed.command("hold-next-call"),
+            "hold_next_call" => self.bed.command(&format!(
+                "hold-next-call {}",
+                step["after"].as_u64().unwrap_or(0)
+            )),
             "wait_held" => self.bed.command("wait-held"),
             "wait_held_answered" => self.bed.command("wait-held-answered"),
             "wait_cuts" => self

@@ -279,7 +279,7 @@ def acquire_request(resource: str, request_id: str, ttl: Optional[float], wait: 
                     holder: str, owner: Optional[str], permits: int, mode: Mode,
                     downgrade: str = "") -> "pb.AcquireRequest":
     return pb.AcquireRequest(
-        resource=resource, request_id=request_id, ttl_ms=ms(ttl), wait_timeout_ms=ms(wait),
+        resource=resource, request_id=request_id, ttl_ms=ttl_ms(ttl), wait_timeout_ms=ms(wait),
         holder=holder, owner=owner or "", permits=permits, mode=mode.value,
         downgrade_lease_id=downgrade)
 
@@ -287,10 +287,7 @@ def acquire_request(resource: str, request_id: str, ttl: Optional[float], wait: 
 def check_acquire(resource: str, ttl: Optional[float], wait: float, owner: Optional[str],
                   permits: int, mode: Mode) -> None:
     check_resource(resource)
-    if ttl is not None and not (isinstance(ttl, (int, float)) and 0 < ttl < 4294967.0):
-        raise InvalidArgument(f"ttl must be positive seconds below 4294967 (lockd's limit), not {ttl!r}")
-    if not (isinstance(wait, (int, float)) and wait >= 0):
-        raise InvalidArgument(f"wait must be zero or positive seconds (math.inf: for ever), not {wait!r}")
+    check_times(ttl, wait)
     if not isinstance(permits, int) or not 0 <= permits <= 1000:
         raise InvalidArgument(f"permits must be 0 (a lock) or 1..1000, not {permits!r}")
     if owner is not None and (permits or mode is not Mode.EXCLUSIVE):
@@ -299,8 +296,37 @@ def check_acquire(resource: str, ttl: Optional[float], wait: float, owner: Optio
         raise InvalidArgument("permits and mode do not go together")
 
 
+def check_times(ttl: Optional[float], wait: float) -> None:
+    if ttl is not None and not (isinstance(ttl, (int, float)) and not isinstance(ttl, bool)
+                                and 0 < ttl < 4294967.0):
+        raise InvalidArgument(f"ttl must be positive seconds below 4294967 (lockd's limit), not {ttl!r}")
+    if not (isinstance(wait, (int, float)) and not isinstance(wait, bool) and wait >= 0):
+        raise InvalidArgument(f"wait must be zero or positive seconds (math.inf: for ever), not {wait!r}")
+
+
+def check_texts(**fields) -> None:
+    """Each of `fields` (request_id, holder, ...) is None or a string."""
+    for name, value in fields.items():
+        if value is not None and not isinstance(value, str):
+            raise InvalidArgument(f"{name} must be a string, not {value!r}")
+
+
+def check_set(resources: Sequence[str], ttl: Optional[float], wait: float, **texts) -> List[str]:
+    """The checks of an acquire of a set, before any call; the names in sorted order."""
+    ordered = sorted_unique(resources)
+    check_times(ttl, wait)
+    check_texts(**texts)
+    return ordered
+
+
 def ms(seconds: Optional[float]) -> int:
     return 0 if seconds is None else max(int(round(seconds * 1000)), 0)
+
+
+def ttl_ms(ttl: Optional[float]) -> int:
+    """A lease's length in lockd's milliseconds: 0 for lockd's default, and at least 1 for any
+    length given (a TTL below a millisecond is not the default)."""
+    return 0 if ttl is None else max(int(round(ttl * 1000)), 1)
 
 
 def not_granted(resource: str, ng: "pb.NotGranted", waited: bool):
@@ -316,6 +342,8 @@ def not_granted(resource: str, ng: "pb.NotGranted", waited: bool):
 def sorted_unique(resources: Sequence[str]) -> List[str]:
     if isinstance(resources, (str, bytes)):
         raise InvalidArgument("a set is a list of resource names, not one string")
+    if not isinstance(resources, (list, tuple)):
+        raise InvalidArgument(f"a set is a list of resource names, not {resources!r}")
     for r in resources:
         check_resource(r)
     if len(set(resources)) != len(resources):

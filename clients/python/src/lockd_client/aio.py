@@ -110,6 +110,7 @@ class Client:
                       on_lost: Optional[Callable] = None) -> "Lock":
         """As `lockd_client.Client.acquire`; cancel the awaiting task to give up the wait."""
         _core.check_acquire(resource, ttl, wait, owner, permits, mode)
+        _core.check_texts(request_id=request_id, owner=owner, holder=holder)
         return await self._acquire(resource, ttl, wait, request_id, owner, permits, mode, holder,
                                    on_lost, "")
 
@@ -189,12 +190,19 @@ class Client:
             async def clean_up() -> None:
                 try:
                     resp = await self._call_for_a_while("AcquireAll", req)
-                    if resp.WhichOneof("outcome") == "granted":
-                        for r, lease in zip(req.resources, resp.granted.leases):
-                            await self.release(lease.resource or r, lease.lease_id)
                 except LockdError as e:
                     log.warning("after a cancelled acquire of the set %s: %s (leases granted as it "
                                 "was cancelled end at their TTL)", list(req.resources), e)
+                    return
+                if resp.WhichOneof("outcome") == "granted":
+                    # Member by member, each retried (see the threaded client's).
+                    for r, lease in zip(req.resources, resp.granted.leases):
+                        try:
+                            await self._call_for_a_while("Release", pb.ReleaseRequest(
+                                resource=lease.resource or r, lease_id=lease.lease_id))
+                        except LockdError as e:
+                            log.warning("after a cancelled acquire of a set: releasing %s: %s (it "
+                                        "ends at its TTL)", lease.resource or r, e)
         else:
             again = pb.AcquireRequest()
             again.CopyFrom(req)
@@ -218,7 +226,7 @@ class Client:
         """As `lockd_client.Client.acquire_all`: every resource at once, or none; cancel the
         awaiting task to give up (a set that may have been granted by then is released in the
         background, and `close()` waits for that)."""
-        _core.sorted_unique(resources)
+        _core.check_set(resources, ttl, wait, request_id=request_id, holder=holder)
         own_id = bool(request_id)
         request_id = request_id or _core.new_request_id()
         deadline = time.monotonic() + wait
@@ -226,7 +234,7 @@ class Client:
         while True:
             unanswered = False  # the request may have been granted, its answer lost
             req = pb.AcquireAllRequest(resources=list(resources), request_id=request_id,
-                                       ttl_ms=_core.ms(ttl), holder=holder or self._s.holder)
+                                       ttl_ms=_core.ttl_ms(ttl), holder=holder or self._s.holder)
             sent = time.monotonic()
             try:
                 resp = await self._call_once("AcquireAll", req, CALL_GRACE)
@@ -269,7 +277,7 @@ class Client:
                               wait: float = 0.0, holder: Optional[str] = None) -> "LockSet":
         """As `lockd_client.Client.acquire_ordered`: each lock in sorted order, within one
         `wait`; on any failure (a cancel too) releases those taken, last first."""
-        ordered = _core.sorted_unique(resources)
+        ordered = _core.check_set(resources, ttl, wait, holder=holder)
         deadline = time.monotonic() + wait
         taken: List[Lock] = []
         try:
@@ -441,16 +449,19 @@ class Lock(_ReleasedByAsyncWith):
         return inner
 
     async def downgrade(self) -> "Lock":
-        """Trades this write lease of a read-write lock for a read lease in one step at lockd."""
+        """Trades this write lease of a read-write lock for a read lease in one step at lockd.
+        This Lock ends either way: when the downgrade fails, its lease is released and it is
+        lost (`lost` set, `check()` raises), and the error is raised."""
         await self._stop_renewing()
         try:
             return await self._client._acquire(self.lease.resource, self.lease.ttl, 0.0, None, None, 0,
                                                Mode.READ, None, None, self.lease.lease_id)
-        except LockdError:
+        except LockdError as e:
             try:
                 await self._client.release(self.lease.resource, self.lease.lease_id)
             except LockdError:
                 pass
+            self._lose(LostReason.NOT_CURRENT, f"the downgrade failed and the lease was released: {e}")
             raise
 
 

@@ -200,6 +200,8 @@ class Client:
         `TRANSPORT_RETRY_FOR` past the wait.
         """
         _core.check_acquire(resource, ttl, wait, owner, permits, mode)
+        _core.check_texts(request_id=request_id, owner=owner, holder=holder)
+        _not_cancelled(cancel, f"the acquire of {resource}")
         return self._acquire(resource, ttl, wait, request_id, owner, permits, mode, holder, cancel,
                              on_lost, "")
 
@@ -250,7 +252,7 @@ class Client:
                     if resp.granted.held:
                         renew_sent = time.monotonic()
                         try:
-                            self.renew(lease.resource, lease.lease_id)
+                            self._check_grant(lease, cancel, req, f"the acquire of {resource}")
                             return Lock(self, lease, renew_sent, on_lost)
                         except LeaseNotCurrent:
                             pass
@@ -271,6 +273,25 @@ class Client:
                 else:
                     raise Unavailable("lockd sent an empty AcquireResponse")
             self._pause(backoff, cancel, req, f"the acquire of {resource}", granted=unanswered)
+
+    def _check_grant(self, lease: Lease, cancel: Optional[threading.Event], req, what: str) -> None:
+        """Renews a grant answered as a duplicate to `req`, to learn that it is still the
+        caller's; a `cancel` set meanwhile ends the acquire (`Cancelled`) and releases the
+        grant in the background."""
+        if cancel is None:
+            self.renew(lease.resource, lease.lease_id)
+            return
+        i, stub = self._eps.stub()
+        future = stub.Renew.future(pb.RenewRequest(resource=lease.resource, lease_id=lease.lease_id),
+                                   timeout=10.0, metadata=self._s.metadata)
+        try:
+            _answer_unless_cancelled(future, cancel, lambda: self._forget_abandoned(req), what)
+        except grpc.FutureCancelledError:
+            raise Cancelled(f"{what} was cancelled") from None
+        except grpc.RpcError as e:
+            if is_transient(e):
+                self._eps.failed(i)
+            raise from_rpc(e) from None
 
     def _pause(self, backoff: Backoff, cancel: Optional[threading.Event], req, what: str,
                granted: bool) -> None:
@@ -313,16 +334,27 @@ class Client:
         threading.Thread(target=clean_up, name="lockd-cancelled-acquire", daemon=True).start()
 
     def _forget_abandoned_set(self, req: "pb.AcquireAllRequest") -> None:
-        def clean_up() -> None:
-            try:
-                resp = self._call_for_a_while("AcquireAll", req)
-                if resp.WhichOneof("outcome") == "granted":
-                    for r, lease in zip(req.resources, resp.granted.leases):
-                        self.release(lease.resource or r, lease.lease_id)
-            except LockdError as e:
-                log.warning("after a cancelled acquire of the set %s: %s (leases granted as it was "
-                            "cancelled end at their TTL)", list(req.resources), e)
-        threading.Thread(target=clean_up, name="lockd-cancelled-acquire-all", daemon=True).start()
+        threading.Thread(target=self._clean_up_set, args=(req,), name="lockd-cancelled-acquire-all",
+                         daemon=True).start()
+
+    def _clean_up_set(self, req: "pb.AcquireAllRequest") -> None:
+        """What a given-up set may have been granted, asked for again and released."""
+        try:
+            resp = self._call_for_a_while("AcquireAll", req)
+        except LockdError as e:
+            log.warning("after a cancelled acquire of the set %s: %s (leases granted as it was "
+                        "cancelled end at their TTL)", list(req.resources), e)
+            return
+        if resp.WhichOneof("outcome") == "granted":
+            # Member by member, each retried (a set's leases are never reentrant, so a
+            # repeated release ends nothing more): one that fails keeps none of the others.
+            for r, lease in zip(req.resources, resp.granted.leases):
+                try:
+                    self._call_for_a_while("Release", pb.ReleaseRequest(
+                        resource=lease.resource or r, lease_id=lease.lease_id))
+                except LockdError as e:
+                    log.warning("after a cancelled acquire of a set: releasing %s: %s (it ends at "
+                                "its TTL)", lease.resource or r, e)
 
     def lock(self, resource: str, **kwargs) -> "Lock":
         """`acquire`, for `with client.lock(...) as lock:` (released when the block ends)."""
@@ -368,16 +400,17 @@ class Client:
         lockd: with a wait, asked again with backoff until it ends. Raises `Busy` /
         `WaitTimedOut` naming the first held member, and `Cancelled` when `cancel` is set (a
         set that may have been granted by then is released in the background)."""
-        _core.sorted_unique(resources)
+        _core.check_set(resources, ttl, wait, request_id=request_id, holder=holder)
+        what = f"the acquire of the set {list(resources)}"
+        _not_cancelled(cancel, what)
         own_id = bool(request_id)
         request_id = request_id or _core.new_request_id()
         deadline = time.monotonic() + wait
         backoff = Backoff()
-        what = f"the acquire of the set {list(resources)}"
         while True:
             unanswered = False  # the request may have been granted, its answer lost
             req = pb.AcquireAllRequest(resources=list(resources), request_id=request_id,
-                                       ttl_ms=_core.ms(ttl), holder=holder or self._s.holder)
+                                       ttl_ms=_core.ttl_ms(ttl), holder=holder or self._s.holder)
             sent = time.monotonic()
             try:
                 if cancel is None:
@@ -404,7 +437,7 @@ class Client:
                         sent = time.monotonic()
                         try:
                             for l in leases:
-                                self.renew(l.resource, l.lease_id)
+                                self._check_grant(l, cancel, req, what)
                         except LeaseNotCurrent:
                             if own_id:
                                 raise _core.grant_ended(request_id) from None
@@ -424,7 +457,8 @@ class Client:
                         holder: Optional[str] = None, cancel: Optional[threading.Event] = None) -> "LockSet":
         """Takes each lock in sorted order, waiting in each queue, within one `wait`; on any
         failure releases those taken, last first. Two callers never deadlock."""
-        ordered = _core.sorted_unique(resources)
+        ordered = _core.check_set(resources, ttl, wait, holder=holder)
+        _not_cancelled(cancel, f"the acquire of the set {list(resources)}")
         deadline = time.monotonic() + wait
         taken: List[Lock] = []
         try:
@@ -439,6 +473,15 @@ class Client:
                     pass
             raise
         return LockSet(taken)
+
+
+def _not_cancelled(cancel: Optional[threading.Event], what: str) -> None:
+    """`cancel` is an Event (or None), not set yet: an acquire cancelled before it began sends
+    nothing."""
+    if cancel is not None and not isinstance(cancel, threading.Event):
+        raise InvalidArgument(f"cancel must be a threading.Event, not {cancel!r}")
+    if cancel is not None and cancel.is_set():
+        raise Cancelled(f"{what} was cancelled before it began")
 
 
 def _answer_unless_cancelled(future, cancel: threading.Event, abandon: Callable[[], None], what: str):
@@ -518,9 +561,11 @@ class Lock(_ReleasedByWith):
             raise LockLost(f"the lock of {self.resource} (token {self.token}) was lost: "
                            f"{self.lost_reason.value}: {self.lost_detail}")
 
-    def _lose(self, reason: LostReason, detail: str) -> None:
+    def _lose(self, reason: LostReason, detail: str, ended_too: bool = False) -> None:
+        """Signals the loss once; not for a lock already ended (released, detached), unless
+        `ended_too` (a downgrade that failed after its renewals stopped)."""
         with self._cb_lock:
-            if self._ended or self.lost.is_set():
+            if (self._ended and not ended_too) or self.lost.is_set():
                 return
             self.lost_reason, self.lost_detail = reason, detail
             self.lost.set()
@@ -615,16 +660,20 @@ class Lock(_ReleasedByWith):
         return inner
 
     def downgrade(self) -> "Lock":
-        """Trades this write lease of a read-write lock for a read lease in one step at lockd."""
+        """Trades this write lease of a read-write lock for a read lease in one step at lockd.
+        This Lock ends either way: when the downgrade fails, its lease is released and it is
+        lost (`lost` set, `check()` raises), and the error is raised."""
         self._stop_renewing()
         try:
             return self._client._acquire(self.lease.resource, self.lease.ttl, 0.0, None, None, 0,
                                          Mode.READ, None, None, None, self.lease.lease_id)
-        except LockdError:
+        except LockdError as e:
             try:
                 self._client.release(self.lease.resource, self.lease.lease_id)
             except LockdError:
                 pass
+            self._lose(LostReason.NOT_CURRENT, f"the downgrade failed and the lease was released: {e}",
+                       ended_too=True)
             raise
 
 

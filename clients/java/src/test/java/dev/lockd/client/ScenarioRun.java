@@ -250,7 +250,8 @@ final class ScenarioRun {
             }
             case "cancel" -> pending.get(step.get("of").asText()).cancel(true);
             case "cut_renewals" -> bed.command(step.get("on").asBoolean() ? "cut-renewals on" : "cut-renewals off");
-            case "hold_next_call", "wait_held", "wait_held_answered" -> bed.command(op.replace('_', '-'));
+            case "hold_next_call" -> bed.command("hold-next-call " + step.path("after").asInt(0));
+            case "wait_held", "wait_held_answered" -> bed.command(op.replace('_', '-'));
             case "wait_cuts" -> bed.command("wait-cuts " + step.get("at_least").asInt());
             case "wait_free" -> {
                 LockdClient c = clients.get(step.get("client").asText());
