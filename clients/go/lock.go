@@ -3,6 +3,7 @@ package lockd
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"strconv"
 	"sync"
@@ -165,9 +166,15 @@ func (l *Lock) String() string {
 }
 
 func (l *Lock) lose(reason LostReason, cause error) {
+	l.loseOnce(reason, cause, false)
+}
+
+// loseOnce signals the loss once; not for a lock already ended (released, detached), unless
+// endedToo (a downgrade that failed after the renewals stopped).
+func (l *Lock) loseOnce(reason LostReason, cause error, endedToo bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.ended || l.err != nil {
+	if (l.ended && !endedToo) || l.err != nil {
 		return
 	}
 	l.err = &LostError{Resource: l.lease.Resource, Token: l.lease.Token, Reason: reason, Err: cause}
@@ -292,12 +299,14 @@ func (l *Lock) Reenter(ctx context.Context) (*Lock, error) {
 }
 
 // Downgrade trades this write lease of a read-write lock for a read lease in one step at
-// lockd (no writer comes in between). This Lock ends either way.
+// lockd (no writer comes in between). This Lock ends either way: when the downgrade fails,
+// its lease is released and the Lock is lost (Done closed, Err a *LostError, NotCurrent).
 func (l *Lock) Downgrade(ctx context.Context) (*Lock, error) {
 	l.stopRenewing()
 	r, err := l.c.acquire(ctx, l.lease.Resource, AcquireOptions{TTL: l.lease.TTL, Mode: Read, downgrade: l.lease.LeaseID})
 	if err != nil {
 		_, _ = l.c.Release(context.WithoutCancel(ctx), l.lease.Resource, l.lease.LeaseID)
+		l.loseOnce(NotCurrent, fmt.Errorf("the downgrade failed and the lease was released: %w", err), true)
 		return nil, err
 	}
 	return r, nil

@@ -290,3 +290,29 @@ func waitFor(t *testing.T, cond func() bool, limit time.Duration, format string,
 		time.Sleep(10 * time.Millisecond) // polling interval, not synchronisation
 	}
 }
+
+// A downgrade that fails (of an exclusive lock) ends the Lock and says so: its lease is
+// released, so a caller that went on writing under it would write with a stale token.
+func TestAFailedDowngradeSignalsTheLoss(t *testing.T) {
+	ctx := context.Background()
+	c := dialBed(t)
+	r := uniq("downgrade-fails")
+	l, err := c.Acquire(ctx, r, lockd.AcquireOptions{TTL: 30 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.Downgrade(ctx); err == nil {
+		t.Fatal("an exclusive lock was downgraded")
+	}
+	select {
+	case <-l.Done():
+	default:
+		t.Fatal("the Lock whose downgrade failed is not lost")
+	}
+	if !errors.Is(l.Err(), lockd.ErrLockLost) || l.Reason() != lockd.NotCurrent {
+		t.Fatalf("Err %v, Reason %v: not lost as not current", l.Err(), l.Reason())
+	}
+	if d, err := c.Describe(ctx, r); err != nil || d.Held {
+		t.Fatalf("%s after the failed downgrade: %+v, %v", r, d, err)
+	}
+}

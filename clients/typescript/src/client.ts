@@ -755,8 +755,9 @@ export class Lock extends EventEmitter {
     this.renewCall = null;
   }
 
-  private lose(reason: LostReason, detail: string): void {
-    if (this.ended || this.lostReason !== null) return;
+  /** Signals the loss once; not for a lock already ended unless `endedToo` (a downgrade that failed). */
+  private lose(reason: LostReason, detail: string, endedToo = false): void {
+    if ((this.ended && !endedToo) || this.lostReason !== null) return;
     this.lostReason = reason;
     this.lostDetail = detail;
     this.stopTimers();
@@ -828,7 +829,11 @@ export class Lock extends EventEmitter {
     return inner;
   }
 
-  /** Trades this write lease of a read-write lock for a read lease in one step at lockd. */
+  /**
+   * Trades this write lease of a read-write lock for a read lease in one step at lockd. This Lock
+   * ends either way: when the downgrade fails, its lease is released and the Lock is lost
+   * (`not_current`: the `lost` event, `lock.lost`, its signal aborted).
+   */
   async downgrade(): Promise<Lock> {
     this.stopRenewing();
     try {
@@ -839,6 +844,7 @@ export class Lock extends EventEmitter {
       } catch {
         // it ends by itself at its TTL
       }
+      this.lose("not_current", `the downgrade failed and the lease was released: ${e instanceof Error ? e.message : String(e)}`, true);
       throw e;
     }
   }

@@ -199,6 +199,24 @@ test("fencedFetch does not carry the fencing headers along a redirect to another
   }
 });
 
+test("a downgrade that fails ends the Lock and signals the loss", async () => {
+  const client = new Client(servers().lockd.endpoint);
+  try {
+    const r = `downgrade-fails/${run}`;
+    const lock = await client.acquire(r, { ttlMs: 30_000 });
+    let told = "";
+    lock.on("lost", (reason) => {
+      told = reason;
+    });
+    await assert.rejects(lock.downgrade());
+    assert.equal(told, "not_current");
+    assert.ok(lock.lost && lock.signal.aborted);
+    assert.equal((await client.describe(r)).held, false);
+  } finally {
+    client.close();
+  }
+});
+
 test("a 'lost' listener that throws does not keep the loss from the others", async () => {
   const client = new Client(servers().lockd.endpoint);
   const warned: string[] = [];
