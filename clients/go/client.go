@@ -370,6 +370,9 @@ func callWhile[Req, Resp any](c *Client, ctx context.Context, op, resource strin
 }
 
 func cancelled(op, resource string, ctx context.Context) error {
+	if resource == "" {
+		return fmt.Errorf("lockd: %s: %w", op, context.Cause(ctx))
+	}
 	return fmt.Errorf("lockd: %s %s: %w", op, resource, context.Cause(ctx))
 }
 
@@ -542,11 +545,7 @@ func (c *Client) acquire(ctx context.Context, resource string, o AcquireOptions)
 					if ctx.Err() != nil {
 						// Asked again under the same id and released: a release sent at once
 						// could go out on the renewal's broken connection and be lost.
-						if req.GetDowngradeLeaseId() == "" {
-							c.cleanUpAcquire(ctx, req)
-						} else {
-							c.releaseAbandoned(ctx, resource, g)
-						}
+						c.cleanUpAcquire(ctx, req)
 						return nil, cancelled("acquire", resource, ctx)
 					}
 					if !errors.Is(err, ErrLeaseNotCurrent) {
@@ -589,15 +588,14 @@ const cleanUpTimeout = 10 * time.Second
 // without lockd's answer: lockd may have granted it just then, a lease nobody would renew or
 // release, held for its whole TTL. It asks again with the same request id without waiting (a
 // grant made is answered as a duplicate; a waiter still queued is replaced and ends) and
-// releases any grant. A downgrade is left alone: asking again would downgrade a lease the
-// caller still holds.
+// releases any grant. A downgrade is asked again too: the Lock it came from has ended
+// (Downgrade releases it on any failure), so whichever lease is left, the write lease turned
+// into a reader by this call or the reader the given-up call made, is released.
 func (c *Client) cleanUpAcquire(ctx context.Context, req *pb.AcquireRequest) {
-	if req.GetDowngradeLeaseId() != "" {
-		return
-	}
 	again := &pb.AcquireRequest{
 		Resource: req.GetResource(), RequestId: req.GetRequestId(), TtlMs: req.GetTtlMs(), WaitTimeoutMs: 0,
 		Holder: req.GetHolder(), Owner: req.GetOwner(), Permits: req.GetPermits(), Mode: req.GetMode(),
+		DowngradeLeaseId: req.GetDowngradeLeaseId(),
 	}
 	go func() {
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanUpTimeout)

@@ -302,7 +302,10 @@ func (l *Lock) Reenter(ctx context.Context) (*Lock, error) {
 // lockd (no writer comes in between). This Lock ends either way: when the downgrade fails,
 // its lease is released and the Lock is lost (Done closed, Err a *LostError, NotCurrent).
 func (l *Lock) Downgrade(ctx context.Context) (*Lock, error) {
-	l.stopRenewing()
+	if !l.stopRenewing() {
+		return nil, &Error{Kind: ErrLeaseNotCurrent, Op: "downgrade", Resource: l.lease.Resource,
+			Message: "this Lock has ended (released, detached or downgraded before)"}
+	}
 	r, err := l.c.acquire(ctx, l.lease.Resource, AcquireOptions{TTL: l.lease.TTL, Mode: Read, downgrade: l.lease.LeaseID})
 	if err != nil {
 		_, _ = l.c.Release(context.WithoutCancel(ctx), l.lease.Resource, l.lease.LeaseID)

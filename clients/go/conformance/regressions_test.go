@@ -316,3 +316,48 @@ func TestAFailedDowngradeSignalsTheLoss(t *testing.T) {
 		t.Fatalf("%s after the failed downgrade: %+v, %v", r, d, err)
 	}
 }
+
+// A downgrade given up after lockd made it (its answer lost, its retry held back by the test
+// bed until a later call is answered) leaves no reader lease behind: the clean-up asks again
+// under the same request id and releases the reader.
+func TestAGivenUpDowngradeLeavesNoReader(t *testing.T) {
+	ctx := context.Background()
+	a := dialBed(t)
+	l, err := lockd.Dial([]string{bedValue(t, "lossy", "endpoint")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	r := uniq("downgrade-given-up")
+	w, err := l.Acquire(ctx, r, lockd.AcquireOptions{TTL: 30 * time.Second, Mode: lockd.Write})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, cmd := range []string{"cut-renewals off", "hold-next-call 1", "drop-next-answer"} {
+		if _, err := bed.command(cmd); err != nil {
+			t.Fatal(err)
+		}
+	}
+	dctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() {
+		_, err := w.Downgrade(dctx)
+		done <- err
+	}()
+	for _, cmd := range []string{"wait-cuts 1", "wait-held"} {
+		if _, err := bed.command(cmd); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cancel()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Fatalf("the given-up downgrade: %v", err)
+	}
+	if _, err := bed.command("wait-held-answered"); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, func() bool {
+		d, err := a.Describe(ctx, r)
+		return err == nil && !d.Held && d.Readers == 0
+	}, 10*time.Second, "%s to be free of its reader", r)
+}
