@@ -279,3 +279,52 @@ def test_a_failed_downgrade_ends_the_lock_and_says_so(testbed):
     with pytest.raises(lockd_client.LockLost):
         exclusive.check()
     assert not c.describe(r).held
+
+
+def test_asyncio_cancellation_reaches_the_caller_and_a_cancelled_downgrade_ends_the_lock(testbed):
+    async def go():
+        r = names("aio-cancel-downgrade", 1)[0]
+        async with lockd_client.aio.Client(testbed.servers["lockd"]["endpoint"]) as c:
+            # A cancel that lands while the renewal task is stopped is the caller's: raised.
+            lock = await c.acquire(r, ttl=30)
+            with pytest.raises(TimeoutError):
+                async with asyncio.timeout(0):
+                    await lock.release()
+            # A downgrade cancelled before its answer: the Lock is lost, nothing stays held.
+            writer = await c.acquire(r + "-rw", ttl=30, mode=lockd_client.Mode.WRITE)
+            task = asyncio.create_task(writer.downgrade())
+            await asyncio.sleep(0)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            assert writer.lost.is_set()
+            with pytest.raises(lockd_client.LockLost):
+                writer.check()
+            # A Lock downgraded once is not downgraded again, nor reported lost for it.
+            w2 = await c.acquire(r + "-rw2", ttl=30, mode=lockd_client.Mode.WRITE)
+            reader = await w2.downgrade()
+            with pytest.raises(lockd_client.LeaseNotCurrent):
+                await w2.downgrade()
+            assert not w2.lost.is_set()
+            assert await reader.release()
+        async with lockd_client.aio.Client(testbed.servers["lockd"]["endpoint"]) as c:
+            for name in (r, r + "-rw", r + "-rw2"):
+                d = await c.describe(name)
+                assert not d.held and not d.readers, f"{name}: {d}"
+    asyncio.run(go())  # close() waited for the clean-ups
+
+
+def test_a_lock_downgraded_once_is_not_downgraded_again_nor_lost(testbed):
+    c = lockd_client.Client(testbed.servers["lockd"]["endpoint"])
+    r = names("twice", 1)[0]
+    writer = c.acquire(r, ttl=30, mode=lockd_client.Mode.WRITE)
+    reader = writer.downgrade()
+    with pytest.raises(lockd_client.LeaseNotCurrent):
+        writer.downgrade()
+    assert not writer.lost.is_set()
+    assert reader.release()
+    released = c.acquire(r + "-released", ttl=30, mode=lockd_client.Mode.WRITE)
+    assert released.release()
+    with pytest.raises(lockd_client.LeaseNotCurrent):
+        released.downgrade()
+    assert not released.lost.is_set()

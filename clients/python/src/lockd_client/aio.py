@@ -293,6 +293,19 @@ class Client:
             raise
         return LockSet(taken)
 
+    def _release_later(self, resource: str, lease_id: str) -> "asyncio.Task[bool]":
+        """Releases a lease in a task of its own, which a cancel of its awaiter does not stop
+        (`close()` waits for it); a failure no one awaits is logged."""
+        task = asyncio.get_running_loop().create_task(self.release(resource, lease_id))
+        self._cleanups.add(task)
+
+        def done(t: "asyncio.Task[bool]") -> None:
+            self._cleanups.discard(t)
+            if not t.cancelled() and t.exception() is not None:
+                log.warning("releasing %s: %s (it ends at its TTL)", resource, t.exception())
+        task.add_done_callback(done)
+        return task
+
     def lock(self, resource: str, **kwargs) -> "_Acquiring":
         """`async with client.lock(resource, ...) as lock:` acquires, and releases at the end."""
         return _Acquiring(self.acquire(resource, **kwargs))
@@ -375,6 +388,8 @@ class Lock(_ReleasedByAsyncWith):
                            f"{self.lost_reason.value}: {self.lost_detail}")
 
     def _lose(self, reason: LostReason, detail: str) -> None:
+        if self.lost.is_set():
+            return
         self.lost_reason, self.lost_detail = reason, detail
         self.lost.set()
         log.warning("lock of %s (token %d) lost: %s %s", self.resource, self.token, reason.value, detail)
@@ -419,17 +434,22 @@ class Lock(_ReleasedByAsyncWith):
             return False
         self._ended = True
         self._task.cancel()
-        try:
-            await self._task
-        except asyncio.CancelledError:
-            pass
+        # asyncio.wait, not `await self._task`: the renewal task's own CancelledError is not
+        # raised here, and the caller's (its task cancelled meanwhile) is not swallowed.
+        await asyncio.wait([self._task])
         return True
 
     async def release(self) -> bool:
-        """Stops renewing and releases; idempotent (False when not current, or already released)."""
-        if not await self._stop_renewing():
-            return False
-        return await self._client.release(self.lease.resource, self.lease.lease_id)
+        """Stops renewing and releases; idempotent (False when not current, or already released).
+        Cancelled, it raises the cancellation, and the release still goes out (sent once: a
+        repeat would end one more hold of a reentrant lease)."""
+        try:
+            if not await self._stop_renewing():
+                return False
+        except asyncio.CancelledError:
+            self._client._release_later(self.lease.resource, self.lease.lease_id)
+            raise
+        return await asyncio.shield(self._client._release_later(self.lease.resource, self.lease.lease_id))
 
     async def detach(self) -> Lease:
         await self._stop_renewing()
@@ -452,8 +472,11 @@ class Lock(_ReleasedByAsyncWith):
         """Trades this write lease of a read-write lock for a read lease in one step at lockd.
         This Lock ends either way: when the downgrade fails, its lease is released and it is
         lost (`lost` set, `check()` raises), and the error is raised."""
-        await self._stop_renewing()
+        if self._ended:
+            raise LeaseNotCurrent(f"this Lock of {self.resource} has ended (released, detached or "
+                                  f"downgraded before)")
         try:
+            await self._stop_renewing()
             return await self._client._acquire(self.lease.resource, self.lease.ttl, 0.0, None, None, 0,
                                                Mode.READ, None, None, self.lease.lease_id)
         except LockdError as e:
@@ -462,6 +485,12 @@ class Lock(_ReleasedByAsyncWith):
             except LockdError:
                 pass
             self._lose(LostReason.NOT_CURRENT, f"the downgrade failed and the lease was released: {e}")
+            raise
+        except asyncio.CancelledError:
+            # Given up: the write lease is released in the background (a downgrade in flight is
+            # also asked for again and its reader released, `_forget_abandoned`).
+            self._client._release_later(self.lease.resource, self.lease.lease_id)
+            self._lose(LostReason.NOT_CURRENT, "the downgrade was cancelled and the lease released")
             raise
 
 

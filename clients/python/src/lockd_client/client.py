@@ -663,7 +663,9 @@ class Lock(_ReleasedByWith):
         """Trades this write lease of a read-write lock for a read lease in one step at lockd.
         This Lock ends either way: when the downgrade fails, its lease is released and it is
         lost (`lost` set, `check()` raises), and the error is raised."""
-        self._stop_renewing()
+        if not self._stop_renewing():
+            raise LeaseNotCurrent(f"this Lock of {self.resource} has ended (released, detached or "
+                                  f"downgraded before)")
         try:
             return self._client._acquire(self.lease.resource, self.lease.ttl, 0.0, None, None, 0,
                                          Mode.READ, None, None, None, self.lease.lease_id)
