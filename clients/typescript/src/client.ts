@@ -835,9 +835,14 @@ export class Lock extends EventEmitter {
    * (`not_current`: the `lost` event, `lock.lost`, its signal aborted).
    */
   async downgrade(): Promise<Lock> {
-    this.stopRenewing();
+    if (!this.stopRenewing()) {
+      throw new LeaseNotCurrent(`this Lock of ${this.resource} has ended (released, detached or downgraded before)`);
+    }
     try {
-      return await this.client.acquireLoop(this.lease.resource, { ttlMs: this.lease.ttlMs, mode: "read" }, this.lease.leaseId);
+      const reader = await this.client.acquireLoop(this.lease.resource, { ttlMs: this.lease.ttlMs, mode: "read" }, this.lease.leaseId);
+      // This write lease has ended: work bound to its signal stops, as after a release.
+      if (this.controller !== null && !this.controller.signal.aborted) this.controller.abort(this.releasedError());
+      return reader;
     } catch (e) {
       try {
         await this.client.release(this.lease.resource, this.lease.leaseId);

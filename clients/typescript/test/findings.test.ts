@@ -8,7 +8,7 @@ import { createServer, type IncomingHttpHeaders, type Server } from "node:http";
 import type { AddressInfo } from "node:net";
 import { after, before, test } from "node:test";
 import pg from "pg";
-import { Cancelled, Client, InvalidArgument, Lock, StaleToken, fenced, fencedFetch } from "../src/index";
+import { Cancelled, Client, InvalidArgument, LeaseNotCurrent, Lock, StaleToken, fenced, fencedFetch } from "../src/index";
 import { Testbed } from "./testbed";
 
 let bed: Testbed | undefined;
@@ -212,6 +212,14 @@ test("a downgrade that fails ends the Lock and signals the loss", async () => {
     assert.equal(told, "not_current");
     assert.ok(lock.lost && lock.signal.aborted);
     assert.equal((await client.describe(r)).held, false);
+    // A Lock downgraded once: its signal aborts, and it is not downgraded again nor lost.
+    const writer = await client.acquire(`${r}-rw`, { ttlMs: 30_000, mode: "write" });
+    const signal = writer.signal;
+    const reader = await writer.downgrade();
+    assert.ok(signal.aborted && !writer.lost);
+    await assert.rejects(writer.downgrade(), LeaseNotCurrent);
+    assert.ok(!writer.lost);
+    assert.ok(await reader.release());
   } finally {
     client.close();
   }
