@@ -176,7 +176,9 @@ impl LockGuard {
     /// reader's slot, with a new token. There is no upgrade (docs/api.md says why).
     ///
     /// This guard stops renewing first. `LeaseNotCurrent` when the write lease had ended; on
-    /// any error the write lease is released, best effort.
+    /// any error the write lease is released, best effort. Dropped before its answer, it
+    /// leaves nothing held: the downgrade is asked again in the background and the reader
+    /// released.
     pub async fn downgrade(mut self) -> Result<LockGuard, ClientError> {
         self.stop_renewing().await;
         self.task = None;

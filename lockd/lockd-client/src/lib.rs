@@ -588,17 +588,14 @@ impl Client {
             let (endpoint, mut rpc) = self.endpoints.rpc();
             // Given up (dropped: a select!, a timeout, an aborted task) during the call, or
             // after it went unanswered, what lockd may have granted is asked for again and
-            // released (endpoints::Abandoned); not for a downgrade, which would convert a lease
-            // the caller still holds.
-            let abandoned = downgrade
-                .is_empty()
-                .then(|| endpoints::Abandoned::new(self.clone(), req.clone()));
+            // released (endpoints::Abandoned); a downgrade too, which then ends its lease.
+            let abandoned = endpoints::Abandoned::new(self.clone(), req.clone());
             let call = tokio::time::timeout(
                 call_wait + CALL_GRACE,
                 rpc.acquire(self.request(req.clone())),
             )
             .await;
-            let abandoned = abandoned.and_then(|guard| guard.unless_answered(&call));
+            let abandoned = abandoned.unless_answered(&call);
             let status = match call {
                 Ok(Ok(resp)) => match resp.into_inner().outcome {
                     Some(pb::acquire_response::Outcome::Granted(l)) => {
@@ -656,7 +653,8 @@ impl Client {
     /// Trades the write lease `lease_id` of the read-write lock `resource` for a reader's
     /// lease in one step ([`LockGuard::downgrade`] does this for a guard). Retried with the
     /// same request id on transport failures, like an acquire. `LeaseNotCurrent` when the
-    /// write lease had ended.
+    /// write lease had ended. Dropped before its answer, it ends the lease: the downgrade is
+    /// asked again in the background and the reader released.
     pub async fn downgrade(
         &self,
         resource: &str,

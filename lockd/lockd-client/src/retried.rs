@@ -41,11 +41,7 @@ impl Client {
         if !held {
             return Ok(Retried::Ended);
         }
-        // A downgrade is not asked again on drop: it would convert a lease the caller holds.
-        let abandoned = req
-            .downgrade_lease_id
-            .is_empty()
-            .then(|| endpoints::Abandoned::new(self.clone(), req.clone()));
+        let abandoned = endpoints::Abandoned::new(self.clone(), req.clone());
         let renew_sent = Instant::now();
         let result = match self.renew(&lease.resource, &lease.lease_id).await {
             Ok(r) => {
@@ -57,9 +53,7 @@ impl Client {
                 .await
                 .map(|()| Retried::AskAgain),
         };
-        if let Some(guard) = abandoned {
-            guard.disarm();
-        }
+        abandoned.disarm();
         result
     }
 }

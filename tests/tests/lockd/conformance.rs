@@ -585,3 +585,53 @@ fn a_set_handled_after_it_was_given_up_leaves_nothing_held() {
         }
     });
 }
+
+/// A downgrade dropped after lockd made it (its answer lost, its retry held back by the test
+/// bed until a later call is answered) leaves no reader behind: the clean-up asks again under
+/// the same request id and releases the reader. Without a clean-up for downgrades, nothing
+/// is asked again and `wait-held-answered` fails.
+#[test]
+fn a_downgrade_given_up_midway_leaves_nothing_held() {
+    let mut bed = Bed::start_with(&["--no-pg"]);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let _in_rt = rt.enter();
+    let direct = Client::connect_tls(&bed.endpoint("lockd"), &Default::default()).unwrap();
+    let lossy = Client::connect_tls(&bed.endpoint("lossy"), &Default::default()).unwrap();
+    let r = format!("downgrade-late/{}", std::process::id());
+    let opts = AcquireOptions {
+        ttl: Some(Duration::from_secs(30)),
+        mode: Mode::Write,
+        ..AcquireOptions::default()
+    };
+    let writer = match rt.block_on(lossy.acquire(&r, opts)).unwrap() {
+        Acquired::Granted(g) => g,
+        Acquired::NotGranted(why) => panic!("{r}: {why:?}"),
+    };
+    for cmd in ["cut-renewals off", "hold-next-call 1", "drop-next-answer"] {
+        bed.command(cmd);
+    }
+    let given_up = rt.spawn(writer.downgrade());
+    bed.command("wait-cuts 1");
+    bed.command("wait-held");
+    given_up.abort();
+    let ended = rt.block_on(given_up);
+    assert!(
+        ended.is_err_and(|e| e.is_cancelled()),
+        "the downgrade ended before it was given up"
+    );
+    bed.command("wait-held-answered");
+    rt.block_on(async {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let d = direct.describe(&r).await.unwrap();
+            if !d.held && d.readers.unwrap_or(0) == 0 {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{r} stayed held after the given-up downgrade: {d:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    });
+}
