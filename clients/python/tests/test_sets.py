@@ -328,3 +328,17 @@ def test_a_lock_downgraded_once_is_not_downgraded_again_nor_lost(testbed):
     with pytest.raises(lockd_client.LeaseNotCurrent):
         released.downgrade()
     assert not released.lost.is_set()
+
+
+@pytest.mark.parametrize("bad", [
+    {"wait": 10 ** 400}, {"mode": "read"}, {"permits": True}, {"owner": 1}, {"ttl": float("nan")},
+])
+def test_bad_acquire_input_is_refused_before_any_call(bad):
+    c = lockd_client.Client("http://127.0.0.1:9")  # nothing listens: a call would be Unavailable
+    with pytest.raises(lockd_client.InvalidArgument):
+        c.acquire("r", **bad)
+
+    async def aio():
+        with pytest.raises(lockd_client.InvalidArgument):
+            await lockd_client.aio.Client("http://127.0.0.1:9").acquire("r", **bad)
+    asyncio.run(aio())

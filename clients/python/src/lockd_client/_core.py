@@ -288,7 +288,9 @@ def check_acquire(resource: str, ttl: Optional[float], wait: float, owner: Optio
                   permits: int, mode: Mode) -> None:
     check_resource(resource)
     check_times(ttl, wait)
-    if not isinstance(permits, int) or not 0 <= permits <= 1000:
+    if not isinstance(mode, Mode):
+        raise InvalidArgument(f"mode must be a lockd_client.Mode, not {mode!r}")
+    if not isinstance(permits, int) or isinstance(permits, bool) or not 0 <= permits <= 1000:
         raise InvalidArgument(f"permits must be 0 (a lock) or 1..1000, not {permits!r}")
     if owner is not None and (permits or mode is not Mode.EXCLUSIVE):
         raise InvalidArgument("owner (reentrancy) is for exclusive locks, not semaphores or read-write locks")
@@ -302,6 +304,10 @@ def check_times(ttl: Optional[float], wait: float) -> None:
         raise InvalidArgument(f"ttl must be positive seconds below 4294967 (lockd's limit), not {ttl!r}")
     if not (isinstance(wait, (int, float)) and not isinstance(wait, bool) and wait >= 0):
         raise InvalidArgument(f"wait must be zero or positive seconds (math.inf: for ever), not {wait!r}")
+    try:
+        float(wait)
+    except OverflowError:
+        raise InvalidArgument(f"wait is too large for seconds (math.inf: for ever): {wait!r}") from None
 
 
 def check_texts(**fields) -> None:
