@@ -27,25 +27,33 @@ def free_soon(client, resources):
             time.sleep(0.02)
 
 
+def cancelled(acquire_all, rs, before_the_cancel, **kwargs):
+    """What `acquire_all(rs, cancel=..., **kwargs)`, run on a thread, ends with when its cancel
+    is set once `before_the_cancel()` returns."""
+    cancel = threading.Event()
+    got = []
+
+    def run():
+        try:
+            got.append(acquire_all(rs, cancel=cancel, **kwargs))
+        except lockd_client.LockdError as e:
+            got.append(e)
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    before_the_cancel()
+    cancel.set()
+    t.join(30)
+    assert not t.is_alive(), "a cancelled acquire_all kept waiting"
+    return got[0]
+
+
 def test_a_set_wait_is_cancelled_and_leaves_nothing(testbed):
     c = lockd_client.Client(testbed.servers["lockd"]["endpoint"])
     rs = names("cancel")
     blocker = c.acquire(rs[1], ttl=30)
-    cancel = threading.Event()
-    got = []
-
-    def wait():
-        try:
-            got.append(c.acquire_all(rs, ttl=30, wait=120, cancel=cancel))
-        except lockd_client.LockdError as e:
-            got.append(e)
-    t = threading.Thread(target=wait, daemon=True)
-    t.start()
-    cancel.set()
-    t.join(30)
-    assert not t.is_alive(), "a cancelled acquire_all kept waiting"
-    assert isinstance(got[0], lockd_client.Cancelled), got
-    assert "the set" in str(got[0])
+    got = cancelled(c.acquire_all, rs, lambda: None, ttl=30, wait=120)
+    assert isinstance(got, lockd_client.Cancelled), got
+    assert "the set" in str(got)
     assert blocker.release() is True
     free_soon(c, rs)
 
@@ -59,21 +67,11 @@ def test_a_set_given_up_while_its_check_of_the_held_grant_fails_is_released(test
     rs = names("given-up")
     rid = f"set-given-up-{secrets.token_hex(4)}"
     first = direct.acquire_all(rs, ttl=30, request_id=rid)
-    cancel = threading.Event()
-    got = []
     testbed.command("cut-renewals on")
     try:
-        def again():
-            try:
-                got.append(lossy.acquire_all(rs, ttl=30, request_id=rid, cancel=cancel))
-            except lockd_client.LockdError as e:
-                got.append(e)
-        t = threading.Thread(target=again, daemon=True)
-        t.start()
-        testbed.command("wait-cuts 1")
-        cancel.set()
-        t.join(30)
-        assert isinstance(got[0], lockd_client.Cancelled), got
+        got = cancelled(lossy.acquire_all, rs, lambda: testbed.command("wait-cuts 1"), ttl=30,
+                        request_id=rid)
+        assert isinstance(got, lockd_client.Cancelled), got
         free_soon(direct, rs)
     finally:
         testbed.command("cut-renewals off")
@@ -173,21 +171,9 @@ def test_sets_handled_after_they_were_given_up_leave_nothing_held(testbed):
     direct = lockd_client.Client(testbed.servers["lockd"]["endpoint"])
     rs = names("late")
     lossy = lockd_client.Client(testbed.servers["lossy"]["endpoint"])
-    cancel = threading.Event()
-    got = []
     testbed.command("hold-next-call")
-
-    def given_up():
-        try:
-            got.append(lossy.acquire_all(rs, ttl=30, wait=60, cancel=cancel))
-        except lockd_client.LockdError as e:
-            got.append(e)
-    t = threading.Thread(target=given_up, daemon=True)
-    t.start()
-    testbed.command("wait-held")
-    cancel.set()
-    t.join(30)
-    assert isinstance(got[0], lockd_client.Cancelled), got
+    got = cancelled(lossy.acquire_all, rs, lambda: testbed.command("wait-held"), ttl=30, wait=60)
+    assert isinstance(got, lockd_client.Cancelled), got
     testbed.command("wait-held-answered")
     free_soon(direct, rs)
 

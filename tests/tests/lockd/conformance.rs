@@ -62,6 +62,11 @@ impl Bed {
         assert!(answer.starts_with("ok"), "test bed {line:?}: {answer}");
     }
 
+    /// A client of one of the bed's servers (plaintext), inside a runtime.
+    fn client(&self, server: &str) -> Client {
+        Client::connect_tls(&self.endpoint(server), &Default::default()).expect("a client")
+    }
+
     fn endpoint(&self, server: &str) -> String {
         self.servers[server]["endpoint"]
             .as_str()
@@ -542,11 +547,12 @@ fn every_scenario_of_the_suite_passes_with_the_rust_sdk() {
 /// clean-up for sets, nothing is asked again and `wait-held-answered` fails.
 #[test]
 fn a_set_handled_after_it_was_given_up_leaves_nothing_held() {
-    let mut bed = Bed::start_with(&["--no-pg"]);
-    let rt = tokio::runtime::Runtime::new().unwrap();
+    let (mut bed, rt) = (
+        Bed::start_with(&["--no-pg"]),
+        tokio::runtime::Runtime::new().unwrap(),
+    );
     let _in_rt = rt.enter();
-    let direct = Client::connect_tls(&bed.endpoint("lockd"), &Default::default()).unwrap();
-    let lossy = Client::connect_tls(&bed.endpoint("lossy"), &Default::default()).unwrap();
+    let (direct, lossy) = (bed.client("lockd"), bed.client("lossy"));
     let names: Vec<String> = ["x", "y"]
         .iter()
         .map(|n| format!("set-late/{}/{n}", std::process::id()))
@@ -592,11 +598,12 @@ fn a_set_handled_after_it_was_given_up_leaves_nothing_held() {
 /// is asked again and `wait-held-answered` fails.
 #[test]
 fn a_downgrade_given_up_midway_leaves_nothing_held() {
-    let mut bed = Bed::start_with(&["--no-pg"]);
-    let rt = tokio::runtime::Runtime::new().unwrap();
+    let (mut bed, rt) = (
+        Bed::start_with(&["--no-pg"]),
+        tokio::runtime::Runtime::new().unwrap(),
+    );
     let _in_rt = rt.enter();
-    let direct = Client::connect_tls(&bed.endpoint("lockd"), &Default::default()).unwrap();
-    let lossy = Client::connect_tls(&bed.endpoint("lossy"), &Default::default()).unwrap();
+    let (direct, lossy) = (bed.client("lockd"), bed.client("lossy"));
     let r = format!("downgrade-late/{}", std::process::id());
     let opts = AcquireOptions {
         ttl: Some(Duration::from_secs(30)),

@@ -187,39 +187,44 @@ class Client:
         a set (`req` an AcquireAllRequest, try-only at lockd), the same request again, each
         member released."""
         if isinstance(req, pb.AcquireAllRequest):
-            async def clean_up() -> None:
-                try:
-                    resp = await self._call_for_a_while("AcquireAll", req)
-                except LockdError as e:
-                    log.warning("after a cancelled acquire of the set %s: %s (leases granted as it "
-                                "was cancelled end at their TTL)", list(req.resources), e)
-                    return
-                if resp.WhichOneof("outcome") == "granted":
-                    # Member by member, each retried (see the threaded client's).
-                    for r, lease in zip(req.resources, resp.granted.leases):
-                        try:
-                            await self._call_for_a_while("Release", pb.ReleaseRequest(
-                                resource=lease.resource or r, lease_id=lease.lease_id))
-                        except LockdError as e:
-                            log.warning("after a cancelled acquire of a set: releasing %s: %s (it "
-                                        "ends at its TTL)", lease.resource or r, e)
+            self._background(self._clean_up_set(req))
         else:
             again = pb.AcquireRequest()
             again.CopyFrom(req)
             again.wait_timeout_ms = 0
+            self._background(self._clean_up_one(again))
 
-            async def clean_up() -> None:
-                try:
-                    # Whatever the resource looks like (see the threaded client's).
-                    resp = await self._call_for_a_while("Acquire", again)
-                    if resp.WhichOneof("outcome") == "granted":
-                        await self.release(resp.granted.resource or again.resource, resp.granted.lease_id)
-                except LockdError as e:
-                    log.warning("after a cancelled acquire of %s: %s (a lease granted as it was "
-                                "cancelled ends at its TTL)", again.resource, e)
-        task = asyncio.get_running_loop().create_task(clean_up())
+    def _background(self, work, awaited: bool = False) -> "asyncio.Task":
+        """Runs `work` in a task of its own, which a cancel of its awaiter does not stop
+        (`close()` waits for it); a failure is logged unless the task is `awaited` (its awaiter
+        gets the error)."""
+        task = asyncio.get_running_loop().create_task(work)
         self._cleanups.add(task)
-        task.add_done_callback(self._cleanups.discard)
+
+        def done(t: "asyncio.Task") -> None:
+            self._cleanups.discard(t)
+            if not t.cancelled() and t.exception() is not None and not awaited:
+                log.warning("in the background: %s (a lease left held ends at its TTL)", t.exception())
+        task.add_done_callback(done)
+        return task
+
+    async def _clean_up_one(self, again: "pb.AcquireRequest") -> None:
+        # Whatever the resource looks like (see the threaded client's).
+        resp = await self._call_for_a_while("Acquire", again)
+        if resp.WhichOneof("outcome") == "granted":
+            await self.release(resp.granted.resource or again.resource, resp.granted.lease_id)
+
+    async def _clean_up_set(self, req: "pb.AcquireAllRequest") -> None:
+        resp = await self._call_for_a_while("AcquireAll", req)
+        if resp.WhichOneof("outcome") == "granted":
+            # Member by member, each retried (see the threaded client's).
+            for r, lease in zip(req.resources, resp.granted.leases):
+                try:
+                    await self._call_for_a_while("Release", pb.ReleaseRequest(
+                        resource=lease.resource or r, lease_id=lease.lease_id))
+                except LockdError as e:
+                    log.warning("after a cancelled acquire of a set: releasing %s: %s (it ends at its "
+                                "TTL)", lease.resource or r, e)
 
     async def acquire_all(self, resources: Sequence[str], *, ttl: Optional[float] = None, wait: float = 0.0,
                           request_id: Optional[str] = None, holder: Optional[str] = None) -> "LockSet":
@@ -292,19 +297,6 @@ class Client:
                     pass
             raise
         return LockSet(taken)
-
-    def _release_later(self, resource: str, lease_id: str) -> "asyncio.Task[bool]":
-        """Releases a lease in a task of its own, which a cancel of its awaiter does not stop
-        (`close()` waits for it); a failure no one awaits is logged."""
-        task = asyncio.get_running_loop().create_task(self.release(resource, lease_id))
-        self._cleanups.add(task)
-
-        def done(t: "asyncio.Task[bool]") -> None:
-            self._cleanups.discard(t)
-            if not t.cancelled() and t.exception() is not None:
-                log.warning("releasing %s: %s (it ends at its TTL)", resource, t.exception())
-        task.add_done_callback(done)
-        return task
 
     def lock(self, resource: str, **kwargs) -> "_Acquiring":
         """`async with client.lock(resource, ...) as lock:` acquires, and releases at the end."""
@@ -447,9 +439,10 @@ class Lock(_ReleasedByAsyncWith):
             if not await self._stop_renewing():
                 return False
         except asyncio.CancelledError:
-            self._client._release_later(self.lease.resource, self.lease.lease_id)
+            self._client._background(self._client.release(self.lease.resource, self.lease.lease_id))
             raise
-        return await asyncio.shield(self._client._release_later(self.lease.resource, self.lease.lease_id))
+        release = self._client.release(self.lease.resource, self.lease.lease_id)
+        return await asyncio.shield(self._client._background(release, awaited=True))
 
     async def detach(self) -> Lease:
         await self._stop_renewing()
@@ -489,7 +482,7 @@ class Lock(_ReleasedByAsyncWith):
         except asyncio.CancelledError:
             # Given up: the write lease is released in the background (a downgrade in flight is
             # also asked for again and its reader released, `_forget_abandoned`).
-            self._client._release_later(self.lease.resource, self.lease.lease_id)
+            self._client._background(self._client.release(self.lease.resource, self.lease.lease_id))
             self._lose(LostReason.NOT_CURRENT, "the downgrade was cancelled and the lease released")
             raise
 

@@ -152,10 +152,20 @@ class Client:
 
     # -- calls ---------------------------------------------------------------------------
 
-    def _call_once(self, name: str, request, timeout: float):
+    def _call_once(self, name: str, request, timeout: float, cancel: Optional[threading.Event] = None,
+                   acquired=None, what: str = ""):
+        """One call to the current endpoint. With `cancel`, answered unless it is set first:
+        then the call is cancelled, what the acquire request `acquired` may have been granted
+        is released in the background, and `Cancelled` ("`what` was cancelled") is raised."""
         i, stub = self._eps.stub()
         try:
-            return getattr(stub, name)(request, timeout=timeout, metadata=self._s.metadata)
+            if cancel is None:
+                # The blocking call: a future costs gRPC a thread per call.
+                return getattr(stub, name)(request, timeout=timeout, metadata=self._s.metadata)
+            future = getattr(stub, name).future(request, timeout=timeout, metadata=self._s.metadata)
+            return _answer_unless_cancelled(future, cancel, lambda: self._forget_abandoned(acquired), what)
+        except grpc.FutureCancelledError:
+            raise Cancelled(f"{what} was cancelled") from None
         except grpc.RpcError as e:
             if is_transient(e):
                 self._eps.failed(i)
@@ -217,22 +227,11 @@ class Client:
             call_wait = min(remaining, CALL_WAIT_MAX)
             req = _core.acquire_request(resource, request_id, ttl, call_wait, holder or self._s.holder,
                                         owner, permits, mode, downgrade)
-            i, stub = self._eps.stub()
             sent = time.monotonic()
             try:
-                if cancel is None:
-                    # The blocking call: a future costs gRPC a thread per call.
-                    resp = stub.Acquire(req, timeout=call_wait + CALL_GRACE, metadata=self._s.metadata)
-                else:
-                    future = stub.Acquire.future(req, timeout=call_wait + CALL_GRACE,
-                                                 metadata=self._s.metadata)
-                    resp = _answer_unless_cancelled(future, cancel, lambda: self._forget_abandoned(req),
-                                                    f"the acquire of {resource}")
-            except grpc.FutureCancelledError:
-                raise Cancelled(f"the acquire of {resource} was cancelled") from None
+                resp = self._call_once("Acquire", req, call_wait + CALL_GRACE, cancel, req,
+                                       f"the acquire of {resource}")
             except grpc.RpcError as e:
-                if is_transient(e):
-                    self._eps.failed(i)
                 exhausted = e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
                 budget = deadline if exhausted else deadline + TRANSPORT_RETRY_FOR
                 if not (is_transient(e) or exhausted) or time.monotonic() >= budget:
@@ -281,16 +280,10 @@ class Client:
         if cancel is None:
             self.renew(lease.resource, lease.lease_id)
             return
-        i, stub = self._eps.stub()
-        future = stub.Renew.future(pb.RenewRequest(resource=lease.resource, lease_id=lease.lease_id),
-                                   timeout=10.0, metadata=self._s.metadata)
         try:
-            _answer_unless_cancelled(future, cancel, lambda: self._forget_abandoned(req), what)
-        except grpc.FutureCancelledError:
-            raise Cancelled(f"{what} was cancelled") from None
+            self._call_once("Renew", pb.RenewRequest(resource=lease.resource, lease_id=lease.lease_id),
+                            10.0, cancel, req, what)
         except grpc.RpcError as e:
-            if is_transient(e):
-                self._eps.failed(i)
             raise from_rpc(e) from None
 
     def _pause(self, backoff: Backoff, cancel: Optional[threading.Event], req, what: str,
@@ -413,19 +406,7 @@ class Client:
                                        ttl_ms=_core.ttl_ms(ttl), holder=holder or self._s.holder)
             sent = time.monotonic()
             try:
-                if cancel is None:
-                    resp = self._call_once("AcquireAll", req, CALL_GRACE)
-                else:
-                    i, stub = self._eps.stub()
-                    future = stub.AcquireAll.future(req, timeout=CALL_GRACE, metadata=self._s.metadata)
-                    try:
-                        resp = _answer_unless_cancelled(future, cancel, lambda: self._forget_abandoned(req), what)
-                    except grpc.RpcError as e:
-                        if is_transient(e):
-                            self._eps.failed(i)
-                        raise
-            except grpc.FutureCancelledError:
-                raise Cancelled(f"{what} was cancelled") from None
+                resp = self._call_once("AcquireAll", req, CALL_GRACE, cancel, req, what)
             except grpc.RpcError as e:
                 if not is_transient(e) or time.monotonic() >= deadline + TRANSPORT_RETRY_FOR:
                     raise from_rpc(e) from None
