@@ -41,6 +41,7 @@
 #include "access/stratnum.h"
 #include "access/table.h"
 #include "access/transam.h"
+#include "access/xlog.h"
 #include "access/xact.h"
 #include "catalog/namespace.h"
 #include "catalog/pg_collation.h"
@@ -48,7 +49,9 @@
 #include "catalog/pg_inherits.h"
 #include "catalog/pg_language.h"
 #include "catalog/pg_proc.h"
+#include "catalog/pg_trigger.h"
 #include "catalog/pg_type.h"
+#include "commands/trigger.h"
 #include "common/cryptohash.h"
 #include "common/sha2.h"
 #include "executor/executor.h"
@@ -56,12 +59,17 @@
 #include "fmgr.h"
 #include "miscadmin.h"
 #include "nodes/parsenodes.h"
+#include "port/atomics.h"
 #include "postmaster/autovacuum.h"
+#include "storage/ipc.h"
 #include "storage/lock.h"
+#include "storage/lwlock.h"
+#include "storage/shmem.h"
 #include "tcop/utility.h"
 #include "utils/builtins.h"
 #include "utils/fmgroids.h"
 #include "utils/guc.h"
+#include "utils/inval.h"
 #include "utils/lsyscache.h"
 #include "utils/memutils.h"
 #include "utils/rel.h"
@@ -480,6 +488,235 @@ mark_is(const char *r, int64 t, const uint8 *hash, int64 version, Snapshot snaps
 }
 
 /*
+ * Remembered passes. A backend remembers the last few (resource, token) pairs its fast check
+ * passed, each with the fence epoch read before the snapshot that passed it. The epoch is a
+ * counter in shared memory that every transaction which changed the tables the fast check
+ * reads (fencing.tokens, signed_prefixes, keys, keys_version) raises when it ends, committed
+ * or not. Such a transaction is known by fencing.hook_changed, a statement trigger on each
+ * table, fired ALWAYS (so also under session_replication_role = replica and by logical
+ * replication's apply). A pass is used again, instead of reading the tables, only while the
+ * epoch is still the one it was read at: no change to those tables has committed since its
+ * snapshot. A change that commits after the snapshot raises the epoch after it is visible; a
+ * raise does so before it gives back the fence lock, which the fast check holds before it
+ * looks. Every check still takes the fence lock as before; only the reads are saved.
+ *
+ * Nothing is remembered, and nothing used, when the tables are not so guarded (each must have
+ * the trigger, enabled ALWAYS, without a WHEN or column list, calling this library's
+ * function), during recovery (a standby's tables change by WAL replay, which fires nothing),
+ * or in a transaction that changed those tables itself (a rolled-back savepoint undoes a change
+ * without a trigger). A transaction that changed them is never prepared: COMMIT PREPARED runs
+ * no callback of the session that wrote. Whatever could change the tables or their triggers
+ * without a row change (DDL on them, a trigger disabled or dropped, the function replaced, the
+ * schema renamed) sends an invalidation, on which everything remembered is forgotten. The
+ * tables stay the truth: the memory is a backend's own, and a crash restart starts afresh.
+ */
+#define REMEMBERED 8
+#define TOKEN_TEXT_MAX 128		/* 19 digits, '.', a key id of 32, '.', 64 hex digits */
+
+typedef struct Remembered
+{
+	uint64		epoch;			/* 0: empty */
+	char		resource[257];
+	char		token[TOKEN_TEXT_MAX];
+} Remembered;
+
+typedef struct FenceShared
+{
+	pg_atomic_uint64 epoch;
+} FenceShared;
+
+/* The fence epoch, in shared memory: NULL when the library was not preloaded. */
+static FenceShared *fence_shared = NULL;
+static shmem_request_hook_type prev_shmem_request_hook = NULL;
+static shmem_startup_hook_type prev_shmem_startup_hook = NULL;
+static Remembered remembered[REMEMBERED];
+static int	remembered_next = 0;
+/* The tables read, to forget on their invalidation; InvalidOid when unknown. */
+#define GUARDED_TABLES 4
+static const char *const guarded_names[GUARDED_TABLES] = {"tokens", "signed_prefixes", "keys", "keys_version"};
+static Oid	guarded_tables[GUARDED_TABLES];
+/* Whether the tables are guarded: 0 not known yet, 1 guarded, -1 not. */
+static int	guard_state = 0;
+/* fencing.hook_changed's OID, once seen to be this library's function. */
+static Oid	trigger_fn = InvalidOid;
+/* This transaction changed a guarded table (fencing.hook_changed fired). */
+static bool wrote_fence_tables = false;
+
+static void
+forget_all(void)
+{
+	int			i;
+
+	for (i = 0; i < REMEMBERED; i++)
+		remembered[i].epoch = 0;
+	guard_state = 0;
+}
+
+static void
+forget_on_relcache(Datum arg, Oid relid)
+{
+	int			i;
+
+	if (!OidIsValid(relid))
+	{
+		forget_all();
+		return;
+	}
+	for (i = 0; i < GUARDED_TABLES; i++)
+		if (guarded_tables[i] == relid)
+			forget_all();
+}
+
+static void
+forget_on_syscache(Datum arg, int cacheid, uint32 hashvalue)
+{
+	forget_all();
+	trigger_fn = InvalidOid;
+}
+
+
+/* The epoch now, read after everything before it (the fence lock, or the caller's last read). */
+static uint64
+current_epoch(void)
+{
+	pg_memory_barrier();
+	return pg_atomic_read_u64(&fence_shared->epoch);
+}
+
+/* Whether passes may be remembered and used in this transaction, now. */
+static bool
+may_remember(void)
+{
+	return fence_shared != NULL && !wrote_fence_tables && !RecoveryInProgress();
+}
+
+/* Whether `fn` is this library's fence_hook_changed. */
+static bool
+is_trigger_fn(Oid fn)
+{
+	HeapTuple	tuple;
+	bool		is = false;
+
+	if (OidIsValid(trigger_fn) && fn == trigger_fn)
+		return true;
+	tuple = SearchSysCache1(PROCOID, ObjectIdGetDatum(fn));
+	if (!HeapTupleIsValid(tuple))
+		return false;
+	if (((Form_pg_proc) GETSTRUCT(tuple))->prolang == ClanguageId && fence_hook_library != NULL &&
+		fence_hook_library[0] != '\0')
+	{
+		bool		bin_null;
+		bool		src_null;
+		Datum		bin = SysCacheGetAttr(PROCOID, tuple, Anum_pg_proc_probin, &bin_null);
+		Datum		src = SysCacheGetAttr(PROCOID, tuple, Anum_pg_proc_prosrc, &src_null);
+
+		if (!bin_null && !src_null)
+		{
+			char	   *b = TextDatumGetCString(bin);
+			char	   *c = TextDatumGetCString(src);
+
+			is = strcmp(b, fence_hook_library) == 0 && strcmp(c, "fence_hook_changed") == 0;
+			pfree(b);
+			pfree(c);
+		}
+	}
+	ReleaseSysCache(tuple);
+	if (is)
+		trigger_fn = fn;
+	return is;
+}
+
+/* Whether every change to `rel`'s rows fires this library's trigger (see above). */
+static bool
+table_guarded(Relation rel)
+{
+	TriggerDesc *desc = rel->trigdesc;
+	bool		insert = false,
+				update = false,
+				delete = false,
+				truncate = false;
+	int			i;
+
+	if (desc == NULL)
+		return false;
+	for (i = 0; i < desc->numtriggers; i++)
+	{
+		Trigger    *t = &desc->triggers[i];
+
+		if (t->tgenabled != TRIGGER_FIRES_ALWAYS || t->tgqual != NULL || t->tgnattr != 0 ||
+			!is_trigger_fn(t->tgfoid))
+			continue;
+		insert |= TRIGGER_FOR_INSERT(t->tgtype) != 0;
+		update |= TRIGGER_FOR_UPDATE(t->tgtype) != 0;
+		delete |= TRIGGER_FOR_DELETE(t->tgtype) != 0;
+		truncate |= TRIGGER_FOR_TRUNCATE(t->tgtype) != 0;
+	}
+	return insert && update && delete && truncate;
+}
+
+/* Whether all the tables the fast check reads are guarded; the answer is kept until an invalidation. */
+static bool
+tables_guarded(void)
+{
+	int			i;
+	bool		guarded = true;
+
+	if (guard_state != 0)
+		return guard_state > 0;
+	for (i = 0; i < GUARDED_TABLES; i++)
+	{
+		Relation	rel = open_fencing_table(guarded_names[i]);
+
+		guarded_tables[i] = InvalidOid;
+		if (rel == NULL)
+		{
+			guarded = false;
+			continue;
+		}
+		guarded_tables[i] = RelationGetRelid(rel);
+		guarded = guarded && table_guarded(rel);
+		table_close(rel, NoLock);
+	}
+	guard_state = guarded ? 1 : -1;
+	return guarded;
+}
+
+/* Whether (resource, token) passed at epoch `epoch`. */
+static bool
+remembered_at(const char *resource, const char *token, uint64 epoch)
+{
+	int			i;
+
+	for (i = 0; i < REMEMBERED; i++)
+		if (remembered[i].epoch == epoch && strcmp(remembered[i].resource, resource) == 0 &&
+			strcmp(remembered[i].token, token) == 0)
+			return true;
+	return false;
+}
+
+static void
+remember(const char *resource, const char *token, uint64 epoch)
+{
+	Remembered *r;
+	int			i;
+
+	if (strlen(resource) >= sizeof(r->resource) || strlen(token) >= sizeof(r->token))
+		return;
+	for (i = 0; i < REMEMBERED; i++)
+		if (remembered[i].epoch != 0 && strcmp(remembered[i].resource, resource) == 0 &&
+			strcmp(remembered[i].token, token) == 0)
+		{
+			remembered[i].epoch = epoch;
+			return;
+		}
+	r = &remembered[remembered_next];
+	remembered_next = (remembered_next + 1) % REMEMBERED;
+	strcpy(r->resource, resource);
+	strcpy(r->token, token);
+	r->epoch = epoch;
+}
+
+/*
  * Whether the session's token `token` for resource `resource` passes the fast check (see
  * above). On true the transaction holds the resource's fence lock shared, as the general
  * check leaves it.
@@ -495,11 +732,12 @@ fast_check(const char *resource, const char *token, int64 *accepted)
 	LOCKTAG		tag;
 	Snapshot	snapshot;
 	bool		took = false;
+	bool		remembering;
+	uint64		epoch = 0;
 	bool		is;
 
 	if (XactIsoLevel != XACT_READ_COMMITTED || !valid_resource(resource) ||
-		!parse_token(token, &t, &is_signed, key_id) ||
-		(is_signed && !sha256_of(token, hash)))
+		!parse_token(token, &t, &is_signed, key_id))
 		return false;
 	fence_lock_tag(resource, &tag);
 	if (!holds_fence_lock(&tag))
@@ -515,27 +753,47 @@ fast_check(const char *resource, const char *token, int64 *accepted)
 		took = true;
 	}
 
+	/* A pass remembered at the epoch now, read after the lock: no change since (see above). */
+	remembering = may_remember();
+	if (remembering)
+	{
+		epoch = current_epoch();
+		if (remembered_at(resource, token, epoch))
+		{
+			elog(DEBUG1, "fence_hook: token %lld is the mark of resource %s (the fast check), as read before",
+				 (long long) t, resource);
+			*accepted = t;
+			return true;
+		}
+	}
+
 	/*
-	 * Everything read in one snapshot, taken after the lock: a raise committed before it is
-	 * seen, and the keys, the prefixes and the mark are of one moment (a change of keys that
-	 * committed between two reads would otherwise be missed). What this transaction's last
-	 * statement wrote is seen too, as SPI's statements see it.
+	 * Everything read in one snapshot, taken after the lock (and after the epoch): a raise
+	 * committed before it is seen, and the keys, the prefixes and the mark are of one moment
+	 * (a change of keys that committed between two reads would otherwise be missed). What
+	 * this transaction's last statement wrote is seen too, as SPI's statements see it.
 	 */
-	CommandCounterIncrement();
-	snapshot = RegisterSnapshot(GetTransactionSnapshot());
-	if (is_signed)
-		is = key_verifies(key_id, snapshot) && keys_version(snapshot, &version) &&
-			mark_is(resource, t, hash, version, snapshot);
-	else
-		is = signature_need(resource, snapshot) == NEEDS_NONE &&
-			mark_is(resource, t, NULL, 0, snapshot);
-	UnregisterSnapshot(snapshot);
+	is = !is_signed || sha256_of(token, hash);
+	if (is)
+	{
+		CommandCounterIncrement();
+		snapshot = RegisterSnapshot(GetTransactionSnapshot());
+		if (is_signed)
+			is = key_verifies(key_id, snapshot) && keys_version(snapshot, &version) &&
+				mark_is(resource, t, hash, version, snapshot);
+		else
+			is = signature_need(resource, snapshot) == NEEDS_NONE &&
+				mark_is(resource, t, NULL, 0, snapshot);
+		UnregisterSnapshot(snapshot);
+	}
 	if (!is)
 	{
 		if (took)
 			LockRelease(&tag, ShareLock, false);
 		return false;
 	}
+	if (remembering && tables_guarded())
+		remember(resource, token, epoch);
 	elog(DEBUG1, "fence_hook: token %lld is the mark of resource %s (the fast check)",
 		 (long long) t, resource);
 	*accepted = t;
@@ -637,6 +895,11 @@ fence_hook_check(PG_FUNCTION_ARGS)
 	int			wait_ms = PG_ARGISNULL(0) ? 1000 : PG_GETARG_INT32(0);
 	int64		accepted;
 
+	if (fence_shared == NULL)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("fence_hook must be loaded with shared_preload_libraries"),
+				 errhint("add fence_hook to shared_preload_libraries in postgresql.conf and restart PostgreSQL")));
 	if (!is_set(resource) && !is_set(token))
 		PG_RETURN_NULL();
 	if (is_set(resource) && is_set(token) && fast_check(resource, token, &accepted))
@@ -645,6 +908,44 @@ fence_hook_check(PG_FUNCTION_ARGS)
 	if (general_check(wait_ms, &accepted))
 		PG_RETURN_INT64(accepted);
 	PG_RETURN_NULL();
+}
+
+PG_FUNCTION_INFO_V1(fence_hook_changed);
+
+/*
+ * fencing.hook_changed(): the statement trigger on the tables the fast check reads (see
+ * "Remembered passes"): marks the transaction, whose end raises the fence epoch. Does nothing
+ * where the library is not preloaded (it was taken out of shared_preload_libraries after the
+ * schema was installed): nothing is remembered there.
+ */
+Datum
+fence_hook_changed(PG_FUNCTION_ARGS)
+{
+	TriggerData *trigger = (TriggerData *) fcinfo->context;
+
+	if (!CALLED_AS_TRIGGER(fcinfo))
+		ereport(ERROR,
+				(errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
+				 errmsg("fencing.hook_changed() may only be called as a trigger")));
+	if (fence_shared != NULL)
+		wrote_fence_tables = true;
+	if (TRIGGER_FIRED_FOR_ROW(trigger->tg_event))
+		return PointerGetDatum(TRIGGER_FIRED_BY_UPDATE(trigger->tg_event) ? trigger->tg_newtuple : trigger->tg_trigtuple);
+	return PointerGetDatum(NULL);
+}
+
+/*
+ * COMMIT PREPARED runs no callback of the session that prepared, so a transaction that changed
+ * the tables the fast check reads would commit without raising the fence epoch: not prepared.
+ */
+static void
+refuse_prepare_with_fence_writes(void)
+{
+	if (wrote_fence_tables)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("fence_hook: a transaction that changed the fence's tables (fencing.tokens, signed_prefixes, keys, keys_version) cannot be prepared"),
+				 errhint("Commit it instead.")));
 }
 
 static void
@@ -700,7 +1001,17 @@ fence_hook_xact(XactEvent event, void *arg)
 		judge_commit();
 	/* After the check, which takes the fence lock: a fenced transaction is never prepared. */
 	if (event == XACT_EVENT_PRE_PREPARE)
+	{
 		refuse_prepare_with_fence_locks();
+		refuse_prepare_with_fence_writes();
+	}
+	/* A change to the tables the fast check reads, now visible or undone. */
+	if ((event == XACT_EVENT_COMMIT || event == XACT_EVENT_PARALLEL_COMMIT || event == XACT_EVENT_ABORT ||
+		 event == XACT_EVENT_PARALLEL_ABORT || event == XACT_EVENT_PREPARE) && wrote_fence_tables)
+	{
+		pg_atomic_fetch_add_u64(&fence_shared->epoch, 1);
+		wrote_fence_tables = false;
+	}
 }
 
 /*
@@ -894,14 +1205,38 @@ fence_utility(PlannedStmt *pstmt, const char *queryString, bool readOnlyTree,
 		standard_ProcessUtility(pstmt, queryString, readOnlyTree, context, params, queryEnv, dest, qc);
 }
 
+static void
+fence_shmem_request(void)
+{
+	if (prev_shmem_request_hook)
+		(*prev_shmem_request_hook) ();
+	RequestAddinShmemSpace(MAXALIGN(sizeof(FenceShared)));
+}
+
+static void
+fence_shmem_startup(void)
+{
+	bool		found;
+
+	if (prev_shmem_startup_hook)
+		(*prev_shmem_startup_hook) ();
+	LWLockAcquire(AddinShmemInitLock, LW_EXCLUSIVE);
+	fence_shared = ShmemInitStruct("fence_hook", sizeof(FenceShared), &found);
+	if (!found)
+		pg_atomic_init_u64(&fence_shared->epoch, 1);
+	LWLockRelease(AddinShmemInitLock);
+}
+
+/*
+ * Loaded any other way than with shared_preload_libraries (a LOAD, or a call of one of its
+ * functions after it was taken out of that list), the library installs nothing: its trigger
+ * function does nothing and fencing.hook_check refuses.
+ */
 void
 _PG_init(void)
 {
 	if (!process_shared_preload_libraries_in_progress)
-		ereport(ERROR,
-				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
-				 errmsg("fence_hook must be loaded with shared_preload_libraries"),
-				 errhint("add fence_hook to shared_preload_libraries in postgresql.conf and restart PostgreSQL")));
+		return;
 	DefineCustomBoolVariable("fence_hook.active",
 							 "Whether PostgreSQL judges every commit by the fence check (fence_hook is loaded).",
 							 NULL, &fence_hook_active, true, PGC_INTERNAL,
@@ -924,6 +1259,13 @@ _PG_init(void)
 								   NULL, NULL, NULL);
 	}
 	MarkGUCPrefixReserved("fence_hook");
+	prev_shmem_request_hook = shmem_request_hook;
+	shmem_request_hook = fence_shmem_request;
+	prev_shmem_startup_hook = shmem_startup_hook;
+	shmem_startup_hook = fence_shmem_startup;
+	CacheRegisterRelcacheCallback(forget_on_relcache, (Datum) 0);
+	CacheRegisterSyscacheCallback(PROCOID, forget_on_syscache, (Datum) 0);
+	CacheRegisterSyscacheCallback(NAMESPACEOID, forget_on_syscache, (Datum) 0);
 	RegisterXactCallback(fence_hook_xact, NULL);
 	prev_needs_fmgr_hook = needs_fmgr_hook;
 	needs_fmgr_hook = fence_needs_fmgr;

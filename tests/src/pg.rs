@@ -238,6 +238,53 @@ impl Postgres {
         self.process.wait();
     }
 
+    /// A hot standby of this server, streaming from it (pg_basebackup -R), with the same
+    /// `shared_preload_libraries`; returns once it accepts read-only connections.
+    pub fn standby(&self) -> Postgres {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        if is_root() {
+            let (uid, gid) = postgres_ids();
+            std::os::unix::fs::chown(dir.path(), Some(uid), Some(gid))
+                .expect("handing the directory to postgres");
+        }
+        let mut backup = as_postgres(&bin_dir().join("pg_basebackup"));
+        backup
+            .args([
+                "-h",
+                "127.0.0.1",
+                "-p",
+                &self.port.to_string(),
+                "-U",
+                "postgres",
+            ])
+            .arg("-D")
+            .arg(dir.path().join("data"))
+            .args(["-R", "-X", "stream", "--no-sync", "--checkpoint", "fast"]);
+        let (status, _, stderr) = output(backup);
+        assert!(status.success(), "pg_basebackup failed: {stderr}");
+        let port: u16 = free_loopback_addr()
+            .rsplit(':')
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap();
+        let process = launch(dir.path(), port, self.preload.as_deref());
+        Postgres {
+            port,
+            process,
+            dir,
+            preload: self.preload.clone(),
+        }
+    }
+
+    /// Stops PostgreSQL and starts it again on the same port and data without
+    /// `shared_preload_libraries` (the commit hook taken out of it).
+    pub fn restart_without_hook(&mut self) {
+        self.stop();
+        self.preload = None;
+        self.resume();
+    }
+
     /// Starts PostgreSQL again after [`Postgres::stop`], on the same port and data; returns once
     /// it accepts connections.
     pub fn resume(&mut self) {
@@ -330,7 +377,9 @@ fn launch(dir: &Path, port: u16, preload: Option<&Path>) -> Spawned {
     process
         .stderr
         .wait_for("PostgreSQL to accept connections", |l| {
+            // "... read-only connections" on a hot standby
             l.contains("ready to accept connections")
+                || l.contains("ready to accept read-only connections")
         });
     process
 }

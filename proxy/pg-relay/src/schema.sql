@@ -755,6 +755,44 @@ BEGIN
 END
 $do$;
 
+-- The guard of the commit hook's remembered passes (proxy/pg-hook, "Remembered passes"): a
+-- statement trigger on each table its fast check reads, fired ALWAYS, that raises the fence
+-- epoch in shared memory, so that a backend reads the mark again after any change. Created
+-- where the library is loaded, by a superuser's installation, and only then; without these
+-- the hook reads the tables at every check. Created only when missing: CREATE TRIGGER takes
+-- the table in SHARE ROW EXCLUSIVE mode, which would wait for (and hold up) every writer.
+DO $do$
+DECLARE
+    tab text;
+BEGIN
+    IF coalesce(current_setting('fence_hook.library', true), '') <> ''
+       AND (SELECT rolsuper FROM pg_roles WHERE rolname = current_user) THEN
+        IF NOT EXISTS (SELECT 1 FROM pg_proc p
+                       WHERE p.oid = to_regprocedure('fencing.hook_changed()')
+                         AND p.probin = current_setting('fence_hook.library')
+                         AND p.prosrc = 'fence_hook_changed') THEN
+            EXECUTE format('CREATE OR REPLACE FUNCTION fencing.hook_changed() RETURNS trigger '
+                           'LANGUAGE c VOLATILE AS %L, %L',
+                           current_setting('fence_hook.library'), 'fence_hook_changed');
+        END IF;
+        FOREACH tab IN ARRAY ARRAY['tokens', 'signed_prefixes', 'keys', 'keys_version'] LOOP
+            IF (SELECT count(*) FROM pg_trigger t WHERE t.tgrelid = format('fencing.%I', tab)::regclass
+                AND t.tgname IN ('fencing_hook_changed', 'fencing_hook_truncated')
+                AND t.tgfoid = 'fencing.hook_changed()'::regprocedure
+                AND t.tgenabled = 'A' AND t.tgqual IS NULL AND t.tgattr::text = '') < 2 THEN
+                EXECUTE format('CREATE OR REPLACE TRIGGER fencing_hook_changed '
+                               'AFTER INSERT OR UPDATE OR DELETE ON fencing.%I '
+                               'FOR EACH STATEMENT EXECUTE FUNCTION fencing.hook_changed()', tab);
+                EXECUTE format('CREATE OR REPLACE TRIGGER fencing_hook_truncated AFTER TRUNCATE ON fencing.%I '
+                               'FOR EACH STATEMENT EXECUTE FUNCTION fencing.hook_changed()', tab);
+                EXECUTE format('ALTER TABLE fencing.%I ENABLE ALWAYS TRIGGER fencing_hook_changed', tab);
+                EXECUTE format('ALTER TABLE fencing.%I ENABLE ALWAYS TRIGGER fencing_hook_truncated', tab);
+            END IF;
+        END LOOP;
+    END IF;
+END
+$do$;
+
 -- Protected tables: PostgreSQL itself refuses a write (INSERT, UPDATE, DELETE, MERGE, TRUNCATE,
 -- COPY FROM) to the table unless the writing session presents a current token for a resource
 -- whose name starts with the table's prefix, on any connection, through fence-proxy or not.

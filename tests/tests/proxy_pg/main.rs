@@ -12,7 +12,8 @@
 //! - `combined`: one process with a PostgreSQL and an HTTP listener;
 //! - `pool`: server connections reused across clients (`pool_size`): the reset, the bound,
 //!   SCRAM in the proxy, cancel keys, fencing through reused connections;
-//! - `hook`, `fast_check`: the commit hook, and its check in C of a token that is the mark;
+//! - `hook`, `fast_check`, `remembered`: the commit hook, its check in C of a token that is the
+//!   mark, and the passes it uses again while the fence's tables are unchanged;
 //! - `tls`: TLS on both hops with psql, every failure, channel binding, SIGHUP.
 //!
 //! Needs the binaries: `cargo build --bins` first; PostgreSQL 15 in /usr/lib/postgresql/15/bin.
@@ -31,6 +32,7 @@ mod input;
 mod observe;
 mod pool;
 mod protected;
+mod remembered;
 mod replicas;
 mod signed;
 mod tls;
