@@ -6,7 +6,9 @@
  * (a transaction id is assigned) in a session with any fencing setting, it runs the general
  * check, fencing.check_token(fence_hook.wait_ms): a stale token, half a declaration or a bad
  * signature raises, and the commit fails. The common case, a READ COMMITTED transaction whose
- * token is its resource's mark, is passed in C by the fast check (below), without PL/pgSQL. PostgreSQL calls it after the transaction's deferred
+ * token is its resource's mark, is passed in C by the fast check (below), without PL/pgSQL,
+ * and a pass it made is used again while the fence's tables are unchanged ("Remembered
+ * passes", below). PostgreSQL calls it after the transaction's deferred
  * triggers have fired and its held cursors have run, so the check judges everything the
  * transaction did, including commits inside procedures and what a FunctionCall wrote.
  *
