@@ -7,13 +7,15 @@
 # transaction, directly, through fence-proxy, and (without the token, which PgBouncer refuses
 # as a start-up option) through PgBouncer; a new connection per transaction (-C) through
 # PgBouncer and through fence-proxy's pool; then, without the hook, what the check costs
-# PostgreSQL, to show it adds no round trip. lockd's rows are bench/run.sh's. One machine.
-# Needs pgbouncer and PostgreSQL 15 with its server headers (apt-get install pgbouncer
-# postgresql-server-dev-15: the hook is built here); about 20 minutes at the defaults. Run as
-# root.
+# PostgreSQL, to show it adds no round trip. Then, unless PG_ONLY=1, the rest of the table:
+# bench/pg_pool.sh (-C with TLS too) and bench/run.sh (lockd's rows). One machine.
+# Needs pgbouncer, openssl, etcd-server, redis-server and PostgreSQL 15 with its server
+# headers (apt-get install pgbouncer etcd-server redis-server postgresql-server-dev-15: the
+# hook is built here); about 35 minutes at the defaults, 22 at SECONDS_PER_RUN=5 ROUNDS=2.
+# Run as root.
 #
 #   bench/pg.sh
-#   SECONDS_PER_RUN=5 ROUNDS=1 bench/pg.sh
+#   SECONDS_PER_RUN=5 ROUNDS=1 PG_ONLY=1 bench/pg.sh
 #   BASELINE=/path/to/an/older/fence-proxy bench/pg.sh   # that build too, in the same rounds
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -231,3 +233,15 @@ for label, title in (("", "without the commit hook"), ("[hook] ", "with the comm
              "pgbench -S -C, fence-proxy pool / PgBouncer")
 PY2
 echo "results in $RESULTS" >&2
+
+# The rest of issue 40's table in the same run (PG_ONLY=1 skips it): a connection per
+# transaction with TLS as well as in plaintext (bench/pg_pool.sh), and lockd's rows, against
+# Redis and etcd and the machine's floor (bench/run.sh). This script's servers stop first.
+if [ -z "${PG_ONLY:-}" ]; then
+  cleanup; pids=()
+  echo "== bench/pg_pool.sh: a connection per transaction, plaintext and TLS"
+  mkdir -p "$TOP/pool"; chown postgres "$TOP/pool"
+  OUT=$TOP/pool SECONDS_PER_RUN=$RUN ROUNDS=$ROUNDS bench/pg_pool.sh
+  echo "== bench/run.sh: lockd against Redis and etcd, and the floor"
+  OUT=$TOP/lockd SECONDS_PER_RUN=$RUN bench/run.sh
+fi
