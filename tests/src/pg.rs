@@ -96,6 +96,17 @@ fn postgres_ids() -> (u32, u32) {
     unsafe { ((*pw).pw_uid, (*pw).pw_gid) }
 }
 
+/// A new temporary directory, owned by the `postgres` user when we are root.
+fn postgres_tempdir() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    if is_root() {
+        let (uid, gid) = postgres_ids();
+        std::os::unix::fs::chown(dir.path(), Some(uid), Some(gid))
+            .expect("handing the directory to postgres");
+    }
+    dir
+}
+
 /// `program`, as the `postgres` user when we are root.
 fn as_postgres(program: &Path) -> Command {
     use std::os::unix::process::CommandExt;
@@ -169,12 +180,7 @@ impl Postgres {
         preload: Option<PathBuf>,
     ) -> Postgres {
         let bin = bin_dir();
-        let dir = tempfile::tempdir().expect("temporary directory");
-        if is_root() {
-            let (uid, gid) = postgres_ids();
-            std::os::unix::fs::chown(dir.path(), Some(uid), Some(gid))
-                .expect("handing the directory to postgres");
-        }
+        let dir = postgres_tempdir();
         let data = dir.path().join("data");
         let mut initdb = as_postgres(&bin.join("initdb"));
         initdb.arg("-D").arg(&data).args([
@@ -198,19 +204,7 @@ impl Postgres {
             std::fs::write(&hba, format!("{}\n{old}", rules.join("\n")))
                 .expect("writing pg_hba.conf");
         }
-        let port: u16 = free_loopback_addr()
-            .rsplit(':')
-            .next()
-            .unwrap()
-            .parse()
-            .unwrap();
-        let process = launch(dir.path(), port, preload.as_deref());
-        Postgres {
-            port,
-            process,
-            dir,
-            preload,
-        }
+        Postgres::launched(dir, preload)
     }
 
     /// Starts PostgreSQL with fence_hook loaded (`shared_preload_libraries`): it judges every
@@ -238,43 +232,36 @@ impl Postgres {
         self.process.wait();
     }
 
-    /// A hot standby of this server, streaming from it (pg_basebackup -R), with the same
-    /// `shared_preload_libraries`; returns once it accepts read-only connections.
-    pub fn standby(&self) -> Postgres {
-        let dir = tempfile::tempdir().expect("temporary directory");
-        if is_root() {
-            let (uid, gid) = postgres_ids();
-            std::os::unix::fs::chown(dir.path(), Some(uid), Some(gid))
-                .expect("handing the directory to postgres");
-        }
-        let mut backup = as_postgres(&bin_dir().join("pg_basebackup"));
-        backup
-            .args([
-                "-h",
-                "127.0.0.1",
-                "-p",
-                &self.port.to_string(),
-                "-U",
-                "postgres",
-            ])
-            .arg("-D")
-            .arg(dir.path().join("data"))
-            .args(["-R", "-X", "stream", "--no-sync", "--checkpoint", "fast"]);
-        let (status, _, stderr) = output(backup);
-        assert!(status.success(), "pg_basebackup failed: {stderr}");
+    /// PostgreSQL started on `dir/data` on a free port; returns once it accepts connections.
+    fn launched(dir: tempfile::TempDir, preload: Option<PathBuf>) -> Postgres {
         let port: u16 = free_loopback_addr()
             .rsplit(':')
             .next()
             .unwrap()
             .parse()
             .unwrap();
-        let process = launch(dir.path(), port, self.preload.as_deref());
+        let process = launch(dir.path(), port, preload.as_deref());
         Postgres {
             port,
             process,
             dir,
-            preload: self.preload.clone(),
+            preload,
         }
+    }
+
+    /// A hot standby of this server, streaming from it (pg_basebackup -R), with the same
+    /// `shared_preload_libraries`; returns once it accepts read-only connections.
+    pub fn standby(&self) -> Postgres {
+        let dir = postgres_tempdir();
+        let mut backup = as_postgres(&bin_dir().join("pg_basebackup"));
+        backup
+            .args(self.client_args())
+            .arg("-D")
+            .arg(dir.path().join("data"))
+            .args(["-R", "-X", "stream", "--no-sync", "--checkpoint", "fast"]);
+        let (status, _, stderr) = output(backup);
+        assert!(status.success(), "pg_basebackup failed: {stderr}");
+        Postgres::launched(dir, self.preload.clone())
     }
 
     /// Stops PostgreSQL and starts it again on the same port and data without
@@ -305,6 +292,19 @@ impl Postgres {
         format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
     }
 
+    /// The host, port and user options of PostgreSQL's client tools, for this server.
+    fn client_args(&self) -> [String; 6] {
+        [
+            "-h",
+            "127.0.0.1",
+            "-p",
+            &self.port.to_string(),
+            "-U",
+            "postgres",
+        ]
+        .map(String::from)
+    }
+
     /// Runs SQL with psql (a client we did not write) and returns its unaligned output.
     pub fn psql(&self, sql: &str) -> String {
         self.psql_each(&[sql])
@@ -314,15 +314,8 @@ impl Postgres {
     /// the like, which refuse to run inside one), in one session.
     pub fn psql_each(&self, statements: &[&str]) -> String {
         let mut cmd = Command::new("psql");
-        cmd.args([
-            "-h",
-            "127.0.0.1",
-            "-p",
-            &self.port.to_string(),
-            "-U",
-            "postgres",
-        ])
-        .args(["-d", "postgres", "-X", "-tA", "-v", "ON_ERROR_STOP=1"]);
+        cmd.args(self.client_args())
+            .args(["-d", "postgres", "-X", "-tA", "-v", "ON_ERROR_STOP=1"]);
         for s in statements {
             cmd.args(["-c", s]);
         }

@@ -18,7 +18,7 @@ const UPDATE: &str = "UPDATE stock SET n = n - 1 WHERE sku = 'a'";
 const FAST: &str = "(the fast check)";
 
 /// A PostgreSQL with the hook and the check, `stock` (n = 10) and the mark of inv:a at 100.
-fn database() -> Postgres {
+pub(crate) fn database() -> Postgres {
     let pg = Postgres::start_with_hook();
     crate::install_schema(&pg, "postgres");
     pg.psql(
@@ -54,7 +54,7 @@ fn signed(hook: bool) -> (Postgres, tempfile::TempDir, e2e::FenceProxy) {
 }
 
 /// A session straight to PostgreSQL that hears the hook's DEBUG1 messages.
-fn session(pg: &Postgres, db: &str) -> Raw {
+pub(crate) fn session(pg: &Postgres, db: &str) -> Raw {
     let port = pg.port.to_string();
     let mut c = Raw::connect(&format!("127.0.0.1:{port}"), &[("database", db)]);
     let a = c.simple("SET client_min_messages = debug1");
@@ -62,7 +62,7 @@ fn session(pg: &Postgres, db: &str) -> Raw {
     c
 }
 
-fn declare(c: &mut Raw, resource: &str, token: &str) {
+pub(crate) fn declare(c: &mut Raw, resource: &str, token: &str) {
     let a = c.simple(&format!(
         "SET fencing.resource = '{resource}'; SET fencing.token = '{token}'"
     ));

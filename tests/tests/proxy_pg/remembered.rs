@@ -10,6 +10,8 @@
 use e2e::pg::Postgres;
 use e2e::raw::{Answer, Raw};
 
+use crate::fast_check::{database, declare, session};
+
 const R: &str = "inv:a";
 const UPDATE: &str = "UPDATE stock SET n = n - 1 WHERE sku = 'a'";
 const REMEMBERED: &str = "as read before";
@@ -18,26 +20,11 @@ const RESET: &str = "DELETE FROM fencing.signed_prefixes; \
      INSERT INTO fencing.tokens (resource, token) VALUES ('inv:a', 100) \
      ON CONFLICT (resource) DO UPDATE SET token = 100, signed_hash = NULL";
 
-/// A PostgreSQL with the hook and the check, `stock` (n = 1000) and the mark of inv:a at 100.
-fn database() -> Postgres {
-    let pg = Postgres::start_with_hook();
-    crate::install_schema(&pg, "postgres");
-    pg.psql(
-        "CREATE TABLE stock (sku text PRIMARY KEY, n int); INSERT INTO stock VALUES ('a', 1000);
-         INSERT INTO fencing.tokens (resource, token) VALUES ('inv:a', 100)",
-    );
-    pg
-}
-
 /// A session straight to PostgreSQL that hears the hook's DEBUG1 messages, with token `token`
 /// for inv:a.
 fn holder(pg: &Postgres, token: &str) -> Raw {
-    let port = pg.port.to_string();
-    let mut c = Raw::connect(&format!("127.0.0.1:{port}"), &[("database", "postgres")]);
-    let a = c.simple(&format!(
-        "SET client_min_messages = debug1; SET fencing.resource = '{R}'; SET fencing.token = '{token}'"
-    ));
-    assert!(a.errors.is_empty(), "{a:?}");
+    let mut c = session(pg, "postgres");
+    declare(&mut c, R, token);
     c
 }
 
@@ -297,7 +284,7 @@ fn a_change_rolled_back_to_a_savepoint_is_not_remembered() {
     let w = a.simple("COMMIT");
     assert_eq!(w.code(), "FN001", "{w:?}");
     assert!(!remembered(&w), "{w:?}");
-    assert_eq!(stock(&pg), 1000);
+    assert_eq!(stock(&pg), 10);
     assert_eq!(crate::mark(&pg, R), "101");
 }
 
@@ -357,7 +344,7 @@ fn a_standby_remembers_nothing_and_its_promotion_refuses_an_old_token() {
     standby.psql("SELECT pg_promote(true, 60)");
     let w = a.simple(UPDATE);
     assert_eq!(w.code(), "FN001", "{w:?}");
-    assert_eq!(standby.psql("SELECT n FROM stock"), "1000");
+    assert_eq!(standby.psql("SELECT n FROM stock"), "10");
 }
 
 #[test]
