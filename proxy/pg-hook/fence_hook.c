@@ -494,20 +494,24 @@ mark_is(const char *r, int64 t, const uint8 *hash, int64 version, Snapshot snaps
  * passed, each with the fence epoch read before the snapshot that passed it. The epoch is a
  * counter in shared memory that every transaction which changed the tables the fast check
  * reads (fencing.tokens, signed_prefixes, keys, keys_version) raises when it ends, committed
- * or not. Such a transaction is known by fencing.hook_changed, a statement trigger on each
- * table, fired ALWAYS (so also under session_replication_role = replica and by logical
- * replication's apply). A pass is used again, instead of reading the tables, only while the
- * epoch is still the one it was read at: no change to those tables has committed since its
- * snapshot. A change that commits after the snapshot raises the epoch after it is visible; a
- * raise does so before it gives back the fence lock, which the fast check holds before it
- * looks. Every check still takes the fence lock as before; only the reads are saved.
+ * or not, and that COMMIT PREPARED raises once it is done (a prepared transaction ends
+ * without its session's callbacks). Such a transaction is known by
+ * fencing.hook_changed, fired ALWAYS (so also under session_replication_role = replica and by
+ * logical replication's apply, which fires row triggers only) by a row trigger for INSERT,
+ * UPDATE and DELETE (which also fires for rows written through an inheritance or partition
+ * parent, as a statement trigger would not) and a statement trigger for TRUNCATE. A pass is
+ * used again, instead of reading the tables, only while the epoch is still the one it was read
+ * at: no change to those tables has committed since its snapshot. A change that commits after
+ * the snapshot raises the epoch after it is visible; a raise does so before it gives back the
+ * fence lock, which the fast check holds before it looks. Every check still takes the fence
+ * lock, and takes in the invalidations sent so far (DDL on the tables that committed since)
+ * before it uses a pass; only the reads are saved.
  *
  * Nothing is remembered, and nothing used, when the tables are not so guarded (each must have
- * the trigger, enabled ALWAYS, without a WHEN or column list, calling this library's
+ * the triggers, enabled ALWAYS, without a WHEN or column list, calling this library's
  * function), during recovery (a standby's tables change by WAL replay, which fires nothing),
  * or in a transaction that changed those tables itself (a rolled-back savepoint undoes a change
- * without a trigger). A transaction that changed them is never prepared: COMMIT PREPARED runs
- * no callback of the session that wrote. Whatever could change the tables or their triggers
+ * without a trigger). Whatever could change the tables or their triggers
  * without a row change (DDL on them, a trigger disabled or dropped, the function replaced, the
  * schema renamed) sends an invalidation, on which everything remembered is forgotten. The
  * tables stay the truth: the memory is a backend's own, and a crash restart starts afresh.
@@ -628,7 +632,7 @@ is_trigger_fn(Oid fn)
 	return is;
 }
 
-/* Whether every change to `rel`'s rows fires this library's trigger (see above). */
+/* Whether every change to `rel`'s rows fires this library's triggers (see above). */
 static bool
 table_guarded(Relation rel)
 {
@@ -648,9 +652,13 @@ table_guarded(Relation rel)
 		if (t->tgenabled != TRIGGER_FIRES_ALWAYS || t->tgqual != NULL || t->tgnattr != 0 ||
 			!is_trigger_fn(t->tgfoid))
 			continue;
-		insert |= TRIGGER_FOR_INSERT(t->tgtype) != 0;
-		update |= TRIGGER_FOR_UPDATE(t->tgtype) != 0;
-		delete |= TRIGGER_FOR_DELETE(t->tgtype) != 0;
+		/* Row triggers: logical replication's apply fires no statement trigger. */
+		if (TRIGGER_FOR_ROW(t->tgtype))
+		{
+			insert |= TRIGGER_FOR_INSERT(t->tgtype) != 0;
+			update |= TRIGGER_FOR_UPDATE(t->tgtype) != 0;
+			delete |= TRIGGER_FOR_DELETE(t->tgtype) != 0;
+		}
 		truncate |= TRIGGER_FOR_TRUNCATE(t->tgtype) != 0;
 	}
 	return insert && update && delete && truncate;
@@ -755,12 +763,17 @@ fast_check(const char *resource, const char *token, int64 *accepted)
 		took = true;
 	}
 
-	/* A pass remembered at the epoch now, read after the lock: no change since (see above). */
+	/*
+	 * A pass remembered at the epoch now, read after the lock: no change since (see above).
+	 * The invalidations of DDL committed since are taken in first (a read would take them
+	 * when it locks a table; a transaction that holds the tables already takes them no more).
+	 */
 	remembering = may_remember();
 	if (remembering)
 	{
+		AcceptInvalidationMessages();
 		epoch = current_epoch();
-		if (remembered_at(resource, token, epoch))
+		if (guard_state > 0 && remembered_at(resource, token, epoch))
 		{
 			elog(DEBUG1, "fence_hook: token %lld is the mark of resource %s (the fast check), as read before",
 				 (long long) t, resource);
@@ -914,11 +927,25 @@ fence_hook_check(PG_FUNCTION_ARGS)
 
 PG_FUNCTION_INFO_V1(fence_hook_changed);
 
+/* Whether `rel` is one of the tables the fast check reads (schema fencing, by name). */
+static bool
+is_guarded_table(Relation rel)
+{
+	int			i;
+
+	if (rel->rd_rel->relnamespace != get_namespace_oid("fencing", true))
+		return false;
+	for (i = 0; i < GUARDED_TABLES; i++)
+		if (strcmp(NameStr(rel->rd_rel->relname), guarded_names[i]) == 0)
+			return true;
+	return false;
+}
+
 /*
- * fencing.hook_changed(): the statement trigger on the tables the fast check reads (see
- * "Remembered passes"): marks the transaction, whose end raises the fence epoch. Does nothing
- * where the library is not preloaded (it was taken out of shared_preload_libraries after the
- * schema was installed): nothing is remembered there.
+ * fencing.hook_changed(): the triggers on the tables the fast check reads (see "Remembered
+ * passes"): marks the transaction, whose end raises the fence epoch. Does nothing on any other
+ * table, nor where the library is not preloaded (it was taken out of shared_preload_libraries
+ * after the schema was installed): nothing is remembered there.
  */
 Datum
 fence_hook_changed(PG_FUNCTION_ARGS)
@@ -929,25 +956,11 @@ fence_hook_changed(PG_FUNCTION_ARGS)
 		ereport(ERROR,
 				(errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
 				 errmsg("fencing.hook_changed() may only be called as a trigger")));
-	if (fence_shared != NULL)
+	if (fence_shared != NULL && is_guarded_table(trigger->tg_relation))
 		wrote_fence_tables = true;
 	if (TRIGGER_FIRED_FOR_ROW(trigger->tg_event))
 		return PointerGetDatum(TRIGGER_FIRED_BY_UPDATE(trigger->tg_event) ? trigger->tg_newtuple : trigger->tg_trigtuple);
 	return PointerGetDatum(NULL);
-}
-
-/*
- * COMMIT PREPARED runs no callback of the session that prepared, so a transaction that changed
- * the tables the fast check reads would commit without raising the fence epoch: not prepared.
- */
-static void
-refuse_prepare_with_fence_writes(void)
-{
-	if (wrote_fence_tables)
-		ereport(ERROR,
-				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
-				 errmsg("fence_hook: a transaction that changed the fence's tables (fencing.tokens, signed_prefixes, keys, keys_version) cannot be prepared"),
-				 errhint("Commit it instead.")));
 }
 
 static void
@@ -1003,10 +1016,7 @@ fence_hook_xact(XactEvent event, void *arg)
 		judge_commit();
 	/* After the check, which takes the fence lock: a fenced transaction is never prepared. */
 	if (event == XACT_EVENT_PRE_PREPARE)
-	{
 		refuse_prepare_with_fence_locks();
-		refuse_prepare_with_fence_writes();
-	}
 	/* A change to the tables the fast check reads, now visible or undone. */
 	if ((event == XACT_EVENT_COMMIT || event == XACT_EVENT_PARALLEL_COMMIT || event == XACT_EVENT_ABORT ||
 		 event == XACT_EVENT_PARALLEL_ABORT || event == XACT_EVENT_PREPARE) && wrote_fence_tables)
@@ -1205,6 +1215,15 @@ fence_utility(PlannedStmt *pstmt, const char *queryString, bool readOnlyTree,
 		(*prev_utility_hook) (pstmt, queryString, readOnlyTree, context, params, queryEnv, dest, qc);
 	else
 		standard_ProcessUtility(pstmt, queryString, readOnlyTree, context, params, queryEnv, dest, qc);
+
+	/*
+	 * A prepared transaction, now committed, may have changed the tables the fast check reads
+	 * (its session's end-of-transaction callback never runs, and it may have been prepared
+	 * before the library was loaded): forget every remembered pass (see "Remembered passes").
+	 */
+	if (IsA(parsetree, TransactionStmt) &&
+		((TransactionStmt *) parsetree)->kind == TRANS_STMT_COMMIT_PREPARED)
+		pg_atomic_fetch_add_u64(&fence_shared->epoch, 1);
 }
 
 static void

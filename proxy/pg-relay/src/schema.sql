@@ -755,12 +755,16 @@ BEGIN
 END
 $do$;
 
--- The guard of the commit hook's remembered passes (proxy/pg-hook, "Remembered passes"): a
--- statement trigger on each table its fast check reads, fired ALWAYS, that raises the fence
--- epoch in shared memory, so that a backend reads the mark again after any change. Created
--- where the library is loaded, by a superuser's installation, and only then; without these
--- the hook reads the tables at every check. Created only when missing: CREATE TRIGGER takes
--- the table in SHARE ROW EXCLUSIVE mode, which would wait for (and hold up) every writer.
+-- The guard of the commit hook's remembered passes (proxy/pg-hook, "Remembered passes"): on
+-- each table its fast check reads, a row trigger for INSERT, UPDATE and DELETE (logical
+-- replication's apply fires no statement trigger; rows written through an inheritance or
+-- partition parent fire their own table's row triggers) and a statement trigger for
+-- TRUNCATE, fired ALWAYS, that make the writing transaction raise the fence epoch in shared
+-- memory when it ends, so that a backend reads the mark again after any change. Created where
+-- the library is loaded, by a superuser's installation, and only then; without these the hook
+-- reads the tables at every check. Created only when missing: CREATE TRIGGER takes the table
+-- in SHARE ROW EXCLUSIVE mode, which would wait for (and hold up) every writer. Nobody else
+-- may call the function (or put it on a table of theirs, where it does nothing anyway).
 DO $do$
 DECLARE
     tab text;
@@ -775,14 +779,16 @@ BEGIN
                            'LANGUAGE c VOLATILE AS %L, %L',
                            current_setting('fence_hook.library'), 'fence_hook_changed');
         END IF;
+        REVOKE ALL ON FUNCTION fencing.hook_changed() FROM PUBLIC;
         FOREACH tab IN ARRAY ARRAY['tokens', 'signed_prefixes', 'keys', 'keys_version'] LOOP
             IF (SELECT count(*) FROM pg_trigger t WHERE t.tgrelid = format('fencing.%I', tab)::regclass
-                AND t.tgname IN ('fencing_hook_changed', 'fencing_hook_truncated')
+                AND ((t.tgname = 'fencing_hook_changed' AND (t.tgtype & 29) = 29)      -- ROW, INSERT, DELETE, UPDATE
+                     OR (t.tgname = 'fencing_hook_truncated' AND (t.tgtype & 32) = 32)) -- TRUNCATE
                 AND t.tgfoid = 'fencing.hook_changed()'::regprocedure
                 AND t.tgenabled = 'A' AND t.tgqual IS NULL AND t.tgattr::text = '') < 2 THEN
                 EXECUTE format('CREATE OR REPLACE TRIGGER fencing_hook_changed '
                                'AFTER INSERT OR UPDATE OR DELETE ON fencing.%I '
-                               'FOR EACH STATEMENT EXECUTE FUNCTION fencing.hook_changed()', tab);
+                               'FOR EACH ROW EXECUTE FUNCTION fencing.hook_changed()', tab);
                 EXECUTE format('CREATE OR REPLACE TRIGGER fencing_hook_truncated AFTER TRUNCATE ON fencing.%I '
                                'FOR EACH STATEMENT EXECUTE FUNCTION fencing.hook_changed()', tab);
                 EXECUTE format('ALTER TABLE fencing.%I ENABLE ALWAYS TRIGGER fencing_hook_changed', tab);

@@ -3,9 +3,10 @@
 //! only while the fence epoch has not moved; every change to those tables moves it. These show
 //! that each way a mark, a prefix or a key can change is seen at the next check, that nothing
 //! is remembered where the tables are not guarded whole, in a transaction that changed them
-//! itself, or on a standby, and that a transaction which changed them is not prepared. They
-//! connect straight to PostgreSQL with `client_min_messages = debug1`, under which the hook says
-//! when a pass was used again ("as read before").
+//! itself, or on a standby, and that changes by a prepared transaction, by a subscription and
+//! through a parent table are seen too. They connect straight to PostgreSQL with
+//! `client_min_messages = debug1`, under which the hook says when a pass was used again ("as
+//! read before").
 
 use e2e::pg::Postgres;
 use e2e::raw::{Answer, Raw};
@@ -185,6 +186,13 @@ fn nothing_is_remembered_where_the_tables_are_not_guarded_whole() {
              ALTER TABLE fencing.tokens ENABLE ALWAYS TRIGGER fencing_hook_changed",
         ),
         (
+            "a statement trigger in place of the row trigger (logical replication fires none)",
+            "CREATE OR REPLACE TRIGGER fencing_hook_changed \
+             AFTER INSERT OR UPDATE OR DELETE ON fencing.signed_prefixes \
+             FOR EACH STATEMENT EXECUTE FUNCTION fencing.hook_changed(); \
+             ALTER TABLE fencing.signed_prefixes ENABLE ALWAYS TRIGGER fencing_hook_changed",
+        ),
+        (
             "an UPDATE trigger for one column",
             "CREATE OR REPLACE TRIGGER fencing_hook_changed \
              AFTER INSERT OR UPDATE OF updated_at OR DELETE ON fencing.tokens \
@@ -289,31 +297,147 @@ fn a_change_rolled_back_to_a_savepoint_is_not_remembered() {
 }
 
 #[test]
-fn a_transaction_that_changed_the_fences_tables_is_not_prepared() {
+fn a_prepared_change_to_the_fences_tables_is_seen_once_committed() {
     let mut pg = database();
     pg.psql_each(&["ALTER SYSTEM SET max_prepared_transactions = 5"]);
     pg.restart();
     let port = pg.port.to_string();
-    let mut c = Raw::connect(&format!("127.0.0.1:{port}"), &[("database", "postgres")]);
-    for change in [
-        "UPDATE fencing.tokens SET token = 101 WHERE resource = 'inv:a'",
-        "INSERT INTO fencing.signed_prefixes VALUES ('inv:')",
-        "TRUNCATE fencing.keys",
-    ] {
-        let w = c.simple(&format!("BEGIN; {change}; PREPARE TRANSACTION 'p'"));
-        assert_eq!(w.code(), "55000", "{change}: {w:?}");
-        assert!(
-            w.errors[0].1.contains("cannot be prepared"),
-            "{change}: {w:?}"
-        );
-        assert_eq!(pg.psql("SELECT count(*) FROM pg_prepared_xacts"), "0");
-    }
-    assert_eq!(crate::mark(&pg, R), "100");
-    // A transaction that changes nothing of the fence is prepared as before.
-    let w = c.simple("BEGIN; UPDATE stock SET n = 1; PREPARE TRANSACTION 'p'");
+    let mut p = Raw::connect(&format!("127.0.0.1:{port}"), &[("database", "postgres")]);
+    let w = p.simple(
+        "BEGIN; UPDATE fencing.tokens SET token = 101 WHERE resource = 'inv:a'; \
+         PREPARE TRANSACTION 'raise'",
+    );
     assert!(w.errors.is_empty(), "{w:?}");
-    assert_eq!(pg.psql("SELECT count(*) FROM pg_prepared_xacts"), "1");
-    assert!(c.simple("ROLLBACK PREPARED 'p'").errors.is_empty());
+    // The change is not visible yet: token 100 passes, and is remembered.
+    let mut a = holder(&pg, "100");
+    write_remembered(&mut a, "while the change is prepared");
+    // Committed by another session: the session that wrote it runs no callback then.
+    assert!(p.simple("COMMIT PREPARED 'raise'").errors.is_empty());
+    let before = stock(&pg);
+    let w = a.simple(UPDATE);
+    assert_eq!(w.code(), "FN001", "{w:?}");
+    assert!(!remembered(&w), "{w:?}");
+    assert_eq!(stock(&pg), before);
+}
+
+#[test]
+fn a_change_replicated_by_a_subscription_is_seen() {
+    let mut publisher = database();
+    publisher.psql_each(&["ALTER SYSTEM SET wal_level = logical"]);
+    publisher.restart();
+    publisher.psql("CREATE PUBLICATION marks FOR TABLE fencing.tokens");
+    let subscriber = database();
+    subscriber.psql(&format!(
+        "CREATE SUBSCRIPTION marks CONNECTION 'host=127.0.0.1 port={} user=postgres dbname=postgres' \
+         PUBLICATION marks WITH (copy_data = false)",
+        publisher.port
+    ));
+    // The subscription is streaming once a change made now arrives.
+    publisher.psql("INSERT INTO fencing.tokens (resource, token) VALUES ('inv:ready', 1)");
+    subscriber.wait_until(
+        "the subscription streaming",
+        "SELECT count(*) FROM fencing.tokens WHERE resource = 'inv:ready'",
+        "1",
+    );
+    let mut a = holder(&subscriber, "100");
+    write_remembered(&mut a, "on the subscriber");
+    // The apply worker fires row triggers only.
+    publisher.psql("UPDATE fencing.tokens SET token = 101 WHERE resource = 'inv:a'");
+    subscriber.wait_until(
+        "the raise on the subscriber",
+        "SELECT token FROM fencing.tokens WHERE resource = 'inv:a'",
+        "101",
+    );
+    let before = stock(&subscriber);
+    let w = a.simple(UPDATE);
+    assert_eq!(w.code(), "FN001", "{w:?}");
+    assert!(!remembered(&w), "{w:?}");
+    assert_eq!(stock(&subscriber), before);
+    subscriber.psql("DROP SUBSCRIPTION marks");
+}
+
+#[test]
+fn a_change_written_through_a_parent_table_is_seen() {
+    let pg = database();
+    // (the table made a parent of fencing.tokens, by its owner; the write through it)
+    let cases: &[(&str, &str, &str)] = &[
+        (
+            "an inheritance parent",
+            "CREATE TABLE par (resource text, token bigint); ALTER TABLE fencing.tokens INHERIT par",
+            "UPDATE par SET token = 101 WHERE resource = 'inv:a'",
+        ),
+        (
+            "a partitioned table",
+            "ALTER TABLE fencing.tokens NO INHERIT par; \
+             CREATE TABLE pp (LIKE fencing.tokens) PARTITION BY LIST (resource); \
+             ALTER TABLE pp ATTACH PARTITION fencing.tokens DEFAULT",
+            "UPDATE pp SET token = 101 WHERE resource = 'inv:a'",
+        ),
+    ];
+    for (what, parent, change) in cases {
+        pg.psql(parent);
+        pg.psql(RESET);
+        let mut a = holder(&pg, "100");
+        write_remembered(&mut a, what);
+        pg.psql(change);
+        assert_eq!(crate::mark(&pg, R), "101", "{what}");
+        let before = stock(&pg);
+        let w = a.simple(UPDATE);
+        assert_eq!(w.code(), "FN001", "{what}: {w:?}");
+        assert!(!remembered(&w), "{what}: {w:?}");
+        assert_eq!(stock(&pg), before, "{what}");
+    }
+}
+
+#[test]
+fn ddl_committed_during_a_transaction_that_used_a_pass_is_seen_at_its_commit() {
+    let pg = database();
+    let port = pg.port.to_string();
+    let mut a = holder(&pg, "100");
+    write_remembered(&mut a, "before the transaction");
+    let before = stock(&pg);
+    let w = a.simple(&format!("BEGIN; {UPDATE}"));
+    assert!(w.errors.is_empty() && remembered(&w), "{w:?}");
+    // Meanwhile the owner disables the trigger, changes the mark unseen, and enables it again,
+    // in one transaction (a DISABLE TRIGGER does not wait for readers of the table).
+    let mut p = Raw::connect(&format!("127.0.0.1:{port}"), &[("database", "postgres")]);
+    let w = p.simple(
+        "BEGIN; ALTER TABLE fencing.tokens DISABLE TRIGGER fencing_hook_changed; \
+         UPDATE fencing.tokens SET token = 101 WHERE resource = 'inv:a'; \
+         ALTER TABLE fencing.tokens ENABLE ALWAYS TRIGGER fencing_hook_changed; COMMIT",
+    );
+    assert!(w.errors.is_empty(), "{w:?}");
+    // a's commit takes in the DDL's invalidations before it would use its pass, and reads.
+    let w = a.simple("COMMIT");
+    assert_eq!(w.code(), "FN001", "{w:?}");
+    assert!(!first_pass_remembered(&w), "{w:?}");
+    assert_eq!(stock(&pg), before);
+}
+
+#[test]
+fn the_trigger_function_is_the_fences_alone() {
+    let pg = database();
+    // Nobody else may put it on a table.
+    pg.psql("CREATE ROLE app LOGIN; GRANT ALL ON SCHEMA public TO app");
+    let port = pg.port.to_string();
+    let mut app = Raw::connect(
+        &format!("127.0.0.1:{port}"),
+        &[("database", "postgres"), ("user", "app")],
+    );
+    let w = app.simple(
+        "CREATE TABLE mine (x int); CREATE TRIGGER t AFTER INSERT ON mine \
+         FOR EACH ROW EXECUTE FUNCTION fencing.hook_changed()",
+    );
+    assert_eq!(w.code(), "42501", "{w:?}");
+    // Put on another table by a superuser, it marks nothing: a session that writes that
+    // table still uses its passes, and the epoch does not move for anyone.
+    pg.psql(
+        "CREATE TRIGGER t AFTER UPDATE ON stock FOR EACH ROW EXECUTE FUNCTION fencing.hook_changed()",
+    );
+    let mut a = holder(&pg, "100");
+    write_remembered(&mut a, "with the function on stock");
+    let w = a.simple(UPDATE);
+    assert!(w.errors.is_empty() && first_pass_remembered(&w), "{w:?}");
 }
 
 #[test]
