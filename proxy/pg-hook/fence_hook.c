@@ -43,6 +43,7 @@
 #include "access/stratnum.h"
 #include "access/table.h"
 #include "access/transam.h"
+#include "access/twophase.h"
 #include "access/xlog.h"
 #include "access/xact.h"
 #include "catalog/namespace.h"
@@ -493,9 +494,8 @@ mark_is(const char *r, int64 t, const uint8 *hash, int64 version, Snapshot snaps
  * Remembered passes. A backend remembers the last few (resource, token) pairs its fast check
  * passed, each with the fence epoch read before the snapshot that passed it. The epoch is a
  * counter in shared memory that every transaction which changed the tables the fast check
- * reads (fencing.tokens, signed_prefixes, keys, keys_version) raises when it ends, committed
- * or not, and that COMMIT PREPARED raises once it is done (a prepared transaction ends
- * without its session's callbacks). Such a transaction is known by
+ * reads (fencing.tokens, signed_prefixes, keys, keys_version) raises when it ends, committed,
+ * rolled back or prepared. Such a transaction is known by
  * fencing.hook_changed, fired ALWAYS (so also under session_replication_role = replica and by
  * logical replication's apply, which fires row triggers only) by a row trigger for INSERT,
  * UPDATE and DELETE (which also fires for rows written through an inheritance or partition
@@ -511,7 +511,11 @@ mark_is(const char *r, int64 t, const uint8 *hash, int64 version, Snapshot snaps
  * the triggers, enabled ALWAYS, without a WHEN or column list, calling this library's
  * function), during recovery (a standby's tables change by WAL replay, which fires nothing),
  * or in a transaction that changed those tables itself (a rolled-back savepoint undoes a change
- * without a trigger). Whatever could change the tables or their triggers
+ * without a trigger). Nothing is remembered while any prepared transaction exists: it ends
+ * (COMMIT PREPARED, or logical replication's apply of one) without its session's callbacks,
+ * and it may have been prepared before the library was loaded; the passes remembered before a
+ * transaction that changed the tables was prepared are forgotten at its PREPARE. Whatever
+ * could change the tables or their triggers
  * without a row change (DDL on them, a trigger disabled or dropped, the function replaced, the
  * schema renamed) sends an invalidation, on which everything remembered is forgotten. The
  * tables stay the truth: the memory is a backend's own, and a crash restart starts afresh.
@@ -691,6 +695,27 @@ tables_guarded(void)
 	return guarded;
 }
 
+/*
+ * Whether no prepared transaction exists in the cluster (see above): read through SPI, and
+ * only when passes are about to be remembered and the server allows prepared transactions.
+ */
+static bool
+no_prepared_transaction(void)
+{
+	bool		none;
+
+	if (max_prepared_xacts == 0)
+		return true;
+	if (SPI_connect() != SPI_OK_CONNECT)
+		return false;
+	PushActiveSnapshot(GetTransactionSnapshot());
+	none = SPI_execute("SELECT FROM pg_catalog.pg_prepared_xact() LIMIT 1", true, 1) == SPI_OK_SELECT &&
+		SPI_processed == 0;
+	PopActiveSnapshot();
+	SPI_finish();
+	return none;
+}
+
 /* Whether (resource, token) passed at epoch `epoch`. */
 static bool
 remembered_at(const char *resource, const char *token, uint64 epoch)
@@ -807,7 +832,7 @@ fast_check(const char *resource, const char *token, int64 *accepted)
 			LockRelease(&tag, ShareLock, false);
 		return false;
 	}
-	if (remembering && tables_guarded())
+	if (remembering && tables_guarded() && no_prepared_transaction())
 		remember(resource, token, epoch);
 	elog(DEBUG1, "fence_hook: token %lld is the mark of resource %s (the fast check)",
 		 (long long) t, resource);
@@ -1017,7 +1042,7 @@ fence_hook_xact(XactEvent event, void *arg)
 	/* After the check, which takes the fence lock: a fenced transaction is never prepared. */
 	if (event == XACT_EVENT_PRE_PREPARE)
 		refuse_prepare_with_fence_locks();
-	/* A change to the tables the fast check reads, now visible or undone. */
+	/* A change to the tables the fast check reads, now visible, undone or prepared. */
 	if ((event == XACT_EVENT_COMMIT || event == XACT_EVENT_PARALLEL_COMMIT || event == XACT_EVENT_ABORT ||
 		 event == XACT_EVENT_PARALLEL_ABORT || event == XACT_EVENT_PREPARE) && wrote_fence_tables)
 	{
@@ -1215,15 +1240,6 @@ fence_utility(PlannedStmt *pstmt, const char *queryString, bool readOnlyTree,
 		(*prev_utility_hook) (pstmt, queryString, readOnlyTree, context, params, queryEnv, dest, qc);
 	else
 		standard_ProcessUtility(pstmt, queryString, readOnlyTree, context, params, queryEnv, dest, qc);
-
-	/*
-	 * A prepared transaction, now committed, may have changed the tables the fast check reads
-	 * (its session's end-of-transaction callback never runs, and it may have been prepared
-	 * before the library was loaded): forget every remembered pass (see "Remembered passes").
-	 */
-	if (IsA(parsetree, TransactionStmt) &&
-		((TransactionStmt *) parsetree)->kind == TRANS_STMT_COMMIT_PREPARED)
-		pg_atomic_fetch_add_u64(&fence_shared->epoch, 1);
 }
 
 static void

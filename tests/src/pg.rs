@@ -272,6 +272,13 @@ impl Postgres {
         self.resume();
     }
 
+    /// Stops PostgreSQL and starts it again on the same port and data with the commit hook.
+    pub fn restart_with_hook(&mut self) {
+        self.stop();
+        self.preload = Some(fence_hook().to_path_buf());
+        self.resume();
+    }
+
     /// Starts PostgreSQL again after [`Postgres::stop`], on the same port and data; returns once
     /// it accepts connections.
     pub fn resume(&mut self) {

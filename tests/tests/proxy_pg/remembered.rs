@@ -296,11 +296,36 @@ fn a_change_rolled_back_to_a_savepoint_is_not_remembered() {
     assert_eq!(crate::mark(&pg, R), "101");
 }
 
-#[test]
-fn a_prepared_change_to_the_fences_tables_is_seen_once_committed() {
+/// Writes twice with `c`: both pass, and neither uses a pass from before.
+fn write_read_again(c: &mut Raw, what: &str) {
+    for _ in 0..2 {
+        let w = c.simple(UPDATE);
+        assert!(w.errors.is_empty() && !remembered(&w), "{what}: {w:?}");
+    }
+}
+
+/// Writes with `c` and expects FN001, the write not made.
+fn write_refused(c: &mut Raw, pg: &Postgres, what: &str) {
+    let before = stock(pg);
+    let w = c.simple(UPDATE);
+    assert_eq!(w.code(), "FN001", "{what}: {w:?}");
+    assert!(!remembered(&w), "{what}: {w:?}");
+    assert_eq!(stock(pg), before, "{what}");
+}
+
+/// A PostgreSQL as [`database`] that allows prepared transactions.
+fn database_with_2pc() -> Postgres {
     let mut pg = database();
     pg.psql_each(&["ALTER SYSTEM SET max_prepared_transactions = 5"]);
     pg.restart();
+    pg
+}
+
+#[test]
+fn a_prepared_change_to_the_fences_tables_is_seen_once_committed() {
+    let pg = database_with_2pc();
+    let mut a = holder(&pg, "100");
+    write_remembered(&mut a, "before the prepare");
     let port = pg.port.to_string();
     let mut p = Raw::connect(&format!("127.0.0.1:{port}"), &[("database", "postgres")]);
     let w = p.simple(
@@ -308,16 +333,66 @@ fn a_prepared_change_to_the_fences_tables_is_seen_once_committed() {
          PREPARE TRANSACTION 'raise'",
     );
     assert!(w.errors.is_empty(), "{w:?}");
-    // The change is not visible yet: token 100 passes, and is remembered.
-    let mut a = holder(&pg, "100");
-    write_remembered(&mut a, "while the change is prepared");
-    // Committed by another session: the session that wrote it runs no callback then.
+    // The change is not visible yet: token 100 passes, read each time, as a prepared
+    // transaction ends without its session's callbacks.
+    write_read_again(&mut a, "while the change is prepared");
     assert!(p.simple("COMMIT PREPARED 'raise'").errors.is_empty());
-    let before = stock(&pg);
-    let w = a.simple(UPDATE);
-    assert_eq!(w.code(), "FN001", "{w:?}");
-    assert!(!remembered(&w), "{w:?}");
-    assert_eq!(stock(&pg), before);
+    write_refused(&mut a, &pg, "once committed");
+}
+
+#[test]
+fn a_change_prepared_without_the_hook_is_seen_once_committed() {
+    let mut pg = database_with_2pc();
+    pg.restart_without_hook();
+    pg.psql(
+        "BEGIN; UPDATE fencing.tokens SET token = 101 WHERE resource = 'inv:a'; \
+         PREPARE TRANSACTION 'raise'",
+    );
+    pg.restart_with_hook();
+    let mut a = holder(&pg, "100");
+    write_read_again(&mut a, "while the change is prepared");
+    pg.psql("COMMIT PREPARED 'raise'");
+    write_refused(&mut a, &pg, "once committed");
+}
+
+#[test]
+fn a_prepared_change_replicated_by_a_two_phase_subscription_is_seen() {
+    let mut publisher = database_with_2pc();
+    publisher.psql_each(&["ALTER SYSTEM SET wal_level = logical"]);
+    publisher.restart();
+    publisher.psql("CREATE PUBLICATION marks FOR TABLE fencing.tokens");
+    let subscriber = database_with_2pc();
+    subscriber.psql(&format!(
+        "CREATE SUBSCRIPTION marks CONNECTION 'host=127.0.0.1 port={} user=postgres dbname=postgres' \
+         PUBLICATION marks WITH (copy_data = false, two_phase = true)",
+        publisher.port
+    ));
+    subscriber.wait_until(
+        "two-phase enabled",
+        "SELECT subtwophasestate FROM pg_subscription WHERE subname = 'marks'",
+        "e",
+    );
+    let mut a = holder(&subscriber, "100");
+    write_remembered(&mut a, "on the subscriber");
+    // The apply worker prepares the change, and later commits it, without SQL.
+    publisher.psql(
+        "BEGIN; UPDATE fencing.tokens SET token = 101 WHERE resource = 'inv:a'; \
+         PREPARE TRANSACTION 'raise'",
+    );
+    subscriber.wait_until(
+        "the prepare on the subscriber",
+        "SELECT count(*) FROM pg_prepared_xacts",
+        "1",
+    );
+    write_read_again(&mut a, "while the change is prepared on the subscriber");
+    publisher.psql("COMMIT PREPARED 'raise'");
+    subscriber.wait_until(
+        "the raise on the subscriber",
+        "SELECT token FROM fencing.tokens WHERE resource = 'inv:a'",
+        "101",
+    );
+    write_refused(&mut a, &subscriber, "once committed on the subscriber");
+    subscriber.psql("DROP SUBSCRIPTION marks");
 }
 
 #[test]
