@@ -798,7 +798,7 @@ fast_check(const char *resource, const char *token, int64 *accepted)
 	{
 		AcceptInvalidationMessages();
 		epoch = current_epoch();
-		if (guard_state > 0 && remembered_at(resource, token, epoch))
+		if (remembered_at(resource, token, epoch))
 		{
 			elog(DEBUG1, "fence_hook: token %lld is the mark of resource %s (the fast check), as read before",
 				 (long long) t, resource);

@@ -264,18 +264,11 @@ impl Postgres {
         Postgres::launched(dir, self.preload.clone())
     }
 
-    /// Stops PostgreSQL and starts it again on the same port and data without
-    /// `shared_preload_libraries` (the commit hook taken out of it).
-    pub fn restart_without_hook(&mut self) {
+    /// Stops PostgreSQL and starts it again on the same port and data, with the commit hook in
+    /// `shared_preload_libraries` or without it (taken out of it).
+    pub fn restart_with_hook(&mut self, loaded: bool) {
         self.stop();
-        self.preload = None;
-        self.resume();
-    }
-
-    /// Stops PostgreSQL and starts it again on the same port and data with the commit hook.
-    pub fn restart_with_hook(&mut self) {
-        self.stop();
-        self.preload = Some(fence_hook().to_path_buf());
+        self.preload = loaded.then(|| fence_hook().to_path_buf());
         self.resume();
     }
 

@@ -303,18 +303,7 @@ impl Run<'_> {
             "wait_cuts" => self
                 .bed
                 .command(&format!("wait-cuts {}", step["at_least"].as_u64().unwrap())),
-            "wait_free" => {
-                let (c, resource) = (client(), self.s(&step["resource"]));
-                let deadline = Instant::now() + Duration::from_secs(10);
-                loop {
-                    let d = c.describe(&resource).await.unwrap();
-                    if !d.held && d.permits_held.unwrap_or(0) == 0 && d.readers.unwrap_or(0) == 0 {
-                        break;
-                    }
-                    assert!(Instant::now() < deadline, "{resource} stayed held: {d:?}");
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                }
-            }
+            "wait_free" => wait_free(&client(), &self.s(&step["resource"])).await,
             "wait_waiters" => {
                 let (c, resource) = (client(), self.s(&step["resource"]));
                 let want = step["waiters"].as_u64().unwrap() as u32;
@@ -579,15 +568,8 @@ fn a_set_handled_after_it_was_given_up_leaves_nothing_held() {
     );
     bed.command("wait-held-answered");
     rt.block_on(async {
-        let deadline = Instant::now() + Duration::from_secs(10);
         for r in &names {
-            while direct.describe(r).await.unwrap().held {
-                assert!(
-                    Instant::now() < deadline,
-                    "{r} stayed held by the given-up set's grant"
-                );
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
+            wait_free(&direct, r).await;
         }
     });
 }
@@ -627,18 +609,20 @@ fn a_downgrade_given_up_midway_leaves_nothing_held() {
         "the downgrade ended before it was given up"
     );
     bed.command("wait-held-answered");
-    rt.block_on(async {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            let d = direct.describe(&r).await.unwrap();
-            if !d.held && d.readers.unwrap_or(0) == 0 {
-                break;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "{r} stayed held after the given-up downgrade: {d:?}"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
+    rt.block_on(wait_free(&direct, &r));
+}
+
+/// Returns once `resource` has no holder, permit or reader; fails after 10 s, long before the
+/// 30 s TTL of a lease left behind. An SDK's clean-up runs in the background, with nothing
+/// else to wait on; each look is a round trip.
+async fn wait_free(c: &Client, resource: &str) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let d = c.describe(resource).await.unwrap();
+        if !d.held && d.permits_held.unwrap_or(0) == 0 && d.readers.unwrap_or(0) == 0 {
+            return;
         }
-    });
+        assert!(Instant::now() < deadline, "{resource} stayed held: {d:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }

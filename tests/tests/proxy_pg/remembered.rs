@@ -330,12 +330,12 @@ fn a_prepared_change_to_the_fences_tables_is_seen_once_committed() {
 #[test]
 fn a_change_prepared_without_the_hook_is_seen_once_committed() {
     let mut pg = database_with_2pc();
-    pg.restart_without_hook();
+    pg.restart_with_hook(false);
     pg.psql(
         "BEGIN; UPDATE fencing.tokens SET token = 101 WHERE resource = 'inv:a'; \
          PREPARE TRANSACTION 'raise'",
     );
-    pg.restart_with_hook();
+    pg.restart_with_hook(true);
     let mut a = holder(&pg, "100");
     write_read_again(&mut a, "while the change is prepared");
     pg.psql("COMMIT PREPARED 'raise'");
@@ -534,7 +534,7 @@ fn a_standby_remembers_nothing_and_its_promotion_refuses_an_old_token() {
 #[test]
 fn the_hook_taken_out_of_the_preload_leaves_the_fences_tables_writable() {
     let mut pg = database();
-    pg.restart_without_hook();
+    pg.restart_with_hook(false);
     // The trigger's library loads, installs nothing and does nothing: the marks can be changed
     // (fence-proxy's own check raises them this way); the hook's function refuses, saying why.
     pg.psql("UPDATE fencing.tokens SET token = 101 WHERE resource = 'inv:a'");
